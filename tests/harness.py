@@ -1,0 +1,132 @@
+"""The suite's plumbing, kept out of conftest.py so it can be read and tested on its own:
+counting GPUs without initialising CUDA, pinning xdist workers to GPUs, the one-marker rule,
+and the collection of values that tests record for the manifest."""
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+
+PLATFORM_MARKERS = ("cpu", "cuda")
+
+# Set to an integer to pretend the host has that many GPUs (for exercising the xdist
+# pinning logic on a machine without them); only the counting and pinning honour it.
+SIMULATED_GPUS_ENV = "SOFTMAX_SUITE_SIMULATED_GPUS"
+
+
+def visible_gpu_ids() -> list[str]:
+    """GPU ids this process may use, found without initialising CUDA.
+
+    CUDA_VISIBLE_DEVICES wins when set; otherwise `nvidia-smi -L` lists the devices. Touching
+    torch.cuda here would create a CUDA context in the pytest controller before xdist workers
+    are pinned, and would make a CPU box pay for driver probing at import time.
+    """
+    simulated = os.environ.get(SIMULATED_GPUS_ENV)
+    if simulated:
+        return [str(i) for i in range(int(simulated))]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
+    return _nvidia_smi_ids()
+
+
+@functools.lru_cache(maxsize=1)
+def _nvidia_smi_ids() -> list[str]:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        listing = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return re.findall(r"^GPU (\d+):", listing, flags=re.MULTILINE)
+
+
+def pin_xdist_worker(worker: str | None, environ=os.environ) -> str | None:
+    """Give xdist worker `gwN` its own GPU by narrowing CUDA_VISIBLE_DEVICES.
+
+    Must run before anything initialises CUDA in the worker (conftest import time is early
+    enough: workers are fresh processes). Returns the GPU id chosen, or None.
+    """
+    if not worker:
+        return None
+    ids = visible_gpu_ids()
+    if not ids:
+        return None
+    index = int(worker.removeprefix("gw"))
+    chosen = ids[index % len(ids)]
+    environ["CUDA_VISIBLE_DEVICES"] = chosen
+    return chosen
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_unusable_reason() -> str | None:
+    """None when torch sees a usable CUDA GPU, else why not. Touches CUDA: call lazily."""
+    if not visible_gpu_ids():
+        return "no NVIDIA GPU visible (nvidia-smi lists none and CUDA_VISIBLE_DEVICES is unset or empty)"
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} cannot use the GPU (CPU-only build or driver problem)"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def cupy_unusable_reason() -> str | None:
+    """None when CuPy imports and sees a GPU, else why not."""
+    try:
+        import cupy
+    except ImportError as exc:
+        return f"CuPy is not installed ({exc}); install the gpu extra"
+    try:
+        cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CuPy raises its own CUDARuntimeError subclasses
+        return f"CuPy cannot reach the GPU: {exc}"
+    return None
+
+
+def platform_marker_errors(items) -> list[str]:
+    """Node ids of tests that carry neither or both of the cpu / cuda markers."""
+    errors = []
+    for item in items:
+        found = [m for m in PLATFORM_MARKERS if item.get_closest_marker(m) is not None]
+        if len(found) != 1:
+            what = "neither" if not found else "both"
+            errors.append(f"{item.nodeid}: carries {what} of the markers cpu / cuda")
+    return errors
+
+
+def selects_cuda(markexpr: str) -> bool:
+    """Whether a -m expression asks for cuda tests (e.g. 'cuda', 'cuda and not slow')."""
+    return re.search(r"(?<![\w-])cuda(?![\w-])", markexpr or "") is not None and not re.search(
+        r"not\s+cuda(?![\w-])", markexpr)
+
+
+# -- values recorded by tests for the manifest -----------------------------------------------
+
+RECORD_KEY = "manifest"
+
+
+def combine_recorded(records) -> dict[str, dict]:
+    """Merge (section, {key: value}) records from many tests into {section: {key: value}}.
+
+    Several tests measure the same quantity (each seed and shape of an equivalence test), so
+    numbers combine by max (they are worst-case errors), verdict strings by 'failed' wins, and
+    booleans by any(): one changed top-1 token anywhere means the swap changed something.
+    """
+    merged: dict[str, dict] = {}
+    for section, values in records:
+        target = merged.setdefault(section, {})
+        for key, value in values.items():
+            if key not in target:
+                target[key] = value
+            elif isinstance(value, bool):
+                target[key] = bool(target[key]) or value
+            elif isinstance(value, (int, float)):
+                target[key] = max(target[key], value)
+            elif value == "failed" or target[key] == "failed":
+                target[key] = "failed"
+            else:
+                target[key] = value
+    return merged

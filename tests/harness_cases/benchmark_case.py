@@ -1,0 +1,6 @@
+import pytest
+
+
+@pytest.mark.cpu
+def test_timed(benchmark):
+    assert benchmark(sum, range(10)) == 45
