@@ -15,10 +15,10 @@ def check_softmax_input(x, *, kernel: str, dtypes=FLOAT_DTYPES, device_type: str
     if x.dtype not in dtypes:
         names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
         raise TypeError(f"{kernel} softmax: dtype {str(x.dtype).removeprefix('torch.')} is not supported (supported: {names})")
-    if device_type is not None and x.device.type != device_type:
-        raise ValueError(f"{kernel} softmax: expected a {device_type} tensor, got one on {x.device}")
     if x.shape[1] == 0:
         raise ValueError(f"{kernel} softmax: V = 0, softmax over an empty row is undefined")
+    if device_type is not None and x.device.type != device_type:
+        raise ValueError(f"{kernel} softmax: expected a {device_type} tensor, got one on {x.device}")
     return x
 
 
