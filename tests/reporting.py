@@ -106,6 +106,35 @@ def _kernel_rank(name: str) -> int:
     return KERNEL_ORDER.index(name) if name in KERNEL_ORDER else len(KERNEL_ORDER)
 
 
+# Large-vocabulary goals for our two fast kernels: at least F.softmax's speed at every shape, and
+# a fraction of the measured copy bandwidth wherever a shape moves at least 100 MB.
+TARGET_KERNELS = ("fused", "triton")
+TARGET_MIN_BYTES = 100e6
+TARGET_COPY_FRACTION = {600: 0.90, 4096: 0.95, 32000: 0.95, 50257: 0.95, 128256: 0.95}
+
+
+def target_report(sweep: list[dict]) -> dict:
+    """Which sweep cases of fused / triton meet the large-vocabulary goals, and which miss."""
+    checked, misses = 0, []
+    for e in sweep:
+        if e["kernel"] not in TARGET_KERNELS or "frac_of_F_softmax" not in e:
+            continue
+        checked += 1
+        why = []
+        if e["frac_of_F_softmax"] < 1.0:
+            why.append(f"{e['frac_of_F_softmax']:.2f} x F.softmax")
+        floor = TARGET_COPY_FRACTION.get(e["V"])
+        moved = 2 * e["B"] * e["V"] * (4 if e["dtype"] == "float32" else 2)
+        if floor and moved >= TARGET_MIN_BYTES and e.get("frac_of_copy_bw", 1.0) < floor:
+            why.append(f"{e['frac_of_copy_bw']:.3f} of copy (goal {floor})")
+        if why:
+            misses.append({"kernel": e["kernel"], "B": e["B"], "V": e["V"], "dtype": e["dtype"],
+                           "why": "; ".join(why)})
+    return {"rule": ">= 1.0 x F.softmax at every shape; >= 0.95 of copy bandwidth for V >= 4096 and "
+                    ">= 0.90 for V = 600 where a shape moves >= 100 MB",
+            "cases_checked": checked, "cases_missed": len(misses), "missed": misses}
+
+
 def kernel_points(sweep: list[dict]) -> dict:
     """The lab contract's per-kernel figures at (B, V) = (512, 600), fp32."""
     B, V, dtype = LAB_POINT
@@ -182,6 +211,8 @@ def build_manifest(previous: dict | None, *, benchmarks: list[dict], recorded: d
         merged.update({case_key(e): e for e in new_entries})
         manifest["sweep"] = sorted(merged.values(),
                                    key=lambda e: (e["dtype"], e["V"], e["B"], _kernel_rank(e["kernel"])))
+        manifest["targets"] = target_report(manifest["sweep"])
+        provenance["targets"] = stamp
         points = kernel_points(new_entries)
         if points:
             kernels = manifest["softmax_kernels"]

@@ -71,6 +71,20 @@ def test_manifest_from_synthetic_records_validates_against_the_schema():
     assert manifest["provenance"]["sweep"]["gpu"] == "NVIDIA H200"
 
 
+def test_targets_name_the_cases_that_miss():
+    sweep = [
+        {"kernel": "F_softmax", "B": 32768, "V": 4096, "dtype": "float32", "us_median": 400.0},
+        {"kernel": "fused", "B": 32768, "V": 4096, "dtype": "float32", "us_median": 260.0},
+        {"kernel": "triton", "B": 32768, "V": 4096, "dtype": "float32", "us_median": 500.0},
+    ]
+    for e in sweep:
+        e.update(us_min=e["us_median"], us_max=e["us_median"], bytes=2 * 4 * 32768 * 4096, min_bytes=2 * 4 * 32768 * 4096)
+    report = reporting.target_report(reporting.sweep_entries(sweep, copy_TBps=4.28))
+    assert report["cases_checked"] == 2
+    assert [m["kernel"] for m in report["missed"]] == ["triton"]
+    assert "0.80 x F.softmax" in report["missed"][0]["why"] and "of copy" in report["missed"][0]["why"]
+
+
 def test_a_cpu_run_keeps_the_gpu_sections():
     before = gpu_manifest()
     after = reporting.build_manifest(
