@@ -1,0 +1,375 @@
+// v3 fused: the row is read once and written once; between the two it lives in registers.
+// Adds over v2: one memory round trip instead of three, 16-byte vector accesses, fp32 maths on
+// fp32/bf16/fp16 storage, and a size class per row length (picked by the Python dispatch table)
+// so the per-thread arrays have compile-time sizes and stay in registers.
+//
+//   fused_warp    V <= 128: one warp per row, element-wise loads (nothing to peel). A block
+//                 reduction would cost more than the row itself; shuffles need no barrier.
+//   fused_warpvec V <= 1024: one warp per row as well, 16-byte vectors with a head/tail peel
+//                 (4-8x fewer memory instructions: bf16 at V = 600 went from 1.9 to 3.1 TB/s).
+//   fused_row     one block per row slice, the slice held in registers as 16-byte vectors.
+//                 C == 1: the block owns the whole row.
+//                 C  > 1: a thread-block cluster owns the row, each CTA a contiguous slice;
+//                 the CTAs swap their partial (max, sum) through distributed shared memory.
+//                 This keeps 200-500 KB rows on chip and spreads a few long rows over many SMs.
+//   fused_online  rows too long for any of the above: two passes, the first an online max/sum,
+//                 the second re-reads the row (mostly from L2) to write it.
+//
+// Instantiations are appended by kernels/softmax_cuda.py from its dispatch table, so the
+// kernels compiled here are exactly the ones the dispatcher can launch.
+#include "softmax_common.cuh"
+
+// ---- cluster primitives (sm_90), as raw PTX so no cooperative_groups header is needed -------
+__device__ __forceinline__ void cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+    asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// Read a float2 at the same shared-memory offset as `local` in the CTA of cluster rank `rank`.
+__device__ __forceinline__ float2 dsmem_load_f2(const float2* local, unsigned rank) {
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local));
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+    float2 v;
+    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n"
+                 : "=f"(v.x), "=f"(v.y) : "r"(remote) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+
+// ---- warp per row ---------------------------------------------------------------------------
+// Lane l holds elements l, l+32, l+64, ...: each load instruction of the warp reads 32
+// consecutive elements, so accesses coalesce at any row alignment without a peel.
+template <class Fmt, int EW, int WPB>
+__device__ __forceinline__ void fused_warp_body(const typename Fmt::T* __restrict__ x,
+                                                typename Fmt::T* __restrict__ y,
+                                                long long n_rows, int n_cols) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const long long stride = static_cast<long long>(gridDim.x) * WPB;
+    for (long long row = static_cast<long long>(blockIdx.x) * WPB + warp; row < n_rows; row += stride) {
+        const typename Fmt::T* xr = x + row * n_cols;
+        typename Fmt::T* yr = y + row * n_cols;
+        float v[EW];
+        // All loads are issued before any use, so EW requests per lane are in flight at once.
+#pragma unroll
+        for (int i = 0; i < EW; ++i) {
+            const int c = i * 32 + lane;
+            v[i] = c < n_cols ? Fmt::load1(xr + c) : SOFTMAX_NEG_INF;
+        }
+        float m = v[0];
+#pragma unroll
+        for (int i = 1; i < EW; ++i) m = fmaxf(m, v[i]);
+        m = warp_max(m);
+        // Padding (-inf) contributes exp(-inf) = 0. An all -inf row gives NaN, as torch does.
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < EW; ++i) {
+            v[i] = fast_exp(v[i] - m);
+            s += v[i];
+        }
+        const float inv = 1.0f / warp_sum(s);
+#pragma unroll
+        for (int i = 0; i < EW; ++i) {
+            const int c = i * 32 + lane;
+            if (c < n_cols) Fmt::store1(yr + c, v[i] * inv);
+        }
+    }
+}
+
+// ---- warp, block (C == 1) or cluster (C > 1) per row -----------------------------------------
+// NT threads own a row slice; thread t holds body vectors t, t+NT, t+2NT, ... of it (a warp's
+// load covers 512 consecutive bytes) plus at most one head and one tail element. Capacity:
+// E * NT elements per slice; the dispatcher guarantees ceil(V / C) <= E * NT.
+// NT == 32 is the vectorised warp-per-row form: RPB rows per block, one per warp, reduced with
+// shuffles only (block_max / block_sum skip shared memory for a single warp).
+//
+// out_vec_ok says whether y - x is a multiple of 16 bytes. Then the output slice has the same
+// alignment as the input slice and the body is stored as vectors; otherwise element by element.
+template <class Fmt, int NT, int E, int C, int RPB>
+__device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict__ x,
+                                               typename Fmt::T* __restrict__ y,
+                                               long long n_rows, int n_cols, int out_vec_ok) {
+    typedef typename Fmt::T T;
+    constexpr int VEC = Fmt::VEC;
+    constexpr int NV = E / VEC;  // vectors per thread
+    constexpr int NW = NT / 32;
+    static_assert(E % VEC == 0, "elements per thread must be whole vectors");
+    static_assert(NT % 32 == 0 && NT >= 32 && NT * RPB <= 1024, "block size");
+    static_assert(C >= 1 && C <= 8, "portable cluster size");
+    static_assert(RPB == 1 || (NT == 32 && C == 1), "several rows per block only for warp rows");
+
+    __shared__ float red_max[NW];
+    __shared__ float red_sum[NW];
+    __shared__ float2 part;   // this CTA's (max, sum), read by the cluster's other CTAs
+    __shared__ float2 total;  // the row's (max, sum), broadcast inside the CTA
+
+    const int tid = (RPB == 1) ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x) % NT;
+    const int sub = (RPB == 1) ? 0 : static_cast<int>(threadIdx.x) / NT;
+    // Slices are a multiple of 8 elements long, so when the row is 16-byte aligned every
+    // slice is too. Slices past the row end are empty and contribute (-inf, 0).
+    const unsigned rank = (C > 1) ? cluster_rank() : 0u;
+    const int chunk = (C > 1) ? ((n_cols + C - 1) / C + 7) / 8 * 8 : n_cols;
+    const int start = min(static_cast<int>(rank) * chunk, n_cols);
+    const int len = min(n_cols - start, chunk);
+    const long long row_stride = static_cast<long long>(gridDim.x / C) * RPB;
+
+    // Every CTA of a cluster walks the same row sequence, so the cluster barriers below are
+    // reached the same number of times by all of them.
+    for (long long row = static_cast<long long>(blockIdx.x / C) * RPB + sub; row < n_rows; row += row_stride) {
+        const T* xs = x + row * n_cols + start;
+        T* ys = y + row * n_cols + start;
+        const SliceGeom<VEC, T> g(xs, len);
+        const uint4* xv = reinterpret_cast<const uint4*>(xs + g.head);
+
+        // All loads are issued before the first use: E elements per thread in flight at once.
+        float v[NV][VEC];
+#pragma unroll
+        for (int j = 0; j < NV; ++j) {
+            const int vi = j * NT + tid;
+            if (vi < g.nvec) {
+                Fmt::unpack(ld_once(xv + vi), v[j]);
+            } else {
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) v[j][k] = SOFTMAX_NEG_INF;
+            }
+        }
+        float hv = tid < g.head ? Fmt::load1(xs + tid) : SOFTMAX_NEG_INF;
+        float tv = tid < g.tail ? Fmt::load1(xs + g.tail0 + tid) : SOFTMAX_NEG_INF;
+
+        float m = fmaxf(hv, tv);
+#pragma unroll
+        for (int j = 0; j < NV; ++j)
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) m = fmaxf(m, v[j][k]);
+        m = block_max<NW>(m, red_max);
+
+        // exp relative to this slice's max, kept in place: one MUFU op per element. An all
+        // -inf slice uses 0 instead, so its exps and sum are 0 rather than NaN.
+        const float mref = (m == SOFTMAX_NEG_INF) ? 0.0f : m;
+        hv = fast_exp(hv - mref);
+        tv = fast_exp(tv - mref);
+        float s = hv + tv;
+#pragma unroll
+        for (int j = 0; j < NV; ++j)
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+                v[j][k] = fast_exp(v[j][k] - mref);
+                s += v[j][k];
+            }
+        s = block_sum<NW>(s, red_sum);
+
+        // Output = e * scale. C == 1: scale = 1 / s; an all -inf row has s = 0, and 0 * inf
+        // gives NaN as torch does.
+        float scale = 1.0f / s;
+        if (C > 1) {
+            if (tid == 0) part = make_float2(m, s);
+            cluster_arrive();  // release: `part` is visible to the cluster after the wait
+            cluster_wait();
+            if (tid < 32) {
+                const float2 p = tid < C ? dsmem_load_f2(&part, static_cast<unsigned>(tid))
+                                         : make_float2(SOFTMAX_NEG_INF, 0.0f);
+                const float gm = warp_max(p.x);
+                const float t = (p.x == SOFTMAX_NEG_INF) ? 0.0f : p.y * fast_exp(p.x - gm);
+                const float gs = warp_sum(t);
+                if (tid == 0) total = make_float2(gm, gs);
+            }
+            // Tell the cluster this CTA is done reading remote `part`; the matching wait sits
+            // at the end of the iteration so that the stores overlap the barrier.
+            cluster_arrive();
+            __syncthreads();
+            const float row_max = total.x;
+            const float row_sum = total.y;
+            // Same fast_exp(m - row_max) as in the row sum above, so the slices stay consistent.
+            // An all -inf row must give NaN; an all -inf slice of a finite row gives 0.
+            scale = (row_max == SOFTMAX_NEG_INF) ? SOFTMAX_NAN
+                  : (m == SOFTMAX_NEG_INF)       ? 0.0f
+                                                 : fast_exp(m - row_max) * (1.0f / row_sum);
+        }
+
+        uint4* yv = reinterpret_cast<uint4*>(ys + g.head);
+#pragma unroll
+        for (int j = 0; j < NV; ++j) {
+            const int vi = j * NT + tid;
+            if (vi < g.nvec) {
+                float o[VEC];
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) o[k] = v[j][k] * scale;
+                if (out_vec_ok) {
+                    st_once(yv + vi, Fmt::pack(o));
+                } else {
+                    T* yp = ys + g.head + vi * VEC;
+#pragma unroll
+                    for (int k = 0; k < VEC; ++k) Fmt::store1(yp + k, o[k]);
+                }
+            }
+        }
+        if (tid < g.head) Fmt::store1(ys + tid, hv * scale);
+        if (tid < g.tail) Fmt::store1(ys + g.tail0 + tid, tv * scale);
+
+        if (C > 1) cluster_wait();  // no CTA leaves (or overwrites `part`) while a peer reads it
+    }
+}
+
+// ---- general fallback: online max/sum, then a second pass ------------------------------------
+// For rows beyond the register capacity of a cluster. Each thread keeps a running (max, sum)
+// over EL elements (EL / VEC vector loads in flight) at a time, the block merges the pairs,
+// then the row is read again to write it.
+template <class Fmt, int NT, int EL>
+__device__ __forceinline__ void fused_online_body(const typename Fmt::T* __restrict__ x,
+                                                  typename Fmt::T* __restrict__ y,
+                                                  long long n_rows, int n_cols, int out_vec_ok) {
+    typedef typename Fmt::T T;
+    constexpr int VEC = Fmt::VEC;
+    constexpr int NW = NT / 32;
+    constexpr int U = EL / VEC;
+    static_assert(EL % VEC == 0, "elements per step must be whole vectors");
+    __shared__ float red_m[NW];
+    __shared__ float red_s[NW];
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+
+    for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
+        const T* xs = x + row * n_cols;
+        T* ys = y + row * n_cols;
+        const SliceGeom<VEC, T> g(xs, n_cols);
+        const uint4* xv = reinterpret_cast<const uint4*>(xs + g.head);
+
+        float m = SOFTMAX_NEG_INF;
+        float s = 0.0f;
+        {
+            const float hv = tid < g.head ? Fmt::load1_cached(xs + tid) : SOFTMAX_NEG_INF;
+            const float tv = tid < g.tail ? Fmt::load1_cached(xs + g.tail0 + tid) : SOFTMAX_NEG_INF;
+            m = fmaxf(hv, tv);
+            if (m != SOFTMAX_NEG_INF) s = fast_exp(hv - m) + fast_exp(tv - m);
+        }
+        for (int base = 0; base < g.nvec; base += U * NT) {
+            float f[U][VEC];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int vi = base + u * NT + tid;
+                if (vi < g.nvec) {
+                    Fmt::unpack(__ldg(xv + vi), f[u]);  // keep it in L2 for the second pass
+                } else {
+#pragma unroll
+                    for (int k = 0; k < VEC; ++k) f[u][k] = SOFTMAX_NEG_INF;
+                }
+            }
+            float cm = SOFTMAX_NEG_INF;
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) cm = fmaxf(cm, f[u][k]);
+            if (cm > m) {
+                s *= fast_exp(m - cm);  // m == -inf gives exp(-inf) = 0 and s is 0 anyway
+                m = cm;
+            }
+            if (m != SOFTMAX_NEG_INF) {
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+#pragma unroll
+                    for (int k = 0; k < VEC; ++k) s += fast_exp(f[u][k] - m);
+            }
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const float om = __shfl_xor_sync(0xffffffffu, m, off);
+            const float os = __shfl_xor_sync(0xffffffffu, s, off);
+            merge_max_sum(m, s, om, os);
+        }
+        if (lane == 0) {
+            red_m[warp] = m;
+            red_s[warp] = s;
+        }
+        __syncthreads();
+        m = lane < NW ? red_m[lane] : SOFTMAX_NEG_INF;
+        s = lane < NW ? red_s[lane] : 0.0f;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const float om = __shfl_xor_sync(0xffffffffu, m, off);
+            const float os = __shfl_xor_sync(0xffffffffu, s, off);
+            merge_max_sum(m, s, om, os);
+        }
+        __syncthreads();  // red_m / red_s are read by all before the next row overwrites them
+
+        // m == -inf (all -inf row): x - m is NaN for every element, as torch gives.
+        const float inv = 1.0f / s;
+        if (tid < g.head) Fmt::store1(ys + tid, fast_exp(Fmt::load1(xs + tid) - m) * inv);
+        if (tid < g.tail)
+            Fmt::store1(ys + g.tail0 + tid, fast_exp(Fmt::load1(xs + g.tail0 + tid) - m) * inv);
+        uint4* yv = reinterpret_cast<uint4*>(ys + g.head);
+        for (int base = 0; base < g.nvec; base += U * NT) {
+            float f[U][VEC];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int vi = base + u * NT + tid;
+                if (vi < g.nvec) Fmt::unpack(ld_once(xv + vi), f[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int vi = base + u * NT + tid;
+                if (vi < g.nvec) {
+#pragma unroll
+                    for (int k = 0; k < VEC; ++k) f[u][k] = fast_exp(f[u][k] - m) * inv;
+                    if (out_vec_ok) {
+                        st_once(yv + vi, Fmt::pack(f[u]));
+                    } else {
+                        T* yp = ys + g.head + vi * VEC;
+#pragma unroll
+                        for (int k = 0; k < VEC; ++k) Fmt::store1(yp + k, f[u][k]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ---- kernel entry points (extern "C": plain names, nothing to demangle) ---------------------
+#define SOFTMAX_FUSED_WARP(NAME, FMT, EW, WPB)                                                   \
+    extern "C" __global__ void __launch_bounds__((WPB) * 32, 1024 / ((WPB) * 32))                \
+    NAME(const FMT::T* __restrict__ x, FMT::T* __restrict__ y, long long n_rows, int n_cols) { \
+        fused_warp_body<FMT, EW, WPB>(x, y, n_rows, n_cols);                                     \
+    }
+
+// Launch bounds ask for 1024 threads' worth of CTAs per SM, i.e. at most 64 registers a thread:
+// that keeps two or more CTAs resident so one CTA's loads overlap another's reductions.
+#define SOFTMAX_FUSED_ROW(NAME, FMT, NT, E)                                                      \
+    extern "C" __global__ void __launch_bounds__(NT, 1024 / (NT))                                \
+    NAME(const FMT::T* __restrict__ x, FMT::T* __restrict__ y, long long n_rows, int n_cols,   \
+         int out_vec_ok) {                                                                       \
+        fused_row_body<FMT, NT, E, 1, 1>(x, y, n_rows, n_cols, out_vec_ok);                      \
+    }
+
+// One warp per row, RPB rows per block, vector accesses.
+#define SOFTMAX_FUSED_WARPVEC(NAME, FMT, E, RPB)                                                 \
+    extern "C" __global__ void __launch_bounds__(32 * (RPB), 1024 / (32 * (RPB)))               \
+    NAME(const FMT::T* __restrict__ x, FMT::T* __restrict__ y, long long n_rows, int n_cols,   \
+         int out_vec_ok) {                                                                       \
+        fused_row_body<FMT, 32, E, 1, RPB>(x, y, n_rows, n_cols, out_vec_ok);                    \
+    }
+
+// Thread-block clusters exist from sm_90 on; on older targets these entry points are left out
+// and the dispatcher does not ask for them.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define SOFTMAX_FUSED_CLUSTER(NAME, FMT, NT, E, C)                                               \
+    extern "C" __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(NT, 1024 / (NT))     \
+    NAME(const FMT::T* __restrict__ x, FMT::T* __restrict__ y, long long n_rows, int n_cols,   \
+         int out_vec_ok) {                                                                       \
+        fused_row_body<FMT, NT, E, C, 1>(x, y, n_rows, n_cols, out_vec_ok);                      \
+    }
+#else
+#define SOFTMAX_FUSED_CLUSTER(NAME, FMT, NT, E, C)
+#endif
+
+#define SOFTMAX_FUSED_ONLINE(NAME, FMT, NT, EL)                                                   \
+    extern "C" __global__ void __launch_bounds__(NT, 1)                                          \
+    NAME(const FMT::T* __restrict__ x, FMT::T* __restrict__ y, long long n_rows, int n_cols,   \
+         int out_vec_ok) {                                                                       \
+        fused_online_body<FMT, NT, EL>(x, y, n_rows, n_cols, out_vec_ok);                         \
+    }

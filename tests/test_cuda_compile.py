@@ -1,0 +1,235 @@
+"""The CUDA C kernels without a GPU: they compile for sm_90 with no register spills, the fused
+dispatch table is consistent, its slicing arithmetic covers every element exactly once, and the
+wrappers reject bad inputs before touching CUDA.
+
+Run with -s to see the per-kernel ptxas report (registers, shared memory, stack, spills).
+"""
+
+import shutil
+
+import pytest
+import torch
+
+from kernels import softmax_cuda as sc
+
+pytestmark = pytest.mark.cpu
+
+NVCC = shutil.which("nvcc")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH: the offline sm_90 build cannot run")
+
+
+@pytest.fixture
+def record(request):
+    """The suite's record_manifest, or a no-op where the suite's conftest does not provide it."""
+    try:
+        return request.getfixturevalue("record_manifest")
+    except pytest.FixtureLookupError:
+        return lambda section, **values: None
+
+
+# -- nvcc / ptxas --------------------------------------------------------------------------------
+
+@needs_nvcc
+@pytest.mark.parametrize("path", sc.CU_SOURCES, ids=lambda p: p.name)
+def test_compiles_for_sm90_without_spills(path, record):
+    res = sc.compile_offline(path, nvcc=NVCC)
+    log = res.stdout + res.stderr
+    assert res.returncode == 0, f"nvcc failed for {path.name} (ptxas -warn-spills is fatal):\n{log}"
+    report = sc.parse_ptxas_report(log)
+    print(f"\n{path.name} ({sc.TARGET_ARCH}):\n{sc.format_ptxas_report(report)}")
+    expected = sc.expected_kernels(path)
+    worst_spill = max((r.get("spill_stores", 0) + r.get("spill_loads", 0) for r in report.values()), default=0)
+    worst_stack = max((r.get("stack_bytes", 0) for r in report.values()), default=0)
+    record("ptxas_sm90", max_spill_bytes=worst_spill, max_stack_bytes=worst_stack,
+           max_registers=max((r.get("registers", 0) for r in report.values()), default=0))
+    missing = sorted(set(expected) - set(report))
+    assert not missing, f"{path.name}: entry points the dispatcher launches were not compiled: {missing}"
+    for name in expected:
+        r = report[name]
+        assert {"registers", "stack_bytes", "spill_stores", "spill_loads"} <= set(r), (name, r)
+        assert r["stack_bytes"] == 0, f"{name}: {r['stack_bytes']} bytes stack frame (arrays in local memory)"
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, f"{name} spills: {r}"
+        # The launch bounds promise >= 1024 resident threads per SM: at most 64 registers.
+        assert r["registers"] <= 64, f"{name} uses {r['registers']} registers"
+
+
+def test_ptxas_report_parser():
+    text = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'k_one' for 'sm_90'
+ptxas info    : Function properties for k_one
+    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 40 registers, used 1 barriers, 144 bytes smem, 400 bytes cmem[0]
+ptxas info    : Compiling entry function 'k_two' for 'sm_90'
+ptxas info    : Function properties for k_two
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 21 registers, used 0 barriers
+"""
+    assert sc.parse_ptxas_report(text) == {
+        "k_one": {"registers": 40, "smem_bytes": 144, "stack_bytes": 8, "spill_stores": 4, "spill_loads": 12},
+        "k_two": {"registers": 21, "smem_bytes": 0, "stack_bytes": 0, "spill_stores": 0, "spill_loads": 0},
+    }
+
+
+def test_every_dispatchable_kernel_is_instantiated():
+    src = sc.module_source(sc.CU_SOURCES[2])
+    names = sc.expected_kernels(sc.CU_SOURCES[2])
+    assert len(names) == len(set(names)) == 3 * len(sc.ALL_FUSED_PLANS)
+    for name in names:
+        assert f"({name}," in src, f"{name} is not instantiated"
+    for path in sc.CU_SOURCES:
+        assert '#include "softmax_common.cuh"' not in sc.module_source(path), "header not inlined"
+
+
+# -- the fused dispatch table --------------------------------------------------------------------
+
+def test_dispatch_boundaries_are_the_plan_capacities():
+    bounds = sc.DISPATCH_BOUNDARIES
+    assert bounds == sorted(bounds) and len(set(bounds)) == len(bounds)
+    for v in bounds:
+        assert sc._select_plan(v).capacity == v, v
+        assert sc._select_plan(v) != sc._select_plan(v + 1), f"no path change at V = {v}"
+    assert sc._select_plan(bounds[-1] + 1).kind == "online"
+
+
+@pytest.mark.parametrize("V", [1, 2, 31, 32, 33, 600, 1024, 1025, 4096, 32000, 50257, 128256, 131072,
+                               131073, 262144, 1 << 22])
+def test_plan_holds_the_row(V):
+    plan = sc._select_plan(V)
+    assert plan.capacity is None or V <= plan.capacity
+    if plan.capacity is not None:
+        # Each slice fits its threads' registers.
+        assert -(-V // plan.cluster) <= plan.row_threads * plan.elems
+    # No smaller plan would do: the table is ordered and the first fit is taken.
+    smaller = [b for b in sc.DISPATCH_BOUNDARIES if b < V]
+    if smaller and plan.kind != "online":
+        assert sc._select_plan(smaller[-1]).capacity < V
+
+
+def test_without_clusters_long_rows_go_online():
+    for V in (16385, 32000, 50257, 128256):
+        assert sc._select_plan(V, clusters_ok=False).kind == "online"
+        assert sc._select_plan(V, clusters_ok=True).kind == "cluster"
+    assert sc._select_plan(16384, clusters_ok=False).kind == "row"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, "bf16", "float32"])
+def test_fused_plan_names(dtype):
+    assert sc.fused_plan(4096, 600, dtype).startswith("warp(")
+    assert sc.fused_plan(4096, 4096, dtype) == "row(cluster=1, threads=128, elems/thread=32)"
+    assert sc.fused_plan(64, 128256, dtype) == "cluster(cluster=8, threads=512, elems/thread=32)"
+    assert sc.fused_plan(2, 262144, dtype).startswith("online(")
+    assert sc.fused_plan(0, 600, dtype).startswith("empty")
+
+
+def test_fused_plan_rejects_bad_arguments():
+    with pytest.raises(TypeError):
+        sc.fused_plan(4, 8, torch.float64)
+    with pytest.raises(ValueError):
+        sc.fused_plan(4, 0, torch.float32)
+
+
+# -- the kernels' index arithmetic, replayed in Python --------------------------------------------
+# A model of fused_row_body / fused_online_body: which element each thread of each CTA loads.
+# It must cover [0, V) exactly once for every row alignment, with no thread over its capacity.
+
+def _slice_geometry(addr_elems: int, length: int, vec: int):
+    """SliceGeom: head up to the 16-byte boundary, body vectors, tail (address in elements)."""
+    mis = addr_elems % vec
+    head = min((vec - mis) % vec, length)
+    nvec = (length - head) // vec
+    tail0 = head + nvec * vec
+    return head, nvec, tail0, length - tail0
+
+
+def _covered(plan, V, row_offset_elems, vec):
+    counts = [0] * V
+    C = plan.cluster
+    chunk = (-(-V // C) + 7) // 8 * 8 if C > 1 else V
+    nv = plan.elems // vec
+    nt = plan.row_threads
+    for rank in range(C):
+        start = min(rank * chunk, V)
+        length = min(V - start, chunk)
+        head, nvec, tail0, tail = _slice_geometry(row_offset_elems + start, length, vec)
+        assert (row_offset_elems + start + head) % vec == 0 or nvec == 0
+        assert head < nt and tail < nt and head < vec and tail < vec
+        assert nvec <= nv * nt, f"slice of {length} overflows {plan}"
+        for t in range(nt):
+            for j in range(nv):
+                vi = j * nt + t
+                if vi < nvec:
+                    for k in range(vec):
+                        counts[start + head + vi * vec + k] += 1
+            if t < head:
+                counts[start + t] += 1
+            if t < tail:
+                counts[start + tail0 + t] += 1
+    return counts
+
+
+@pytest.mark.parametrize("vec", [4, 8], ids=["fp32", "16bit"])
+def test_row_and_cluster_slices_cover_each_element_once(vec):
+    Vs = sorted({v + d for v in sc.DISPATCH_BOUNDARIES for d in (-1, 0, 1)} | {600, 1025, 50257, 128256})
+    for V in Vs:
+        plan = sc._select_plan(V)
+        if plan.kind in ("warp", "online"):
+            continue
+        for offset in range(vec):  # every alignment a row can start at
+            counts = _covered(plan, V, offset + 3 * V, vec)
+            bad = [i for i, c in enumerate(counts) if c != 1]
+            assert not bad, f"V={V} offset={offset} {plan}: elements {bad[:8]} covered {[counts[i] for i in bad[:8]]}"
+
+
+def test_small_slices_cover_each_element_once():
+    # Rows shorter than a vector, or shorter than the head: the peel must not double count.
+    plan = sc.FusedPlan("row", 128, 16)
+    for vec in (4, 8):
+        for V in range(1, 3 * vec + 2):
+            for offset in range(vec):
+                assert _covered(plan, V, offset, vec) == [1] * V, (vec, V, offset)
+    cluster = sc.FusedPlan("cluster", 32, 8, 8)
+    for V in (1, 7, 9, 63, 64, 65, 200, 2047, 2048):
+        for offset in range(8):
+            assert _covered(cluster, V, offset, 8) == [1] * V, (V, offset)
+
+
+# -- input checks that need no GPU ----------------------------------------------------------------
+
+WRAPPERS = [sc.softmax_naive, sc.softmax_smem, sc.softmax_fused]
+
+
+@pytest.mark.parametrize("fn", WRAPPERS, ids=lambda f: f.__name__)
+def test_rejects_cpu_tensor(fn):
+    with pytest.raises(ValueError, match="cuda"):
+        fn(torch.randn(4, 8))
+
+
+@pytest.mark.parametrize("fn", WRAPPERS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("shape", [(8,), (2, 3, 4)])
+def test_rejects_wrong_rank(fn, shape):
+    with pytest.raises(ValueError, match="2-D"):
+        fn(torch.randn(*shape))
+
+
+@pytest.mark.parametrize("fn", WRAPPERS, ids=lambda f: f.__name__)
+def test_rejects_float64(fn):
+    with pytest.raises(TypeError, match="float64"):
+        fn(torch.randn(4, 8, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("fn", [sc.softmax_naive, sc.softmax_smem], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_naive_and_smem_are_float32_only(fn, dtype):
+    with pytest.raises(TypeError, match="not supported"):
+        fn(torch.randn(4, 8).to(dtype))
+
+
+@pytest.mark.parametrize("fn", WRAPPERS, ids=lambda f: f.__name__)
+def test_rejects_empty_rows(fn):
+    with pytest.raises(ValueError, match="V = 0"):
+        fn(torch.empty(4, 0))
+
+
+def test_not_a_tensor():
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        sc.softmax_fused([[1.0, 2.0]])
