@@ -89,10 +89,14 @@ def record_manifest(request):
 
 
 _recorded: list = []
+_cuda_tests_ran = False
 
 
 def pytest_runtest_logreport(report):
     # Runs in the controller for every worker's report too, so xdist runs lose nothing.
+    global _cuda_tests_ran
+    if report.when == "call" and "cuda" in report.keywords:
+        _cuda_tests_ran = True
     for name, value in getattr(report, "user_properties", ()):
         if name == harness.RECORD_KEY:
             _recorded.append(value)
@@ -140,5 +144,7 @@ def _environment(config) -> dict:
     if torch is not None and torch.cuda.is_initialized():
         major, minor = torch.cuda.get_device_capability()
         gpu = {"model": torch.cuda.get_device_name(), "compute_capability": f"{major}.{minor}"}
+    elif _cuda_tests_ran:  # under xdist only the workers touched the GPU
+        gpu = harness.describe_gpu()
     command = "pytest " + " ".join(config.invocation_params.args)
     return {"gpu": gpu, "versions": reporting.software_versions(), "command": command.strip()}

@@ -60,6 +60,23 @@ def pin_xdist_worker(worker: str | None, environ=os.environ) -> str | None:
     return chosen
 
 
+def describe_gpu() -> dict | None:
+    """{model, compute_capability} of the first visible GPU from nvidia-smi, without CUDA.
+
+    The xdist controller runs no GPU code itself, yet writes the manifest for its workers."""
+    smi = shutil.which("nvidia-smi")
+    ids = visible_gpu_ids()
+    if smi is None or not ids:
+        return None
+    try:
+        line = subprocess.run([smi, "-i", ids[0], "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
+        name, capability = (part.strip() for part in line.rsplit(",", 1))
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        return None
+    return {"model": name, "compute_capability": capability}
+
+
 @functools.lru_cache(maxsize=1)
 def gpu_unusable_reason() -> str | None:
     """None when torch sees a usable CUDA GPU, else why not. Touches CUDA: call lazily."""

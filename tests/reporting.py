@@ -46,6 +46,9 @@ def write_atomic(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; reports are for everyone
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -96,7 +99,7 @@ def sweep_entries(benchmarks: list[dict], copy_TBps: float | None) -> list[dict]
         if baseline is not None:
             entry["frac_of_F_softmax"] = baseline["us_median"] / r["us_median"]
         for extra in ("plan", "autotune_picked"):
-            if extra in r:
+            if r.get(extra) is not None:
                 entry[extra] = r[extra]
         entries.append(entry)
     return entries
@@ -168,6 +171,13 @@ def empty_manifest() -> dict:
     }
 
 
+def provenance_stamp(environment: dict, today: str) -> dict:
+    """When, where ("cpu" or the GPU's name) and with what a section was measured."""
+    versions = {k: v for k, v in (environment.get("versions") or {}).items() if v is not None}
+    return {"date": today, "device": (environment.get("gpu") or {}).get("model") or "cpu",
+            "versions": versions, "command": environment.get("command")}
+
+
 def build_manifest(previous: dict | None, *, benchmarks: list[dict], recorded: dict[str, dict],
                    environment: dict, today: str | None = None) -> dict:
     """Merge this run's measurements into the previous manifest.
@@ -183,8 +193,7 @@ def build_manifest(previous: dict | None, *, benchmarks: list[dict], recorded: d
             manifest[key] = value
     manifest["experiment"], manifest["seed"], manifest["date"] = EXPERIMENT, SEED, today
     provenance = manifest.setdefault("provenance", {})
-    stamp = {"date": today, "gpu": (environment.get("gpu") or {}).get("model"),
-             "versions": environment.get("versions"), "command": environment.get("command")}
+    stamp = provenance_stamp(environment, today)
 
     # A NaN or inf cannot go into JSON; it is stored as null and the test that recorded it fails.
     recorded = {section: {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
@@ -198,7 +207,7 @@ def build_manifest(previous: dict | None, *, benchmarks: list[dict], recorded: d
         ceilings = dict(manifest.get("ceilings") or {})
         ceilings.update(ceilings_measured)
         ceilings["flops_per_element"] = FLOPS_PER_ELEMENT
-        sheet = DATASHEET.get(stamp["gpu"] or "")
+        sheet = DATASHEET.get(stamp["device"])
         if sheet:
             ceilings["datasheet"] = sheet
         manifest["ceilings"] = ceilings
@@ -271,12 +280,20 @@ def render_roofline(manifest: dict, path: Path) -> bool:
     x = [2.0 ** k for k in range(-6, 9)]
     ax.plot(x, [min(copy_TBps * xi, fp32_TFLOPS) for xi in x], color="black", lw=1.5,
             label=f"roofline: copy {copy_TBps:.2f} TB/s, fp32 {fp32_TFLOPS:.1f} TFLOP/s (measured)")
+    labels: list[list] = []  # [x, y, names]: kernels that land on one spot share one label
     for i, e in enumerate(sorted(points, key=lambda e: _kernel_rank(e["kernel"]))):
         intensity = flops / e["bytes_by_design"]
         achieved = flops / (e["us_median"] * 1e-6) / 1e12
         ax.scatter([intensity], [achieved], s=50, color=f"C{i}", zorder=3,
                    label=f"{e['kernel']}: {e['us_median']:.2f} us")
-        ax.annotate(e["kernel"], (intensity, achieved), textcoords="offset points", xytext=(6, 4 + 8 * (i % 2)))
+        for label in labels:
+            if abs(math.log(label[0] / intensity)) < 0.1 and abs(math.log(label[1] / achieved)) < 0.15:
+                label[2].append(e["kernel"])
+                break
+        else:
+            labels.append([intensity, achieved, [e["kernel"]]])
+    for x, y, names in labels:
+        ax.annotate(", ".join(names), (x, y), textcoords="offset points", xytext=(8, 4), fontsize=8)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP per byte moved by design)")

@@ -6,10 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jsonschema
 import pytest
 
 from tests import harness, reporting
+
+jsonschema = pytest.importorskip("jsonschema")  # a CPU-suite dependency; absent on bare GPU images
 
 pytestmark = pytest.mark.cpu
 
@@ -68,7 +69,7 @@ def test_manifest_from_synthetic_records_validates_against_the_schema():
     lab = [e for e in manifest["sweep"] if (e["kernel"], e["B"]) == ("fused", 512)][0]
     assert lab["GBps"] == pytest.approx(8 * 512 * 600 / (lab["us_median"] * 1e-6) / 1e9)
     assert lab["frac_of_copy_bw"] == pytest.approx(lab["GBps"] / 4280)
-    assert manifest["provenance"]["sweep"]["gpu"] == "NVIDIA H200"
+    assert manifest["provenance"]["sweep"]["device"] == "NVIDIA H200"
 
 
 def test_targets_name_the_cases_that_miss():
@@ -97,6 +98,7 @@ def test_a_cpu_run_keeps_the_gpu_sections():
     assert after["torch_port"]["kernel_swap_changes_top1_token"] is False
     assert after["torch_port"]["max_abs_diff_to_numpy_reference"] == 3e-7
     assert after["provenance"]["torch_port.max_abs_diff_to_numpy_reference"]["date"] == "2026-11-30"
+    assert after["provenance"]["torch_port.max_abs_diff_to_numpy_reference"]["device"] == "cpu"
 
 
 def test_write_reports_writes_figures_atomically_and_nothing_for_an_empty_run(tmp_path):
@@ -179,3 +181,25 @@ def test_nothing_escapes_both_runs():
     result = run_pytest("--collect-only", "-q", "-m", "not cpu and not cuda", "--no-reports")
     assert result.returncode == pytest.ExitCode.NO_TESTS_COLLECTED, result.stdout + result.stderr
     assert "deselected" in result.stdout and " selected" not in result.stdout.replace("deselected", "")
+
+
+def test_gpus_are_counted_and_named_through_nvidia_smi(tmp_path, monkeypatch):
+    """A stand-in nvidia-smi on PATH: counting and naming never go through CUDA."""
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\n"
+                    "case \"$1\" in\n"
+                    "  -L) printf 'GPU 0: NVIDIA H200 (UUID: GPU-a)\\nGPU 1: NVIDIA H200 (UUID: GPU-b)\\n' ;;\n"
+                    "  *) echo 'NVIDIA H200, 9.0' ;;\n"
+                    "esac\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv(harness.SIMULATED_GPUS_ENV, raising=False)
+    harness._nvidia_smi_ids.cache_clear()
+    try:
+        assert harness.visible_gpu_ids() == ["0", "1"]
+        assert harness.describe_gpu() == {"model": "NVIDIA H200", "compute_capability": "9.0"}
+        environ = {}
+        assert harness.pin_xdist_worker("gw3", environ) == "1" and environ == {"CUDA_VISIBLE_DEVICES": "1"}
+    finally:
+        harness._nvidia_smi_ids.cache_clear()
