@@ -16,6 +16,7 @@ current stream on the tensor's device. CuPy is imported on first call, never at 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -44,8 +45,9 @@ PTXAS_CHECK_OPTIONS = ("-Xptxas", "-v,-warn-spills,-Werror")
 _INCLUDE_LINE = '#include "softmax_common.cuh"'
 
 # ---------------------------------------------------------------------------------------------
-# fused dispatch table (V counts elements, the same for every dtype: a thread holds its elements
-# as float32 in registers whatever the storage type)
+# fused dispatch table (V counts elements). The warp classes and the shorter row classes are
+# shared by all dtypes (a thread holds its elements as float32 whatever the storage type); the
+# longer 16-bit row classes keep their rows packed (see _ROW_CLASSES_16BIT).
 
 WARP_ROWS_PER_BLOCK = 4
 WARPVEC_ROWS_PER_BLOCK = 8  # measured a little ahead of 2 and 4 at (32768, 600)
@@ -67,12 +69,35 @@ _ROW_CLASSES = (
     (65536, 256, 32, 8),
     (131072, 512, 32, 8),
 )
+# 16-bit storage, sized by bytes: past 4096 a thread keeps its 64 elements as the loaded 16-bit
+# pairs (32 registers, as many bytes as an fp32 thread's 32 elements) and widens them to fp32
+# in each pass. Element-sized classes left each SM with half the fp32 bytes in flight (bf16
+# V >= 32000 reached only 0.54-0.73 of copy bandwidth). The CTA shapes follow the fp32 table.
+# SOFTMAX_FUSED_PACK16=0 in the environment (read at import) gives 16-bit storage the fp32
+# table instead, for comparisons.
+# (max V, threads per CTA, elements per thread, CTAs per cluster, packed)
+PACK_16BIT_ROWS = os.environ.get("SOFTMAX_FUSED_PACK16", "1").strip() != "0"
+_ROW_CLASSES_16BIT = (
+    (2048, 128, 16, 1, False),
+    (4096, 128, 32, 1, False),
+    (8192, 128, 64, 1, True),
+    (16384, 256, 64, 1, True),
+    (32768, 256, 64, 2, True),
+    (65536, 256, 64, 4, True),
+    (131072, 256, 64, 8, True),
+) if PACK_16BIT_ROWS else tuple((v, t, e, c, False) for v, t, e, c in _ROW_CLASSES)
 ONLINE_THREADS = 1024
 ONLINE_ELEMS = 16  # elements per thread in flight per step of the online loop
 
-# V values at which `fused` changes path: V and V + 1 use different kernels.
-DISPATCH_BOUNDARIES = ([v for v, _ in _WARP_CLASSES] + [v for v, _ in _WARPVEC_CLASSES]
-                       + [v for v, *_ in _ROW_CLASSES])
+# V values at which `fused` changes path for a dtype: V and V + 1 use different kernels.
+_WARP_BOUNDARIES = [v for v, _ in _WARP_CLASSES] + [v for v, _ in _WARPVEC_CLASSES]
+DISPATCH_BOUNDARIES_BY_DTYPE = {
+    torch.float32: _WARP_BOUNDARIES + [v for v, *_ in _ROW_CLASSES],
+    torch.bfloat16: _WARP_BOUNDARIES + [v for v, *_ in _ROW_CLASSES_16BIT],
+    torch.float16: _WARP_BOUNDARIES + [v for v, *_ in _ROW_CLASSES_16BIT],
+}
+# Every dtype is tested at all of these (the union over dtypes).
+DISPATCH_BOUNDARIES = sorted({v for b in DISPATCH_BOUNDARIES_BY_DTYPE.values() for v in b})
 
 _FORMATS = {  # torch dtype -> (kernel name suffix, C++ format struct)
     torch.float32: ("f32", "FmtF32"),
@@ -95,6 +120,7 @@ class FusedPlan:
     threads: int  # per CTA
     elems: int  # per thread (warp: per lane); 0 for online (loops)
     cluster: int = 1
+    packed: bool = False  # row / cluster only: the body is held in 16-bit storage form
 
     @property
     def row_threads(self) -> int:
@@ -118,7 +144,8 @@ class FusedPlan:
             return f"fused_warpvec_{sfx}_e{self.elems}_r{self.threads // 32}"
         if self.kind == "online":
             return f"fused_online_{sfx}_t{self.threads}"
-        return f"fused_{self.kind}_{sfx}_t{self.threads}_e{self.elems}_c{self.cluster}"
+        p = "_p" if self.packed else ""
+        return f"fused_{self.kind}_{sfx}_t{self.threads}_e{self.elems}_c{self.cluster}{p}"
 
     def describe(self) -> str:
         if self.kind == "warp":
@@ -127,7 +154,8 @@ class FusedPlan:
             return f"warp(rows/block={self.threads // 32}, elems/lane={self.elems}, 16-byte vectors)"
         if self.kind == "online":
             return f"online(threads={self.threads}, two passes)"
-        return f"{self.kind}(cluster={self.cluster}, threads={self.threads}, elems/thread={self.elems})"
+        p = ", packed 16-bit" if self.packed else ""
+        return f"{self.kind}(cluster={self.cluster}, threads={self.threads}, elems/thread={self.elems}{p})"
 
     def instantiation(self, dtype: torch.dtype) -> str:
         fmt = _FORMATS[dtype][1]
@@ -138,20 +166,35 @@ class FusedPlan:
             return f"SOFTMAX_FUSED_WARPVEC({name}, {fmt}, {self.elems}, {self.threads // 32})"
         if self.kind == "online":
             return f"SOFTMAX_FUSED_ONLINE({name}, {fmt}, {self.threads}, {ONLINE_ELEMS})"
+        if self.packed and dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"{self.describe()} is for 16-bit storage, not {dtype}")
+        p = "true" if self.packed else "false"
         if self.kind == "row":
-            return f"SOFTMAX_FUSED_ROW({name}, {fmt}, {self.threads}, {self.elems})"
-        return f"SOFTMAX_FUSED_CLUSTER({name}, {fmt}, {self.threads}, {self.elems}, {self.cluster})"
+            return f"SOFTMAX_FUSED_ROW({name}, {fmt}, {self.threads}, {self.elems}, {p})"
+        return f"SOFTMAX_FUSED_CLUSTER({name}, {fmt}, {self.threads}, {self.elems}, {self.cluster}, {p})"
 
 
 _WARP_PLANS = ([(v, FusedPlan("warp", 32 * WARP_ROWS_PER_BLOCK, ew)) for v, ew in _WARP_CLASSES]
                + [(v, FusedPlan("warpvec", 32 * WARPVEC_ROWS_PER_BLOCK, e)) for v, e in _WARPVEC_CLASSES])
-_ROW_PLANS = [(v, FusedPlan("cluster" if c > 1 else "row", t, e, c)) for v, t, e, c in _ROW_CLASSES]
+_ROW_PLANS_32 = [(v, FusedPlan("cluster" if c > 1 else "row", t, e, c)) for v, t, e, c in _ROW_CLASSES]
+_ROW_PLANS_16 = [(v, FusedPlan("cluster" if c > 1 else "row", t, e, c, pk))
+                 for v, t, e, c, pk in _ROW_CLASSES_16BIT]
+_ROW_PLANS = {torch.float32: _ROW_PLANS_32, torch.bfloat16: _ROW_PLANS_16, torch.float16: _ROW_PLANS_16}
 _ONLINE_PLAN = FusedPlan("online", ONLINE_THREADS, 0)
-ALL_FUSED_PLANS = [p for _, p in _WARP_PLANS] + [p for _, p in _ROW_PLANS] + [_ONLINE_PLAN]
 
 
-def _select_plan(V: int, clusters_ok: bool = True) -> FusedPlan:
-    for vmax, plan in _WARP_PLANS + _ROW_PLANS:
+def fused_plans(dtype) -> list[FusedPlan]:
+    """Every plan `softmax_fused` can launch for `dtype`, the online fallback last."""
+    return [p for _, p in _WARP_PLANS] + [p for _, p in _ROW_PLANS[dtype]] + [_ONLINE_PLAN]
+
+
+# Union over dtypes, in first-seen order, online last.
+ALL_FUSED_PLANS = list(dict.fromkeys(p for dt in (torch.float32, torch.bfloat16, torch.float16)
+                                     for p in fused_plans(dt)[:-1])) + [_ONLINE_PLAN]
+
+
+def _select_plan(V: int, clusters_ok: bool = True, dtype=torch.float32) -> FusedPlan:
+    for vmax, plan in _WARP_PLANS + _ROW_PLANS[dtype]:
         if V <= vmax and (clusters_ok or plan.cluster == 1):
             return plan
     return _ONLINE_PLAN
@@ -171,7 +214,7 @@ def fused_plan(B: int, V: int, dtype=torch.float32) -> str:
         raise ValueError(f"fused softmax: V must be >= 1, got {V}")
     if B == 0:
         return "empty(no launch)"
-    return _select_plan(V).describe()
+    return _select_plan(V, dtype=dtype).describe()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,7 +231,7 @@ def expand_source(path: Path) -> str:
 
 
 def fused_instantiations() -> str:
-    lines = [plan.instantiation(dt) for dt in _FORMATS for plan in ALL_FUSED_PLANS]
+    lines = [plan.instantiation(dt) for dt in _FORMATS for plan in fused_plans(dt)]
     return "\n// ---- instantiations generated from the dispatch table ----\n" + "\n".join(lines) + "\n"
 
 
@@ -207,7 +250,7 @@ def expected_kernels(path: Path) -> list[str]:
         return ["softmax_naive_f32"]
     if name == "softmax_smem.cu":
         return ["softmax_smem_f32"]
-    return [plan.kernel_name(dt) for dt in _FORMATS for plan in ALL_FUSED_PLANS]
+    return [plan.kernel_name(dt) for dt in _FORMATS for plan in fused_plans(dt)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,7 +435,7 @@ def softmax_fused(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.
         return y
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     n_sm, major = _sm_count_and_major(dev)
-    plan = _PLAN_OVERRIDE or _select_plan(V, clusters_ok=major >= 9)
+    plan = _PLAN_OVERRIDE or _select_plan(V, clusters_ok=major >= 9, dtype=x.dtype)
     name = plan.kernel_name(x.dtype)
     cap = plan.capacity
     if cap is not None and V > cap:
@@ -417,6 +460,7 @@ def softmax_fused(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.
 
 __all__ = [
     "softmax_naive", "softmax_smem", "softmax_fused", "fused_plan", "FusedPlan", "DISPATCH_BOUNDARIES",
+    "DISPATCH_BOUNDARIES_BY_DTYPE", "fused_plans",
     "ALL_FUSED_PLANS", "CU_SOURCES", "NVCC_OPTIONS", "CUPY_IMPLICIT_OPTIONS", "TARGET_ARCH",
     "PTXAS_CHECK_OPTIONS", "module_source", "expected_kernels", "ptxas_report", "parse_ptxas_report",
     "format_ptxas_report", "compile_offline",

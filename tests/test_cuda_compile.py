@@ -16,6 +16,8 @@ pytestmark = pytest.mark.cpu
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH: the offline sm_90 build cannot run")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+DTYPE_IDS = ["fp32", "bf16", "fp16"]
 
 
 @pytest.fixture
@@ -73,7 +75,7 @@ ptxas info    : Used 21 registers, used 0 barriers
 def test_every_dispatchable_kernel_is_instantiated():
     src = sc.module_source(sc.CU_SOURCES[2])
     names = sc.expected_kernels(sc.CU_SOURCES[2])
-    assert len(names) == len(set(names)) == 3 * len(sc.ALL_FUSED_PLANS)
+    assert len(names) == len(set(names)) == sum(len(sc.fused_plans(dt)) for dt in DTYPES)
     for name in names:
         assert f"({name}," in src, f"{name} is not instantiated"
     for path in sc.CU_SOURCES:
@@ -82,27 +84,49 @@ def test_every_dispatchable_kernel_is_instantiated():
 
 # -- the fused dispatch table --------------------------------------------------------------------
 
-def test_dispatch_boundaries_are_the_plan_capacities():
-    bounds = sc.DISPATCH_BOUNDARIES
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_dispatch_boundaries_are_the_plan_capacities(dtype):
+    bounds = sc.DISPATCH_BOUNDARIES_BY_DTYPE[dtype]
     assert bounds == sorted(bounds) and len(set(bounds)) == len(bounds)
+    # The GPU tests walk the union: every dtype's boundaries must be in it.
+    assert set(bounds) <= set(sc.DISPATCH_BOUNDARIES)
     for v in bounds:
-        assert sc._select_plan(v).capacity == v, v
-        assert sc._select_plan(v) != sc._select_plan(v + 1), f"no path change at V = {v}"
-    assert sc._select_plan(bounds[-1] + 1).kind == "online"
+        assert sc._select_plan(v, dtype=dtype).capacity == v, v
+        assert sc._select_plan(v, dtype=dtype) != sc._select_plan(v + 1, dtype=dtype), f"no path change at V = {v}"
+    assert sc._select_plan(bounds[-1] + 1, dtype=dtype).kind == "online"
 
 
-@pytest.mark.parametrize("V", [1, 2, 31, 32, 33, 600, 1024, 1025, 4096, 32000, 50257, 128256, 131072,
-                               131073, 262144, 1 << 22])
-def test_plan_holds_the_row(V):
-    plan = sc._select_plan(V)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("V", [1, 2, 31, 32, 33, 600, 1024, 1025, 4096, 4097, 8192, 8193, 32000, 50257,
+                               128256, 131072, 131073, 262144, 1 << 22])
+def test_plan_holds_the_row(V, dtype):
+    plan = sc._select_plan(V, dtype=dtype)
     assert plan.capacity is None or V <= plan.capacity
     if plan.capacity is not None:
         # Each slice fits its threads' registers.
         assert -(-V // plan.cluster) <= plan.row_threads * plan.elems
     # No smaller plan would do: the table is ordered and the first fit is taken.
-    smaller = [b for b in sc.DISPATCH_BOUNDARIES if b < V]
+    smaller = [b for b in sc.DISPATCH_BOUNDARIES_BY_DTYPE[dtype] if b < V]
     if smaller and plan.kind != "online":
-        assert sc._select_plan(smaller[-1]).capacity < V
+        assert sc._select_plan(smaller[-1], dtype=dtype).capacity < V
+
+
+@pytest.mark.skipif(not sc.PACK_16BIT_ROWS, reason="SOFTMAX_FUSED_PACK16=0: 16-bit rows use the fp32 table")
+def test_packed_rows_only_for_16_bit_storage():
+    # A packed thread keeps its elements as 16-bit pairs: registers = elems / 2, i.e. the same
+    # bytes per thread as the fp32 classes (32 elements, 32 registers) at most.
+    packed = {p for dt in (torch.bfloat16, torch.float16) for p in sc.fused_plans(dt) if p.packed}
+    assert packed, "no packed 16-bit row class"
+    assert not any(p.packed for p in sc.fused_plans(torch.float32))
+    for p in packed:
+        assert p.kind in ("row", "cluster") and p.elems // 2 <= 32, p
+        with pytest.raises(ValueError):
+            p.instantiation(torch.float32)
+    # The long 16-bit rows (the bandwidth-bound vocabulary sizes) take the packed classes.
+    for V in (8192, 32000, 50257, 128256):
+        for dt in (torch.bfloat16, torch.float16):
+            assert sc._select_plan(V, dtype=dt).packed, (V, dt)
+        assert not sc._select_plan(V, dtype=torch.float32).packed
 
 
 def test_without_clusters_long_rows_go_online():
@@ -116,7 +140,11 @@ def test_without_clusters_long_rows_go_online():
 def test_fused_plan_names(dtype):
     assert sc.fused_plan(4096, 600, dtype).startswith("warp(")
     assert sc.fused_plan(4096, 4096, dtype) == "row(cluster=1, threads=128, elems/thread=32)"
-    assert sc.fused_plan(64, 128256, dtype) == "cluster(cluster=8, threads=512, elems/thread=32)"
+    if dtype in (torch.float32, "float32") or not sc.PACK_16BIT_ROWS:
+        assert sc.fused_plan(64, 128256, dtype) == "cluster(cluster=8, threads=512, elems/thread=32)"
+    else:
+        assert sc.fused_plan(64, 128256, dtype) == \
+            "cluster(cluster=8, threads=256, elems/thread=64, packed 16-bit)"
     assert sc.fused_plan(2, 262144, dtype).startswith("online(")
     assert sc.fused_plan(0, 600, dtype).startswith("empty")
 
@@ -167,11 +195,13 @@ def _covered(plan, V, row_offset_elems, vec):
     return counts
 
 
-@pytest.mark.parametrize("vec", [4, 8], ids=["fp32", "16bit"])
-def test_row_and_cluster_slices_cover_each_element_once(vec):
-    Vs = sorted({v + d for v in sc.DISPATCH_BOUNDARIES for d in (-1, 0, 1)} | {600, 1025, 50257, 128256})
+@pytest.mark.parametrize("dtype, vec", [(torch.float32, 4), (torch.bfloat16, 8), (torch.float16, 8)],
+                         ids=DTYPE_IDS)
+def test_row_and_cluster_slices_cover_each_element_once(dtype, vec):
+    Vs = sorted({v + d for v in sc.DISPATCH_BOUNDARIES for d in (-1, 0, 1)}
+                | {600, 1025, 4099, 30001, 32000, 50257, 128256})
     for V in Vs:
-        plan = sc._select_plan(V)
+        plan = sc._select_plan(V, dtype=dtype)
         if plan.kind in ("warp", "online"):
             continue
         for offset in range(vec):  # every alignment a row can start at

@@ -97,6 +97,7 @@ __device__ __forceinline__ void merge_max_sum(float& m, float& s, float om, floa
 struct FmtF32 {
     typedef float T;
     static constexpr int VEC = 4;
+    static constexpr unsigned NEG_INF_WORD = 0xff800000u;  // a 32-bit word of -inf elements
     static __device__ __forceinline__ float load1(const T* p) { return ld_once(p); }
     static __device__ __forceinline__ float load1_cached(const T* p) { return __ldg(p); }
     static __device__ __forceinline__ void store1(T* p, float v) { st_once(p, v); }
@@ -115,6 +116,7 @@ struct FmtF32 {
 struct FmtBF16 {
     typedef unsigned short T;
     static constexpr int VEC = 8;
+    static constexpr unsigned NEG_INF_WORD = 0xff80ff80u;
     static __device__ __forceinline__ float to_f(unsigned short h) {
         return __uint_as_float(static_cast<unsigned>(h) << 16);
     }
@@ -151,6 +153,7 @@ struct FmtBF16 {
 struct FmtF16 {
     typedef unsigned short T;
     static constexpr int VEC = 8;
+    static constexpr unsigned NEG_INF_WORD = 0xfc00fc00u;
     static __device__ __forceinline__ float to_f(unsigned short h) {
         float f;
         asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));

@@ -8,6 +8,8 @@
 //   fused_warpvec V <= 1024: one warp per row as well, 16-byte vectors with a head/tail peel
 //                 (4-8x fewer memory instructions: bf16 at V = 600 went from 1.9 to 3.1 TB/s).
 //   fused_row     one block per row slice, the slice held in registers as 16-byte vectors.
+//                 PACKED (16-bit formats): the vectors stay in storage form, two elements per
+//                 register, so a thread holds twice the elements (and the same bytes) as fp32.
 //                 C == 1: the block owns the whole row.
 //                 C  > 1: a thread-block cluster owns the row, each CTA a contiguous slice;
 //                 the CTAs swap their partial (max, sum) through distributed shared memory.
@@ -40,6 +42,14 @@ __device__ __forceinline__ unsigned cluster_rank() {
     unsigned r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
     return r;
+}
+
+// v ^ z with z == 0 at run time but not provably so at compile time. Widening the same packed
+// words in two passes would otherwise be merged into one by the compiler (nvcc and ptxas alike),
+// keeping every fp32 copy and every exp live between the passes: exactly the registers the
+// packed form is there to save. Each pass gets its own zero, so no two passes look alike.
+__device__ __forceinline__ uint4 xor_words(uint4 v, unsigned z) {
+    return make_uint4(v.x ^ z, v.y ^ z, v.z ^ z, v.w ^ z);
 }
 
 // ---- warp per row ---------------------------------------------------------------------------
@@ -89,9 +99,15 @@ __device__ __forceinline__ void fused_warp_body(const typename Fmt::T* __restric
 // NT == 32 is the vectorised warp-per-row form: RPB rows per block, one per warp, reduced with
 // shuffles only (block_max / block_sum skip shared memory for a single warp).
 //
+// PACKED keeps the body as the raw uint4 vectors that were loaded and widens them to fp32 in each
+// pass; exp is then evaluated twice (once for the sum, once for the output) with the same
+// expression, so the values written are exactly those summed. Without it the body is held
+// as fp32 (E registers). For 16-bit storage PACKED halves the registers per element, which lets
+// a thread keep as many bytes in flight as an fp32 thread does.
+//
 // out_vec_ok says whether y - x is a multiple of 16 bytes. Then the output slice has the same
 // alignment as the input slice and the body is stored as vectors; otherwise element by element.
-template <class Fmt, int NT, int E, int C, int RPB>
+template <class Fmt, int NT, int E, int C, int RPB, bool PACKED>
 __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict__ x,
                                                typename Fmt::T* __restrict__ y,
                                                long long n_rows, int n_cols, int out_vec_ok) {
@@ -103,6 +119,8 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
     static_assert(NT % 32 == 0 && NT >= 32 && NT * RPB <= 1024, "block size");
     static_assert(C >= 1 && C <= 8, "portable cluster size");
     static_assert(RPB == 1 || (NT == 32 && C == 1), "several rows per block only for warp rows");
+    constexpr int NVF = PACKED ? 1 : NV;  // fp32 copies held (a dummy of one when PACKED)
+    constexpr int NVR = PACKED ? NV : 1;  // raw vectors held (a dummy of one otherwise)
 
     __shared__ float red_max[NW];
     __shared__ float red_sum[NW];
@@ -118,6 +136,9 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
     const int start = min(static_cast<int>(rank) * chunk, n_cols);
     const int len = min(n_cols - start, chunk);
     const long long row_stride = static_cast<long long>(gridDim.x / C) * RPB;
+    // Zeros for xor_words: n_cols >= 1 and n_rows >= 1, so both sign words are 0.
+    const unsigned zero_a = static_cast<unsigned>(n_cols >> 31);
+    const unsigned zero_b = static_cast<unsigned>(n_rows >> 63);
 
     // Every CTA of a cluster walks the same row sequence, so the cluster barriers below are
     // reached the same number of times by all of them.
@@ -128,11 +149,17 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
         const uint4* xv = reinterpret_cast<const uint4*>(xs + g.head);
 
         // All loads are issued before the first use: E elements per thread in flight at once.
-        float v[NV][VEC];
+        float v[NVF][VEC];
+        uint4 r[NVR];
 #pragma unroll
         for (int j = 0; j < NV; ++j) {
             const int vi = j * NT + tid;
-            if (vi < g.nvec) {
+            if constexpr (PACKED) {
+                // Vectors past the slice hold -inf words: no mass, and never stored.
+                r[j] = vi < g.nvec ? ld_once(xv + vi)
+                                   : make_uint4(Fmt::NEG_INF_WORD, Fmt::NEG_INF_WORD,
+                                                Fmt::NEG_INF_WORD, Fmt::NEG_INF_WORD);
+            } else if (vi < g.nvec) {
                 Fmt::unpack(ld_once(xv + vi), v[j]);
             } else {
 #pragma unroll
@@ -144,9 +171,17 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
 
         float m = fmaxf(hv, tv);
 #pragma unroll
-        for (int j = 0; j < NV; ++j)
+        for (int j = 0; j < NV; ++j) {
+            if constexpr (PACKED) {
+                float f[VEC];
+                Fmt::unpack(r[j], f);
 #pragma unroll
-            for (int k = 0; k < VEC; ++k) m = fmaxf(m, v[j][k]);
+                for (int k = 0; k < VEC; ++k) m = fmaxf(m, f[k]);
+            } else {
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) m = fmaxf(m, v[j][k]);
+            }
+        }
         m = block_max<NW>(m, red_max);
 
         // exp relative to this slice's max, kept in place: one MUFU op per element. An all
@@ -156,12 +191,20 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
         tv = fast_exp(tv - mref);
         float s = hv + tv;
 #pragma unroll
-        for (int j = 0; j < NV; ++j)
+        for (int j = 0; j < NV; ++j) {
+            if constexpr (PACKED) {
+                float f[VEC];
+                Fmt::unpack(xor_words(r[j], zero_a), f);
 #pragma unroll
-            for (int k = 0; k < VEC; ++k) {
-                v[j][k] = fast_exp(v[j][k] - mref);
-                s += v[j][k];
+                for (int k = 0; k < VEC; ++k) s += fast_exp(f[k] - mref);
+            } else {
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) {
+                    v[j][k] = fast_exp(v[j][k] - mref);
+                    s += v[j][k];
+                }
             }
+        }
         s = block_sum<NW>(s, red_sum);
 
         // Output = e * scale. C == 1: scale = 1 / s; an all -inf row has s = 0, and 0 * inf
@@ -198,8 +241,14 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
             const int vi = j * NT + tid;
             if (vi < g.nvec) {
                 float o[VEC];
+                if constexpr (PACKED) {
+                    Fmt::unpack(xor_words(r[j], zero_b), o);
 #pragma unroll
-                for (int k = 0; k < VEC; ++k) o[k] = v[j][k] * scale;
+                    for (int k = 0; k < VEC; ++k) o[k] = fast_exp(o[k] - mref) * scale;
+                } else {
+#pragma unroll
+                    for (int k = 0; k < VEC; ++k) o[k] = v[j][k] * scale;
+                }
                 if (out_vec_ok) {
                     st_once(yv + vi, Fmt::pack(o));
                 } else {
@@ -339,11 +388,11 @@ __device__ __forceinline__ void fused_online_body(const typename Fmt::T* __restr
 
 // Launch bounds ask for 1024 threads' worth of CTAs per SM, i.e. at most 64 registers a thread:
 // that keeps two or more CTAs resident so one CTA's loads overlap another's reductions.
-#define SOFTMAX_FUSED_ROW(NAME, FMT, NT, E)                                                      \
+#define SOFTMAX_FUSED_ROW(NAME, FMT, NT, E, PACKED)                                              \
     extern "C" __global__ void __launch_bounds__(NT, 1024 / (NT))                                \
     NAME(const FMT::T* __restrict__ x, FMT::T* __restrict__ y, long long n_rows, int n_cols,   \
          int out_vec_ok) {                                                                       \
-        fused_row_body<FMT, NT, E, 1, 1>(x, y, n_rows, n_cols, out_vec_ok);                      \
+        fused_row_body<FMT, NT, E, 1, 1, PACKED>(x, y, n_rows, n_cols, out_vec_ok);              \
     }
 
 // One warp per row, RPB rows per block, vector accesses.
@@ -351,20 +400,20 @@ __device__ __forceinline__ void fused_online_body(const typename Fmt::T* __restr
     extern "C" __global__ void __launch_bounds__(32 * (RPB), 1024 / (32 * (RPB)))               \
     NAME(const FMT::T* __restrict__ x, FMT::T* __restrict__ y, long long n_rows, int n_cols,   \
          int out_vec_ok) {                                                                       \
-        fused_row_body<FMT, 32, E, 1, RPB>(x, y, n_rows, n_cols, out_vec_ok);                    \
+        fused_row_body<FMT, 32, E, 1, RPB, false>(x, y, n_rows, n_cols, out_vec_ok);             \
     }
 
 // Thread-block clusters exist from sm_90 on; on older targets these entry points are left out
 // and the dispatcher does not ask for them.
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-#define SOFTMAX_FUSED_CLUSTER(NAME, FMT, NT, E, C)                                               \
+#define SOFTMAX_FUSED_CLUSTER(NAME, FMT, NT, E, C, PACKED)                                       \
     extern "C" __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(NT, 1024 / (NT))     \
     NAME(const FMT::T* __restrict__ x, FMT::T* __restrict__ y, long long n_rows, int n_cols,   \
          int out_vec_ok) {                                                                       \
-        fused_row_body<FMT, NT, E, C, 1>(x, y, n_rows, n_cols, out_vec_ok);                      \
+        fused_row_body<FMT, NT, E, C, 1, PACKED>(x, y, n_rows, n_cols, out_vec_ok);              \
     }
 #else
-#define SOFTMAX_FUSED_CLUSTER(NAME, FMT, NT, E, C)
+#define SOFTMAX_FUSED_CLUSTER(NAME, FMT, NT, E, C, PACKED)
 #endif
 
 #define SOFTMAX_FUSED_ONLINE(NAME, FMT, NT, EL)                                                   \
