@@ -9,11 +9,14 @@ Paths (`plan(B, V, dtype)` names the one a call takes; `DISPATCH_BOUNDARIES` hol
          program, so each program moves enough bytes to hide memory latency.
   row    tile_max_v < V <= row_max_v. One program holds the whole row in registers
          (BLOCK = next_pow2(V)): one read, one write.
-  split  V > row_max_v. A row is too long for one program's registers, so P = cdiv(V, CHUNK)
-         programs share it, each keeping its chunk in registers. Each program publishes its
-         partial (max, sum of exp) as one 64-bit atomic word, bumps the row's arrival counter,
-         polls the counter until all P have arrived, combines the P words and writes its
-         normalised chunk: still one read and one write.
+  split  V > row_max_v. A row is too long for one program's registers, so P = cdiv(V + h, CHUNK)
+         programs share it, each keeping its chunk in registers. Chunks are cut on 16-byte
+         groups of the buffer (h: how far the row starts into a group), so at any V or row
+         offset the bulk of the row moves in vector accesses; the few elements in the partial
+         groups at the row's ends are read and written one by one by chunk 0. Each program
+         publishes its partial (max, sum of exp) as one 64-bit atomic word, bumps the row's
+         arrival counter, polls the counter until all P have arrived, combines the P words and
+         writes its normalised chunk: still one read and one write.
          The poll is bounded: a program that gives up (its siblings not yet scheduled) streams
          the row itself to get the statistics, slower but correct, so the launch can never
          deadlock. Under the interpreter, whose programs run one after another, the bound is 0:
@@ -154,22 +157,44 @@ def _softmax_rows_kernel(X, Y, B, V, stride_x, stride_y, ROWS: tl.constexpr, BLO
 
 
 @triton.jit
-def _softmax_split_kernel(X, Y, WS, V, P, stride_x, stride_y,
+def _softmax_split_kernel(X, Y, WS, V, P, stride_x, stride_y, x_off, y_off,
                           CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr,
-                          MAX_SPINS: tl.constexpr, ALIGN: tl.constexpr = 1):
+                          MAX_SPINS: tl.constexpr, ALIGN: tl.constexpr = 1, Y_ALIGN: tl.constexpr = 1):
+    # Chunks are cut on ALIGN-groups of element offsets from X (the wrapper makes X 16-byte
+    # aligned and passes the tensor's head as x_off), not on column numbers, so every chunk
+    # starts on a group boundary whatever V and the row stride are, and the bulk of a row is
+    # read and written in whole groups (vector accesses). The groups a row only partly covers
+    # (at most ALIGN - 1 elements at each end) are "edges", handled by chunk 0 element-wise.
+    # Y_ALIGN divides the distance between a row's output and input offsets, so stores of
+    # whole input groups are Y_ALIGN-aligned too.
     # Work item pid -> (row, chunk); a row's P chunks have consecutive ids, so the hardware
     # dispatches them together.
     pid = tl.program_id(0).to(tl.int64)
     row = pid // P
     chunk = pid - row * P
-    x_row = X + tl.multiple_of(row * stride_x, ALIGN)
-    cols = chunk * CHUNK + tl.arange(0, CHUNK)
-    mask = (cols // ALIGN) < V // ALIGN  # == cols < V, constant over ALIGN-groups
-    x = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
+    xs = x_off + row * stride_x                       # row start, elements from X
+    g_lo = (xs + ALIGN - 1) // ALIGN                  # first group wholly inside the row
+    g_hi = (xs + V) // ALIGN                          # one past the last such group
+    c_start = tl.multiple_of((xs // ALIGN) * ALIGN + chunk * CHUNK, ALIGN)
+    c_g = c_start // ALIGN
+    cols = tl.arange(0, CHUNK)
+    grp = cols // ALIGN                               # constant over ALIGN-groups
+    mask = (grp >= (g_lo - c_g).to(tl.int32)) & (grp < (g_hi - c_g).to(tl.int32))
+    x = tl.load(X + c_start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+    # Edges: the first ALIGN offsets of the row and the partial group at its end, each element
+    # once (the tail part skips what the head part covers), all in-row elements of partial
+    # groups and nothing else. Only chunk 0 loads and stores them.
+    e = tl.arange(0, 2 * ALIGN)
+    pos = tl.where(e < ALIGN, xs + e, g_hi * ALIGN + (e - ALIGN))
+    pos_g = pos // ALIGN
+    # (pos - pos + chunk): the chunk test as a tensor; the interpreter rejects a scalar term in a mask.
+    e_mask = ((pos >= xs) & (pos < xs + V) & ((pos_g < g_lo) | (pos_g >= g_hi))
+              & ((e < ALIGN) | (pos >= xs + ALIGN)) & ((pos - pos + chunk) == 0))
+    xe = tl.load(X + pos, mask=e_mask, other=-float("inf")).to(tl.float32)
 
-    m_c = tl.max(x, axis=0)
+    m_c = tl.maximum(tl.max(x, axis=0), tl.max(xe, axis=0))
     m_c_safe = tl.where(m_c == -float("inf"), 0.0, m_c)
-    s_c = tl.sum(tl.exp(x - m_c_safe), axis=0)
+    s_c = tl.sum(tl.exp(x - m_c_safe), axis=0) + tl.sum(tl.exp(xe - m_c_safe), axis=0)
     # One 64-bit word (max bits high, sum bits low) so readers never see half a partial.
     m_bits = m_c.to(tl.int32, bitcast=True).to(tl.int64)
     s_bits = s_c.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
@@ -198,10 +223,11 @@ def _softmax_split_kernel(X, Y, WS, V, P, stride_x, stride_y,
         s_p = tl.where(slot_ok, s_p, 0.0)
         m_row = tl.max(m_p, axis=0)
         m_ref = tl.where(m_row == -float("inf"), 0.0, m_row)
-        # Chunks that were all -inf carry s = 0 and drop out; an all -inf row gives s = 0.
+        # Chunks that were all -inf (or empty) carry s = 0 and drop out; an all -inf row gives s = 0.
         s_row = tl.sum(s_p * tl.exp(m_p - m_ref), axis=0)
     else:
         # Siblings not scheduled in time: read the whole row for its statistics.
+        x_row = X + xs
         fcols = tl.arange(0, FALLBACK_BLOCK)
         m_row = -float("inf")
         s_row = 0.0
@@ -215,8 +241,10 @@ def _softmax_split_kernel(X, Y, WS, V, P, stride_x, stride_y,
             m_row = m_new
             start += FALLBACK_BLOCK
     inv = 1.0 / s_row
-    y = tl.exp(x - m_row) * inv
-    tl.store(Y + tl.multiple_of(row * stride_y, ALIGN) + cols, y.to(Y.dtype.element_ty), mask=mask)
+    # Output element of input offset o sits at Y + o + shift.
+    shift = tl.multiple_of(y_off + row * stride_y - xs, Y_ALIGN)
+    tl.store(Y + shift + c_start + cols, (tl.exp(x - m_row) * inv).to(Y.dtype.element_ty), mask=mask)
+    tl.store(Y + shift + pos, (tl.exp(xe - m_row) * inv).to(Y.dtype.element_ty), mask=e_mask)
 
 
 # --------------------------------------------------------------------------- autotune plumbing
@@ -434,6 +462,20 @@ def _align(x: torch.Tensor, y: torch.Tensor) -> int:
     return a
 
 
+def _aligned_base(t: torch.Tensor, a: int):
+    """(view, head): a view of t's storage starting `head` elements before t, at an address
+    that is a multiple of `a` elements, so kernels can index t as view + head + offset with
+    group-aligned offsets. (t, 0) when t starts too close to its storage's beginning."""
+    es = t.element_size()
+    ptr = t.data_ptr()
+    if ptr % es:
+        return t, 0
+    head = (ptr // es) % a
+    if head == 0 or t.storage_offset() < head:
+        return t, 0
+    return t.as_strided(t.shape, t.stride(), t.storage_offset() - head), head
+
+
 def _launch(x: torch.Tensor, y: torch.Tensor, path: str, params: dict) -> torch.Tensor:
     B, V = x.shape
     if B == 0:
@@ -467,13 +509,25 @@ def _launch(x: torch.Tensor, y: torch.Tensor, path: str, params: dict) -> torch.
     elif path == "split":
         p = {**_split_params(V, x.dtype), **params}
         chunk = p["CHUNK"]
-        P = triton.cdiv(V, chunk)
+        # Group width in elements: 16 bytes unless a test asks for another power of two.
+        a = p.get("align", 16 // x.element_size())
+        if chunk % a:
+            raise ValueError(f"{KERNEL_NAME} softmax: CHUNK {chunk} is not a multiple of align {a}")
+        xb, xo = _aligned_base(x, a)
+        yb, yo = _aligned_base(y, a)
+        # A row starting h elements past a group boundary spans cdiv(V + h, CHUNK) chunks; h is
+        # the same for every row when the stride is a multiple of the group width.
+        head = xo % a if sx % a == 0 else a - 1
+        P = triton.cdiv(V + head, chunk)
+        y_align = a
+        while y_align > 1 and ((yo - xo) % y_align or (sy - sx) % y_align):
+            y_align //= 2
         ws = torch.zeros(B * (P + 1), dtype=torch.int64, device=x.device)
         max_spins = p.get("max_spins", 0 if INTERPRET else SPLIT_MAX_SPINS)
-        _softmax_split_kernel[(B * P,)](x, y, ws, V, P, sx, sy, CHUNK=chunk,
+        _softmax_split_kernel[(B * P,)](xb, yb, ws, V, P, sx, sy, xo, yo, CHUNK=chunk,
                                         P_BLOCK=max(2, triton.next_power_of_2(P)),
-                                        FALLBACK_BLOCK=min(chunk, 1024), MAX_SPINS=max_spins, ALIGN=align,
-                                        num_warps=p["num_warps"])
+                                        FALLBACK_BLOCK=min(chunk, 1024), MAX_SPINS=max_spins, ALIGN=a,
+                                        Y_ALIGN=y_align, num_warps=p["num_warps"])
     else:
         raise ValueError(f"{KERNEL_NAME} softmax: unknown path {path!r} (tile, rows, row, split)")
     return y

@@ -133,6 +133,46 @@ def test_split_combines_published_partials_and_falls_back():
     assert_matches_reference(y, x)
 
 
+def _offset_views(B, V, *, head, pad, seed, dtype):
+    """x: (B, V) rows `head` elements into a flat buffer with row stride V + pad (pad = 0:
+    contiguous rows, starting off a 16-byte boundary); out: a contiguous (B, V) window into a
+    NaN buffer with guard elements on both sides."""
+    flat = logits(1, (B - 1) * (V + pad) + V + head + 5, seed=seed, dtype=dtype)[0]
+    x = flat[head:].as_strided((B, V), (V + pad, 1))
+    guard = torch.full((B * V + 2 * 3 + head,), float("nan"), dtype=dtype)
+    out = guard[3 + head:3 + head + B * V].view(B, V)
+    return x, out, guard
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+@pytest.mark.parametrize("align", [1, 2, 4, 8])
+@pytest.mark.parametrize("head,pad", [(0, 0), (1, 0), (3, 0), (1, 1), (2, 5), (5, 3)])
+@pytest.mark.parametrize("B,V", [(1, 1), (1, 7), (4, 33), (3, 61), (2, 100)])
+def test_split_group_aligned_chunks_at_any_row_offset(B, V, head, pad, align, dtype):
+    # Chunks cut on `align`-element groups of the buffer: rows start anywhere inside a group,
+    # the partial groups at both row ends go through the edge loads/stores of chunk 0, and the
+    # last chunk of a row may be empty. Every element must be written once with the right
+    # value and nothing outside the output window touched.
+    x, out, guard = _offset_views(B, V, head=head, pad=pad, seed=B * 1000 + V * 10 + head, dtype=dtype)
+    x_before = x.clone()
+    y = st.run_path(x, "split", out=out, CHUNK=16, num_warps=2, align=align)
+    assert y is out
+    assert_matches_reference(y, x, **tolerance(dtype))
+    assert torch.isnan(guard[:3 + head]).all() and torch.isnan(guard[3 + head + B * V:]).all(), \
+        "split wrote outside its output rows"
+    torch.testing.assert_close(x, x_before, atol=0, rtol=0)
+
+
+@interpreted
+def test_aligned_base_view_points_at_a_group_boundary():
+    flat = torch.randn(64)
+    for head in range(5):
+        view, h = st._aligned_base(flat[head:head + 40], 4)
+        assert view.data_ptr() % 16 == 0 and h == head % 4
+        assert view.data_ptr() + h * 4 == flat[head:].data_ptr()
+
+
 @interpreted
 @pytest.mark.parametrize("path", sorted(SMALL_PATH_PARAMS))
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
@@ -317,6 +357,7 @@ _AOT_SCRIPT = textwrap.dedent(r"""
         log = proc.stderr
         spill = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", log)]
         return {"name": name, "num_warps": num_warps, **const, "regs": int(fields["REG"]),
+                "vector_stores": bool(re.search(r"st\.global(\.\w+)*\.v[248]", c.asm["ptx"])),
                 "stack": int(fields["STACK"]), "local": int(fields["LOCAL"]), "spill_bytes": sum(spill),
                 "shared": int(c.metadata.shared),
                 "vector_loads": bool(re.search(r"ld\.global(\.\w+)*\.v[248]", c.asm["ptx"]))}
@@ -346,13 +387,16 @@ _AOT_SCRIPT = textwrap.dedent(r"""
             sp = st._split_params(V, tdtype)
             P = triton.cdiv(V, sp["CHUNK"])
             split_sig = sig([("X", "*T"), ("Y", "*T"), ("WS", "*i64"), ("V", "i32"), ("P", "i32"),
-                             ("stride_x", "i32"), ("stride_y", "i32"), ("CHUNK", "constexpr"),
-                             ("P_BLOCK", "constexpr"), ("FALLBACK_BLOCK", "constexpr"),
-                             ("MAX_SPINS", "constexpr"), ("ALIGN", "constexpr")], dtype)
+                             ("stride_x", "i32"), ("stride_y", "i32"), ("x_off", "i32"), ("y_off", "i32"),
+                             ("CHUNK", "constexpr"), ("P_BLOCK", "constexpr"), ("FALLBACK_BLOCK", "constexpr"),
+                             ("MAX_SPINS", "constexpr"), ("ALIGN", "constexpr"), ("Y_ALIGN", "constexpr")],
+                            dtype)
+            # Chunks are cut on 16-byte groups whatever V is: odd V gets the same vector
+            # accesses as even V (Y_ALIGN = ALIGN for contiguous rows).
             rows.append(build(f"split {dtype}", st._softmax_split_kernel, split_sig,
                               {"CHUNK": sp["CHUNK"], "P_BLOCK": triton.next_power_of_2(P),
                                "FALLBACK_BLOCK": min(sp["CHUNK"], 1024), "MAX_SPINS": st.SPLIT_MAX_SPINS,
-                               "ALIGN": a if V % a == 0 else 1},
+                               "ALIGN": a, "Y_ALIGN": a},
                               sp["num_warps"]))
     print("AOT-JSON " + json.dumps(rows))
 """)
@@ -376,7 +420,7 @@ def test_sm90_aot_builds_have_no_spills_and_fit_shared_memory(sm90_builds, reque
         extra = {k: v for k, v in r.items() if k in ("BLOCK", "ROWS", "BLOCK_V", "CHUNK")}
         print(f"  {r['name']:<10} {json.dumps(extra):<34} warps {r['num_warps']:>2}: {r['regs']:>3} regs, "
               f"shared {r['shared']:>6} B, stack {r['stack']}, spill bytes {r['spill_bytes']}, "
-              f"vector loads {r['vector_loads']}")
+              f"vector loads {r['vector_loads']}, stores {r['vector_stores']}")
     tile = [r for r in sm90_builds if r["name"].startswith("tile")]
     assert len(tile) == len(st.CONFIGS)
     try:
@@ -394,6 +438,7 @@ def test_sm90_aot_builds_have_no_spills_and_fit_shared_memory(sm90_builds, reque
         per_thread = r.get("BLOCK", r.get("CHUNK", r.get("ROWS", 1) * r.get("BLOCK_V", 1))) // (32 * r["num_warps"])
         if r["ALIGN"] > 1 and per_thread >= r["ALIGN"]:
             assert r["vector_loads"], f"{r['name']} with ALIGN > 1 should issue vector loads: {r}"
+            assert r["vector_stores"], f"{r['name']} with ALIGN > 1 should issue vector stores: {r}"
 
 
 # ------------------------------------------------------------------ stored choice and staleness
@@ -462,3 +507,17 @@ def test_unknown_file_format_is_ignored(tmp_path):
 def test_interpreter_uses_fixed_config():
     assert st.autotune_picked(600) == dict(st.INTERPRETER_CONFIG, num_stages=3)
     assert st.INTERPRETER_CONFIG in [{"BLOCK": c.kwargs["BLOCK"], "num_warps": c.num_warps} for c in st.CONFIGS]
+
+
+def test_repo_autotune_file_matches_the_current_tile_kernel():
+    """The stored choices in kernels/triton_autotune.json stay valid only while the tile kernel
+    and its config list are unchanged: every entry's fingerprint must still be recomputable."""
+    if not st.STORED_PATH.exists():
+        pytest.skip("no stored autotune file in the repo")
+    entries = st.read_stored().get("entries", {})
+    assert entries, "the stored file holds no entries"
+    for key, entry in entries.items():
+        assert entry["kernel_source_sha256"] == st.kernel_source_hash(), "tile kernel source changed"
+        assert entry["configs_sha256"] == st.configs_hash(), "tile config list changed"
+        assert key == st.fingerprint(entry["gpu"])
+        assert st.stored_choice(600, torch.float32, entry["gpu"]) is not None

@@ -88,6 +88,37 @@ def test_each_path_on_gpu(path, params, B, V, dtype):
     check(x, y)
 
 
+SPLIT_OFFSET_CASES = [
+    # (B, V, head, pad, params): rows `head` elements past a 16-byte boundary, row stride V + pad.
+    (1, 50257, 0, 0, {}),
+    (64, 50257, 0, 0, {}),
+    (64, 50257, 1, 0, {}),                      # contiguous rows, buffer start off by one element
+    (33, 50257, 1, 1, {}),                      # x[:, 1:] of a (B, V + 1) tensor
+    (17, 50257, 3, 5, {}),
+    (8, 128256, 1, 1, {}),
+    (1, 128257, 2, 0, {}),
+    (5, 6001, 1, 1, {"CHUNK": 1024, "num_warps": 4}),
+    (70000, 33, 3, 2, {"CHUNK": 16, "num_warps": 1}),
+    (9, 6001, 2, 3, {"CHUNK": 1024, "num_warps": 4, "max_spins": 0}),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("B,V,head,pad,params", SPLIT_OFFSET_CASES,
+                         ids=[f"B{c[0]}-V{c[1]}-h{c[2]}-p{c[3]}-{i}" for i, c in enumerate(SPLIT_OFFSET_CASES)])
+def test_split_at_odd_v_and_unaligned_rows_on_gpu(B, V, head, pad, params, dtype):
+    # Chunks are cut on 16-byte groups of the buffer, so rows that start inside a group take
+    # the edge loads/stores; the output window has NaN guards that must stay untouched.
+    flat = logits(1, (B - 1) * (V + pad) + V + head + 5, seed=B + V + head, dtype=dtype)[0]
+    x = flat[head:].as_strided((B, V), (V + pad, 1))
+    guard = torch.full((B * V + 6 + head,), float("nan"), dtype=dtype, device=x.device)
+    out = guard[3 + head:3 + head + B * V].view(B, V)
+    y = st.run_path(x, "split", out=out, **params)
+    check(x, y)
+    torch.cuda.synchronize()
+    assert torch.isnan(guard[:3 + head]).all() and torch.isnan(guard[3 + head + B * V:]).all()
+
+
 @pytest.mark.parametrize("cfg", st.CONFIGS, ids=lambda c: f"BLOCK{c.kwargs['BLOCK']}-w{c.num_warps}")
 def test_every_autotune_config_on_gpu(cfg):
     for B, V in ((33, 600), (3, 5000), (2, 1)):
@@ -111,6 +142,9 @@ def test_strided_input_on_gpu():
     wide = logits(64, 1300, seed=4)
     for x in (wide[:, :1200], wide[:, 1:1201], wide[:, ::2], wide[:, 3:40]):
         check(x, st.softmax(x))
+    wide = logits(16, 50260, seed=5)
+    for x in (wide[:, 1:], wide[:, 3:50260], wide[:1, 1:50258]):  # split rows off 16-byte boundaries
+        check(x, st.softmax(x))
 
 
 def test_compiled_kernels_do_not_spill(request):
@@ -123,6 +157,21 @@ def test_compiled_kernels_do_not_spill(request):
                                           num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,))
         k._init_handles()
         rows.append((f"tile BLOCK={cfg.kwargs['BLOCK']} w{cfg.num_warps}", k.n_regs, k.n_spills))
+    # The split kernel at an odd V, as the wrapper launches it (group-aligned chunks).
+    for dtype in (torch.float32, torch.bfloat16):
+        V = 50257
+        xs = logits(2, V, seed=1, dtype=dtype)
+        ys = torch.empty_like(xs)
+        sp = st._split_params(V, dtype)
+        a = 16 // xs.element_size()
+        P = -(-(V + a - 1) // sp["CHUNK"])
+        ws = torch.zeros(2 * (P + 1), dtype=torch.int64, device="cuda")
+        k = st._softmax_split_kernel.warmup(xs, ys, ws, V, P, V, V, 0, 0, CHUNK=sp["CHUNK"],
+                                            P_BLOCK=max(2, 1 << (P - 1).bit_length()),
+                                            FALLBACK_BLOCK=min(sp["CHUNK"], 1024), MAX_SPINS=st.SPLIT_MAX_SPINS,
+                                            ALIGN=a, Y_ALIGN=a, num_warps=sp["num_warps"], grid=(1,))
+        k._init_handles()
+        rows.append((f"split {str(dtype).removeprefix('torch.')} V={V}", k.n_regs, k.n_spills))
     print()
     for name, regs, spills in rows:
         print(f"  {name:<24} {regs:>3} regs, {spills} spills")
