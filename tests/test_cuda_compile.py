@@ -20,20 +20,11 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 DTYPE_IDS = ["fp32", "bf16", "fp16"]
 
 
-@pytest.fixture
-def record(request):
-    """The suite's record_manifest, or a no-op where the suite's conftest does not provide it."""
-    try:
-        return request.getfixturevalue("record_manifest")
-    except pytest.FixtureLookupError:
-        return lambda section, **values: None
-
-
 # -- nvcc / ptxas --------------------------------------------------------------------------------
 
 @needs_nvcc
 @pytest.mark.parametrize("path", sc.CU_SOURCES, ids=lambda p: p.name)
-def test_compiles_for_sm90_without_spills(path, record):
+def test_compiles_for_sm90_without_spills(path, record_manifest):
     res = sc.compile_offline(path, nvcc=NVCC)
     log = res.stdout + res.stderr
     assert res.returncode == 0, f"nvcc failed for {path.name} (ptxas -warn-spills is fatal):\n{log}"
@@ -42,7 +33,7 @@ def test_compiles_for_sm90_without_spills(path, record):
     expected = sc.expected_kernels(path)
     worst_spill = max((r.get("spill_stores", 0) + r.get("spill_loads", 0) for r in report.values()), default=0)
     worst_stack = max((r.get("stack_bytes", 0) for r in report.values()), default=0)
-    record("ptxas_sm90", max_spill_bytes=worst_spill, max_stack_bytes=worst_stack,
+    record_manifest("ptxas_sm90", max_spill_bytes=worst_spill, max_stack_bytes=worst_stack,
            max_registers=max((r.get("registers", 0) for r in report.values()), default=0))
     missing = sorted(set(expected) - set(report))
     assert not missing, f"{path.name}: entry points the dispatcher launches were not compiled: {missing}"

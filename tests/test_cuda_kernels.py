@@ -7,12 +7,15 @@ one unit in the last place of their own format (rtol = the format's eps), plus t
 the smallest values they can hold: a correct kernel computes in fp32 and rounds once.
 """
 
+import functools
+
 import numpy as np
 import pytest
 import torch
 
 from kernels import softmax_cuda as sc
 from kernels.reference import softmax_ref
+from tests import inputs
 
 pytestmark = pytest.mark.cuda
 
@@ -27,25 +30,7 @@ def _needs_cupy():
     pytest.importorskip("cupy", reason="the CUDA C kernels are launched through CuPy")
 
 
-@pytest.fixture
-def record(request):
-    try:
-        return request.getfixturevalue("record_manifest")
-    except pytest.FixtureLookupError:
-        return lambda section, **values: None
-
-
-def make_logits(B, V, dtype=torch.float32, *, neg_inf=True, device="cuda"):
-    """randn·3 with ±30 outliers and a few -inf entries (never a whole row unless asked)."""
-    x = torch.randn(B, V, dtype=torch.float64) * 3
-    if V > 2:
-        rows = torch.arange(B)
-        x[rows, torch.randint(0, V, (B,))] = 30.0
-        x[rows, torch.randint(0, V, (B,))] = -30.0
-    if neg_inf and V > 4:
-        x[torch.arange(B), torch.randint(0, V, (B,))] = float("-inf")
-        x[torch.randint(0, B, (max(1, B // 4),)), torch.randint(0, V, (max(1, B // 4),))] = float("-inf")
-    return x.to(device=device, dtype=dtype)
+make_logits = functools.partial(inputs.make_logits, device="cuda")
 
 
 def tolerances(dtype):
@@ -88,39 +73,39 @@ def _near_boundaries():
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=DTYPE_IDS.get)
 @pytest.mark.parametrize("V", _near_boundaries())
-def test_fused_at_dispatch_boundaries(V, dtype, record):
+def test_fused_at_dispatch_boundaries(V, dtype, record_manifest):
     x = make_logits(5, V, dtype)  # 5 rows of odd / even length: several row alignments
     got = run_poisoned(sc.softmax_fused, x)
-    check(got, x, what=f"V={V} {sc.fused_plan(5, V, dtype)}", record=record)
+    check(got, x, what=f"V={V} {sc.fused_plan(5, V, dtype)}", record=record_manifest)
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=DTYPE_IDS.get)
 @pytest.mark.parametrize("V", [1, 3, 17, 100, 600, 781, 1023, 2047, 3001, 5000, 12345, 32000, 32001,
                                50257, 65535, 128256, 262144, 300007])
-def test_fused_irregular_lengths(V, dtype, record):
+def test_fused_irregular_lengths(V, dtype, record_manifest):
     B = 9 if V <= 50257 else 3
     x = make_logits(B, V, dtype)
     got = run_poisoned(sc.softmax_fused, x)
-    check(got, x, what=f"V={V} {sc.fused_plan(B, V, dtype)}", record=record)
+    check(got, x, what=f"V={V} {sc.fused_plan(B, V, dtype)}", record=record_manifest)
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=DTYPE_IDS.get)
 @pytest.mark.parametrize("V", [1, 7, 600, 4096, 32000, 50257, 128256])
-def test_fused_single_row(V, dtype, record):
+def test_fused_single_row(V, dtype, record_manifest):
     x = make_logits(1, V, dtype)
-    check(run_poisoned(sc.softmax_fused, x), x, what=f"B=1 V={V}", record=record)
+    check(run_poisoned(sc.softmax_fused, x), x, what=f"B=1 V={V}", record=record_manifest)
 
 
 @pytest.mark.parametrize("V", [1, 5, 32, 33, 600])
-def test_fused_many_rows(V, record):
+def test_fused_many_rows(V, record_manifest):
     # B > 65535: rows must not sit in gridDim.y, and the warp path loops past its grid.
     x = make_logits(70000, V)
-    check(run_poisoned(sc.softmax_fused, x), x, what=f"B=70000 V={V}", record=record)
+    check(run_poisoned(sc.softmax_fused, x), x, what=f"B=70000 V={V}", record=record_manifest)
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=DTYPE_IDS.get)
 @pytest.mark.parametrize("V", [40, 1000, 3000, 5000, 10000, 20000, 40000, 100000, 140000])
-def test_fused_row_loops_past_the_grid(V, dtype, monkeypatch, record):
+def test_fused_row_loops_past_the_grid(V, dtype, monkeypatch, record_manifest):
     # Caps the grid far below B so each CTA (or cluster) handles several rows in turn: shared
     # memory and cluster barriers are reused across iterations. For 16-bit storage V = 5000 ...
     # 100000 run the packed row classes, whose per-pass re-widening must see each row afresh.
@@ -128,26 +113,26 @@ def test_fused_row_loops_past_the_grid(V, dtype, monkeypatch, record):
     monkeypatch.setattr(sc, "_WARP_BLOCKS_PER_SM", 1)
     B = 2000 if V <= 1024 else 61  # the warp path's grid is one block (4 rows) per SM
     x = make_logits(B, V, dtype)
-    check(run_poisoned(sc.softmax_fused, x), x, what=f"looped V={V} {sc.fused_plan(B, V, dtype)}", record=record)
+    check(run_poisoned(sc.softmax_fused, x), x, what=f"looped V={V} {sc.fused_plan(B, V, dtype)}", record=record_manifest)
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=DTYPE_IDS.get)
 @pytest.mark.parametrize("V", [1, 2, 9, 255, 1000, 4097, 20000])
-def test_online_path_at_short_rows(V, dtype, monkeypatch, record):
+def test_online_path_at_short_rows(V, dtype, monkeypatch, record_manifest):
     # The general fallback normally sees only V > 131072; run it on short rows, where head /
     # tail peels dominate and many threads have nothing to do.
     monkeypatch.setattr(sc, "_PLAN_OVERRIDE", sc.ALL_FUSED_PLANS[-1])
     assert sc.ALL_FUSED_PLANS[-1].kind == "online"
     x = make_logits(7, V, dtype)
-    check(run_poisoned(sc.softmax_fused, x), x, what=f"online V={V}", record=record)
+    check(run_poisoned(sc.softmax_fused, x), x, what=f"online V={V}", record=record_manifest)
 
 
 @pytest.mark.parametrize("V", [17000, 32000, 50257, 128256])
-def test_cluster_free_fallback(V, monkeypatch, record):
+def test_cluster_free_fallback(V, monkeypatch, record_manifest):
     # What a pre-sm_90 device would run for these rows.
     monkeypatch.setattr(sc, "_PLAN_OVERRIDE", sc._select_plan(V, clusters_ok=False))
     x = make_logits(4, V)
-    check(run_poisoned(sc.softmax_fused, x), x, what=f"no-cluster V={V}", record=record)
+    check(run_poisoned(sc.softmax_fused, x), x, what=f"no-cluster V={V}", record=record_manifest)
 
 
 # -- alignment -------------------------------------------------------------------------------------
@@ -155,19 +140,19 @@ def test_cluster_free_fallback(V, monkeypatch, record):
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=DTYPE_IDS.get)
 @pytest.mark.parametrize("V", [31, 600, 1537, 4099, 30001, 50257, 140001])
 @pytest.mark.parametrize("offset", [1, 3, 6])
-def test_fused_misaligned_input(V, dtype, offset, record):
+def test_fused_misaligned_input(V, dtype, offset, record_manifest):
     # A contiguous view at a storage offset: every row starts off the 16-byte grid and the
     # (freshly allocated, aligned) output differs from it in alignment.
     B = 4
     base = make_logits(B, V + 8, dtype).reshape(-1)  # (B*(V+8),): room for any offset <= 8
     x = base[offset:offset + B * V].view(B, V)
     assert x.is_contiguous() and x.data_ptr() % 16 != 0
-    check(run_poisoned(sc.softmax_fused, x), x, what=f"offset={offset} V={V}", record=record)
+    check(run_poisoned(sc.softmax_fused, x), x, what=f"offset={offset} V={V}", record=record_manifest)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=DTYPE_IDS.get)
 @pytest.mark.parametrize("V", [600, 4099, 50257])
-def test_fused_misaligned_input_and_output(V, dtype, record):
+def test_fused_misaligned_input_and_output(V, dtype, record_manifest):
     # Input and output both at the same offset from the 16-byte grid: vector stores are used.
     B = 3
     x = make_logits(B, V + 8, dtype).reshape(-1)[2:2 + B * V].view(B, V)
@@ -176,19 +161,19 @@ def test_fused_misaligned_input_and_output(V, dtype, record):
     res = sc.softmax_fused(x, out=out)
     torch.cuda.synchronize()
     assert res.data_ptr() == out.data_ptr()
-    check(out, x, what=f"both offset V={V}", record=record)
+    check(out, x, what=f"both offset V={V}", record=record_manifest)
     assert torch.isnan(out_base[:2]).all() and torch.isnan(out_base[2 + B * V:]).all(), \
         "the kernel wrote outside the output view"
 
 
 @pytest.mark.parametrize("fn", [sc.softmax_naive, sc.softmax_smem, sc.softmax_fused], ids=lambda f: f.__name__)
-def test_non_contiguous_input(fn, record):
+def test_non_contiguous_input(fn, record_manifest):
     wide = make_logits(6, 1001)
     x = wide[:, 1:]  # (6, 1000) with row stride 1001
     assert not x.is_contiguous()
-    check(run_poisoned(fn, x), x, what="x[:, 1:] view", record=record)
+    check(run_poisoned(fn, x), x, what="x[:, 1:] view", record=record_manifest)
     xt = make_logits(700, 5).t()  # (5, 700), column-major
-    check(run_poisoned(fn, xt), xt, what="transposed view", record=record)
+    check(run_poisoned(fn, xt), xt, what="transposed view", record=record_manifest)
 
 
 # -- edges -----------------------------------------------------------------------------------------
@@ -198,13 +183,13 @@ EDGE_V = [5, 600, 3000, 20000, 50257, 200000]
 
 @pytest.mark.parametrize("fn", [sc.softmax_naive, sc.softmax_smem, sc.softmax_fused], ids=lambda f: f.__name__)
 @pytest.mark.parametrize("V", EDGE_V)
-def test_all_neg_inf_row_gives_nan(fn, V, record):
+def test_all_neg_inf_row_gives_nan(fn, V, record_manifest):
     x = make_logits(4, V)
     x[1] = float("-inf")
     got = run_poisoned(fn, x)
     assert torch.isnan(got[1]).all(), "an all -inf row must give NaN, as torch.softmax does"
     assert not torch.isnan(got[[0, 2, 3]]).any(), "the NaN row leaked into its neighbours"
-    check(got, x, what=f"all -inf row, V={V}", record=record, equal_nan=True)
+    check(got, x, what=f"all -inf row, V={V}", record=record_manifest, equal_nan=True)
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=DTYPE_IDS.get)
@@ -218,7 +203,7 @@ def test_fused_all_neg_inf_row_low_precision_too(V, dtype):
 
 @pytest.mark.parametrize("fn", [sc.softmax_naive, sc.softmax_smem, sc.softmax_fused], ids=lambda f: f.__name__)
 @pytest.mark.parametrize("V", EDGE_V)
-def test_huge_logits_do_not_overflow(fn, V, record):
+def test_huge_logits_do_not_overflow(fn, V, record_manifest):
     x = make_logits(3, V, neg_inf=False)
     x[0, ::7] = 1e30
     x[1, 1::3] = -1e30
@@ -227,18 +212,18 @@ def test_huge_logits_do_not_overflow(fn, V, record):
     x[2, V - 1] = -1e30 + 1e24  # a few fp32 ulps above the rest: it takes all the mass
     got = run_poisoned(fn, x)
     assert torch.isfinite(got).all()
-    check(got, x, what=f"±1e30, V={V}", record=record)
+    check(got, x, what=f"±1e30, V={V}", record=record_manifest)
 
 
 @pytest.mark.parametrize("V", EDGE_V)
-def test_fused_large_logits_low_precision(V, record):
+def test_fused_large_logits_low_precision(V, record_manifest):
     for dtype, big in ((torch.bfloat16, 1e30), (torch.float16, 6e4)):
         x = make_logits(2, V, dtype, neg_inf=False)
         x[0, ::5] = big
         x[1, ::3] = -big
         got = run_poisoned(sc.softmax_fused, x)
         assert torch.isfinite(got).all()
-        check(got, x, what=f"{dtype} ±{big}, V={V}", record=record)
+        check(got, x, what=f"{dtype} ±{big}, V={V}", record=record_manifest)
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=DTYPE_IDS.get)
@@ -253,9 +238,9 @@ def test_fused_v1_is_ones(dtype):
 @pytest.mark.parametrize("fn", [sc.softmax_naive, sc.softmax_smem], ids=lambda f: f.__name__)
 @pytest.mark.parametrize("B, V", [(1, 1), (3, 7), (70000, 33), (5, 255), (4, 256), (6, 257), (3, 4097),
                                   (2, 50257), (2, 128256)])
-def test_naive_and_smem(fn, B, V, record):
+def test_naive_and_smem(fn, B, V, record_manifest):
     x = make_logits(B, V)
-    check(run_poisoned(fn, x), x, what=f"{fn.__name__} B={B} V={V}", record=record)
+    check(run_poisoned(fn, x), x, what=f"{fn.__name__} B={B} V={V}", record=record_manifest)
 
 
 # -- plumbing --------------------------------------------------------------------------------------
@@ -268,7 +253,7 @@ def test_empty_batch(fn):
 
 
 @pytest.mark.parametrize("V", [600, 50257])
-def test_runs_on_the_current_stream(V, record):
+def test_runs_on_the_current_stream(V, record_manifest):
     # Work queued on a side stream: the kernel must run after the producer on that stream and
     # before the consumer, without any synchronisation in between.
     s = torch.cuda.Stream()
@@ -278,7 +263,7 @@ def test_runs_on_the_current_stream(V, record):
         y = sc.softmax_fused(x)
         z = y * 1.0
     s.synchronize()
-    check(z, x, what="side stream", record=record)
+    check(z, x, what="side stream", record=record_manifest)
 
 
 def test_out_of_wrong_shape_is_rejected():

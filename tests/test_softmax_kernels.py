@@ -14,22 +14,12 @@ import torch.nn.functional as F
 
 from kernels import SOFTMAX_KERNELS, SUPPORTED_DTYPES
 from kernels.reference import softmax_ref
+from tests.inputs import make_logits
 
 KERNELS = list(SOFTMAX_KERNELS)
 LAB_SHAPES = [(64, 600), (512, 600), (4096, 600)]
 IRREGULAR_SHAPES = [(1, 1), (3, 7), (1, 255), (64, 781), (7, 1025), (5, 2049), (3, 5000), (2, 50257), (2, 128256)]
 ATOL, RTOL = 1e-6, 1e-4  # probabilities: 1e-4 relative, and absolute slack for the tiny ones
-
-
-def make_logits(B, V, *, device="cpu", dtype=torch.float32, neg_inf=True):
-    """randn·3 with ±30 outliers and (optionally) a few -inf entries per row."""
-    x = torch.randn(B, V, dtype=torch.float64) * 3
-    if V > 2:
-        for value in (30.0, -30.0):
-            x[torch.arange(B), torch.randint(0, V, (B,))] = value
-    if neg_inf and V > 4:
-        x[torch.arange(B), torch.randint(0, V, (B,))] = float("-inf")
-    return x.to(device=device, dtype=dtype)
 
 
 def run_poisoned(kernel, x):
