@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from kernels import softmax_triton as st
 from kernels.reference import softmax_ref
+from tests.inputs import seeded_logits as logits
 
 pytestmark = pytest.mark.cpu
 
@@ -32,22 +33,6 @@ interpreted = pytest.mark.skipif(not st.INTERPRET, reason="needs the interpreted
 V_SHAPES = (1, 7, 255, 600, 781, 1025, 2049, 5000)
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 SM90_SHARED_LIMIT = 232448  # bytes of shared memory one block may use on sm_90
-
-
-def logits(B, V, *, seed, dtype=torch.float32):
-    """randn * 3 with +-30 outliers and a few -inf entries; no row is all -inf."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(B, V, generator=g) * 3
-    if V >= 2:
-        n = max(1, B * V // 50)
-        r = torch.randint(0, B, (n,), generator=g)
-        c = torch.randint(0, V, (n,), generator=g)
-        x[r, c] = torch.where(torch.rand(n, generator=g) < 0.5, 30.0, -30.0)
-        # -inf only in columns >= 1 with column 0 kept finite, so every row keeps a finite entry.
-        r = torch.randint(0, B, (n,), generator=g)
-        c = torch.randint(1, V, (n,), generator=g)
-        x[r, c] = -float("inf")
-    return x.to(dtype)
 
 
 def poisoned(x):
