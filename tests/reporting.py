@@ -31,9 +31,6 @@ FLOPS_PER_ELEMENT = 5
 # Datasheet figures for the H200 SXM, kept beside the measured ceilings for reference only.
 DATASHEET = {"NVIDIA H200": {"hbm_TBps": 4.8, "fp32_TFLOPS": 67.0}}
 
-# Sections filled from benchmark data; they are only replaced by a run that measured them.
-BENCHMARK_SECTIONS = ("softmax_kernels", "sweep", "ceilings")
-
 
 # -- small utilities ---------------------------------------------------------------------------
 
