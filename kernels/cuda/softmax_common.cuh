@@ -113,9 +113,28 @@ struct FmtF32 {
     }
 };
 
-struct FmtBF16 {
+// The 16-bit formats differ only in their conversions (to_f, from_f, unpack2, pack2); loads,
+// stores and the 16-byte vector (un)packing are built from those here, once for both.
+template <class Fmt>
+struct Fmt16 {
     typedef unsigned short T;
     static constexpr int VEC = 8;
+    static __device__ __forceinline__ float load1(const T* p) { return Fmt::to_f(ld_once(p)); }
+    static __device__ __forceinline__ float load1_cached(const T* p) { return Fmt::to_f(__ldg(p)); }
+    static __device__ __forceinline__ void store1(T* p, float v) { st_once(p, Fmt::from_f(v)); }
+    static __device__ __forceinline__ void unpack(const uint4& r, float* f) {
+        Fmt::unpack2(r.x, f + 0);
+        Fmt::unpack2(r.y, f + 2);
+        Fmt::unpack2(r.z, f + 4);
+        Fmt::unpack2(r.w, f + 6);
+    }
+    static __device__ __forceinline__ uint4 pack(const float* f) {
+        return make_uint4(Fmt::pack2(f[0], f[1]), Fmt::pack2(f[2], f[3]), Fmt::pack2(f[4], f[5]),
+                          Fmt::pack2(f[6], f[7]));
+    }
+};
+
+struct FmtBF16 : Fmt16<FmtBF16> {
     static constexpr unsigned NEG_INF_WORD = 0xff80ff80u;
     static __device__ __forceinline__ float to_f(unsigned short h) {
         return __uint_as_float(static_cast<unsigned>(h) << 16);
@@ -136,23 +155,9 @@ struct FmtBF16 {
         asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
         return d;
     }
-    static __device__ __forceinline__ float load1(const T* p) { return to_f(ld_once(p)); }
-    static __device__ __forceinline__ float load1_cached(const T* p) { return to_f(__ldg(p)); }
-    static __device__ __forceinline__ void store1(T* p, float v) { st_once(p, from_f(v)); }
-    static __device__ __forceinline__ void unpack(const uint4& r, float* f) {
-        unpack2(r.x, f + 0);
-        unpack2(r.y, f + 2);
-        unpack2(r.z, f + 4);
-        unpack2(r.w, f + 6);
-    }
-    static __device__ __forceinline__ uint4 pack(const float* f) {
-        return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
-    }
 };
 
-struct FmtF16 {
-    typedef unsigned short T;
-    static constexpr int VEC = 8;
+struct FmtF16 : Fmt16<FmtF16> {
     static constexpr unsigned NEG_INF_WORD = 0xfc00fc00u;
     static __device__ __forceinline__ float to_f(unsigned short h) {
         float f;
@@ -173,18 +178,6 @@ struct FmtF16 {
         unsigned d;
         asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
         return d;
-    }
-    static __device__ __forceinline__ float load1(const T* p) { return to_f(ld_once(p)); }
-    static __device__ __forceinline__ float load1_cached(const T* p) { return to_f(__ldg(p)); }
-    static __device__ __forceinline__ void store1(T* p, float v) { st_once(p, from_f(v)); }
-    static __device__ __forceinline__ void unpack(const uint4& r, float* f) {
-        unpack2(r.x, f + 0);
-        unpack2(r.y, f + 2);
-        unpack2(r.z, f + 4);
-        unpack2(r.w, f + 6);
-    }
-    static __device__ __forceinline__ uint4 pack(const float* f) {
-        return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
     }
 };
 
