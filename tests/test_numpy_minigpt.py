@@ -110,28 +110,20 @@ def _random_block_params(rng, prefix=""):
     return p
 
 
-def test_attention_gradients():
-    rng = _rng(4)
-    p = {k[5:]: v for k, v in _random_block_params(rng).items() if k.startswith("attn.")}
-    x = rng.normal(size=(2, 5, nm.D_MODEL))
+@pytest.mark.parametrize("layer, seed, T", [("attn", 4, 5), ("mlp", 5, 4)])
+def test_sublayer_gradients(layer, seed, T):
+    forward, backward_of = {"attn": (nm.attention_forward, nm.attention_backward),
+                            "mlp": (nm.mlp_forward, nm.mlp_backward)}[layer]
+    rng = _rng(seed)
+    prefix = layer + "."
+    p = {k[len(prefix):]: v for k, v in _random_block_params(rng).items() if k.startswith(prefix)}
+    x = rng.normal(size=(2, T, nm.D_MODEL))
 
     def backward(dy):
-        _, cache = nm.attention_forward(x, p)
-        dx, g = nm.attention_backward(dy, cache, p)
+        _, cache = forward(x, p)
+        dx, g = backward_of(dy, cache, p)
         return {"x": dx, **g}
-    check_layer(lambda: nm.attention_forward(x, p)[0], backward, {"x": x, **p}, rng)
-
-
-def test_mlp_gradients():
-    rng = _rng(5)
-    p = {k[4:]: v for k, v in _random_block_params(rng).items() if k.startswith("mlp.")}
-    x = rng.normal(size=(2, 4, nm.D_MODEL))
-
-    def backward(dy):
-        _, cache = nm.mlp_forward(x, p)
-        dx, g = nm.mlp_backward(dy, cache, p)
-        return {"x": dx, **g}
-    check_layer(lambda: nm.mlp_forward(x, p)[0], backward, {"x": x, **p}, rng)
+    check_layer(lambda: forward(x, p)[0], backward, {"x": x, **p}, rng)
 
 
 def test_block_gradients():
