@@ -1,53 +1,104 @@
 """Softmax kernels behind one registry.
 
-Every entry of `SOFTMAX_KERNELS` has the signature `fn(x, *, out=None) -> Tensor` for a
-(B, V) tensor and computes softmax over V. Tests and benchmarks iterate over this dict, so a
-kernel cannot exist untested. Importing this package touches neither CUDA nor CuPy: each
-backend is imported on first call.
+Every entry of `SOFTMAX_KERNELS` is a `Kernel`: callable as `kernel(x, *, out=None) -> Tensor`
+for a (B, V) tensor, computing softmax over V, and describing itself (dtypes, dispatch paths,
+which path a shape takes). Tests and benchmarks iterate over this dict, so a kernel cannot
+exist untested; a new kernel is one `Kernel(...)` line below. Importing this package touches
+neither CUDA nor CuPy: each backend is imported on first call.
 """
 
+from __future__ import annotations
+
+import functools
 import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from .checks import check_softmax_input, prepare_output
+from .checks import FLOAT_DTYPES, check_softmax_input, prepare_output
+
+BASELINE = "F_softmax"
 
 
-def torch_softmax(x, *, out=None):
-    """The baseline: `F.softmax` over the last dimension."""
-    check_softmax_input(x, kernel="F.softmax", device_type=None)
-    y = F.softmax(x, dim=-1)
-    if out is None:
-        return y
-    return prepare_output(x, out, kernel="F.softmax").copy_(y)
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    fn: Callable  # fn(x, *, out=None) -> Tensor
+    dtypes: tuple
+    paths: tuple  # every dispatch path the kernel has
+    plan: Callable[[int, int, torch.dtype], str]  # the path a (B, V) input of dtype takes on the GPU
+    interpretable: bool = False  # runs on CPU tensors under TRITON_INTERPRET=1
+    baseline: bool = False  # a reference we measure against, not one of ours
+
+    def __call__(self, x, *, out=None):
+        return self.fn(x, out=out)
 
 
 def _lazy(module: str, attr: str):
-    def call(x, *, out=None):
-        return getattr(importlib.import_module(module, __name__), attr)(x, out=out)
+    """A module attribute resolved on first use, so importing kernels imports no backend."""
+    def call(*args, **kwargs):
+        return getattr(importlib.import_module(module, __name__), attr)(*args, **kwargs)
     call.__name__ = attr
     call.__qualname__ = f"{module.lstrip('.')}.{attr}"
     return call
 
 
-# name -> callable; the CUDA C kernels need CuPy and a GPU, Triton runs on a GPU or, under
-# TRITON_INTERPRET=1, on CPU tensors.
-SOFTMAX_KERNELS = {
-    "naive": _lazy(".softmax_cuda", "softmax_naive"),
-    "smem": _lazy(".softmax_cuda", "softmax_smem"),
-    "fused": _lazy(".softmax_cuda", "softmax_fused"),
-    "triton": _lazy(".softmax_triton", "softmax"),
-    "F_softmax": torch_softmax,
-}
+def torch_softmax(x, *, out=None):
+    """The baseline: `F.softmax` over the last dimension."""
+    check_softmax_input(x, kernel="F_softmax", device_type=None)
+    y = F.softmax(x, dim=-1)
+    if out is None:
+        return y
+    return prepare_output(x, out, kernel="F_softmax").copy_(y)
+
+
+@functools.cache
+def _compiled_softmax():
+    return torch.compile(functools.partial(F.softmax, dim=-1))
+
+
+def compiled_softmax(x, *, out=None):
+    """The second baseline: `torch.compile(F.softmax)` (Inductor's generated kernel)."""
+    check_softmax_input(x, kernel="torch_compile", device_type="cuda")
+    y = _compiled_softmax()(x)
+    if out is None:
+        return y
+    return prepare_output(x, out, kernel="torch_compile").copy_(y)
+
+
+def _one_path(name):
+    return lambda B, V, dtype=torch.float32: name
+
+
+_FP32 = (torch.float32,)
+
+SOFTMAX_KERNELS: dict[str, Kernel] = {k.name: k for k in (
+    Kernel("naive", _lazy(".softmax_cuda", "softmax_naive"), _FP32, ("thread",), _one_path("thread")),
+    Kernel("smem", _lazy(".softmax_cuda", "softmax_smem"), _FP32, ("block",), _one_path("block")),
+    Kernel("fused", _lazy(".softmax_cuda", "softmax_fused"), FLOAT_DTYPES,
+           ("warp", "warpvec", "row", "cluster", "online"), _lazy(".cuda_plans", "fused_path")),
+    Kernel("triton", _lazy(".softmax_triton", "softmax"), FLOAT_DTYPES, ("tile", "rows", "row", "split"),
+           _lazy(".softmax_triton", "plan"), interpretable=True),
+    Kernel(BASELINE, torch_softmax, FLOAT_DTYPES, ("torch",), _one_path("torch"), interpretable=True,
+           baseline=True),
+    Kernel("torch_compile", compiled_softmax, FLOAT_DTYPES, ("compiled",), _one_path("compiled"), baseline=True),
+)}
 
 # What each kernel accepts; tests draw their dtype parameters from here.
-SUPPORTED_DTYPES = {
-    "naive": (torch.float32,),
-    "smem": (torch.float32,),
-    "fused": (torch.float32, torch.bfloat16, torch.float16),
-    "triton": (torch.float32, torch.bfloat16, torch.float16),
-    "F_softmax": (torch.float32, torch.bfloat16, torch.float16),
-}
+SUPPORTED_DTYPES = {name: k.dtypes for name, k in SOFTMAX_KERNELS.items()}
+# Ours, as opposed to the baselines we measure them against.
+OUR_KERNELS = tuple(name for name, k in SOFTMAX_KERNELS.items() if not k.baseline)
 
-__all__ = ["SOFTMAX_KERNELS", "SUPPORTED_DTYPES", "torch_softmax", "check_softmax_input", "prepare_output"]
+
+def softmax(name: str):
+    """The registered softmax called `name` (KeyError naming the choices otherwise)."""
+    try:
+        return SOFTMAX_KERNELS[name]
+    except KeyError:
+        raise KeyError(f"no softmax kernel {name!r}; registered: {', '.join(SOFTMAX_KERNELS)}") from None
+
+
+__all__ = ["SOFTMAX_KERNELS", "SUPPORTED_DTYPES", "OUR_KERNELS", "BASELINE", "Kernel", "softmax", "torch_softmax",
+           "compiled_softmax", "check_softmax_input", "prepare_output"]

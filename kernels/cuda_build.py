@@ -1,0 +1,123 @@
+"""Building the CUDA C kernels: the translation units CuPy compiles at run time, and the same
+units compiled offline for sm_90 with ptxas checks (registers, spills), which needs no GPU.
+
+The fused kernels are instantiated from the dispatch table in `kernels.cuda_plans`, so the
+kernels compiled are exactly the ones the dispatcher can launch.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from .cuda_plans import FORMATS, fused_plans
+
+CUDA_DIR = Path(__file__).resolve().parent / "cuda"
+COMMON_HEADER = CUDA_DIR / "softmax_common.cuh"
+CU_SOURCES = [CUDA_DIR / "softmax_naive.cu", CUDA_DIR / "softmax_smem.cu", CUDA_DIR / "softmax_fused.cu"]
+NAIVE_SOURCE, SMEM_SOURCE, FUSED_SOURCE = CU_SOURCES
+
+# Options given to CuPy's nvcc backend. CuPy adds `-gencode=arch=compute_XX,code=sm_XX` for the
+# device itself (so no -arch here: two architecture flags would conflict) and `-ftz=true`.
+NVCC_OPTIONS = ("-std=c++17", "-O3")
+CUPY_IMPLICIT_OPTIONS = ("-ftz=true",)
+# The offline build (tests/test_cuda_compile.py) targets the H200.
+TARGET_ARCH = "sm_90"
+PTXAS_CHECK_OPTIONS = ("-Xptxas", "-v,-warn-spills,-Werror")
+
+_INCLUDE_LINE = '#include "softmax_common.cuh"'
+
+
+# ---------------------------------------------------------------------------------------------
+# sources
+
+def expand_source(path: Path) -> str:
+    """The .cu text with the shared header pasted in place of its #include, so that the
+    compile cache (keyed on the source text) sees header edits too."""
+    text = Path(path).read_text()
+    header = COMMON_HEADER.read_text()
+    if _INCLUDE_LINE not in text:
+        raise RuntimeError(f"{path} does not include softmax_common.cuh")
+    return text.replace(_INCLUDE_LINE, header, 1)
+
+
+def fused_instantiations() -> str:
+    lines = [plan.instantiation(dt) for dt in FORMATS for plan in fused_plans(dt)]
+    return "\n// ---- instantiations generated from the dispatch table ----\n" + "\n".join(lines) + "\n"
+
+
+def module_source(path: Path) -> str:
+    """The full translation unit compiled for `path` (header inlined, kernels instantiated)."""
+    src = expand_source(path)
+    if Path(path).name == "softmax_fused.cu":
+        src += fused_instantiations()
+    return src
+
+
+def expected_kernels(path: Path) -> list[str]:
+    """Entry points the translation unit for `path` must define."""
+    name = Path(path).name
+    if name == "softmax_naive.cu":
+        return ["softmax_naive_f32"]
+    if name == "softmax_smem.cu":
+        return ["softmax_smem_f32"]
+    return [plan.kernel_name(dt) for dt in FORMATS for plan in fused_plans(dt)]
+
+
+# ---------------------------------------------------------------------------------------------
+# offline build report (no GPU needed)
+
+_FN_RE = re.compile(r"Compiling entry function '(\w+)'")
+_PROPS_RE = re.compile(
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED_RE = re.compile(r"Used (\d+) registers(.*)")
+_SMEM_RE = re.compile(r"(\d+) bytes smem")
+
+
+def parse_ptxas_report(text: str) -> dict[str, dict[str, int]]:
+    """Per-kernel {registers, smem_bytes, stack_bytes, spill_stores, spill_loads} from ptxas -v."""
+    report: dict[str, dict[str, int]] = {}
+    current = None
+    for line in text.splitlines():
+        m = _FN_RE.search(line)
+        if m:
+            current = m.group(1)
+            report[current] = {}
+            continue
+        if current is None:
+            continue
+        m = _PROPS_RE.search(line)
+        if m:
+            report[current].update(stack_bytes=int(m.group(1)), spill_stores=int(m.group(2)),
+                                   spill_loads=int(m.group(3)))
+            continue
+        m = _USED_RE.search(line)
+        if m:
+            s = _SMEM_RE.search(m.group(2))
+            report[current].update(registers=int(m.group(1)), smem_bytes=int(s.group(1)) if s else 0)
+    return report
+
+
+def compile_offline(path: Path, *, arch: str = TARGET_ARCH, nvcc: str | None = None,
+                    extra=()) -> subprocess.CompletedProcess:
+    """nvcc -cubin the translation unit for `path` with the runtime options plus ptxas checks."""
+    nvcc = nvcc or shutil.which("nvcc")
+    if nvcc is None:
+        raise FileNotFoundError("nvcc not found on PATH")
+    with tempfile.TemporaryDirectory() as tmp:
+        cu = Path(tmp) / Path(path).name
+        cu.write_text(module_source(path))
+        cmd = [nvcc, f"-arch={arch}", "-cubin", "-o", str(cu.with_suffix(".cubin")),
+               *NVCC_OPTIONS, *CUPY_IMPLICIT_OPTIONS, *PTXAS_CHECK_OPTIONS, *extra, str(cu)]
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
+
+
+def format_ptxas_report(report: dict[str, dict[str, int]]) -> str:
+    rows = [f"{'kernel':44s} {'regs':>4s} {'smem':>6s} {'stack':>5s} {'spill st/ld':>11s}"]
+    for name, r in report.items():
+        rows.append(f"{name:44s} {r.get('registers', -1):4d} {r.get('smem_bytes', -1):6d} "
+                    f"{r.get('stack_bytes', -1):5d} {r.get('spill_stores', -1):5d}/{r.get('spill_loads', -1):<5d}")
+    return "\n".join(rows)

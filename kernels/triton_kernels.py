@@ -1,0 +1,231 @@
+"""The Triton softmax kernels (what `@triton.jit` compiles); dispatch and launches live in
+`kernels.softmax_triton`.
+
+Every kernel computes, for a row x of V elements,
+
+    m = max(x)                      exact, whatever the order of comparisons
+    e = exp(x - m)                  elementwise
+    S = sum(int64(e * SCALE))       exact: integer addition does not depend on the order
+    y = e * (SCALE / float(S))
+
+SCALE = 2^(62 - ceil(log2 V)) (from the wrapper), so S <= V * SCALE <= 2^62 never overflows,
+and truncating each term costs less than V / SCALE relative to S >= SCALE (the maximum's term
+is exactly SCALE): 4e-9 at V = 128256. Because neither the max nor the fixed-point sum depends
+on how a row is cut into tiles, programs or chunks, a row's output bits depend only on its
+values and V: not on B, on the row's position or alignment, on the row stride, or on which path
+the dispatch takes. An all -inf row gives m = -inf, e = NaN and a NaN output, as F.softmax does.
+
+ALIGN (from the wrapper) divides V and both row strides; saying so lets Triton use ALIGN-wide
+vector accesses. It changes how elements are loaded, never how they are combined. Integer
+arguments are not specialised on their values, so one compiled kernel serves every V and
+stride and the wrapper can launch it directly (kernels.launch).
+"""
+
+import triton
+import triton.language as tl
+
+_INTS = ["V", "B", "P", "stride_x", "stride_y", "x_off", "y_off"]
+
+
+def _no_value_specialisation(fn):
+    names = [n for n in _INTS if n in fn.__code__.co_varnames[:fn.__code__.co_argcount]]
+    return triton.jit(do_not_specialize=names)(fn)
+
+
+@triton.jit
+def _fixed(e, SCALE):
+    # Truncation toward zero; NaN (an all -inf row) converts to some integer, and the output is
+    # NaN anyway because e is.
+    return (e * SCALE).to(tl.int64)
+
+
+@_no_value_specialisation
+def softmax_tile_kernel(X, Y, V, stride_x, stride_y, SCALE, BLOCK: tl.constexpr, ALIGN: tl.constexpr = 1):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = X + tl.multiple_of(row * stride_x, ALIGN)
+    y_row = Y + tl.multiple_of(row * stride_y, ALIGN)
+    cols = tl.arange(0, BLOCK)
+    V_A = V // ALIGN
+    if V <= BLOCK:
+        # The row fits one tile: one read, one write.
+        mask = (cols // ALIGN) < V_A  # == cols < V, constant over ALIGN-groups
+        x = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        e = tl.exp(x - tl.max(x, axis=0))
+        inv = SCALE / tl.sum(_fixed(e, SCALE), axis=0).to(tl.float32)
+        tl.store(y_row + cols, (e * inv).to(Y.dtype.element_ty), mask=mask)
+    else:
+        # Three passes over tiles (max, fixed-point sum, write); the re-reads of a row of at
+        # most a few KB are served by L2. Per-lane partials: no cross-warp reduction in a loop.
+        # while, not range(0, V, BLOCK): Triton 3.6's interpreter cannot take a run-time
+        # range bound under NumPy 2 (int() of a 1-element array).
+        m_lane = tl.full([BLOCK], -float("inf"), tl.float32)
+        start = 0
+        while start < V:
+            idx = tl.multiple_of(start, BLOCK) + cols
+            x = tl.load(x_row + idx, mask=(idx // ALIGN) < V_A, other=-float("inf")).to(tl.float32)
+            m_lane = tl.maximum(m_lane, x)
+            start += BLOCK
+        m = tl.max(m_lane, axis=0)
+        s_lane = tl.zeros([BLOCK], tl.int64)
+        start = 0
+        while start < V:
+            idx = tl.multiple_of(start, BLOCK) + cols
+            x = tl.load(x_row + idx, mask=(idx // ALIGN) < V_A, other=-float("inf")).to(tl.float32)
+            s_lane += _fixed(tl.exp(x - m), SCALE)
+            start += BLOCK
+        inv = SCALE / tl.sum(s_lane, axis=0).to(tl.float32)
+        start = 0
+        while start < V:
+            idx = tl.multiple_of(start, BLOCK) + cols
+            mask = (idx // ALIGN) < V_A
+            x = tl.load(x_row + idx, mask=mask, other=-float("inf")).to(tl.float32)
+            tl.store(y_row + idx, (tl.exp(x - m) * inv).to(Y.dtype.element_ty), mask=mask)
+            start += BLOCK
+
+
+@_no_value_specialisation
+def softmax_row_kernel(X, Y, V, stride_x, stride_y, SCALE, BLOCK: tl.constexpr, ALIGN: tl.constexpr = 1):
+    # One program holds the whole row in registers (BLOCK = next_pow2(V)).
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = (cols // ALIGN) < V // ALIGN  # == cols < V, constant over ALIGN-groups
+    x = tl.load(X + tl.multiple_of(row * stride_x, ALIGN) + cols, mask=mask, other=-float("inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=0))
+    inv = SCALE / tl.sum(_fixed(e, SCALE), axis=0).to(tl.float32)
+    tl.store(Y + tl.multiple_of(row * stride_y, ALIGN) + cols, (e * inv).to(Y.dtype.element_ty), mask=mask)
+
+
+@_no_value_specialisation
+def softmax_rows_kernel(X, Y, B, V, stride_x, stride_y, SCALE, ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
+                        ALIGN: tl.constexpr = 1):
+    # Many short rows: a [ROWS, BLOCK_V] block per program, so each moves enough bytes.
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_V)
+    mask = (rows < B)[:, None] & ((cols // ALIGN) < V // ALIGN)[None, :]  # [ROWS, BLOCK_V]
+    x_off = tl.multiple_of(rows * stride_x, ALIGN)
+    y_off = tl.multiple_of(rows * stride_y, ALIGN)
+    # Rows past B load -inf throughout and turn to NaN, but are never stored.
+    x = tl.load(X + x_off[:, None] + cols[None, :], mask=mask, other=-float("inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=1)[:, None])
+    inv = SCALE / tl.sum(_fixed(e, SCALE), axis=1).to(tl.float32)
+    tl.store(Y + y_off[:, None] + cols[None, :], (e * inv[:, None]).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _wait_for(counter, P, MAX_SPINS: tl.constexpr):
+    """Poll a row's arrival counter until all P programs arrived or MAX_SPINS polls passed.
+
+    Scalar atomics run in one thread and their results reach every thread of the program
+    through shared memory, so the result is the same in all threads and a branch on it cannot
+    diverge across the reductions (and barriers) inside it. The acquire orders the reads of
+    the published words after the arrivals it saw.
+    """
+    ready = tl.atomic_add(counter, 0, sem="acquire")
+    spins = 0
+    while (ready < P) & (spins < MAX_SPINS):
+        ready = tl.atomic_add(counter, 0, sem="acquire")
+        spins += 1
+    return ready == P
+
+
+@_no_value_specialisation
+def softmax_split_kernel(X, Y, WS, V, P, stride_x, stride_y, x_off, y_off, SCALE,
+                         CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr,
+                         MAX_SPINS: tl.constexpr, ALIGN: tl.constexpr = 1, Y_ALIGN: tl.constexpr = 1):
+    # A row too long for one program's registers is shared by P programs, each keeping its
+    # chunk in registers: still one read and one write. Chunks are cut on ALIGN-groups of
+    # element offsets from X (the wrapper makes X 16-byte aligned and passes the tensor's head
+    # as x_off), so the bulk of a row moves in vector accesses at any V or row offset; the
+    # groups a row only partly covers (at most ALIGN - 1 elements at each end) are "edges",
+    # loaded and stored element-wise by chunk 0. How the row is cut changes nothing in the
+    # result: the max and the fixed-point sum are order-free.
+    #
+    # The programs of a row meet twice through the row's workspace (WS, zeroed once by the
+    # wrapper; the last program to leave zeroes the counters again, so the workspace can be
+    # reused by the next launch on the stream without a fill kernel):
+    #   words [0, P)        each chunk's max (float bits)       counter at 2P
+    #   words [P, 2P)       each chunk's fixed-point sum        counter at 2P + 1
+    #   word  2P + 2        programs done with the workspace
+    # Each wait is bounded: a program whose siblings are not scheduled in time streams the row
+    # itself for the same exact max / sum (slower, never deadlocks). Under the interpreter,
+    # whose programs run one after another, the bound is 0: early chunks take the streaming
+    # branch and the last chunk combines, so both branches run on the CPU.
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // P
+    chunk = pid - row * P
+    xs = x_off + row * stride_x                       # row start, elements from X
+    g_lo = (xs + ALIGN - 1) // ALIGN                  # first group wholly inside the row
+    g_hi = (xs + V) // ALIGN                          # one past the last such group
+    c_start = tl.multiple_of((xs // ALIGN) * ALIGN + chunk * CHUNK, ALIGN)
+    c_g = c_start // ALIGN
+    cols = tl.arange(0, CHUNK)
+    grp = cols // ALIGN                               # constant over ALIGN-groups
+    mask = (grp >= (g_lo - c_g).to(tl.int32)) & (grp < (g_hi - c_g).to(tl.int32))
+    x = tl.load(X + c_start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+    # Edges: the first ALIGN offsets of the row and the partial group at its end, each element
+    # once (the tail part skips what the head part covers). Only chunk 0 loads and stores them.
+    e = tl.arange(0, 2 * ALIGN)
+    pos = tl.where(e < ALIGN, xs + e, g_hi * ALIGN + (e - ALIGN))
+    pos_g = pos // ALIGN
+    # (pos - pos + chunk): the chunk test as a tensor; the interpreter rejects a scalar term in a mask.
+    e_mask = ((pos >= xs) & (pos < xs + V) & ((pos_g < g_lo) | (pos_g >= g_hi))
+              & ((e < ALIGN) | (pos >= xs + ALIGN)) & ((pos - pos + chunk) == 0))
+    xe = tl.load(X + pos, mask=e_mask, other=-float("inf")).to(tl.float32)
+
+    ws_row = WS + row * (2 * P + 3)
+    slots = tl.arange(0, P_BLOCK)
+    slot_ok = slots < P
+    x_row = X + xs
+    fcols = tl.arange(0, FALLBACK_BLOCK)
+
+    # Meeting 1: the row's max.
+    m_c = tl.maximum(tl.max(x, axis=0), tl.max(xe, axis=0))
+    tl.atomic_xchg(ws_row + chunk, m_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
+    tl.atomic_add(ws_row + 2 * P, 1, sem="release")
+    if _wait_for(ws_row + 2 * P, P, MAX_SPINS):
+        # volatile: read from L2, not from an L1 line another program on this SM left behind.
+        words = tl.load(ws_row + slots, mask=slot_ok, other=0, volatile=True)
+        m_p = tl.where(slot_ok, words.to(tl.int32).to(tl.float32, bitcast=True), -float("inf"))
+        m = tl.max(m_p, axis=0)
+    else:
+        m_run = tl.full([FALLBACK_BLOCK], -float("inf"), tl.float32)
+        start = 0
+        while start < V:
+            idx = start + fcols
+            m_run = tl.maximum(m_run, tl.load(x_row + idx, mask=idx < V, other=-float("inf")).to(tl.float32))
+            start += FALLBACK_BLOCK
+        m = tl.max(m_run, axis=0)
+
+    # Meeting 2: the row's fixed-point sum, every chunk relative to the same m.
+    ex = tl.exp(x - m)
+    ee = tl.exp(xe - m)
+    s_c = tl.sum(_fixed(ex, SCALE), axis=0) + tl.sum(_fixed(ee, SCALE), axis=0)
+    tl.atomic_xchg(ws_row + P + chunk, s_c, sem="relaxed")
+    tl.atomic_add(ws_row + 2 * P + 1, 1, sem="release")
+    if _wait_for(ws_row + 2 * P + 1, P, MAX_SPINS):
+        s = tl.sum(tl.load(ws_row + P + slots, mask=slot_ok, other=0, volatile=True), axis=0)
+    else:
+        s_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
+        start = 0
+        while start < V:
+            idx = start + fcols
+            t = tl.load(x_row + idx, mask=idx < V, other=-float("inf")).to(tl.float32)
+            s_run += _fixed(tl.exp(t - m), SCALE)
+            start += FALLBACK_BLOCK
+        s = tl.sum(s_run, axis=0)
+
+    # Leave: the last program out zeroes the row's counters for the next launch.
+    if tl.atomic_add(ws_row + 2 * P + 2, 1, sem="acq_rel") == P - 1:
+        tl.atomic_xchg(ws_row + 2 * P, 0, sem="relaxed")
+        tl.atomic_xchg(ws_row + 2 * P + 1, 0, sem="relaxed")
+        tl.atomic_xchg(ws_row + 2 * P + 2, 0, sem="relaxed")
+
+    inv = SCALE / s.to(tl.float32)
+    # Output element of input offset o sits at Y + o + shift.
+    shift = tl.multiple_of(y_off + row * stride_y - xs, Y_ALIGN)
+    tl.store(Y + shift + c_start + cols, (ex * inv).to(Y.dtype.element_ty), mask=mask)
+    tl.store(Y + shift + pos, (ee * inv).to(Y.dtype.element_ty), mask=e_mask)
+
+
+JIT_KERNELS = {"tile": softmax_tile_kernel, "row": softmax_row_kernel, "rows": softmax_rows_kernel,
+               "split": softmax_split_kernel}
