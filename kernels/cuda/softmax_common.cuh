@@ -81,14 +81,37 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
     return warp_sum(v);
 }
 
-// Merge two (max, sum-of-exp-relative-to-max) pairs. A part whose max is -inf holds no mass;
-// skipping it avoids -inf - -inf = NaN when the other part is finite.
-__device__ __forceinline__ void merge_max_sum(float& m, float& s, float om, float os) {
-    const float nm = fmaxf(m, om);
-    const float a = (m == SOFTMAX_NEG_INF) ? 0.0f : s * fast_exp(m - nm);
-    const float b = (om == SOFTMAX_NEG_INF) ? 0.0f : os * fast_exp(om - nm);
-    m = nm;
-    s = a + b;
+// ---- order-free sums: exponentials in 64-bit fixed point ---------------------------------------
+// A row's sum of exp(x - max) is accumulated as integers: term = trunc(e * 2^K) with
+// K = 62 - ceil(log2 V), so V terms of at most 2^K (the max's own term is exactly 2^K) stay
+// below 2^62. Integer addition is associative, so the sum, and with it every output bit, is the
+// same however the row was split over lanes, warps, CTAs or a cluster, and whatever the row's
+// alignment. Truncation costs less than V / 2^K relative to a sum >= 2^K: 4e-9 at V = 128256.
+// The max needs no such care: it is exact in any order.
+__device__ __forceinline__ float fixed_point_scale(int n_cols) {
+    const int bits = n_cols > 1 ? 32 - __clz(n_cols - 1) : 0;  // ceil(log2 n_cols)
+    return __int_as_float((127 + 62 - bits) << 23);             // 2^(62 - bits), exactly
+}
+__device__ __forceinline__ long long to_fixed(float e, float scale) {
+    return __float2ll_rz(e * scale);  // e <= 1: scaling by a power of two is exact
+}
+
+__device__ __forceinline__ long long warp_sum_fixed(long long v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+// As block_sum, for fixed-point terms; `red` holds one word per warp.
+template <int NW>
+__device__ __forceinline__ long long block_sum_fixed(long long v, long long* red) {
+    v = warp_sum_fixed(v);
+    if (NW == 1) return v;
+    const int lane = threadIdx.x & 31;
+    if (lane == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = lane < NW ? red[lane] : 0ll;
+    return warp_sum_fixed(v);
 }
 
 // ---- element formats: storage type, 16-byte vector width, conversion to/from fp32 ----------

@@ -12,14 +12,20 @@
 //                 register, so a thread holds twice the elements (and the same bytes) as fp32.
 //                 C == 1: the block owns the whole row.
 //                 C  > 1: a thread-block cluster owns the row, each CTA a contiguous slice;
-//                 the CTAs swap their partial (max, sum) through distributed shared memory.
+//                 the CTAs swap their maxima, then their sums, through distributed shared memory.
 //                 This keeps 200-500 KB rows on chip and spreads a few long rows over many SMs.
-//   fused_online  rows too long for any of the above: two passes, the first an online max/sum,
-//                 the second re-reads the row (mostly from L2) to write it.
+//   fused_online  rows too long for any of the above: three passes (max, sum, write); the
+//                 re-reads are served mostly by L2.
+//
+// Every kind sums exp(x - max) in 64-bit fixed point (softmax_common.cuh), so a row's output
+// bits depend only on its values and V: not on B, on which CTA or lane held which element, on
+// the row's alignment (the head/tail peel changes how elements are loaded, never how they are
+// combined), or on the size class.
 //
 // Instantiations are appended by kernels/softmax_cuda.py from its dispatch table, so the
 // kernels compiled here are exactly the ones the dispatcher can launch.
 #include "softmax_common.cuh"
+
 
 // ---- cluster primitives (sm_90), as raw PTX so no cooperative_groups header is needed -------
 __device__ __forceinline__ void cluster_arrive() {
@@ -28,14 +34,21 @@ __device__ __forceinline__ void cluster_arrive() {
 __device__ __forceinline__ void cluster_wait() {
     asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
 }
-// Read a float2 at the same shared-memory offset as `local` in the CTA of cluster rank `rank`.
-__device__ __forceinline__ float2 dsmem_load_f2(const float2* local, unsigned rank) {
+// The address of `local`'s twin in the shared memory of the CTA of cluster rank `rank`.
+__device__ __forceinline__ unsigned dsmem_address(const void* local, unsigned rank) {
     const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local));
     unsigned remote;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
-    float2 v;
-    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n"
-                 : "=f"(v.x), "=f"(v.y) : "r"(remote) : "memory");
+    return remote;
+}
+__device__ __forceinline__ float dsmem_load_f32(const float* local, unsigned rank) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(dsmem_address(local, rank)) : "memory");
+    return v;
+}
+__device__ __forceinline__ long long dsmem_load_s64(const long long* local, unsigned rank) {
+    long long v;
+    asm volatile("ld.shared::cluster.s64 %0, [%1];\n" : "=l"(v) : "r"(dsmem_address(local, rank)) : "memory");
     return v;
 }
 __device__ __forceinline__ unsigned cluster_rank() {
@@ -61,6 +74,7 @@ __device__ __forceinline__ void fused_warp_body(const typename Fmt::T* __restric
                                                 long long n_rows, int n_cols) {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
+    const float fscale = fixed_point_scale(n_cols);
     const long long stride = static_cast<long long>(gridDim.x) * WPB;
     for (long long row = static_cast<long long>(blockIdx.x) * WPB + warp; row < n_rows; row += stride) {
         const typename Fmt::T* xr = x + row * n_cols;
@@ -77,13 +91,13 @@ __device__ __forceinline__ void fused_warp_body(const typename Fmt::T* __restric
         for (int i = 1; i < EW; ++i) m = fmaxf(m, v[i]);
         m = warp_max(m);
         // Padding (-inf) contributes exp(-inf) = 0. An all -inf row gives NaN, as torch does.
-        float s = 0.0f;
+        long long s = 0;
 #pragma unroll
         for (int i = 0; i < EW; ++i) {
             v[i] = fast_exp(v[i] - m);
-            s += v[i];
+            s += to_fixed(v[i], fscale);
         }
-        const float inv = 1.0f / warp_sum(s);
+        const float inv = fscale / static_cast<float>(warp_sum_fixed(s));
 #pragma unroll
         for (int i = 0; i < EW; ++i) {
             const int c = i * 32 + lane;
@@ -97,13 +111,17 @@ __device__ __forceinline__ void fused_warp_body(const typename Fmt::T* __restric
 // load covers 512 consecutive bytes) plus at most one head and one tail element. Capacity:
 // E * NT elements per slice; the dispatcher guarantees ceil(V / C) <= E * NT.
 // NT == 32 is the vectorised warp-per-row form: RPB rows per block, one per warp, reduced with
-// shuffles only (block_max / block_sum skip shared memory for a single warp).
+// shuffles only (the block reductions skip shared memory for a single warp).
 //
 // PACKED keeps the body as the raw uint4 vectors that were loaded and widens them to fp32 in each
 // pass; exp is then evaluated twice (once for the sum, once for the output) with the same
 // expression, so the values written are exactly those summed. Without it the body is held
 // as fp32 (E registers). For 16-bit storage PACKED halves the registers per element, which lets
 // a thread keep as many bytes in flight as an fp32 thread does.
+//
+// A cluster meets twice through distributed shared memory: first for the row's max (each CTA's
+// slice max), then for the row's fixed-point sum relative to that max. Exact max and integer
+// sum make the result independent of where the slices were cut.
 //
 // out_vec_ok says whether y - x is a multiple of 16 bytes. Then the output slice has the same
 // alignment as the input slice and the body is stored as vectors; otherwise element by element.
@@ -123,9 +141,11 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
     constexpr int NVR = PACKED ? NV : 1;  // raw vectors held (a dummy of one otherwise)
 
     __shared__ float red_max[NW];
-    __shared__ float red_sum[NW];
-    __shared__ float2 part;   // this CTA's (max, sum), read by the cluster's other CTAs
-    __shared__ float2 total;  // the row's (max, sum), broadcast inside the CTA
+    __shared__ long long red_sum[NW];
+    __shared__ float part_max;      // this CTA's slice max, read by the cluster's other CTAs
+    __shared__ long long part_sum;  // this CTA's fixed-point slice sum, likewise
+    __shared__ float row_max_b;     // the row's max and sum, broadcast inside the CTA
+    __shared__ long long row_sum_b;
 
     const int tid = (RPB == 1) ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x) % NT;
     const int sub = (RPB == 1) ? 0 : static_cast<int>(threadIdx.x) / NT;
@@ -135,6 +155,7 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
     const int chunk = (C > 1) ? ((n_cols + C - 1) / C + 7) / 8 * 8 : n_cols;
     const int start = min(static_cast<int>(rank) * chunk, n_cols);
     const int len = min(n_cols - start, chunk);
+    const float fscale = fixed_point_scale(n_cols);
     const long long row_stride = static_cast<long long>(gridDim.x / C) * RPB;
     // Zeros for xor_words: n_cols >= 1 and n_rows >= 1, so both sign words are 0.
     const unsigned zero_a = static_cast<unsigned>(n_cols >> 31);
@@ -183,57 +204,56 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
             }
         }
         m = block_max<NW>(m, red_max);
+        if (C > 1) {
+            if (tid == 0) part_max = m;
+            cluster_arrive();  // release: part_max is visible to the cluster after the wait
+            cluster_wait();
+            if (tid < 32) {
+                const float gm = warp_max(tid < C ? dsmem_load_f32(&part_max, static_cast<unsigned>(tid))
+                                                  : SOFTMAX_NEG_INF);
+                if (tid == 0) row_max_b = gm;
+            }
+            __syncthreads();
+            m = row_max_b;
+        }
 
-        // exp relative to this slice's max, kept in place: one MUFU op per element. An all
-        // -inf slice uses 0 instead, so its exps and sum are 0 rather than NaN.
-        const float mref = (m == SOFTMAX_NEG_INF) ? 0.0f : m;
-        hv = fast_exp(hv - mref);
-        tv = fast_exp(tv - mref);
-        float s = hv + tv;
+        // exp(x - row max), kept in place: one MUFU op per element. An all -inf row gives
+        // NaN throughout, as torch does; -inf elements of any other row give 0.
+        hv = fast_exp(hv - m);
+        tv = fast_exp(tv - m);
+        long long s = to_fixed(hv, fscale) + to_fixed(tv, fscale);
 #pragma unroll
         for (int j = 0; j < NV; ++j) {
             if constexpr (PACKED) {
                 float f[VEC];
                 Fmt::unpack(xor_words(r[j], zero_a), f);
 #pragma unroll
-                for (int k = 0; k < VEC; ++k) s += fast_exp(f[k] - mref);
+                for (int k = 0; k < VEC; ++k) s += to_fixed(fast_exp(f[k] - m), fscale);
             } else {
 #pragma unroll
                 for (int k = 0; k < VEC; ++k) {
-                    v[j][k] = fast_exp(v[j][k] - mref);
-                    s += v[j][k];
+                    v[j][k] = fast_exp(v[j][k] - m);
+                    s += to_fixed(v[j][k], fscale);
                 }
             }
         }
-        s = block_sum<NW>(s, red_sum);
-
-        // Output = e * scale. C == 1: scale = 1 / s; an all -inf row has s = 0, and 0 * inf
-        // gives NaN as torch does.
-        float scale = 1.0f / s;
+        s = block_sum_fixed<NW>(s, red_sum);
         if (C > 1) {
-            if (tid == 0) part = make_float2(m, s);
-            cluster_arrive();  // release: `part` is visible to the cluster after the wait
+            if (tid == 0) part_sum = s;
+            cluster_arrive();
             cluster_wait();
             if (tid < 32) {
-                const float2 p = tid < C ? dsmem_load_f2(&part, static_cast<unsigned>(tid))
-                                         : make_float2(SOFTMAX_NEG_INF, 0.0f);
-                const float gm = warp_max(p.x);
-                const float t = (p.x == SOFTMAX_NEG_INF) ? 0.0f : p.y * fast_exp(p.x - gm);
-                const float gs = warp_sum(t);
-                if (tid == 0) total = make_float2(gm, gs);
+                const long long gs = warp_sum_fixed(tid < C ? dsmem_load_s64(&part_sum, static_cast<unsigned>(tid))
+                                                            : 0ll);
+                if (tid == 0) row_sum_b = gs;
             }
-            // Tell the cluster this CTA is done reading remote `part`; the matching wait sits
-            // at the end of the iteration so that the stores overlap the barrier.
+            // Tell the cluster this CTA is done reading remote parts; the matching wait sits at
+            // the end of the iteration so that the stores overlap the barrier.
             cluster_arrive();
             __syncthreads();
-            const float row_max = total.x;
-            const float row_sum = total.y;
-            // Same fast_exp(m - row_max) as in the row sum above, so the slices stay consistent.
-            // An all -inf row must give NaN; an all -inf slice of a finite row gives 0.
-            scale = (row_max == SOFTMAX_NEG_INF) ? SOFTMAX_NAN
-                  : (m == SOFTMAX_NEG_INF)       ? 0.0f
-                                                 : fast_exp(m - row_max) * (1.0f / row_sum);
+            s = row_sum_b;
         }
+        const float scale = fscale / static_cast<float>(s);
 
         uint4* yv = reinterpret_cast<uint4*>(ys + g.head);
 #pragma unroll
@@ -244,7 +264,7 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
                 if constexpr (PACKED) {
                     Fmt::unpack(xor_words(r[j], zero_b), o);
 #pragma unroll
-                    for (int k = 0; k < VEC; ++k) o[k] = fast_exp(o[k] - mref) * scale;
+                    for (int k = 0; k < VEC; ++k) o[k] = fast_exp(o[k] - m) * scale;
                 } else {
 #pragma unroll
                     for (int k = 0; k < VEC; ++k) o[k] = v[j][k] * scale;
@@ -261,14 +281,17 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
         if (tid < g.head) Fmt::store1(ys + tid, hv * scale);
         if (tid < g.tail) Fmt::store1(ys + g.tail0 + tid, tv * scale);
 
-        if (C > 1) cluster_wait();  // no CTA leaves (or overwrites `part`) while a peer reads it
+        // No CTA leaves (or overwrites its parts or broadcasts) while a peer or a thread of its
+        // own still reads them. (red_max / red_sum need no barrier: each is rewritten only after
+        // the other reduction's barrier, which every thread passes after reading it.)
+        if (C > 1) cluster_wait();
     }
 }
 
-// ---- general fallback: online max/sum, then a second pass ------------------------------------
-// For rows beyond the register capacity of a cluster. Each thread keeps a running (max, sum)
-// over EL elements (EL / VEC vector loads in flight) at a time, the block merges the pairs,
-// then the row is read again to write it.
+// ---- general fallback: three passes ----------------------------------------------------------
+// For rows beyond the register capacity of a cluster: the block finds the row's max, then its
+// fixed-point sum, then writes it, reading the row three times (EL elements, EL / VEC vector
+// loads, in flight per thread at a time; the re-reads are served mostly by L2).
 template <class Fmt, int NT, int EL>
 __device__ __forceinline__ void fused_online_body(const typename Fmt::T* __restrict__ x,
                                                   typename Fmt::T* __restrict__ y,
@@ -279,10 +302,9 @@ __device__ __forceinline__ void fused_online_body(const typename Fmt::T* __restr
     constexpr int U = EL / VEC;
     static_assert(EL % VEC == 0, "elements per step must be whole vectors");
     __shared__ float red_m[NW];
-    __shared__ float red_s[NW];
+    __shared__ long long red_s[NW];
     const int tid = threadIdx.x;
-    const int lane = tid & 31;
-    const int warp = tid >> 5;
+    const float fscale = fixed_point_scale(n_cols);
 
     for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
         const T* xs = x + row * n_cols;
@@ -290,68 +312,51 @@ __device__ __forceinline__ void fused_online_body(const typename Fmt::T* __restr
         const SliceGeom<VEC, T> g(xs, n_cols);
         const uint4* xv = reinterpret_cast<const uint4*>(xs + g.head);
 
-        float m = SOFTMAX_NEG_INF;
-        float s = 0.0f;
-        {
-            const float hv = tid < g.head ? Fmt::load1_cached(xs + tid) : SOFTMAX_NEG_INF;
-            const float tv = tid < g.tail ? Fmt::load1_cached(xs + g.tail0 + tid) : SOFTMAX_NEG_INF;
-            m = fmaxf(hv, tv);
-            if (m != SOFTMAX_NEG_INF) s = fast_exp(hv - m) + fast_exp(tv - m);
-        }
+        const float hx = tid < g.head ? Fmt::load1_cached(xs + tid) : SOFTMAX_NEG_INF;
+        const float tx = tid < g.tail ? Fmt::load1_cached(xs + g.tail0 + tid) : SOFTMAX_NEG_INF;
+        float m = fmaxf(hx, tx);
         for (int base = 0; base < g.nvec; base += U * NT) {
             float f[U][VEC];
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int vi = base + u * NT + tid;
                 if (vi < g.nvec) {
-                    Fmt::unpack(__ldg(xv + vi), f[u]);  // keep it in L2 for the second pass
+                    Fmt::unpack(__ldg(xv + vi), f[u]);  // keep it in L2 for the next passes
                 } else {
 #pragma unroll
                     for (int k = 0; k < VEC; ++k) f[u][k] = SOFTMAX_NEG_INF;
                 }
             }
-            float cm = SOFTMAX_NEG_INF;
 #pragma unroll
             for (int u = 0; u < U; ++u)
 #pragma unroll
-                for (int k = 0; k < VEC; ++k) cm = fmaxf(cm, f[u][k]);
-            if (cm > m) {
-                s *= fast_exp(m - cm);  // m == -inf gives exp(-inf) = 0 and s is 0 anyway
-                m = cm;
-            }
-            if (m != SOFTMAX_NEG_INF) {
-#pragma unroll
-                for (int u = 0; u < U; ++u)
-#pragma unroll
-                    for (int k = 0; k < VEC; ++k) s += fast_exp(f[u][k] - m);
-            }
+                for (int k = 0; k < VEC; ++k) m = fmaxf(m, f[u][k]);
         }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            const float om = __shfl_xor_sync(0xffffffffu, m, off);
-            const float os = __shfl_xor_sync(0xffffffffu, s, off);
-            merge_max_sum(m, s, om, os);
-        }
-        if (lane == 0) {
-            red_m[warp] = m;
-            red_s[warp] = s;
-        }
-        __syncthreads();
-        m = lane < NW ? red_m[lane] : SOFTMAX_NEG_INF;
-        s = lane < NW ? red_s[lane] : 0.0f;
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            const float om = __shfl_xor_sync(0xffffffffu, m, off);
-            const float os = __shfl_xor_sync(0xffffffffu, s, off);
-            merge_max_sum(m, s, om, os);
-        }
-        __syncthreads();  // red_m / red_s are read by all before the next row overwrites them
+        m = block_max<NW>(m, red_m);
 
-        // m == -inf (all -inf row): x - m is NaN for every element, as torch gives.
-        const float inv = 1.0f / s;
-        if (tid < g.head) Fmt::store1(ys + tid, fast_exp(Fmt::load1(xs + tid) - m) * inv);
-        if (tid < g.tail)
-            Fmt::store1(ys + g.tail0 + tid, fast_exp(Fmt::load1(xs + g.tail0 + tid) - m) * inv);
+        long long s = to_fixed(fast_exp(hx - m), fscale) + to_fixed(fast_exp(tx - m), fscale);
+        for (int base = 0; base < g.nvec; base += U * NT) {
+            float f[U][VEC];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int vi = base + u * NT + tid;
+                if (vi < g.nvec) {
+                    Fmt::unpack(__ldg(xv + vi), f[u]);
+                } else {
+#pragma unroll
+                    for (int k = 0; k < VEC; ++k) f[u][k] = SOFTMAX_NEG_INF;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) s += to_fixed(fast_exp(f[u][k] - m), fscale);
+        }
+        s = block_sum_fixed<NW>(s, red_s);
+        const float inv = fscale / static_cast<float>(s);
+
+        if (tid < g.head) Fmt::store1(ys + tid, fast_exp(hx - m) * inv);
+        if (tid < g.tail) Fmt::store1(ys + g.tail0 + tid, fast_exp(tx - m) * inv);
         uint4* yv = reinterpret_cast<uint4*>(ys + g.head);
         for (int base = 0; base < g.nvec; base += U * NT) {
             float f[U][VEC];
@@ -376,6 +381,7 @@ __device__ __forceinline__ void fused_online_body(const typename Fmt::T* __restr
                 }
             }
         }
+        __syncthreads();  // red_m / red_s are read by all before the next row overwrites them
     }
 }
 

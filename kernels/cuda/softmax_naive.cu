@@ -12,9 +12,10 @@ softmax_naive_f32(const float* __restrict__ x, float* __restrict__ y, long long 
 
     float m = SOFTMAX_NEG_INF;
     for (int c = 0; c < n_cols; ++c) m = fmaxf(m, xr[c]);
-    // An all -inf row gives -inf - -inf = NaN here, matching torch.softmax.
-    float s = 0.0f;
+    // An all -inf row gives -inf - -inf = NaN here, matching torch.softmax. The serial sum is
+    // accumulated in double: in float, 128K terms added one by one drift by ~1e-4.
+    double s = 0.0;
     for (int c = 0; c < n_cols; ++c) s += expf(xr[c] - m);
-    const float inv = 1.0f / s;
+    const float inv = static_cast<float>(1.0 / s);
     for (int c = 0; c < n_cols; ++c) yr[c] = expf(xr[c] - m) * inv;
 }
