@@ -17,14 +17,17 @@ from pathlib import Path
 
 import numpy as np
 
+from .config import ARCHITECTURE
+
 # ---------------------------------------------------------------------------- config
-N_LAYER = 4
-N_HEAD = 4
-D_MODEL = 64
-D_HEAD = D_MODEL // N_HEAD  # 16
-D_FF = 4 * D_MODEL
-CONTEXT = 32
-LN_EPS = 1e-5
+# Module-level names for the architecture of model/config.py (the one place it is written).
+N_LAYER = ARCHITECTURE.n_layer
+N_HEAD = ARCHITECTURE.n_head
+D_MODEL = ARCHITECTURE.d_model
+D_HEAD = ARCHITECTURE.d_head  # 16
+D_FF = ARCHITECTURE.d_ff
+CONTEXT = ARCHITECTURE.context
+LN_EPS = ARCHITECTURE.ln_eps
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "minigpt.npz"
 _GELU_C = math.sqrt(2.0 / math.pi)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,21 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .config import ARCHITECTURE, MiniGPTConfig
 from .numpy_minigpt import DEFAULT_WEIGHTS, WeightsError
-
-
-@dataclass(frozen=True)
-class MiniGPTConfig:
-    vocab_size: int
-    n_layer: int = 4       # L
-    n_head: int = 4        # H
-    d_model: int = 64      # d
-    context: int = 32      # T_max: rows of pos_emb, the longest sequence the model accepts
-    ln_eps: float = 1e-5   # matches the NumPy LayerNorm; PyTorch's default is the same value
-
-    @property
-    def d_head(self) -> int:
-        return self.d_model // self.n_head
 
 
 # -- the last softmax -------------------------------------------------------------------------
@@ -43,23 +29,31 @@ class MiniGPTConfig:
 SOFTMAX_IMPLS = ("auto", "torch", "triton")
 
 
+LM_HEAD_KERNEL = "triton"  # the registry's kernel the LM head runs on CUDA
+
+
 def final_softmax(logits: torch.Tensor, impl: str = "auto") -> torch.Tensor:
     """Softmax over the vocabulary; the only place the model turns logits into probabilities.
 
-    "auto" runs the Triton kernel on CUDA tensors and F.softmax elsewhere; "torch" forces
-    F.softmax (the reference when swapping kernels on a GPU); "triton" forces the kernel.
+    "auto" runs the registry's LM_HEAD_KERNEL on CUDA tensors and F.softmax elsewhere; "torch"
+    forces F.softmax (the reference when swapping kernels on a GPU); "triton" forces the kernel.
+    Under torch.compile the kernel is called as its custom op, which the compiler traces
+    without a graph break (and CUDA graphs capture).
     """
     if impl not in SOFTMAX_IMPLS:
         raise ValueError(f"softmax impl must be one of {SOFTMAX_IMPLS}, got {impl!r}")
     if impl == "torch" or (impl == "auto" and not logits.is_cuda):
         return F.softmax(logits, dim=-1)
-    # Imported here so that the CPU path never needs Triton.
-    from kernels.softmax_triton import softmax as triton_softmax
-
     V = logits.shape[-1]
-    # The kernel takes a contiguous (rows, V) matrix; a transposed or sliced view is copied.
-    rows = logits.reshape(-1, V).contiguous()  # (B*T, V)
-    return triton_softmax(rows).view(logits.shape)  # (B, T, V)
+    # The kernel takes a (rows, V) matrix with unit column stride; reshape copies only when it must.
+    rows = logits.reshape(-1, V)  # (B*T, V)
+    if torch.compiler.is_compiling():
+        import kernels.ops  # noqa: F401  (registers torch.ops.softmax_suite)
+
+        return getattr(torch.ops.softmax_suite, LM_HEAD_KERNEL)(rows).view(logits.shape)
+    from kernels import SOFTMAX_KERNELS  # here, so that the CPU path never imports a kernel backend
+
+    return SOFTMAX_KERNELS[LM_HEAD_KERNEL](rows).view(logits.shape)  # (B, T, V)
 
 
 # -- attention --------------------------------------------------------------------------------
@@ -127,9 +121,9 @@ ATTENTIONS = {"explicit": CausalSelfAttention, "mha": MHACausalSelfAttention}
 class MLP(nn.Module):
     def __init__(self, config: MiniGPTConfig):
         super().__init__()
-        self.fc = nn.Linear(config.d_model, 4 * config.d_model)
+        self.fc = nn.Linear(config.d_model, config.d_ff)
         self.gelu = nn.GELU(approximate="tanh")  # the NumPy model uses the tanh form too
-        self.proj = nn.Linear(4 * config.d_model, config.d_model)
+        self.proj = nn.Linear(config.d_ff, config.d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(self.gelu(self.fc(x)))
@@ -200,9 +194,12 @@ class GrammarMiniGPT(nn.Module):
         if torch.compiler.is_compiling():
             # A traced graph cannot branch on tensor values; keep the range check inside it.
             torch._assert_async(((ids >= 0) & (ids < V)).all(), "token id out of range")
-        elif ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= V):
-            raise ValueError(
-                f"token ids must lie in [0, {V}), got values in [{int(ids.min())}, {int(ids.max())}]")
+            return
+        # One reduction and one read back (on a GPU: a single synchronisation, not two).
+        lo, hi = torch.aminmax(ids)
+        lo, hi = torch.stack((lo, hi)).tolist()
+        if lo < 0 or hi >= V:
+            raise ValueError(f"token ids must lie in [0, {V}), got values in [{lo}, {hi}]")
 
     def logits(self, ids: torch.Tensor, trace: dict | None = None) -> torch.Tensor:
         """Logits (B, T, V). With a dict as `trace`, also store every intermediate under the
@@ -236,7 +233,7 @@ class GrammarMiniGPT(nn.Module):
         arrays = _read_npz(path)
         if "tok_emb.weight" not in arrays or arrays["tok_emb.weight"].ndim != 2:
             raise WeightMismatchError(f"{path}: no 2-D tok_emb.weight to read the vocabulary size from")
-        model = cls(MiniGPTConfig(vocab_size=arrays["tok_emb.weight"].shape[0]),
+        model = cls(ARCHITECTURE.with_vocab(arrays["tok_emb.weight"].shape[0]),
                     attention=attention, softmax_impl=softmax_impl)
         _copy_arrays(model, arrays, source=str(path))
         return model.eval()
