@@ -281,9 +281,10 @@ def split_layout(x: torch.Tensor, y: torch.Tensor, *, CHUNK: int, align: int | N
             "P_BLOCK": max(2, triton.next_power_of_2(P)), "FALLBACK_BLOCK": min(CHUNK, 1024)}
 
 
-def split_workspace_words(B: int, P: int) -> int:
-    """int64 words of workspace a split launch of B rows and P programs per row uses."""
-    return B * (2 * P + 3)
+def split_workspace_words(B: int, P: int) -> tuple[int, int]:
+    """int64 words a split launch of B rows and P programs per row uses: (published words,
+    counters). The counters must be zero before a launch (the kernel leaves them so)."""
+    return B * 2 * P, B * 3
 
 
 # --------------------------------------------------------------------------- launches
@@ -339,26 +340,30 @@ def _compiled_launcher(kernel, grid: int, dev: int, tensors: tuple, scalars: tup
 
 _TILE_KINDS = ("ptr", "ptr", "i32", "i32", "i32", "f32")
 _ROWS_KINDS = ("ptr", "ptr", "i32", "i32", "i32", "i32", "f32")
-_SPLIT_KINDS = ("ptr", "ptr", "ptr", "i32", "i32", "i32", "i32", "i32", "i32", "f32")
+_SPLIT_KINDS = ("ptr", "ptr", "ptr", "ptr", "i32", "i32", "i32", "i32", "i32", "i32", "f32")
 
-# (device, stream) -> zeroed int64 workspace for the split path. Superseded buffers are kept
-# alive (they are small): a CUDA graph captured with one still points at it.
+# (device, stream) -> the split path's (words, counters) buffers. The counters are zeroed once
+# and left zeroed by every launch; the words need no zeroing. Superseded buffers are kept alive
+# (they are small): a CUDA graph captured with one still points at it.
 _workspaces: dict = {}
 _retired_workspaces: list = []
 
 
-def _split_workspace(dev: int, words: int) -> torch.Tensor:
+def _split_workspace(dev: int, B: int, P: int) -> tuple[torch.Tensor, torch.Tensor]:
+    words, counters = split_workspace_words(B, P)
     key = (dev, 0 if INTERPRET else current_stream(dev))
     ws = _workspaces.get(key)
-    if ws is not None and ws.numel() >= words:
+    if ws is not None and ws[0].numel() >= words and ws[1].numel() >= counters:
         return ws
+    device = "cpu" if INTERPRET else f"cuda:{dev}"
     if not INTERPRET and torch.cuda.is_current_stream_capturing():
         # Memory allocated during a capture belongs to the graph: use it, never cache it.
-        return torch.zeros(words, dtype=torch.int64, device=f"cuda:{dev}")
+        return (torch.empty(words, dtype=torch.int64, device=device),
+                torch.zeros(counters, dtype=torch.int64, device=device))
     if ws is not None:
         _retired_workspaces.append(ws)
-    ws = _workspaces[key] = torch.zeros(max(words, 4096), dtype=torch.int64,
-                                        device="cpu" if INTERPRET else f"cuda:{dev}")
+    ws = _workspaces[key] = (torch.empty(max(words, 4096), dtype=torch.int64, device=device),
+                             torch.zeros(max(counters, 1024), dtype=torch.int64, device=device))
     return ws
 
 
@@ -405,19 +410,19 @@ def _launch(x: torch.Tensor, y: torch.Tensor, path: str, params: dict):
         lay = split_layout(x, y, CHUNK=p["CHUNK"], align=params.get("align"))
         P, xo, yo = lay["P"], lay["xo"], lay["yo"]
         max_spins = p.get("max_spins", 0 if INTERPRET else SPLIT_MAX_SPINS)
-        ws = _split_workspace(dev, split_workspace_words(B, P))
+        ws, cnt = _split_workspace(dev, B, P)
         constexprs = {"CHUNK": p["CHUNK"], "P_BLOCK": lay["P_BLOCK"], "FALLBACK_BLOCK": lay["FALLBACK_BLOCK"],
                       "MAX_SPINS": max_spins, "ALIGN": lay["ALIGN"], "Y_ALIGN": lay["Y_ALIGN"]}
         launcher = _compiled_launcher(
-            softmax_split_kernel, B * P, dev, (lay["xb"], lay["yb"], ws), (V, P, sx, sy, xo, yo, scale),
+            softmax_split_kernel, B * P, dev, (lay["xb"], lay["yb"], ws, cnt), (V, P, sx, sy, xo, yo, scale),
             _SPLIT_KINDS, ("split", *constexprs.values(), p["num_warps"]), {**constexprs, "num_warps": p["num_warps"]})
         es = x.element_size()
 
         def again(x, y):
             B = x.shape[0]
-            ws = _split_workspace(dev, split_workspace_words(B, P))
-            launcher(dev, B * P, x.data_ptr() - xo * es, y.data_ptr() - yo * es, ws.data_ptr(), V, P, sx, sy,
-                     xo, yo, scale)
+            ws, cnt = _split_workspace(dev, B, P)
+            launcher(dev, B * P, x.data_ptr() - xo * es, y.data_ptr() - yo * es, ws.data_ptr(), cnt.data_ptr(),
+                     V, P, sx, sy, xo, yo, scale)
 
         return launcher and again
     raise ValueError(f"{KERNEL_NAME} softmax: unknown path {path!r} ({', '.join(PATHS)})")
