@@ -134,6 +134,7 @@ def clear_autotune_memo() -> None:
     _lookup_memo.clear()
     _tuned_here.clear()
     _repeat.clear()
+    _common.clear()
 
 
 def _gpu(device_index: int):
@@ -428,13 +429,15 @@ def _launch(x: torch.Tensor, y: torch.Tensor, path: str, params: dict):
     raise ValueError(f"{KERNEL_NAME} softmax: unknown path {path!r} ({', '.join(PATHS)})")
 
 
-# (path, device, V, dtype, row strides, both addresses mod 16) -> the fast path of `_launch`.
-# Everything a launch derives from these (alignment hints, chunk layout, the specialisation
-# Triton compiled) is the same for every tensor that shares them.
+# (path, device, V, dtype, row strides, both addresses mod 16, stored-choice generation) ->
+# the fast path of `_launch`. Everything a launch derives from these (alignment hints, chunk
+# layout, the specialisation Triton compiled) is the same for every tensor that shares them.
 _repeat: dict = {}
+# The same for the common call (contiguous rows, a new output): keyed on the input alone.
+_common: dict = {}
 
 
-def _softmax(x: torch.Tensor, y: torch.Tensor, path: str, params: dict) -> torch.Tensor:
+def _softmax(x: torch.Tensor, y: torch.Tensor, path: str, params: dict, common_key=None) -> torch.Tensor:
     if x.shape[0] == 0:
         return y
     if x.stride(1) != 1:
@@ -445,13 +448,23 @@ def _softmax(x: torch.Tensor, y: torch.Tensor, path: str, params: dict) -> torch
     key = (path, x.get_device(), x.shape[1], x.dtype, x.stride(0), y.stride(0), x.data_ptr() % 16,
            y.data_ptr() % 16, store.generation)
     again = _repeat.get(key)
-    if again is not None:
-        again(x, y)
-        return y
-    again = _launch(x, y, path, params)
-    if again is not None:
+    if again is None:
+        again = _launch(x, y, path, params)
+        if again is None:
+            return y
         _repeat[key] = again
+    else:
+        again(x, y)
+    if common_key is not None and y.data_ptr() % 16 == 0:
+        _common[common_key] = again
     return y
+
+
+def _common_key(x: torch.Tensor):
+    """What the launch of a new output for `x` depends on (a new output is 16-byte aligned)."""
+    B, V = x.shape
+    return (x.dtype, V, x.get_device(), x.stride(0), x.stride(1), x.data_ptr() % 16,
+            B >= DISPATCH_BOUNDARIES["rows_min_b"], store.generation)
 
 
 def run_path(x: torch.Tensor, path: str, *, out=None, **params) -> torch.Tensor:
@@ -469,14 +482,25 @@ def run_path(x: torch.Tensor, path: str, *, out=None, **params) -> torch.Tensor:
 
 def softmax(x: torch.Tensor, *, out=None) -> torch.Tensor:
     """Softmax over the last dimension of a (B, V) float32 / bfloat16 / float16 tensor."""
+    common = None
+    if out is None and not INTERPRET:
+        try:
+            common = _common_key(x)
+            again = _common.get(common)
+        except (AttributeError, TypeError, ValueError):
+            common = again = None  # not a 2-D tensor: the checks below say what is wrong
+        if again is not None and x.shape[0] > 0:
+            y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            again(x, y)
+            return y
     check_softmax_input(x, kernel=KERNEL_NAME, dtypes=FLOAT_DTYPES, device_type=_DEVICE_TYPE)
     y = prepare_output(x, out, kernel=KERNEL_NAME)
     B, V = x.shape
     path = plan(B, V, x.dtype)
     if INTERPRET or B == 0 or x.get_device() == torch.cuda.current_device():
-        return _softmax(x, y, path, {})
+        return _softmax(x, y, path, {}, common)
     with torch.cuda.device(x.get_device()):
-        return _softmax(x, y, path, {})
+        return _softmax(x, y, path, {}, common)
 
 
 __all__ = ["softmax", "run_path", "plan", "launch_params", "split_layout", "split_workspace_words", "aligned_base",
