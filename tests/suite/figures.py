@@ -283,3 +283,26 @@ def render_all(manifest: dict) -> dict[str, bytes]:
     """{file name: PNG bytes} for every figure the manifest has the data for."""
     rendered = {name: draw(manifest) for name, draw in FIGURES.items()}
     return {name: png for name, png in rendered.items() if png is not None}
+
+
+def main(argv=None) -> int:
+    """`python -m tests.suite.figures [FOLDER]`: redraw the figures of FOLDER/manifest.json
+    (default reports/), writing only those that change; no GPU needed."""
+    import argparse
+    from pathlib import Path
+
+    from tests.suite.manifest import SCHEMA_PATH, read_manifest, write_if_changed
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("folder", nargs="?", default=str(SCHEMA_PATH.parent))
+    folder = Path(parser.parse_args(argv).folder)
+    manifest = read_manifest(folder / "manifest.json")
+    if manifest is None:
+        parser.error(f"no readable manifest.json in {folder}")
+    for name, png in render_all(manifest).items():
+        print(f"{folder / name}: {'written' if write_if_changed(folder / name, png) else 'unchanged'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

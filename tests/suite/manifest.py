@@ -133,18 +133,8 @@ def run_environment(gpu: dict | None, args) -> dict:
 
 # -- the device-time sweep -----------------------------------------------------------------------
 
-_SWEEP_RAW = (
-    "kernel",
-    "B",
-    "V",
-    "dtype",
-    "us_median",
-    "us_min",
-    "us_max",
-    "bytes_by_design",
-    "plan",
-    "autotune_picked",
-)
+_CASE_AND_TIMES = ("kernel", "B", "V", "dtype", "us_median", "us_min", "us_max")
+_SWEEP_RAW = (*_CASE_AND_TIMES, "bytes_by_design", "plan", "autotune_picked")
 
 
 def _records(benchmarks: list[dict], mode: str) -> list[dict]:
@@ -177,7 +167,7 @@ def derive_sweep(entries: list[dict], copy_TBps: float | None) -> list[dict]:
     baseline = {case_key(e)[1:]: e["us_median"] for e in raw if e["kernel"] == BASELINE}
     derived = []
     for e in sorted(raw, key=_case_order):
-        entry = {k: e[k] for k in _SWEEP_RAW[:7]}
+        entry = {k: e[k] for k in _CASE_AND_TIMES}
         entry["GBps"] = matrix_bytes(e["B"], e["V"], e["dtype"]) / (e["us_median"] * 1e-6) / 1e9
         entry["bytes_by_design"] = e["bytes_by_design"]
         if copy_TBps:
