@@ -70,3 +70,13 @@ def test_write_reports_writes_the_figures_and_rewrites_none_unchanged(tmp_path):
     for name in figures.FIGURES:
         assert (tmp_path / name).read_bytes().startswith(PNG_MAGIC)
     assert manifest.write_reports(tmp_path, today="2026-12-01", **kwargs) == []
+
+
+def test_figures_are_redrawn_from_a_manifest_on_disk(tmp_path, capsys):
+    (tmp_path / "manifest.json").write_bytes(manifest.serialise(full_manifest()))
+    assert figures.main([str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(figures.FIGURES)
+    figures.main([str(tmp_path)])
+    assert capsys.readouterr().out.count("unchanged") == len(figures.FIGURES)
+    with pytest.raises(SystemExit):
+        figures.main([str(tmp_path / "nowhere")])
