@@ -8,4 +8,7 @@ tests/test_suite_<module>.py. conftest.py only wires these into pytest's hooks.
     manifest    building, merging, validating and writing reports/manifest.json
     figures     roofline.png, bandwidth.png, call_modes.png from a manifest
     gate        the GPU regression gate against the committed manifest
+
+    synthetic   made-up records for testing the above on the CPU
+    testing     running pytest in a subprocess on tests/harness_cases/
 """
