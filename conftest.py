@@ -1,5 +1,5 @@
-"""Suite-wide hooks: GPU gating, xdist GPU pinning, the cpu/cuda marker rule, seeding, and the
-session-finish report. The logic lives in tests/harness.py and tests/reporting.py."""
+"""Suite-wide hooks and the two fixtures every test may use. The logic lives in tests/suite/
+(one module per job, each with its own tests); this file only wires it into pytest."""
 
 import os
 import sys
@@ -8,59 +8,58 @@ from pathlib import Path
 
 import pytest
 
-from tests import harness
+from tests.suite import gate, gpus, manifest, markers, records
+
+ROOT = Path(__file__).resolve().parent
 
 # Each xdist worker gets its own GPU before anything can initialise CUDA in it.
-harness.pin_xdist_worker(os.environ.get("PYTEST_XDIST_WORKER"))
+gpus.pin_xdist_worker(os.environ.get("PYTEST_XDIST_WORKER"))
 
 # Without a GPU, Triton kernels run on CPU tensors through its interpreter; the variable must be
 # set before any kernel module is imported.
-if not harness.visible_gpu_ids():
+if not gpus.visible_gpu_ids():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+_collector = records.Collector()
+_baseline = pytest.StashKey[dict | None]()
+_gate_result = pytest.StashKey[gate.GateResult]()
+_written = pytest.StashKey[list]()
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("softmax-suite")
     group.addoption("--allow-no-gpu", action="store_true",
-                    help="with -m cuda on a machine without a usable GPU, skip the cuda tests instead of failing the run")
-    group.addoption("--reports-dir", default=str(Path(__file__).parent / "reports"),
+                    help="with -m cuda on a machine without a usable GPU, skip the cuda tests instead of failing "
+                         "the run")
+    group.addoption("--reports-dir", default=str(ROOT / "reports"),
                     help="folder for manifest.json and the figures (default: reports/)")
     group.addoption("--no-reports", action="store_true", help="write no reports at the end of the run")
+    group.addoption("--regression-gate", action="store_true",
+                    help="fail the run when fused or triton, relative to F.softmax, is more than 10%% slower than "
+                         "in the committed manifest for the same GPU model")
+    group.addoption("--regression-baseline", default=str(ROOT / "reports" / "manifest.json"),
+                    help="the manifest --regression-gate compares with (default: the committed reports/manifest.json)")
 
 
 def pytest_xdist_auto_num_workers(config):
     """`-n auto` on a cuda run starts one worker per GPU."""
-    if harness.selects_cuda(config.getoption("markexpr")):
-        return len(harness.visible_gpu_ids()) or None
+    if markers.selects_cuda(config.getoption("markexpr")):
+        return len(gpus.visible_gpu_ids()) or None
     return None
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    errors = harness.platform_marker_errors(items)
+    errors = markers.platform_marker_errors(items)
     if errors:
-        raise pytest.UsageError("every test must carry exactly one of the markers cpu / cuda:\n  "
-                                + "\n  ".join(errors))
+        raise pytest.UsageError(markers.platform_marker_message(errors))
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        # pytest-benchmark would silently run each case once; say so instead.
-        skip_bench = pytest.mark.skip(reason="benchmarks do not run under xdist (-n): run them in a "
-                                             "single process, e.g. pytest -m cuda --benchmark-only")
-        for item in items:
-            if "benchmark" in getattr(item, "fixturenames", ()):
-                item.add_marker(skip_bench)
-    cuda_items = [item for item in items if item.get_closest_marker("cuda")]
-    if not cuda_items:
-        return
-    reason = harness.gpu_unusable_reason()
-    if reason is None:
-        return
-    if harness.selects_cuda(config.getoption("markexpr")) and not config.getoption("allow_no_gpu"):
-        # A GPU job on a CPU box must fail loudly, not report everything skipped.
-        pytest.exit(f"-m cuda was asked for, but {reason}. Pass --allow-no-gpu to skip the cuda tests instead.",
-                    returncode=3)
-    skip = pytest.mark.skip(reason=f"cuda test: {reason}")
-    for item in cuda_items:
-        item.add_marker(skip)
+        markers.skip_benchmarks(items)
+    message = markers.gate_cuda_items(items, markexpr=config.getoption("markexpr"),
+                                      allow_no_gpu=config.getoption("allow_no_gpu"),
+                                      unusable_reason=gpus.gpu_unusable_reason)
+    if message:
+        pytest.exit(message, returncode=markers.NO_GPU_EXIT_STATUS)
 
 
 @pytest.fixture(autouse=True)
@@ -82,69 +81,50 @@ def _seed_everything(request):
 @pytest.fixture
 def record_manifest(request):
     """`record_manifest(section, **values)` puts values into reports/manifest.json at the end of
-    the run (combined over tests as harness.combine_recorded says). Record before asserting."""
+    the run (combined over tests as tests/suite/records.py says). Record before asserting."""
     def record(section: str, **values):
-        request.node.user_properties.append((harness.RECORD_KEY, (section, values)))
+        request.node.user_properties.append((records.RECORD_KEY, (section, values)))
     return record
 
 
-_recorded: list = []
-_cuda_tests_ran = False
+def pytest_sessionstart(session):
+    # Read before this run's reports can overwrite the file.
+    config = session.config
+    if config.getoption("regression_gate") and not hasattr(config, "workerinput"):
+        config.stash[_baseline] = manifest.read_manifest(Path(config.getoption("regression_baseline")))
 
 
 def pytest_runtest_logreport(report):
     # Runs in the controller for every worker's report too, so xdist runs lose nothing.
-    global _cuda_tests_ran
-    if report.when == "call" and "cuda" in report.keywords:
-        _cuda_tests_ran = True
-    for name, value in getattr(report, "user_properties", ()):
-        if name == harness.RECORD_KEY:
-            _recorded.append(value)
+    _collector.add(report)
 
 
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
-    if hasattr(config, "workerinput") or config.getoption("no_reports") or config.getoption("collectonly"):
+    if hasattr(config, "workerinput") or config.getoption("collectonly"):
         return  # xdist workers write nothing; the controller gathers their records
-    from tests import reporting
-
-    benchmarks = _benchmark_records(config)
-    written = reporting.write_reports(
-        Path(config.getoption("reports_dir")), benchmarks=benchmarks,
-        recorded=harness.combine_recorded(_recorded), environment=_environment(config))
-    if written:
-        config._softmax_reports_written = written
+    benchmarks = records.benchmark_records(getattr(config, "_benchmarksession", None))
+    # Kernel timings name the GPU they ran on, even where this process never touched CUDA itself
+    # (the cuda tests ran in xdist workers): nvidia-smi names it then.
+    environment = manifest.run_environment(gpus.measured_gpu(_collector.gpu_work_ran or bool(benchmarks)),
+                                           config.invocation_params.args)
+    if not config.getoption("no_reports"):
+        config.stash[_written] = manifest.write_reports(
+            Path(config.getoption("reports_dir")), benchmarks=benchmarks, recorded=_collector.combined(),
+            environment=environment)
+    if config.getoption("regression_gate"):
+        current = manifest.build_manifest(None, benchmarks=benchmarks, recorded={}, environment=environment)
+        result = gate.compare(config.stash.get(_baseline, None), current)
+        config.stash[_gate_result] = result
+        if result.failed and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    written = getattr(config, "_softmax_reports_written", None)
+    written = config.stash.get(_written, None)
     if written:
         terminalreporter.write_line("reports written: " + ", ".join(str(p) for p in written))
-
-
-def _benchmark_records(config) -> list[dict]:
-    """Our cases from pytest-benchmark's session, read defensively (its attributes are private)."""
-    bench_session = getattr(config, "_benchmarksession", None)
-    records = []
-    for bench in getattr(bench_session, "benchmarks", None) or []:
-        info = dict(getattr(bench, "extra_info", None) or {})
-        stats = getattr(bench, "stats", None)
-        if "kernel" not in info or not stats or not getattr(stats, "rounds", 0):
-            continue
-        records.append({**info, "us_median": stats.median * 1e6, "us_min": stats.min * 1e6,
-                        "us_max": stats.max * 1e6})
-    return records
-
-
-def _environment(config) -> dict:
-    from tests import reporting
-
-    gpu = None
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        major, minor = torch.cuda.get_device_capability()
-        gpu = {"model": torch.cuda.get_device_name(), "compute_capability": f"{major}.{minor}"}
-    elif _cuda_tests_ran:  # under xdist only the workers touched the GPU
-        gpu = harness.describe_gpu()
-    command = "pytest " + " ".join(config.invocation_params.args)
-    return {"gpu": gpu, "versions": reporting.software_versions(), "command": command.strip()}
+    result = config.stash.get(_gate_result, None)
+    if result is not None:
+        for line in result.lines():
+            terminalreporter.write_line(line, red=result.failed, bold=result.failed)

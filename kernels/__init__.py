@@ -37,9 +37,14 @@ class Kernel:
 
 
 def _lazy(module: str, attr: str):
-    """A module attribute resolved on first use, so importing kernels imports no backend."""
+    """A module attribute resolved on first use (then kept), so importing kernels imports no
+    backend and a call costs no import machinery."""
+    resolved = []
+
     def call(*args, **kwargs):
-        return getattr(importlib.import_module(module, __name__), attr)(*args, **kwargs)
+        if not resolved:
+            resolved.append(getattr(importlib.import_module(module, __name__), attr))
+        return resolved[0](*args, **kwargs)
     call.__name__ = attr
     call.__qualname__ = f"{module.lstrip('.')}.{attr}"
     return call

@@ -17,7 +17,7 @@ def check_softmax_input(x, *, kernel: str, dtypes=FLOAT_DTYPES, device_type: str
         raise TypeError(f"{kernel} softmax: dtype {str(x.dtype).removeprefix('torch.')} is not supported (supported: {names})")
     if x.shape[1] == 0:
         raise ValueError(f"{kernel} softmax: V = 0, softmax over an empty row is undefined")
-    if device_type is not None and x.device.type != device_type:
+    if device_type == "cuda" and not x.is_cuda or device_type not in (None, "cuda") and x.device.type != device_type:
         raise ValueError(f"{kernel} softmax: expected a {device_type} tensor, got one on {x.device}")
     return x
 

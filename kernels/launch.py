@@ -21,14 +21,14 @@ Everything here is an optimisation of how a kernel is called, never of what it c
 from __future__ import annotations
 
 import ctypes
+import os
 import struct
 import threading
 
 import torch
 
-# CUresult codes we treat specially (cuda.h).
+# CUresult code for success (cuda.h).
 _CUDA_SUCCESS = 0
-_CUDA_ERROR_INVALID_CONTEXT = 201
 
 # Argument kinds -> struct codes, each padded to an 8-byte slot so every slot is aligned for
 # any parameter type.
@@ -87,6 +87,18 @@ _driver: _Driver | None = None
 _driver_lock = threading.Lock()
 
 
+def _cupy_launch():
+    """CuPy's compiled binding of cuLaunchKernel (Cython: a fraction of a ctypes call's cost),
+    or None where CuPy is not installed. SOFTMAX_SUITE_LAUNCH=ctypes forces the ctypes route."""
+    if os.environ.get("SOFTMAX_SUITE_LAUNCH", "").strip().lower() == "ctypes":
+        return None
+    try:
+        from cupy_backends.cuda.api.driver import launchKernel
+    except ImportError:
+        return None
+    return launchKernel
+
+
 def driver() -> _Driver:
     global _driver
     if _driver is None:
@@ -108,13 +120,6 @@ def _raw_stream_getter():
 current_stream = _raw_stream_getter()
 
 
-def _ensure_context(device_index: int) -> None:
-    """Make the device's primary context current on this thread (a thread that has made no
-    CUDA runtime call yet has none), through torch so that torch agrees about it."""
-    with torch.cuda.device(device_index):
-        torch.cuda.current_stream(device_index).query()
-
-
 class KernelLauncher:
     """Launches one loaded kernel (a CUfunction of one device) with a fixed argument layout.
 
@@ -134,7 +139,11 @@ class KernelLauncher:
         self._buffer = ctypes.create_string_buffer(max(self._pack.size, 8))
         base = ctypes.addressof(self._buffer)
         self._params = (ctypes.c_void_p * max(len(kinds), 1))(*[base + 8 * i for i in range(len(kinds))])
+        self._params_address = ctypes.addressof(self._params)
+        self._function_address = int(function)
         self._lock = threading.Lock()
+        self._fast = _cupy_launch()
+        self.route = "cupy" if self._fast is not None else "ctypes"
         sizes = driver().param_sizes(function)
         if sizes is not None:
             expected = [8 if k in ("ptr", "i64") else 4 for k in kinds]
@@ -143,20 +152,38 @@ class KernelLauncher:
                                   f"the launcher was built for {expected}")
 
     def __call__(self, device_index: int, grid: int, *args) -> None:
+        """Launch on `grid` CTAs on torch's current stream of `device_index`."""
         if grid <= 0:
             return
-        drv = driver()
-        stream = current_stream(device_index)
         with self._lock:  # the buffer is shared: one launch packs and launches at a time
             self._pack.pack_into(self._buffer, 0, *args, *self._nulls)
-            code = drv.launch(self.function, grid, 1, 1, self.block, 1, 1, self.shared, stream, self._params, None)
-            if code == _CUDA_ERROR_INVALID_CONTEXT:
-                _ensure_context(device_index)
-                code = drv.launch(self.function, grid, 1, 1, self.block, 1, 1, self.shared, stream,
-                                  self._params, None)
-        if code != _CUDA_SUCCESS:
+            error = self._launch(device_index, grid)
+            if error is not None and _wrong_context(error):
+                # The function belongs to the device's context, which is not this thread's
+                # current one (another device is current, or none yet): launch from inside it.
+                with torch.cuda.device(device_index):
+                    torch.cuda.current_stream(device_index).query()  # makes the context current
+                    error = self._launch(device_index, grid)
+        if error is not None:
             raise LaunchError(f"{self.name}: cuLaunchKernel(grid={grid}, block={self.block}, "
-                              f"shared={self.shared}) failed: {drv.describe(code)}")
+                              f"shared={self.shared}) failed: {error}")
+
+    def _launch(self, device_index: int, grid: int) -> str | None:
+        stream = current_stream(device_index)
+        if self._fast is not None:
+            try:
+                self._fast(self._function_address, grid, 1, 1, self.block, 1, 1, self.shared, stream,
+                           self._params_address, 0)
+            except Exception as e:  # CuPy's CUDADriverError; its text names the CUDA error
+                return str(e)
+            return None
+        drv = driver()
+        code = drv.launch(self.function, grid, 1, 1, self.block, 1, 1, self.shared, stream, self._params, None)
+        return None if code == _CUDA_SUCCESS else drv.describe(code)
+
+
+def _wrong_context(error: str) -> bool:
+    return "INVALID_CONTEXT" in error or "INVALID_HANDLE" in error or "CONTEXT_IS_DESTROYED" in error
 
 
 def device_index(t: torch.Tensor) -> int:

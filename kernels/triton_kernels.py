@@ -129,7 +129,7 @@ def _wait_for(counter, P, MAX_SPINS: tl.constexpr):
 
 
 @_no_value_specialisation
-def softmax_split_kernel(X, Y, WS, V, P, stride_x, stride_y, x_off, y_off, SCALE,
+def softmax_split_kernel(X, Y, WS, CNT, V, P, stride_x, stride_y, x_off, y_off, SCALE,
                          CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr,
                          MAX_SPINS: tl.constexpr, ALIGN: tl.constexpr = 1, Y_ALIGN: tl.constexpr = 1):
     # A row too long for one program's registers is shared by P programs, each keeping its
@@ -140,12 +140,12 @@ def softmax_split_kernel(X, Y, WS, V, P, stride_x, stride_y, x_off, y_off, SCALE
     # loaded and stored element-wise by chunk 0. How the row is cut changes nothing in the
     # result: the max and the fixed-point sum are order-free.
     #
-    # The programs of a row meet twice through the row's workspace (WS, zeroed once by the
-    # wrapper; the last program to leave zeroes the counters again, so the workspace can be
-    # reused by the next launch on the stream without a fill kernel):
-    #   words [0, P)        each chunk's max (float bits)       counter at 2P
-    #   words [P, 2P)       each chunk's fixed-point sum        counter at 2P + 1
-    #   word  2P + 2        programs done with the workspace
+    # The programs of a row meet twice, through the row's words in WS and its three counters in
+    # CNT (zeroed once by the wrapper; the last program to leave zeroes them again, so they can
+    # serve the next launch on the stream without a fill kernel; WS needs no zeroing):
+    #   WS  [0, P)   each chunk's max (float bits)        CNT 0: chunks that published it
+    #   WS  [P, 2P)  each chunk's fixed-point sum         CNT 1: likewise
+    #                                                     CNT 2: programs done with the row
     # Each wait is bounded: a program whose siblings are not scheduled in time streams the row
     # itself for the same exact max / sum (slower, never deadlocks). Under the interpreter,
     # whose programs run one after another, the bound is 0: early chunks take the streaming
@@ -172,7 +172,8 @@ def softmax_split_kernel(X, Y, WS, V, P, stride_x, stride_y, x_off, y_off, SCALE
               & ((e < ALIGN) | (pos >= xs + ALIGN)) & ((pos - pos + chunk) == 0))
     xe = tl.load(X + pos, mask=e_mask, other=-float("inf")).to(tl.float32)
 
-    ws_row = WS + row * (2 * P + 3)
+    ws_row = WS + row * (2 * P)
+    cnt_row = CNT + row * 3
     slots = tl.arange(0, P_BLOCK)
     slot_ok = slots < P
     x_row = X + xs
@@ -181,8 +182,8 @@ def softmax_split_kernel(X, Y, WS, V, P, stride_x, stride_y, x_off, y_off, SCALE
     # Meeting 1: the row's max.
     m_c = tl.maximum(tl.max(x, axis=0), tl.max(xe, axis=0))
     tl.atomic_xchg(ws_row + chunk, m_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
-    tl.atomic_add(ws_row + 2 * P, 1, sem="release")
-    if _wait_for(ws_row + 2 * P, P, MAX_SPINS):
+    tl.atomic_add(cnt_row, 1, sem="release")
+    if _wait_for(cnt_row, P, MAX_SPINS):
         # volatile: read from L2, not from an L1 line another program on this SM left behind.
         words = tl.load(ws_row + slots, mask=slot_ok, other=0, volatile=True)
         m_p = tl.where(slot_ok, words.to(tl.int32).to(tl.float32, bitcast=True), -float("inf"))
@@ -201,8 +202,8 @@ def softmax_split_kernel(X, Y, WS, V, P, stride_x, stride_y, x_off, y_off, SCALE
     ee = tl.exp(xe - m)
     s_c = tl.sum(_fixed(ex, SCALE), axis=0) + tl.sum(_fixed(ee, SCALE), axis=0)
     tl.atomic_xchg(ws_row + P + chunk, s_c, sem="relaxed")
-    tl.atomic_add(ws_row + 2 * P + 1, 1, sem="release")
-    if _wait_for(ws_row + 2 * P + 1, P, MAX_SPINS):
+    tl.atomic_add(cnt_row + 1, 1, sem="release")
+    if _wait_for(cnt_row + 1, P, MAX_SPINS):
         s = tl.sum(tl.load(ws_row + P + slots, mask=slot_ok, other=0, volatile=True), axis=0)
     else:
         s_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
@@ -215,10 +216,10 @@ def softmax_split_kernel(X, Y, WS, V, P, stride_x, stride_y, x_off, y_off, SCALE
         s = tl.sum(s_run, axis=0)
 
     # Leave: the last program out zeroes the row's counters for the next launch.
-    if tl.atomic_add(ws_row + 2 * P + 2, 1, sem="acq_rel") == P - 1:
-        tl.atomic_xchg(ws_row + 2 * P, 0, sem="relaxed")
-        tl.atomic_xchg(ws_row + 2 * P + 1, 0, sem="relaxed")
-        tl.atomic_xchg(ws_row + 2 * P + 2, 0, sem="relaxed")
+    if tl.atomic_add(cnt_row + 2, 1, sem="acq_rel") == P - 1:
+        tl.atomic_xchg(cnt_row, 0, sem="relaxed")
+        tl.atomic_xchg(cnt_row + 1, 0, sem="relaxed")
+        tl.atomic_xchg(cnt_row + 2, 0, sem="relaxed")
 
     inv = SCALE / s.to(tl.float32)
     # Output element of input offset o sits at Y + o + shift.

@@ -342,6 +342,23 @@ class _Generator:
         return Sentence(tuple(toks), tuple(verb_pos))
 
 
+# One prompt per tense and form of time expression: past, habitual (time phrase or adverb),
+# future, and now. The tests judge the model's next word after each by its verb category.
+TENSE_PROMPTS = (
+    "Yesterday I",
+    "Last week they",
+    "Two days ago my sister",
+    "Every day she",
+    "Usually he",
+    "On weekends the children",
+    "Tomorrow I will",
+    "Next week we will",
+    "Right now we are",
+    "Now he is",
+    "At the moment the dog is",
+)
+
+
 def generate_corpus(n: int, seed: int = 0) -> list[Sentence]:
     """`n` sentences, identical for identical (n, seed)."""
     gen = _Generator(seed)

@@ -1,0 +1,14 @@
+"""The suite's own machinery, one job per module, each tested on the CPU by
+tests/test_suite_<module>.py. conftest.py only wires these into pytest's hooks.
+
+    gpus        counting and naming GPUs without CUDA, pinning xdist workers
+    markers     the one-platform-marker rule and what a collected run may do without a GPU
+    records     what tests and benchmarks hand over for the manifest, and how it combines
+    devicetime  the three clocks: device time, per-call wall time, CUDA-graph replay
+    manifest    building, merging, validating and writing reports/manifest.json
+    figures     roofline.png, bandwidth.png, call_modes.png from a manifest
+    gate        the GPU regression gate against the committed manifest
+
+    synthetic   made-up records for testing the above on the CPU
+    testing     running pytest in a subprocess on tests/harness_cases/
+"""

@@ -1,0 +1,67 @@
+"""Collection rules: every test carries exactly one platform marker, benchmarks do not run under
+xdist, and what becomes of cuda tests on a machine whose GPU cannot be used."""
+
+import re
+from collections.abc import Callable
+
+import pytest
+
+PLATFORM_MARKERS = ("cpu", "cuda")
+
+XDIST_BENCHMARK_SKIP = (
+    "benchmarks do not run under xdist (-n): run them in a single process, e.g. pytest -m cuda --benchmark-only"
+)
+NO_GPU_EXIT_STATUS = 3
+
+
+def platform_marker_errors(items) -> list[str]:
+    """Node ids of tests that carry neither or both of the cpu / cuda markers."""
+    errors = []
+    for item in items:
+        found = [m for m in PLATFORM_MARKERS if item.get_closest_marker(m) is not None]
+        if len(found) != 1:
+            what = "neither" if not found else "both"
+            errors.append(f"{item.nodeid}: carries {what} of the markers cpu / cuda")
+    return errors
+
+
+def platform_marker_message(errors: list[str]) -> str:
+    return "every test must carry exactly one of the markers cpu / cuda:\n  " + "\n  ".join(errors)
+
+
+def selects_cuda(markexpr: str) -> bool:
+    """Whether a -m expression asks for cuda tests (e.g. 'cuda', 'cuda and not slow')."""
+    return re.search(r"(?<![\w-])cuda(?![\w-])", markexpr or "") is not None and not re.search(
+        r"not\s+cuda(?![\w-])", markexpr
+    )
+
+
+def skip_benchmarks(items) -> None:
+    """Under xdist pytest-benchmark would silently run each case once; say so instead."""
+    skip = pytest.mark.skip(reason=XDIST_BENCHMARK_SKIP)
+    for item in items:
+        if "benchmark" in getattr(item, "fixturenames", ()):
+            item.add_marker(skip)
+
+
+def gate_cuda_items(
+    items, *, markexpr: str, allow_no_gpu: bool, unusable_reason: Callable[[], str | None]
+) -> str | None:
+    """Skip the cuda tests when the GPU cannot be used, or return the message to exit with.
+
+    `unusable_reason` is only called when cuda tests were collected: it may initialise CUDA.
+    A run that asked for cuda (`-m cuda`) on a machine without a usable GPU must fail loudly,
+    not report everything skipped; `--allow-no-gpu` turns that into skips.
+    """
+    cuda_items = [item for item in items if item.get_closest_marker("cuda")]
+    if not cuda_items:
+        return None
+    reason = unusable_reason()
+    if reason is None:
+        return None
+    if selects_cuda(markexpr) and not allow_no_gpu:
+        return f"-m cuda was asked for, but {reason}. Pass --allow-no-gpu to skip the cuda tests instead."
+    skip = pytest.mark.skip(reason=f"cuda test: {reason}")
+    for item in cuda_items:
+        item.add_marker(skip)
+    return None

@@ -1,0 +1,122 @@
+"""Made-up records with the shape of what the cuda benchmarks record, so the manifest, the
+figures and the gate are tested on the CPU. The numbers are invented; only their shape is real."""
+
+from tests.suite.manifest import matrix_bytes
+
+GPU_ENV = {
+    "gpu": {"model": "NVIDIA H200", "compute_capability": "9.0"},
+    "versions": {"python": "3.12.3", "torch": "2.11.0", "triton": "3.6.0", "cupy": "14.2.0"},
+    "command": "pytest -m cuda --benchmark-only",
+}
+CPU_ENV = {
+    "gpu": None,
+    "versions": {"python": "3.11.7", "torch": "2.13.0", "triton": "3.9.0", "cupy": None},
+    "command": "pytest -m cpu",
+}
+CEILINGS = {"hbm_copy_TBps": 4.28, "fp32_TFLOPS": 50.0, "how_measured": "synthetic"}
+COPY_GBps = CEILINGS["hbm_copy_TBps"] * 1e3
+
+
+def record(kernel, B, V, dtype, us, *, mode="device", passes=2, **extra) -> dict:
+    return {
+        "kernel": kernel,
+        "B": B,
+        "V": V,
+        "dtype": dtype,
+        "mode": mode,
+        "us_median": us,
+        "us_min": us * 0.9,
+        "us_max": us * 1.5,
+        "bytes": matrix_bytes(B, V, dtype, passes=passes),
+        **extra,
+    }
+
+
+def lab_records() -> list[dict]:
+    """The lab grid, fp32, V = 600: every kernel, device time."""
+    records = []
+    for kernel, us, passes in (
+        ("naive", 40.0, 4),
+        ("smem", 9.0, 4),
+        ("fused", 4.0, 2),
+        ("triton", 4.5, 2),
+        ("F_softmax", 5.0, 2),
+    ):
+        for B in (64, 512, 4096):
+            extra = {"autotune_picked": {"BLOCK": 1024, "num_warps": 4}} if kernel == "triton" else {}
+            records.append(record(kernel, B, 600, "float32", us * (1 + B / 4096), passes=passes, **extra))
+    return records
+
+
+# Fraction of copy bandwidth each kernel reaches at the large shapes, per dtype.
+LARGE_FRACTIONS = {
+    "float32": {"fused": 0.96, "triton": 0.93, "F_softmax": 0.70, "torch_compile": 0.62},
+    "bfloat16": {"fused": 0.90, "triton": 0.80, "F_softmax": 0.55, "torch_compile": 0.50},
+}
+
+
+def large_records() -> list[dict]:
+    """Device time at large shapes, each kernel at a fixed fraction of the copy bandwidth."""
+    records = []
+    for dtype, fractions in LARGE_FRACTIONS.items():
+        for V in (600, 4096, 32000, 50257, 128256):
+            for B in (4096, 32768):
+                for kernel, fraction in fractions.items():
+                    us = matrix_bytes(B, V, dtype) / (fraction * COPY_GBps) / 1e3
+                    records.append(record(kernel, B, V, dtype, us * (0.97 if V == 600 else 1.0)))
+    return records
+
+
+CALL_SHAPES = [(B, V, dtype) for dtype in ("float32", "bfloat16") for V in (600, 32000, 128256) for B in (1, 64, 512)]
+# Invented costs: a launch path per kernel (µs on the host) and a device time per byte.
+LAUNCH_US = {"fused": 9.0, "triton": 14.0, "F_softmax": 6.0, "torch_compile": 22.0}
+FLOORS = {
+    "empty_like": {"per_call_us": 1.6},
+    "triton_empty": {"per_call_us": 11.0, "graph_us": 2.1},
+    "cupy_empty": {"per_call_us": 7.5, "graph_us": 2.0},
+}
+
+
+def call_records() -> list[dict]:
+    """Device, per-call and graph times at the call shapes, and the launch floors."""
+    records = []
+    for B, V, dtype in CALL_SHAPES:
+        for kernel, launch_us in LAUNCH_US.items():
+            device_us = 2.5 + matrix_bytes(B, V, dtype) / (0.8 * COPY_GBps) / 1e3 * (
+                1.3 if kernel == "F_softmax" else 1
+            )
+            picked = {"autotune_picked": {"BLOCK": 1024, "num_warps": 4}} if kernel == "triton" else {}
+            records.append(record(kernel, B, V, dtype, device_us, **picked))
+            records.append(
+                record(kernel, B, V, dtype, max(launch_us, device_us) + 0.5, mode="per_call", calls_per_round=200)
+            )
+            records.append(record(kernel, B, V, dtype, device_us + 1.0, mode="graph"))
+    for name, values in FLOORS.items():
+        for key, us in values.items():
+            mode = key.removesuffix("_us")
+            records.append(
+                {
+                    "floor": name,
+                    "mode": mode,
+                    "B": 512,
+                    "V": 600,
+                    "dtype": "float32",
+                    "us_median": us,
+                    "us_min": us,
+                    "us_max": us,
+                }
+            )
+    return records
+
+
+def byte_equivalence_records() -> list[tuple]:
+    """(section, values) as tests record them through `record_manifest`, several per key."""
+    records = []
+    for kernel, dtype in (("fused", "float32"), ("triton", "bfloat16"), ("F_softmax", "float32")):
+        for prop in ("deterministic", "batch_invariant", "position_invariant", "stride_invariant", "graph_invariant"):
+            passed = "not gated: passed" if kernel == "F_softmax" else "passed"
+            for shape in ([1, 600], [64, 50257]):
+                records.append(
+                    ("byte_equivalence", {f"{kernel}/{dtype}/{prop}": {"verdict": passed, "shapes": [shape]}})
+                )
+    return records

@@ -1,0 +1,224 @@
+"""Our kernels as callers use them beyond a plain eager call: captured in CUDA graphs, traced
+by torch.compile as custom operators (no graph break), and inside the compiled model.
+
+Timing of these modes lives in test_benchmarks.py; here each mode must give the right bits.
+"""
+
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+from kernels import SOFTMAX_KERNELS, softmax_cuda, softmax_triton
+from kernels.reference import softmax_ref
+
+# Shapes that reach each path of the two kernels with many paths (default parameters).
+FUSED_PATH_SHAPES = {"warp": (5, 100), "warpvec": (9, 600), "row": (3, 4097), "cluster": (2, 50257),
+                     "online": (2, 140001)}
+TRITON_PATH_SHAPES = {"tile": (5, 600), "rows": (8192, 700), "row": (3, 4097), "split": (2, 50257)}
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _logits(B, V, dtype, device):
+    g = torch.Generator().manual_seed(B * 31 + V)
+    x = torch.randn(B, V, generator=g) * 4
+    x[:, 0] = 30.0
+    return x.to(device=device, dtype=dtype)
+
+
+def _graph_of(fn, x):
+    """fn(x) captured in a CUDA graph after a warm-up on a side stream (as torch requires);
+    returns (graph, output tensor the replays write)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = fn(x)
+    return graph, y
+
+
+def _path_cases():
+    for path, (B, V) in FUSED_PATH_SHAPES.items():
+        for dtype in DTYPES:
+            yield pytest.param("fused", path, B, V, dtype, id=f"fused-{path}-{str(dtype)[6:]}")
+    for path, (B, V) in TRITON_PATH_SHAPES.items():
+        for dtype in DTYPES:
+            yield pytest.param("triton", path, B, V, dtype, id=f"triton-{path}-{str(dtype)[6:]}")
+    for name in ("naive", "smem", "F_softmax", "torch_compile"):
+        yield pytest.param(name, SOFTMAX_KERNELS[name].paths[0], 7, 781, torch.float32, id=f"{name}")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kernel, path, B, V, dtype", list(_path_cases()))
+def test_graph_replay_gives_the_eager_bits(kernel, path, B, V, dtype):
+    if kernel in ("naive", "smem", "fused"):
+        from tests.suite.gpus import cupy_unusable_reason
+
+        if cupy_unusable_reason():
+            pytest.skip(cupy_unusable_reason())
+    fn = SOFTMAX_KERNELS[kernel]
+    assert fn.plan(B, V, dtype) == path, f"{kernel} at ({B}, {V}) takes {fn.plan(B, V, dtype)}, not {path}"
+    x = _logits(B, V, dtype, "cuda")
+    eager = fn(x)
+    graph, y = _graph_of(fn, x)
+    y.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, eager), f"{kernel}/{path}: the replay differs from the eager call"
+    # A second input copied into the captured one: the graph must read it, not a stale copy.
+    x.copy_(_logits(B, V, dtype, "cuda").flip(0))
+    y.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, fn(x)), f"{kernel}/{path}: the replay did not follow the new input"
+    if path == "split":
+        # Replays and eager calls share the path's zeroed counters: ten more of each interleaved.
+        for _ in range(10):
+            graph.replay()
+            assert torch.equal(fn(x), y)
+        torch.cuda.synchronize()
+        ref = torch.from_numpy(softmax_ref(x.float().cpu().numpy()))
+        torch.testing.assert_close(y.double().cpu(), ref, atol=1e-6, rtol=torch.finfo(dtype).eps)
+
+
+# -- custom operators -----------------------------------------------------------------------------------
+
+@pytest.mark.cpu
+@pytest.mark.skipif(not softmax_triton.INTERPRET, reason="the Triton op runs on CPU tensors only interpreted")
+def test_triton_op_passes_opcheck_in_the_interpreter():
+    from kernels import ops
+
+    for shape in ((3, 7), (4, 600)):
+        x = _logits(*shape, torch.float32, "cpu")
+        result = torch.library.opcheck(ops.triton, (x,))
+        assert all(v == "SUCCESS" for v in result.values()), result
+        x.requires_grad_(True)
+        torch.library.opcheck(ops.triton, (x,))
+
+
+@pytest.mark.cpu
+@pytest.mark.skipif(not softmax_triton.INTERPRET, reason="the Triton op runs on CPU tensors only interpreted")
+def test_triton_op_gradient_is_the_softmax_gradient():
+    from kernels import ops
+
+    x = _logits(3, 40, torch.float32, "cpu").double().float().requires_grad_(True)
+    g = torch.randn(3, 40)
+    (ops.triton(x) * g).sum().backward()
+    x_ref = x.detach().clone().requires_grad_(True)
+    (F.softmax(x_ref, dim=-1) * g).sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.cpu
+@pytest.mark.skipif(not softmax_triton.INTERPRET, reason="the Triton op runs on CPU tensors only interpreted")
+def test_model_traces_without_a_graph_break_through_the_triton_op():
+    """Dynamo's own account of the LM head's softmax as our custom op: one graph, no break."""
+    from model.torch_minigpt import GrammarMiniGPT
+
+    model = GrammarMiniGPT.from_numpy(softmax_impl="triton")
+    ids = torch.randint(0, model.config.vocab_size, (1, 8))
+    explanation = torch._dynamo.explain(model)(ids)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+    ops_in_graph = {str(node.target) for g in explanation.graphs for node in g.graph.nodes
+                    if node.op == "call_function"}
+    assert any("softmax_suite.triton" in op for op in ops_in_graph), sorted(ops_in_graph)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["fused", "triton"])
+def test_custom_ops_pass_opcheck_on_cuda(name):
+    from kernels import ops
+
+    op = getattr(ops, name)
+    for dtype in DTYPES:
+        for shape in ((3, 7), (4, 600), (2, 50257)):
+            x = _logits(*shape, dtype, "cuda")
+            result = torch.library.opcheck(op, (x,))
+            assert all(v == "SUCCESS" for v in result.values()), (shape, dtype, result)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["fused", "triton"])
+def test_compiled_function_keeps_the_op_without_breaks(name):
+    from kernels import ops
+
+    op = getattr(ops, name)
+
+    def f(x):
+        return op(x * 2.0) + 1.0
+
+    x = _logits(8, 781, torch.float32, "cuda")
+    explanation = torch._dynamo.explain(f)(x)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(f, fullgraph=True)
+    torch.testing.assert_close(compiled(x), f(x), atol=0, rtol=0)
+
+
+# -- the model, compiled --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ieee_fp32():
+    matmul = torch.backends.cuda.matmul
+    saved = matmul.allow_tf32
+    matmul.allow_tf32 = False
+    yield
+    matmul.allow_tf32 = saved
+
+
+def _forward_us(model, ids, reps=50):
+    for _ in range(5):
+        model(ids)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        model(ids)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / reps * 1e6
+
+
+@pytest.mark.cuda
+def test_compiled_model_keeps_the_triton_softmax_and_its_predictions(ieee_fp32, record_manifest):
+    """GrammarMiniGPT under torch.compile(mode="reduce-overhead") runs the Triton LM-head softmax
+    inside the captured graph: probabilities within 1e-5 of eager, top-1 unchanged for every
+    tense prompt; per-forward time eager vs compiled, with F.softmax and with Triton."""
+    from model.grammar import TENSE_PROMPTS
+    from model.tokenizer import Tokenizer
+    from model.torch_minigpt import GrammarMiniGPT
+
+    tokenizer = Tokenizer.load()
+    times = {}
+    for impl in ("torch", "triton"):
+        model = GrammarMiniGPT.from_numpy(softmax_impl=impl).cuda()
+        compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+        for text in TENSE_PROMPTS:
+            ids = torch.tensor([[tokenizer.bos_id] + tokenizer.encode(text)], device="cuda")
+            with torch.no_grad():
+                eager = model(ids)
+                for _ in range(3):  # warm-up, record, replay
+                    got = compiled(ids).clone()
+            torch.testing.assert_close(got, eager, atol=1e-5, rtol=1e-5)
+            assert int(got[0, -1].argmax()) == int(eager[0, -1].argmax()), text
+        ids = torch.tensor([[tokenizer.bos_id] + tokenizer.encode(TENSE_PROMPTS[0])], device="cuda")
+        with torch.no_grad():
+            times[f"eager_{impl}_us"] = _forward_us(model, ids)
+            times[f"compiled_{impl}_us"] = _forward_us(compiled, ids)
+    record_manifest("model_forward", **times, shape="(1, T) with T = len('<bos> Yesterday I')",
+                    how_measured="wall time per forward from Python, 50 back-to-back calls, one synchronize")
+    assert all(t > 0 for t in times.values())
+
+
+@pytest.mark.cpu
+def test_registry_marks_baselines_and_describes_every_kernel():
+    assert kernels.BASELINE in SOFTMAX_KERNELS and SOFTMAX_KERNELS[kernels.BASELINE].baseline
+    assert set(kernels.OUR_KERNELS) == {k for k, v in SOFTMAX_KERNELS.items() if not v.baseline}
+    for name, k in SOFTMAX_KERNELS.items():
+        assert k.name == name and k.paths and torch.float32 in k.dtypes
+        for B, V in ((1, 7), (512, 600), (8192, 600), (3, 50257), (2, 300007)):
+            assert k.plan(B, V, torch.float32) in k.paths, (name, B, V)
+    assert SOFTMAX_KERNELS["fused"].plan(2, 50257, torch.bfloat16) == softmax_cuda.fused_path(2, 50257, "bf16")

@@ -1,0 +1,97 @@
+"""tests/suite/devicetime.py: the per-call loop and the hand-over to pytest-benchmark on the CPU
+with stand-in clocks; device time and graph replay on the GPU."""
+
+import statistics
+
+import pytest
+
+from tests.suite import devicetime
+
+
+class StepClock:
+    """A perf_counter stand-in that advances by `step` seconds per call of the timed function."""
+
+    def __init__(self, step):
+        self.now, self.step = 100.0, step
+
+    def __call__(self):
+        return self.now
+
+    def tick(self):
+        self.now += self.step
+
+
+class Calls:
+    def __init__(self, clock=None):
+        self.calls, self.syncs, self.clock = 0, [], clock
+
+    def fn(self):
+        self.calls += 1
+        if self.clock:
+            self.clock.tick()
+
+    def synchronize(self):
+        self.syncs.append(self.calls)
+
+
+@pytest.mark.cpu
+def test_per_call_rounds_sync_once_each_and_divide_by_the_calls():
+    clock = StepClock(7e-6)
+    calls = Calls(clock)
+    times = devicetime.per_call_times_us(
+        calls.fn, calls=50, rounds=4, warmup=3, synchronize=calls.synchronize, clock=clock
+    )
+    assert calls.calls == 3 + 4 * 50
+    # One synchronize after the warm-up, then one at the end of every round and none between calls.
+    assert calls.syncs == [3, 53, 103, 153, 203]
+    assert times == pytest.approx([7.0] * 4)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize(
+    "one_call_s, expected", [(1e-6, devicetime.CALLS_PER_ROUND), (2.0**-6, 32), (1.0, devicetime.MIN_CALLS_PER_ROUND)]
+)
+def test_slow_calls_get_fewer_calls_per_round(one_call_s, expected):
+    clock = StepClock(one_call_s)
+    calls = Calls(clock)
+    assert devicetime.calls_per_round(calls.fn, warmup=2, synchronize=calls.synchronize, clock=clock) == expected
+    assert calls.calls == 3
+
+
+@pytest.mark.cpu
+def test_reported_times_are_pytest_benchmarks_rounds(benchmark):
+    times = [5.0, 4.0, 9.0, 4.5, 6.0]
+    devicetime.report_times_us(benchmark, times)
+    assert benchmark.stats.stats.rounds == len(times)
+    assert benchmark.stats.stats.median == pytest.approx(statistics.median(times) * 1e-6)
+    assert benchmark.stats.stats.min == pytest.approx(4e-6) and benchmark.stats.stats.max == pytest.approx(9e-6)
+
+
+# -- on the GPU ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+def test_a_graph_replay_recomputes_the_captured_output():
+    import torch
+
+    x = torch.randn(64, 600, device="cuda")
+    graph, out = devicetime.capture_graph(lambda: torch.softmax(x, dim=-1))
+    x.copy_(torch.randn_like(x))  # replays read the captured input's memory, whatever it holds now
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, torch.softmax(x, dim=-1), rtol=0, atol=0)
+    times = devicetime.graph_replay_times_us(graph, replays=20, rounds=3)
+    assert len(times) == 3 and all(t > 0 for t in times)
+
+
+@pytest.mark.cuda
+def test_device_and_per_call_clocks_order_a_long_and_a_short_kernel():
+    import torch
+
+    big, small = torch.randn(4096, 4096, device="cuda"), torch.randn(8, 8, device="cuda")
+    long_us = statistics.median(devicetime.device_times_us(lambda: big @ big, rounds=5))
+    short_us = statistics.median(devicetime.device_times_us(lambda: small + 1, rounds=5))
+    assert long_us > 10 * short_us
+    per_call = statistics.median(devicetime.per_call_times_us(lambda: big @ big, calls=5, rounds=3))
+    assert per_call > 0.5 * long_us  # back-to-back calls cannot beat the GPU's own time by much

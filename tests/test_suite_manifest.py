@@ -1,0 +1,341 @@
+"""tests/suite/manifest.py on synthetic records, and the committed reports/manifest.json:
+valid, complete, consistent with its own numbers, and left alone by a run that measures the same."""
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.suite import manifest, records, synthetic
+from tests.suite.synthetic import CEILINGS, CPU_ENV, GPU_ENV
+
+jsonschema = pytest.importorskip("jsonschema")  # a CPU-suite dependency; absent on bare GPU images
+
+pytestmark = pytest.mark.cpu
+
+COMMITTED = Path(__file__).resolve().parent.parent / "reports" / "manifest.json"
+
+
+def schema():
+    return json.loads(manifest.SCHEMA_PATH.read_text())
+
+
+def gpu_manifest(benchmarks=None, previous=None, today="2026-11-29", **recorded):
+    return manifest.build_manifest(
+        previous,
+        benchmarks=synthetic.lab_records() if benchmarks is None else benchmarks,
+        recorded={"ceilings": dict(CEILINGS), "torch_port": {"kernel_swap_changes_top1_token": False}, **recorded},
+        environment=GPU_ENV,
+        today=today,
+    )
+
+
+def test_matrix_bytes_is_one_read_and_one_write_by_default():
+    assert manifest.matrix_bytes(512, 600, "float32") == 2 * 512 * 600 * 4
+    assert manifest.matrix_bytes(3, 5, "bfloat16", passes=4) == 4 * 3 * 5 * 2
+    torch = pytest.importorskip("torch")
+    assert manifest.matrix_bytes(7, 11, torch.float16) == manifest.matrix_bytes(7, 11, "float16")
+
+
+def test_manifest_from_synthetic_records_validates_against_the_schema():
+    built = gpu_manifest()
+    jsonschema.validate(built, schema())
+    kernels = built["softmax_kernels"]
+    assert kernels["fused"]["us_at_B512"] == pytest.approx(4.0 * (1 + 512 / 4096))
+    # frac_of_F_softmax is t(F.softmax) / t(kernel) at the same point of the same run.
+    assert kernels["naive"]["frac_of_F_softmax"] == pytest.approx(5.0 / 40.0)
+    assert kernels["triton"]["autotune_picked"] == {"BLOCK": 1024, "num_warps": 4}
+    assert built["ceilings"]["flops_per_element"] == manifest.FLOPS_PER_ELEMENT
+    assert len(built["sweep"]) == 15
+    lab = [e for e in built["sweep"] if (e["kernel"], e["B"]) == ("fused", 512)][0]
+    assert lab["GBps"] == pytest.approx(8 * 512 * 600 / (lab["us_median"] * 1e-6) / 1e9)
+    assert lab["frac_of_copy_bw"] == pytest.approx(lab["GBps"] / 4280)
+    assert lab["bytes_by_design"] == 8 * 512 * 600
+    assert built["provenance"]["sweep"]["device"] == "NVIDIA H200"
+
+
+def test_ratios_do_not_depend_on_the_order_cases_ran_in():
+    """F.softmax timed after the kernel still gives the kernel its ratio."""
+    ordered = synthetic.lab_records()
+    shuffled = list(reversed(ordered))
+    random.Random(1).shuffle(shuffled)
+    assert manifest.serialise(gpu_manifest(ordered)) == manifest.serialise(gpu_manifest(shuffled))
+    for e in gpu_manifest(shuffled)["sweep"]:
+        assert "frac_of_F_softmax" in e, e
+
+
+def test_ratios_are_rederived_from_merged_raw_values():
+    """A run that re-times only F_softmax moves every kernel's ratio at that shape with it."""
+    before = gpu_manifest()
+    faster_baseline = [synthetic.record("F_softmax", 512, 600, "float32", 2.5)]
+    after = manifest.build_manifest(
+        json.loads(json.dumps(before)), benchmarks=faster_baseline, recorded={}, environment=GPU_ENV, today="2026-12-01"
+    )
+    fused = [e for e in after["sweep"] if (e["kernel"], e["B"], e["V"]) == ("fused", 512, 600)][0]
+    assert fused["frac_of_F_softmax"] == pytest.approx(2.5 / fused["us_median"])
+    assert after["softmax_kernels"]["fused"]["frac_of_F_softmax"] == fused["frac_of_F_softmax"]
+
+
+def test_targets_name_the_cases_that_miss():
+    sweep = [
+        synthetic.record(kernel, 32768, 4096, "float32", us)
+        for kernel, us in (("F_softmax", 400.0), ("fused", 260.0), ("triton", 500.0))
+    ]
+    report = manifest.target_report(manifest.sweep_entries(sweep, copy_TBps=4.28))
+    assert report["cases_checked"] == 2
+    assert [m["kernel"] for m in report["missed"]] == ["triton"]
+    assert "0.80 x F.softmax" in report["missed"][0]["why"] and "of copy" in report["missed"][0]["why"]
+
+
+def test_targets_list_bf16_cases_below_the_quack_anchor():
+    B, V = 32768, 4096
+    at = {
+        fraction: manifest.matrix_bytes(B, V, "bfloat16") / (fraction * synthetic.COPY_GBps) / 1e3
+        for fraction in (0.97, 0.90, 0.85)
+    }
+    sweep = [
+        synthetic.record("F_softmax", B, V, "bfloat16", at[0.85] * 2),
+        synthetic.record("fused", B, V, "bfloat16", at[0.97]),
+        synthetic.record("triton", B, V, "bfloat16", at[0.85]),
+        # Under 100 MB: outside every bandwidth goal, the anchor included.
+        synthetic.record("F_softmax", 8, V, "bfloat16", 50.0),
+        synthetic.record("fused", 8, V, "bfloat16", 10.0),
+    ]
+    report = manifest.target_report(manifest.sweep_entries(sweep, copy_TBps=4.28))
+    assert report["cases_checked"] == 3
+    assert [(m["kernel"], m["B"]) for m in report["missed"]] == [("triton", B)]
+    assert "below QuACK's bf16 anchor (0.88)" in report["missed"][0]["why"]
+    assert "QuACK" in report["rule"]
+    # At 0.90 of copy a bf16 case misses the 0.95 goal but clears the anchor.
+    sweep[2] = synthetic.record("triton", B, V, "bfloat16", at[0.90])
+    why = manifest.target_report(manifest.sweep_entries(sweep, copy_TBps=4.28))["missed"][0]["why"]
+    assert "goal 0.95" in why and "QuACK" not in why
+
+
+def test_a_cpu_run_keeps_the_gpu_sections():
+    before = gpu_manifest()
+    after = manifest.build_manifest(
+        json.loads(json.dumps(before)),
+        benchmarks=[],
+        recorded={"torch_port": {"max_abs_diff_to_numpy_reference": 3e-7, "byte_equivalence_at_fp32_cpu": "passed"}},
+        environment=CPU_ENV,
+        today="2026-11-30",
+    )
+    for section in ("gpu", "versions", "softmax_kernels", "sweep", "ceilings", "targets"):
+        assert after[section] == before[section], section
+    assert after["provenance"]["sweep"] == before["provenance"]["sweep"]
+    assert after["torch_port"]["kernel_swap_changes_top1_token"] is False
+    assert after["torch_port"]["max_abs_diff_to_numpy_reference"] == 3e-7
+    assert after["provenance"]["torch_port.max_abs_diff_to_numpy_reference"]["date"] == "2026-11-30"
+    assert after["provenance"]["torch_port.max_abs_diff_to_numpy_reference"]["device"] == "cpu"
+
+
+def test_the_same_measurements_give_a_byte_identical_manifest(tmp_path):
+    first = gpu_manifest(today="2026-11-29")
+    again = gpu_manifest(previous=json.loads(manifest.serialise(first)), today="2026-12-24")
+    assert manifest.serialise(again) == manifest.serialise(first)
+    # Through the files: the second run does not touch manifest.json at all.
+    kwargs = {"benchmarks": synthetic.lab_records(), "recorded": {"ceilings": dict(CEILINGS)}, "environment": GPU_ENV}
+    assert tmp_path / "manifest.json" in manifest.write_reports(tmp_path, today="2026-11-29", **kwargs)
+    stat = (tmp_path / "manifest.json").stat()
+    assert manifest.write_reports(tmp_path, today="2026-12-24", **kwargs) == []
+    assert (tmp_path / "manifest.json").stat().st_mtime_ns == stat.st_mtime_ns
+
+
+def test_a_changed_value_moves_only_its_own_provenance():
+    cpu_values = {
+        "torch_port": {"max_abs_diff_to_numpy_reference": 3e-7, "byte_equivalence_at_fp32_cpu": "passed"},
+        "numpy_model": {"verb_form_accuracy": 1.0},
+    }
+    first = manifest.build_manifest(
+        gpu_manifest(), benchmarks=[], recorded=cpu_values, environment=CPU_ENV, today="2026-11-30"
+    )
+    changed = json.loads(json.dumps(cpu_values))
+    changed["torch_port"]["max_abs_diff_to_numpy_reference"] = 4e-7
+    second = manifest.build_manifest(
+        json.loads(json.dumps(first)), benchmarks=[], recorded=changed, environment=CPU_ENV, today="2026-12-02"
+    )
+    moved = {k for k in second["provenance"] if second["provenance"][k] != first["provenance"][k]}
+    assert moved == {"torch_port.max_abs_diff_to_numpy_reference"}
+    assert second["provenance"]["torch_port.max_abs_diff_to_numpy_reference"]["date"] == "2026-12-02"
+    assert second["date"] == "2026-12-02" and first["date"] == "2026-11-30"
+    # Numbers are compared as JSON writes them: 1 and 1.0 are different values.
+    changed["numpy_model"]["verb_form_accuracy"] = 1
+    third = manifest.build_manifest(
+        json.loads(json.dumps(second)), benchmarks=[], recorded=changed, environment=CPU_ENV, today="2026-12-03"
+    )
+    assert {k for k in third["provenance"] if third["provenance"][k] != second["provenance"][k]} == {
+        "numpy_model.verb_form_accuracy"
+    }
+
+
+def test_a_run_on_another_gpu_model_drops_the_old_timings():
+    before = gpu_manifest(synthetic.lab_records() + synthetic.large_records())
+    other = {**GPU_ENV, "gpu": {"model": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"}}
+    after = manifest.build_manifest(
+        json.loads(json.dumps(before)),
+        benchmarks=synthetic.lab_records(),
+        recorded={},
+        environment=other,
+        today="2026-12-01",
+    )
+    assert len(after["sweep"]) == 15 and after["gpu"]["model"] == "NVIDIA A100-SXM4-80GB"
+    assert after["provenance"]["sweep"]["device"] == "NVIDIA A100-SXM4-80GB"
+
+
+def test_call_modes_are_derived_against_f_softmax_measured_the_same_way():
+    built = gpu_manifest(synthetic.call_records())
+    jsonschema.validate(built, schema())
+    section = built["call_modes"]
+    assert section["floors"] == synthetic.FLOORS
+    entries = {manifest.case_key(e): e for e in section["entries"]}
+    assert len(entries) == len(synthetic.CALL_SHAPES) * len(synthetic.LAUNCH_US)
+    times = {
+        (r["kernel"], r["B"], r["V"], r["dtype"], r["mode"]): r["us_median"]
+        for r in synthetic.call_records()
+        if "kernel" in r
+    }
+    for (kernel, B, V, dtype), e in entries.items():
+        for mode in ("device", "per_call", "graph"):
+            assert e[f"{mode}_us"] == times[(kernel, B, V, dtype, mode)]
+            assert e["x_F_softmax"][mode] == pytest.approx(times[("F_softmax", B, V, dtype, mode)] / e[f"{mode}_us"])
+    assert all(
+        e["x_F_softmax"] == {"device": 1.0, "per_call": 1.0, "graph": 1.0}
+        for key, e in entries.items()
+        if key[0] == "F_softmax"
+    )
+
+
+def test_call_modes_without_a_device_time_or_a_baseline_leave_those_out():
+    only_fused = [r for r in synthetic.call_records() if r.get("kernel") == "fused" and r["mode"] == "per_call"]
+    entry = gpu_manifest(only_fused)["call_modes"]["entries"][0]
+    assert set(entry) == {"kernel", "B", "V", "dtype", "per_call_us"}
+    jsonschema.validate(gpu_manifest(only_fused), schema())
+
+
+def test_byte_equivalence_records_combine_nest_and_validate():
+    recorded = records.combine_recorded(
+        synthetic.byte_equivalence_records()
+        + [
+            ("byte_equivalence", {"triton/bfloat16/batch_invariant": {"verdict": "failed", "shapes": [(8, 32000)]}}),
+            (
+                "byte_equivalence",
+                {"F_softmax/float32/position_invariant": {"verdict": "not gated: failed", "shapes": [[1, 600]]}},
+            ),
+        ]
+    )
+    built = gpu_manifest(**recorded)
+    jsonschema.validate(built, schema())
+    section = built["byte_equivalence"]
+    assert set(section) == {"fused", "triton", "F_softmax"}
+    assert section["fused"]["float32"]["deterministic"] == {"verdict": "passed", "shapes": [[1, 600], [64, 50257]]}
+    assert section["triton"]["bfloat16"]["batch_invariant"] == {
+        "verdict": "failed",
+        "shapes": [[1, 600], [8, 32000], [64, 50257]],
+    }
+    assert section["F_softmax"]["float32"]["position_invariant"]["verdict"] == "not gated: failed"
+    assert section["F_softmax"]["float32"]["stride_invariant"]["verdict"] == "not gated: passed"
+    assert built["provenance"]["byte_equivalence.triton.bfloat16.batch_invariant"]["device"] == "NVIDIA H200"
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("fused/float32", {"verdict": "passed", "shapes": [[1, 600]]}),
+        ("fused/float32/bit_exact", {"verdict": "passed", "shapes": [[1, 600]]}),
+        ("fused/float32/deterministic", {"verdict": "ok", "shapes": [[1, 600]]}),
+    ],
+)
+def test_malformed_byte_equivalence_records_are_refused(key, value):
+    with pytest.raises((ValueError, jsonschema.ValidationError)):
+        manifest.validate(gpu_manifest(byte_equivalence={key: value}))
+
+
+def test_write_reports_writes_figures_atomically_and_nothing_for_an_empty_run(tmp_path):
+    assert manifest.write_reports(tmp_path, benchmarks=[], recorded={}, environment=CPU_ENV) == []
+    assert list(tmp_path.iterdir()) == []
+    written = manifest.write_reports(
+        tmp_path,
+        benchmarks=synthetic.lab_records() + synthetic.large_records() + synthetic.call_records(),
+        recorded={"ceilings": dict(CEILINGS)},
+        environment=GPU_ENV,
+    )
+    names = {"manifest.json", "roofline.png", "bandwidth.png", "call_modes.png"}
+    assert {p.name for p in written} == names
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names)  # no temporary files left behind
+
+
+# -- the committed manifest ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def committed():
+    return json.loads(COMMITTED.read_text())
+
+
+def nulls(value, path="manifest"):
+    if value is None:
+        yield path
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from nulls(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from nulls(item, f"{path}[{i}]")
+
+
+def test_schema_copy_is_the_contract():
+    assert schema()["properties"]["experiment"]["const"] == manifest.EXPERIMENT
+    jsonschema.Draft202012Validator.check_schema(schema())
+
+
+def test_committed_manifest_validates(committed):
+    jsonschema.validate(committed, schema())
+
+
+def test_committed_manifest_is_complete(committed):
+    assert list(nulls(committed)) == []
+    for kernel in ("naive", "smem", "fused", "triton", "F_softmax"):
+        assert kernel in committed["softmax_kernels"], kernel
+    assert committed["gpu"]["model"] and committed["ceilings"]["hbm_copy_TBps"] > 0
+    for section in ("softmax_kernels", "sweep", "ceilings", "gpu"):
+        assert committed["provenance"][section]["device"] == committed["gpu"]["model"], section
+
+
+def test_committed_ratios_are_the_ratios_of_the_recorded_times(committed):
+    kernels = committed["softmax_kernels"]
+    base = kernels["F_softmax"]["us_at_B512"]
+    for name, point in kernels.items():
+        assert point["frac_of_F_softmax"] == pytest.approx(base / point["us_at_B512"], rel=1e-9), name
+    times = {manifest.case_key(e): e["us_median"] for e in committed["sweep"]}
+    copy_GBps = committed["ceilings"]["hbm_copy_TBps"] * 1e3
+    for e in committed["sweep"]:
+        key = ("F_softmax", e["B"], e["V"], e["dtype"])
+        assert e["frac_of_F_softmax"] == pytest.approx(times[key] / e["us_median"], rel=1e-9)
+        assert e["GBps"] == pytest.approx(
+            manifest.matrix_bytes(e["B"], e["V"], e["dtype"]) / e["us_median"] / 1e3, rel=1e-9
+        )
+        assert e["frac_of_copy_bw"] == pytest.approx(e["GBps"] / copy_GBps, rel=1e-9)
+        assert e["us_min"] <= e["us_median"] <= e["us_max"]
+    lab = {
+        e["kernel"]: e["us_median"] for e in committed["sweep"] if (e["B"], e["V"], e["dtype"]) == (512, 600, "float32")
+    }
+    for name, point in kernels.items():
+        assert point["us_at_B512"] == lab[name], name
+    for e in (committed.get("call_modes") or {}).get("entries", []):
+        for mode, ratio in (e.get("x_F_softmax") or {}).items():
+            key = ("F_softmax", e["B"], e["V"], e["dtype"])
+            baseline = [c for c in committed["call_modes"]["entries"] if manifest.case_key(c) == key][0]
+            assert ratio == pytest.approx(baseline[f"{mode}_us"] / e[f"{mode}_us"], rel=1e-9), (e, mode)
+
+
+def test_committed_manifest_is_what_the_builder_derives_from_its_raw_values(committed):
+    """Every ratio in the committed file is what the one derivation gives for its raw times."""
+    copy_TBps = committed["ceilings"]["hbm_copy_TBps"]
+    assert manifest.derive_sweep(committed["sweep"], copy_TBps) == committed["sweep"]
+    points = manifest.kernel_points(committed["sweep"])
+    assert {k: committed["softmax_kernels"][k] for k in points} == points
+    if "call_modes" in committed:
+        section = committed["call_modes"]
+        assert manifest.derive_call_modes(section["entries"], section["floors"], committed["sweep"]) == section

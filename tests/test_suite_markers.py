@@ -1,0 +1,122 @@
+"""tests/suite/markers.py: the one-platform-marker rule, benchmarks under xdist, and what a run
+does with cuda tests when the GPU cannot be used; the rules are checked in pytest subprocesses."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from tests.suite import markers
+from tests.suite.testing import CASES, run_pytest
+
+pytestmark = pytest.mark.cpu
+
+
+@pytest.mark.parametrize(
+    "markexpr, expected",
+    [
+        ("cuda", True),
+        ("cuda and not slow", True),
+        ("cpu or cuda", True),
+        ("cpu", False),
+        ("not cuda", False),
+        ("", False),
+        ("cudagraph", False),
+    ],
+)
+def test_selects_cuda(markexpr, expected):
+    assert markers.selects_cuda(markexpr) is expected
+
+
+class FakeItem:
+    def __init__(self, *marks, fixtures=()):
+        self.nodeid = f"test_x[{'-'.join(marks)}]"
+        self.marks = list(marks)
+        self.fixturenames = list(fixtures)
+        self.added = []
+
+    def get_closest_marker(self, name):
+        return SimpleNamespace(name=name) if name in self.marks else None
+
+    def add_marker(self, mark):
+        self.added.append(mark)
+
+
+def skip_reasons(item):
+    return [m.kwargs["reason"] for m in item.added if m.name == "skip"]
+
+
+def test_gpu_gating_asks_for_the_reason_only_when_cuda_tests_were_collected():
+    def must_not_be_called():
+        raise AssertionError("probed the GPU for a run without cuda tests")
+
+    assert (
+        markers.gate_cuda_items(
+            [FakeItem("cpu")], markexpr="cuda", allow_no_gpu=False, unusable_reason=must_not_be_called
+        )
+        is None
+    )
+
+
+def test_gpu_gating_fails_a_cuda_run_and_skips_otherwise():
+    reason = lambda: "no NVIDIA GPU visible"  # noqa: E731
+    items = [FakeItem("cpu"), FakeItem("cuda")]
+    message = markers.gate_cuda_items(items, markexpr="cuda", allow_no_gpu=False, unusable_reason=reason)
+    assert message.startswith("-m cuda was asked for, but no NVIDIA GPU visible") and "--allow-no-gpu" in message
+    assert items[1].added == []
+    for markexpr, allow in (("cuda", True), ("", False), ("cpu", False)):
+        items = [FakeItem("cpu"), FakeItem("cuda")]
+        assert markers.gate_cuda_items(items, markexpr=markexpr, allow_no_gpu=allow, unusable_reason=reason) is None
+        assert skip_reasons(items[0]) == [] and skip_reasons(items[1]) == ["cuda test: no NVIDIA GPU visible"]
+    items = [FakeItem("cuda")]
+    assert markers.gate_cuda_items(items, markexpr="cuda", allow_no_gpu=False, unusable_reason=lambda: None) is None
+    assert items[0].added == []
+
+
+def test_marker_errors_name_each_test():
+    items = [FakeItem("cpu"), FakeItem(), FakeItem("cpu", "cuda")]
+    assert markers.platform_marker_errors(items) == [
+        "test_x[]: carries neither of the markers cpu / cuda",
+        "test_x[cpu-cuda]: carries both of the markers cpu / cuda",
+    ]
+
+
+def test_only_benchmark_cases_are_skipped_under_xdist():
+    items = [FakeItem("cuda", fixtures=("benchmark", "x")), FakeItem("cuda", fixtures=("x",))]
+    markers.skip_benchmarks(items)
+    assert skip_reasons(items[0]) == [markers.XDIST_BENCHMARK_SKIP] and items[1].added == []
+
+
+# -- the rules, in a pytest subprocess -------------------------------------------------------------
+
+
+def test_a_test_without_exactly_one_platform_marker_is_a_collection_error(tmp_path):
+    result = run_pytest(str(CASES / "unmarked_case.py"), "--reports-dir", str(tmp_path))
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    assert "test_without_platform_marker: carries neither" in output
+    assert "test_with_both_markers: carries both" in output
+
+
+def test_cuda_run_without_a_gpu_fails_with_one_clear_line(tmp_path):
+    no_gpu = {"CUDA_VISIBLE_DEVICES": ""}
+    result = run_pytest("-m", "cuda", str(CASES / "cuda_case.py"), "--reports-dir", str(tmp_path), env=no_gpu)
+    assert result.returncode == markers.NO_GPU_EXIT_STATUS, result.stdout + result.stderr
+    assert "-m cuda was asked for, but no NVIDIA GPU visible" in result.stdout + result.stderr
+    # The opt-out turns the failure into visible skips.
+    result = run_pytest(
+        "-m", "cuda", "--allow-no-gpu", "-rs", str(CASES / "cuda_case.py"), "--reports-dir", str(tmp_path), env=no_gpu
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 skipped" in result.stdout and "cuda test: no NVIDIA GPU visible" in result.stdout
+
+
+def test_benchmarks_under_xdist_are_skipped_with_a_reason(tmp_path):
+    result = run_pytest("-n", "2", "-rs", str(CASES / "benchmark_case.py"), "--reports-dir", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "benchmarks do not run under xdist" in result.stdout
+
+
+def test_nothing_escapes_both_runs():
+    result = run_pytest("--collect-only", "-q", "-m", "not cpu and not cuda", "--no-reports")
+    assert result.returncode == pytest.ExitCode.NO_TESTS_COLLECTED, result.stdout + result.stderr
+    assert "deselected" in result.stdout and " selected" not in result.stdout.replace("deselected", "")
