@@ -235,7 +235,7 @@ def skip_unless_runnable(kernel) -> None:
     import pytest
 
     if needs_cupy(kernel):
-        from tests.harness import cupy_unusable_reason
+        from tests.suite.gpus import cupy_unusable_reason
 
         reason = cupy_unusable_reason()
         if reason:

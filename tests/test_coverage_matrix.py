@@ -175,7 +175,7 @@ def test_every_cpu_cell_ran(request):
 
 @pytest.mark.cuda
 def test_every_cuda_cell_ran(request):
-    from tests.harness import cupy_unusable_reason
+    from tests.suite.gpus import cupy_unusable_reason
 
     # Kernels whose backend this machine lacks were skipped with that reason, not left out.
     runnable = [k for k in SOFTMAX_KERNELS.values() if not (needs_cupy(k) and cupy_unusable_reason())]

@@ -150,7 +150,7 @@ def test_yesterday_top5_are_past_simple_on_cuda(runs, tokenizer):
     top5 = {}
     for path in ("cpu_probs", "cuda_probs"):
         probs, ids = runs["Yesterday I"][path][0, -1].topk(5)
-        top5[path] = [(int(i), float(p)) for i, p in zip(ids, probs)]
+        top5[path] = [(int(i), float(p)) for i, p in zip(ids, probs, strict=True)]
     print('\ntop-5 after "Yesterday I"')
     for path, entries in top5.items():
         shown = ", ".join(f"{tokenizer.id_to_token[i]} {p:.4f}" for i, p in entries)

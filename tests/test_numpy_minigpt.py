@@ -232,7 +232,7 @@ def _naive_logits(model, ids):
                     sc = np.array([q @ k for k in ks]) / math.sqrt(dh)
                     w = np.exp(sc - sc.max())
                     w /= w.sum()
-                    heads.append(sum(wi * vi for wi, vi in zip(w, vs)))
+                    heads.append(sum(wi * vi for wi, vi in zip(w, vs, strict=True)))
                 a = p[q_ + "attn.proj.weight"] @ np.concatenate(heads) + p[q_ + "attn.proj.bias"]
                 new.append(xs[t] + a)
             xs = new

@@ -391,18 +391,15 @@ _AOT_SCRIPT = textwrap.dedent(r"""
     TARGET = GPUTarget("cuda", 90, 32)
     # Pointers 16-byte aligned, as Triton specialises torch allocations.
     ATTRS = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
-    POINTERS = {"X": "*T", "Y": "*T", "WS": "*i64"}
-    FLOATS = {"SCALE": "fp32"}
+    # The type of every run-time parameter of the kernels (T: the storage dtype).
+    TYPES = {"X": "*T", "Y": "*T", "WS": "*i64", "CNT": "*i64", "SCALE": "fp32",
+             **{n: "i32" for n in ("V", "B", "P", "stride_x", "stride_y", "x_off", "y_off")}}
 
     def signature(kernel, dtype):
-        # From the kernel's own parameters, so a new argument cannot leave this script behind.
-        sig = {}
-        for p in kernel.params:
-            if p.is_constexpr:
-                sig[p.name] = "constexpr"
-            else:
-                sig[p.name] = POINTERS.get(p.name, FLOATS.get(p.name, "i32")).replace("T", dtype)
-        return sig
+        # From the kernel's own parameter list: a new parameter stops the build here by name.
+        unknown = [p.name for p in kernel.params if not p.is_constexpr and p.name not in TYPES]
+        assert not unknown, f"{kernel.__name__}: give the type of {unknown} in TYPES"
+        return {p.name: "constexpr" if p.is_constexpr else TYPES[p.name].replace("T", dtype) for p in kernel.params}
 
     def build(name, kernel, dtype, const, num_warps, num_stages=3):
         src = ASTSource(fn=kernel, signature=signature(kernel, dtype), constexprs=const, attrs=ATTRS)
