@@ -30,7 +30,8 @@ from tests.helpers import (
     skip_unless_runnable,
 )
 
-# Under xdist --dist loadgroup this file stays in one worker, so the final checks see every case.
+# Under xdist --dist loadgroup (or loadfile) this file stays in one worker, so the final checks
+# see every case.
 pytestmark = pytest.mark.xdist_group("coverage_matrix")
 
 WIDE_V = 16384  # rows longer than this are drawn wide-range (randn * 4): their sums are long
@@ -84,7 +85,8 @@ def _cpu_cases():
 
 CUDA_CASES = _cuda_cases()
 CPU_CASES = _cpu_cases()
-TAKEN = {"cpu": set(), "cuda": set()}  # cells the cases below ran, per platform
+TAKEN = {"cpu": set(), "cuda": set()}  # cells the cases below ran in this process, per platform
+STARTED: set = set()  # node ids of the cases this process started
 
 
 def seed_of(*parts) -> int:
@@ -96,7 +98,8 @@ def seed_of(*parts) -> int:
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("kernel, path, layout, dtype, B, V", CUDA_CASES)
-def test_cuda_path_under_layout(kernel, path, layout, dtype, B, V):
+def test_cuda_path_under_layout(request, kernel, path, layout, dtype, B, V):
+    STARTED.add(request.node.nodeid)
     k = SOFTMAX_KERNELS[kernel]
     skip_unless_runnable(k)
     assert k.plan(B, V, dtype) == path
@@ -112,7 +115,8 @@ def test_cuda_path_under_layout(kernel, path, layout, dtype, B, V):
 @pytest.mark.cpu
 @pytest.mark.skipif(not st.INTERPRET, reason="the kernels run on CPU tensors only under the Triton interpreter")
 @pytest.mark.parametrize("kernel, path, layout, dtype", CPU_CASES)
-def test_cpu_path_under_layout(kernel, path, layout, dtype):
+def test_cpu_path_under_layout(request, kernel, path, layout, dtype):
+    STARTED.add(request.node.nodeid)
     k = SOFTMAX_KERNELS[kernel]
     B, V = CPU_SHAPE
     x = logits(B, V, seed=seed_of(kernel, path, layout, dtype), dtype=dtype, layout=layout)
@@ -156,12 +160,13 @@ def test_a_missing_cell_is_named():
 
 
 def _check_taken(request, platform, case_name, expected):
-    config = request.config
-    if hasattr(config, "workerinput") and config.getoption("dist", "load") not in ("loadgroup", "loadfile"):
-        pytest.skip("under xdist this file's cases may run in other workers (use --dist loadgroup)")
-    selected = [item for item in request.session.items if getattr(item, "originalname", None) == case_name]
-    if len(selected) != len(CPU_CASES if platform == "cpu" else CUDA_CASES):
+    cases = CPU_CASES if platform == "cpu" else CUDA_CASES
+    selected = {item.nodeid for item in request.session.items if getattr(item, "originalname", None) == case_name}
+    if len(selected) != len(cases):
         pytest.skip("only part of the matrix was selected in this run")
+    if not selected <= STARTED:
+        pytest.skip("the cases ran in several processes: under xdist keep this file in one worker "
+                    "(--dist loadgroup or loadfile)")
     gaps = missing_cells(expected, TAKEN[platform])
     assert not gaps, f"cells no {platform} case ran (failed or skipped before running):{gaps}"
 
