@@ -56,8 +56,10 @@ def missing_cells(expected: set, covered: set) -> str:
 
 
 def shape_for(kernel, path, dtype):
-    """The smallest (B, V) of the candidates that `kernel.plan` sends down `path`, or None."""
-    for B, V in sorted(itertools.product(B_CANDIDATES, V_CANDIDATES), key=lambda s: (s[0] * s[1], s)):
+    """The smallest (B, V) of the candidates that `kernel.plan` sends down `path` (rows of at
+    least 100 first, long enough for vector accesses and their head / tail peel), or None."""
+    candidates = itertools.product(B_CANDIDATES, V_CANDIDATES)
+    for B, V in sorted(candidates, key=lambda s: (s[1] < 100, s[0] * s[1], s)):
         if kernel.plan(B, V, dtype) == path:
             return B, V
     return None
