@@ -222,6 +222,15 @@ def assert_rows_sum_to_one(got: torch.Tensor, *, dtype=None, what: str = "") -> 
             + _where(bad, sums))
 
 
+def check_softmax(got: torch.Tensor, x: torch.Tensor, *, what: str = "", record=None) -> float:
+    """The whole contract of a softmax output: assert_softmax_close to the reference (NaN exactly
+    in the rows of x that are all -inf) and assert_rows_sum_to_one for every other row."""
+    err = assert_softmax_close(got, x, what=what, record=record)
+    defined = ~torch.isneginf(x).all(dim=-1)
+    assert_rows_sum_to_one(got[defined], dtype=got.dtype, what=what)
+    return err
+
+
 # -- which machine a kernel needs --------------------------------------------------------------
 
 def needs_cupy(kernel) -> bool:

@@ -14,9 +14,8 @@ import torch
 from kernels import SOFTMAX_KERNELS
 from kernels import softmax_cuda as sc
 from tests.helpers import (
-    assert_rows_sum_to_one,
-    assert_softmax_close,
     bits,
+    check_softmax,
     dtype_id,
     layouts,
     logits,
@@ -34,15 +33,14 @@ def _needs_cupy():
     pytest.importorskip("cupy", reason="the CUDA C kernels are launched through CuPy")
 
 
-def recorder(record_manifest, dtype):
-    """What assert_softmax_close reports, put into the manifest's worst error for dtype."""
-    return lambda err: record_manifest("cuda_kernels", **{f"max_abs_err_{dtype_id(dtype)}": err})
-
-
-def check(out, x, what, record_manifest):
-    assert_softmax_close(out, x, what=what, record=recorder(record_manifest, x.dtype))
-    if not torch.isnan(out).any():  # rows of all -inf are NaN by design; their cases check NaN apart
-        assert_rows_sum_to_one(out, what=what)
+@pytest.fixture
+def verify(record_manifest):
+    """check_softmax(out, x, what), its error going into the manifest's worst error for x's dtype."""
+    def run(out, x, what):
+        def record(err):
+            record_manifest("cuda_kernels", **{f"max_abs_err_{dtype_id(x.dtype)}": err})
+        return check_softmax(out, x, what=what, record=record)
+    return run
 
 
 def _near_boundaries():
@@ -56,65 +54,64 @@ def _near_boundaries():
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("V", _near_boundaries())
-def test_fused_at_dispatch_boundaries(V, dtype, record_manifest):
+def test_fused_at_dispatch_boundaries(V, dtype, verify):
     x = logits(5, V, seed=V, dtype=dtype, device="cuda")  # 5 rows of odd / even length: several alignments
-    check(run_poisoned(sc.softmax_fused, x), x, f"V={V} {sc.fused_plan(5, V, dtype)}", record_manifest)
+    verify(run_poisoned(sc.softmax_fused, x), x, f"V={V} {sc.fused_plan(5, V, dtype)}")
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("V", [1, 3, 17, 100, 600, 781, 1023, 2047, 3001, 5000, 12345, 32000, 32001,
                                50257, 65535, 128256, 262144, 300007])
-def test_fused_irregular_lengths(V, dtype, record_manifest):
+def test_fused_irregular_lengths(V, dtype, verify):
     B = 9 if V <= 50257 else 3
     x = logits(B, V, seed=V + 1, dtype=dtype, device="cuda")
-    check(run_poisoned(sc.softmax_fused, x), x, f"V={V} {sc.fused_plan(B, V, dtype)}", record_manifest)
+    verify(run_poisoned(sc.softmax_fused, x), x, f"V={V} {sc.fused_plan(B, V, dtype)}")
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("V", [1, 7, 600, 4096, 32000, 50257, 128256])
-def test_fused_single_row(V, dtype, record_manifest):
+def test_fused_single_row(V, dtype, verify):
     x = logits(1, V, seed=V + 2, dtype=dtype, device="cuda")
-    check(run_poisoned(sc.softmax_fused, x), x, f"B=1 V={V}", record_manifest)
+    verify(run_poisoned(sc.softmax_fused, x), x, f"B=1 V={V}")
 
 
 @pytest.mark.parametrize("V", [1, 5, 32, 33, 600])
-def test_fused_many_rows(V, record_manifest):
+def test_fused_many_rows(V, verify):
     # B > 65535: rows must not sit in gridDim.y, and the warp path loops past its grid.
     x = logits(70000, V, seed=V + 3, device="cuda")
-    check(run_poisoned(sc.softmax_fused, x), x, f"B=70000 V={V}", record_manifest)
+    verify(run_poisoned(sc.softmax_fused, x), x, f"B=70000 V={V}")
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("V", [40, 1000, 3000, 5000, 10000, 20000, 40000, 100000, 140000])
-def test_fused_row_loops_past_the_grid(V, dtype, record_manifest):
+def test_fused_row_loops_past_the_grid(V, dtype, verify):
     # A grid of 24 CTAs, far below B, so each CTA (or cluster) handles several rows in turn:
     # shared memory and cluster barriers are reused across iterations. For 16-bit storage
     # V = 5000 ... 100000 run the packed row classes, whose per-pass re-widening must see each
     # row afresh.
     B = 2000 if V <= 1024 else 61
     x = logits(B, V, seed=V + 4, dtype=dtype, device="cuda")
-    check(run_poisoned(sc.softmax_fused, x, grid_cap=24), x, f"looped V={V} {sc.fused_plan(B, V, dtype)}",
-          record_manifest)
+    verify(run_poisoned(sc.softmax_fused, x, grid_cap=24), x, f"looped V={V} {sc.fused_plan(B, V, dtype)}")
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("V", [1, 2, 9, 255, 1000, 4097, 20000])
-def test_online_path_at_short_rows(V, dtype, record_manifest):
+def test_online_path_at_short_rows(V, dtype, verify):
     # The general fallback normally sees only V > 131072; run it on short rows, where head /
     # tail peels dominate and many threads have nothing to do.
     online = sc.fused_plans(dtype)[-1]
     assert online.kind == "online"
     x = logits(7, V, seed=V + 5, dtype=dtype, device="cuda")
-    check(run_poisoned(sc.softmax_fused, x, plan=online), x, f"online V={V}", record_manifest)
+    verify(run_poisoned(sc.softmax_fused, x, plan=online), x, f"online V={V}")
 
 
 @pytest.mark.parametrize("V", [17000, 32000, 50257, 128256])
-def test_cluster_free_fallback(V, record_manifest):
+def test_cluster_free_fallback(V, verify):
     # What a pre-sm_90 device would run for these rows.
     plan = sc.select_fused_plan(V, torch.float32, clusters=False)
     assert plan.cluster == 1
     x = logits(4, V, seed=V + 6, device="cuda")
-    check(run_poisoned(sc.softmax_fused, x, plan=plan), x, f"no-cluster V={V} {plan.describe()}", record_manifest)
+    verify(run_poisoned(sc.softmax_fused, x, plan=plan), x, f"no-cluster V={V} {plan.describe()}")
 
 
 def test_forced_plan_too_small_for_the_row_is_rejected():
@@ -133,28 +130,28 @@ def _layout_cases():
 
 @pytest.mark.parametrize("V", [31, 600, 1537, 4099, 30001, 50257, 140001])
 @pytest.mark.parametrize("dtype, layout", list(_layout_cases()))
-def test_fused_every_layout(V, dtype, layout, record_manifest):
+def test_fused_every_layout(V, dtype, layout, verify):
     # Contiguous views at every 16-byte alignment class are read in place (the head/tail peel);
     # strided ones are copied first. The output is freshly allocated and aligned.
     x = logits(4, V, seed=V + 8, dtype=dtype, device="cuda", layout=layout)
-    check(run_poisoned(sc.softmax_fused, x), x, f"{layout} V={V} {sc.fused_plan(4, V, dtype)}", record_manifest)
+    verify(run_poisoned(sc.softmax_fused, x), x, f"{layout} V={V} {sc.fused_plan(4, V, dtype)}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 @pytest.mark.parametrize("V", [600, 4099, 50257])
-def test_fused_misaligned_input_and_output(V, dtype, record_manifest):
+def test_fused_misaligned_input_and_output(V, dtype, verify):
     # Input and output at the same offset from the 16-byte grid: vector stores are used.
     x = logits(3, V, seed=V + 9, dtype=dtype, device="cuda", layout="offset:2")
-    check(run_poisoned(sc.softmax_fused, x, out_offset=2), x, f"both offset V={V}", record_manifest)
+    verify(run_poisoned(sc.softmax_fused, x, out_offset=2), x, f"both offset V={V}")
 
 
 @pytest.mark.parametrize("kernel", CUDA_C, ids=lambda k: k.name)
-def test_non_contiguous_input(kernel, record_manifest):
+def test_non_contiguous_input(kernel, verify):
     for layout in ("row_stride", "col_stride", "offset:1"):
         x = logits(6, 1000, seed=10, device="cuda", layout=layout)
-        check(run_poisoned(kernel, x), x, f"{kernel.name} {layout}", record_manifest)
+        verify(run_poisoned(kernel, x), x, f"{kernel.name} {layout}")
     xt = logits(700, 5, seed=11, device="cuda").t()  # (5, 700), column-major
-    check(run_poisoned(kernel, xt), xt, f"{kernel.name} transposed view", record_manifest)
+    verify(run_poisoned(kernel, xt), xt, f"{kernel.name} transposed view")
 
 
 # -- the bitwise claim: a row's bits depend only on its values and V --------------------------------
@@ -197,27 +194,26 @@ EDGE_V = [5, 600, 3000, 20000, 50257, 200000]
 
 @pytest.mark.parametrize("kernel", CUDA_C, ids=lambda k: k.name)
 @pytest.mark.parametrize("V", EDGE_V)
-def test_all_neg_inf_row_gives_nan(kernel, V, record_manifest):
+def test_all_neg_inf_row_gives_nan(kernel, V, verify):
     x = logits(4, V, seed=V + 14, device="cuda", neg_inf_rows=[1])
     got = run_poisoned(kernel, x)
     assert torch.isnan(got[1]).all(), "an all -inf row must give NaN, as torch.softmax does"
     assert not torch.isnan(got[[0, 2, 3]]).any(), "the NaN row leaked into its neighbours"
-    check(got, x, f"{kernel.name} all -inf row, V={V}", record_manifest)
-    assert_rows_sum_to_one(got[[0, 2, 3]], what=f"{kernel.name} rows beside the NaN row, V={V}")
+    verify(got, x, f"{kernel.name} all -inf row, V={V}")
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("V", EDGE_V)
-def test_fused_all_neg_inf_row_low_precision_too(V, dtype, record_manifest):
+def test_fused_all_neg_inf_row_low_precision_too(V, dtype, verify):
     x = logits(3, V, seed=V + 15, dtype=dtype, device="cuda", neg_inf_rows=[2])
     got = run_poisoned(sc.softmax_fused, x)
     assert torch.isnan(got[2]).all() and not torch.isnan(got[:2]).any()
-    check(got, x, f"{dtype_id(dtype)} all -inf row, V={V}", record_manifest)
+    verify(got, x, f"{dtype_id(dtype)} all -inf row, V={V}")
 
 
 @pytest.mark.parametrize("kernel", CUDA_C, ids=lambda k: k.name)
 @pytest.mark.parametrize("V", EDGE_V)
-def test_huge_logits_do_not_overflow(kernel, V, record_manifest):
+def test_huge_logits_do_not_overflow(kernel, V, verify):
     x = logits(3, V, seed=V + 16, device="cuda", neg_inf=False)
     x[0, ::7] = 1e30
     x[1, 1::3] = -1e30
@@ -226,18 +222,18 @@ def test_huge_logits_do_not_overflow(kernel, V, record_manifest):
     x[2, V - 1] = -1e30 + 1e24  # a few fp32 ulps above the rest: it takes all the mass
     got = run_poisoned(kernel, x)
     assert torch.isfinite(got).all()
-    check(got, x, f"{kernel.name} ±1e30, V={V}", record_manifest)
+    verify(got, x, f"{kernel.name} ±1e30, V={V}")
 
 
 @pytest.mark.parametrize("V", EDGE_V)
-def test_fused_large_logits_low_precision(V, record_manifest):
+def test_fused_large_logits_low_precision(V, verify):
     for dtype, big in ((torch.bfloat16, 1e30), (torch.float16, 6e4)):
         x = logits(2, V, seed=V + 17, dtype=dtype, device="cuda", neg_inf=False)
         x[0, ::5] = big
         x[1, ::3] = -big
         got = run_poisoned(sc.softmax_fused, x)
         assert torch.isfinite(got).all()
-        check(got, x, f"{dtype_id(dtype)} ±{big}, V={V}", record_manifest)
+        verify(got, x, f"{dtype_id(dtype)} ±{big}, V={V}")
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
@@ -252,9 +248,9 @@ def test_fused_v1_is_ones(dtype):
 @pytest.mark.parametrize("kernel", CUDA_C[:2], ids=lambda k: k.name)
 @pytest.mark.parametrize("B, V", [(1, 1), (3, 7), (70000, 33), (5, 255), (4, 256), (6, 257), (3, 4097),
                                   (2, 50257), (2, 128256)])
-def test_naive_and_smem(kernel, B, V, record_manifest):
+def test_naive_and_smem(kernel, B, V, verify):
     x = logits(B, V, seed=B + V, device="cuda")
-    check(run_poisoned(kernel, x), x, f"{kernel.name} B={B} V={V}", record_manifest)
+    verify(run_poisoned(kernel, x), x, f"{kernel.name} B={B} V={V}")
 
 
 # -- plumbing --------------------------------------------------------------------------------------
@@ -267,7 +263,7 @@ def test_empty_batch(kernel):
 
 
 @pytest.mark.parametrize("V", [600, 50257])
-def test_runs_on_the_current_stream(V, record_manifest):
+def test_runs_on_the_current_stream(V, verify):
     # Work queued on a side stream: the kernel must run after the producer on that stream and
     # before the consumer, without any synchronisation in between.
     s = torch.cuda.Stream()
@@ -277,7 +273,7 @@ def test_runs_on_the_current_stream(V, record_manifest):
         y = sc.softmax_fused(x)
         z = y * 1.0
     s.synchronize()
-    check(z, x, "side stream", record_manifest)
+    verify(z, x, "side stream")
 
 
 def test_out_of_wrong_shape_is_rejected():

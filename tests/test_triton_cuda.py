@@ -8,9 +8,8 @@ from kernels import softmax_triton as st
 from kernels import triton_store
 from tests.helpers import (
     SCALED_TRITON_PARAMS,
-    assert_rows_sum_to_one,
-    assert_softmax_close,
     bits,
+    check_softmax,
     dtype_id,
     layouts,
     logits,
@@ -30,12 +29,6 @@ def run_path(path, **params):
     return call
 
 
-def check(x, y, what=""):
-    assert_softmax_close(y, x, what=what)
-    if not torch.isnan(y).any():  # an all -inf row is NaN by design; its cases check that apart
-        assert_rows_sum_to_one(y, what=what)
-
-
 def _boundary_cases():
     b = st.DISPATCH_BOUNDARIES
     for V in (b["tile_max_v"] - 1, b["tile_max_v"], b["tile_max_v"] + 1,
@@ -52,7 +45,7 @@ def _boundary_cases():
 @pytest.mark.parametrize("B,V", list(_boundary_cases()))
 def test_softmax_matches_reference(B, V, dtype):
     x = logits(B, V, seed=B * 7919 + V, dtype=dtype, device="cuda")
-    check(x, run_poisoned(st.softmax, x), f"({B}, {V}) via {st.plan(B, V, dtype)}")
+    check_softmax(run_poisoned(st.softmax, x), x, what=f"({B}, {V}) via {st.plan(B, V, dtype)}")
 
 
 FORCED = [
@@ -71,7 +64,7 @@ FORCED = [
 @pytest.mark.parametrize("B,V", [(3, 7), (70000, 33), (31, 2049), (9, 6001)])
 def test_each_path_on_gpu(path, params, B, V, dtype):
     x = logits(B, V, seed=V + B, dtype=dtype, device="cuda")
-    check(x, run_poisoned(run_path(path, **params), x), f"{path} {params} ({B}, {V})")
+    check_softmax(run_poisoned(run_path(path, **params), x), x, what=f"{path} {params} ({B}, {V})")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -121,14 +114,16 @@ def test_split_at_odd_v_and_unaligned_rows_on_gpu(B, V, head, pad, params, dtype
     # the edge loads/stores; the output window has NaN guards that must stay untouched.
     flat = logits(1, (B - 1) * (V + pad) + V + head + 5, seed=B + V + head, dtype=dtype, device="cuda")[0]
     x = flat[head:].as_strided((B, V), (V + pad, 1))
-    check(x, run_poisoned(run_path("split", **params), x, out_offset=3 + head), f"split head {head} pad {pad}")
+    out = run_poisoned(run_path("split", **params), x, out_offset=3 + head)
+    check_softmax(out, x, what=f"split head {head} pad {pad}")
 
 
 @pytest.mark.parametrize("cfg", st.CONFIGS, ids=lambda c: f"BLOCK{c.kwargs['BLOCK']}-w{c.num_warps}")
 def test_every_autotune_config_on_gpu(cfg):
     for B, V in ((33, 600), (3, 5000), (2, 1)):
         x = logits(B, V, seed=B + V, device="cuda")
-        check(x, run_poisoned(run_path("tile", config=st.config_dict(cfg)), x), f"tile {cfg} ({B}, {V})")
+        out = run_poisoned(run_path("tile", config=st.config_dict(cfg)), x)
+        check_softmax(out, x, what=f"tile {cfg} ({B}, {V})")
 
 
 def test_special_values_on_gpu():
@@ -138,7 +133,7 @@ def test_special_values_on_gpu():
         y = run_poisoned(run_path(path, **params), x)
         assert torch.isnan(y[1]).all(), path
         assert torch.isfinite(y[[0, 2, 3]]).all(), path
-        check(x, y, f"{path} {params} with an all -inf row and ±1e30")
+        check_softmax(y, x, what=f"{path} {params} with an all -inf row and ±1e30")
 
 
 @pytest.mark.parametrize("V", [1200, 50257])
@@ -146,16 +141,16 @@ def test_special_values_on_gpu():
                                            for lay in layouts(d)])
 def test_every_layout_on_gpu(dtype, layout, V):
     x = logits(16, V, seed=V + 4, dtype=dtype, device="cuda", layout=layout)
-    check(x, run_poisoned(st.softmax, x), f"{layout} via {st.plan(16, V, dtype)}")
+    check_softmax(run_poisoned(st.softmax, x), x, what=f"{layout} via {st.plan(16, V, dtype)}")
 
 
 def test_strided_views_on_gpu():
     wide = logits(64, 1300, seed=4, device="cuda")
     for x in (wide[:, :1200], wide[:, 1:1201], wide[:, ::2], wide[:, 3:40]):
-        check(x, run_poisoned(st.softmax, x))
+        check_softmax(run_poisoned(st.softmax, x), x)
     wide = logits(16, 50260, seed=5, device="cuda")
     for x in (wide[:, 1:], wide[:, 3:50260], wide[:1, 1:50258]):  # split rows off 16-byte boundaries
-        check(x, run_poisoned(st.softmax, x))
+        check_softmax(run_poisoned(st.softmax, x), x)
 
 
 def test_compiled_kernels_do_not_spill(request):
@@ -225,14 +220,14 @@ def _autotune_once_then_reuse(path, monkeypatch):
     before = st.bench_calls()
     for B, _ in shapes + [(4096, 600)]:
         x = logits(B, 600, seed=B, device="cuda")
-        check(x, run_poisoned(st.softmax, x))
+        check_softmax(run_poisoned(st.softmax, x), x)
     assert st.bench_calls() == before, "a stored choice must not be re-benchmarked"
 
     # A V with no stored choice autotunes on first use, once.
     x = logits(64, 777, seed=5, device="cuda")
-    check(x, run_poisoned(st.softmax, x))
+    check_softmax(run_poisoned(st.softmax, x), x)
     assert st.bench_calls() - before == len(st.CONFIGS)
-    check(x, run_poisoned(st.softmax, x))
+    check_softmax(run_poisoned(st.softmax, x), x)
     assert st.bench_calls() - before == len(st.CONFIGS)
     assert st.autotune_picked(777, torch.float32) is not None
 
