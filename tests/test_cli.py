@@ -1,4 +1,6 @@
-"""`python -m model`: output formats and clean failures, through a real subprocess."""
+"""`python -m model`: output formats and clean failures. The cases call the CLI's `main` in this
+process; a real subprocess is kept where only a fresh interpreter shows the behaviour: the
+module's entry point itself, and a CUDA device hidden before CUDA starts."""
 import importlib.util
 import json
 import os
@@ -8,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from model.__main__ import main
 from model.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -16,7 +19,14 @@ REPO = Path(__file__).resolve().parent.parent
 def run_cli(*args, env=None):
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "model", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=120, env=full_env)
+                          text=True, timeout=120, env=full_env, check=False)
+
+
+def call_main(capsys, *args):
+    """(exit status, stdout, stderr) of the CLI run in this process."""
+    status = main(list(args))
+    out, err = capsys.readouterr()
+    return status, out, err
 
 
 def _has_torch_port():
@@ -24,7 +34,7 @@ def _has_torch_port():
 
 
 @pytest.mark.cpu
-def test_default_prints_five_past_forms():
+def test_entry_point_prints_five_past_forms():
     r = run_cli("Yesterday I")
     assert r.returncode == 0, r.stderr
     lines = [ln.split() for ln in r.stdout.splitlines()[1:]]
@@ -36,10 +46,10 @@ def test_default_prints_five_past_forms():
 
 
 @pytest.mark.cpu
-def test_json_output():
-    r = run_cli("Tomorrow I will", "--json", "--top", "3")
-    assert r.returncode == 0, r.stderr
-    data = json.loads(r.stdout)
+def test_json_output(capsys):
+    status, out, err = call_main(capsys, "Tomorrow I will", "--json", "--top", "3")
+    assert status == 0, err
+    data = json.loads(out)
     assert data["prompt"] == "Tomorrow I will" and data["backend"] == "numpy" and data["device"] == "cpu"
     assert len(data["top"]) == 3
     tok = Tokenizer.load()
@@ -56,29 +66,34 @@ def test_json_output():
     (["Yesterday I", "--device", "cuda"], "needs --backend torch"),
     (["Yesterday I", "--top", "0"], "--top must be at least 1"),
 ])
-def test_errors_are_clean(args, message):
-    r = run_cli(*args)
-    assert r.returncode != 0
-    assert message in r.stderr
-    assert "Traceback" not in r.stderr and r.stdout == ""
+def test_errors_are_clean(capsys, args, message):
+    # An exception escaping main would fail the test with its traceback; a clean failure is a
+    # non-zero status, one message on stderr and nothing on stdout.
+    status, out, err = call_main(capsys, *args)
+    assert status != 0
+    assert message in err
+    assert "Traceback" not in err and out == ""
 
 
 @pytest.mark.cpu
 @pytest.mark.skipif(not _has_torch_port(), reason="model/torch_minigpt.py not present")
-def test_torch_backend_agrees_with_numpy():
-    a = json.loads(run_cli("Every day she", "--json").stdout)
-    r = run_cli("Every day she", "--json", "--backend", "torch")
-    assert r.returncode == 0, r.stderr
-    b = json.loads(r.stdout)
+def test_torch_backend_agrees_with_numpy(capsys):
+    status, out, err = call_main(capsys, "Every day she", "--json")
+    assert status == 0, err
+    a = json.loads(out)
+    status, out, err = call_main(capsys, "Every day she", "--json", "--backend", "torch")
+    assert status == 0, err
+    b = json.loads(out)
     assert b["backend"] == "torch"
     assert [t["token"] for t in a["top"]] == [t["token"] for t in b["top"]]
-    for x, y in zip(a["top"], b["top"]):
+    for x, y in zip(a["top"], b["top"], strict=True):
         assert y["prob"] == pytest.approx(x["prob"], rel=1e-4, abs=1e-6)
 
 
 @pytest.mark.cpu
 @pytest.mark.skipif(not _has_torch_port(), reason="model/torch_minigpt.py not present")
 def test_cuda_without_a_gpu_is_a_clean_error():
+    # CUDA_VISIBLE_DEVICES only hides a GPU from a process that has not started CUDA yet.
     r = run_cli("Yesterday I", "--backend", "torch", "--device", "cuda", env={"CUDA_VISIBLE_DEVICES": ""})
     assert r.returncode != 0
     assert "no usable CUDA GPU" in r.stderr and "Traceback" not in r.stderr
@@ -86,10 +101,10 @@ def test_cuda_without_a_gpu_is_a_clean_error():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not _has_torch_port(), reason="model/torch_minigpt.py not present")
-def test_cuda_backend_runs():
-    r = run_cli("Right now we are", "--json", "--backend", "torch", "--device", "cuda")
-    assert r.returncode == 0, r.stderr
-    data = json.loads(r.stdout)
+def test_cuda_backend_runs(capsys):
+    status, out, err = call_main(capsys, "Right now we are", "--json", "--backend", "torch", "--device", "cuda")
+    assert status == 0, err
+    data = json.loads(out)
     assert data["device"] == "cuda"
     tok = Tokenizer.load()
     assert all(tok.verb_form(t["token"]) == "ing" for t in data["top"])

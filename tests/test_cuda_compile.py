@@ -10,6 +10,7 @@ import shutil
 import pytest
 import torch
 
+from kernels import cuda_plans
 from kernels import softmax_cuda as sc
 
 pytestmark = pytest.mark.cpu
@@ -82,16 +83,16 @@ def test_dispatch_boundaries_are_the_plan_capacities(dtype):
     # The GPU tests walk the union: every dtype's boundaries must be in it.
     assert set(bounds) <= set(sc.DISPATCH_BOUNDARIES)
     for v in bounds:
-        assert sc._select_plan(v, dtype=dtype).capacity == v, v
-        assert sc._select_plan(v, dtype=dtype) != sc._select_plan(v + 1, dtype=dtype), f"no path change at V = {v}"
-    assert sc._select_plan(bounds[-1] + 1, dtype=dtype).kind == "online"
+        assert sc.select_fused_plan(v, dtype).capacity == v, v
+        assert sc.select_fused_plan(v, dtype) != sc.select_fused_plan(v + 1, dtype), f"no path change at V = {v}"
+    assert sc.select_fused_plan(bounds[-1] + 1, dtype).kind == "online"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("V", [1, 2, 31, 32, 33, 600, 1024, 1025, 4096, 4097, 8192, 8193, 32000, 50257,
                                128256, 131072, 131073, 262144, 1 << 22])
 def test_plan_holds_the_row(V, dtype):
-    plan = sc._select_plan(V, dtype=dtype)
+    plan = sc.select_fused_plan(V, dtype)
     assert plan.capacity is None or V <= plan.capacity
     if plan.capacity is not None:
         # Each slice fits its threads' registers.
@@ -99,10 +100,10 @@ def test_plan_holds_the_row(V, dtype):
     # No smaller plan would do: the table is ordered and the first fit is taken.
     smaller = [b for b in sc.DISPATCH_BOUNDARIES_BY_DTYPE[dtype] if b < V]
     if smaller and plan.kind != "online":
-        assert sc._select_plan(smaller[-1], dtype=dtype).capacity < V
+        assert sc.select_fused_plan(smaller[-1], dtype).capacity < V
 
 
-@pytest.mark.skipif(not sc.PACK_16BIT_ROWS, reason="SOFTMAX_FUSED_PACK16=0: 16-bit rows use the fp32 table")
+@pytest.mark.skipif(not cuda_plans.PACK_16BIT_ROWS, reason="SOFTMAX_FUSED_PACK16=0: 16-bit rows use the fp32 table")
 def test_packed_rows_only_for_16_bit_storage():
     # A packed thread keeps its elements as 16-bit pairs: registers = elems / 2, i.e. the same
     # bytes per thread as the fp32 classes (32 elements, 32 registers) at most.
@@ -116,22 +117,22 @@ def test_packed_rows_only_for_16_bit_storage():
     # The long 16-bit rows (the bandwidth-bound vocabulary sizes) take the packed classes.
     for V in (8192, 32000, 50257, 128256):
         for dt in (torch.bfloat16, torch.float16):
-            assert sc._select_plan(V, dtype=dt).packed, (V, dt)
-        assert not sc._select_plan(V, dtype=torch.float32).packed
+            assert sc.select_fused_plan(V, dt).packed, (V, dt)
+        assert not sc.select_fused_plan(V, torch.float32).packed
 
 
 def test_without_clusters_long_rows_go_online():
     for V in (16385, 32000, 50257, 128256):
-        assert sc._select_plan(V, clusters_ok=False).kind == "online"
-        assert sc._select_plan(V, clusters_ok=True).kind == "cluster"
-    assert sc._select_plan(16384, clusters_ok=False).kind == "row"
+        assert sc.select_fused_plan(V, clusters=False).kind == "online"
+        assert sc.select_fused_plan(V, clusters=True).kind == "cluster"
+    assert sc.select_fused_plan(16384, clusters=False).kind == "row"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, "bf16", "float32"])
 def test_fused_plan_names(dtype):
     assert sc.fused_plan(4096, 600, dtype).startswith("warp(")
     assert sc.fused_plan(4096, 4096, dtype) == "row(cluster=1, threads=128, elems/thread=32)"
-    if dtype in (torch.float32, "float32") or not sc.PACK_16BIT_ROWS:
+    if dtype in (torch.float32, "float32") or not cuda_plans.PACK_16BIT_ROWS:
         assert sc.fused_plan(64, 128256, dtype) == "cluster(cluster=8, threads=512, elems/thread=32)"
     else:
         assert sc.fused_plan(64, 128256, dtype) == \
@@ -192,7 +193,7 @@ def test_row_and_cluster_slices_cover_each_element_once(dtype, vec):
     Vs = sorted({v + d for v in sc.DISPATCH_BOUNDARIES for d in (-1, 0, 1)}
                 | {600, 1025, 4099, 30001, 32000, 50257, 128256})
     for V in Vs:
-        plan = sc._select_plan(V, dtype=dtype)
+        plan = sc.select_fused_plan(V, dtype)
         if plan.kind in ("warp", "online"):
             continue
         for offset in range(vec):  # every alignment a row can start at

@@ -6,10 +6,10 @@ Run with `-s` to see the worst differences and the top-5 after "Yesterday I"."""
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from model.tokenizer import Tokenizer
 from model.torch_minigpt import GrammarMiniGPT, final_softmax
+from tests.helpers import assert_softmax_close, bits, logits
 
 pytestmark = pytest.mark.cuda
 
@@ -40,8 +40,10 @@ def ieee_fp32():
     saved = (matmul.allow_tf32, cudnn.allow_tf32)
     matmul.allow_tf32 = False
     cudnn.allow_tf32 = False
-    yield
-    matmul.allow_tf32, cudnn.allow_tf32 = saved
+    try:
+        yield
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = saved
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +62,15 @@ def runs(ieee_fp32, tokenizer):
     the default dispatch (Triton) and through F.softmax forced on the GPU."""
     saved_threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the CPU side computes as in the CPU equivalence tests
+    try:
+        return _run_all(tokenizer)
+    finally:
+        torch.set_num_threads(saved_threads)
+
+
+def _run_all(tokenizer):
+    assert torch.get_num_threads() == 1
+    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
     cpu = GrammarMiniGPT.from_numpy()
     gpu_triton = GrammarMiniGPT.from_numpy().to("cuda")
     gpu_torch = GrammarMiniGPT.from_numpy(softmax_impl="torch").to("cuda")
@@ -77,7 +88,6 @@ def runs(ieee_fp32, tokenizer):
                 "cuda_probs": gpu_triton(on_gpu).cpu(),
                 "cuda_torch_probs": gpu_torch(on_gpu).cpu(),
             }
-    torch.set_num_threads(saved_threads)
     return results
 
 
@@ -113,9 +123,9 @@ def test_cuda_forward_matches_cpu(runs, record_manifest):
 
     for label, r in runs.items():
         torch.testing.assert_close(r["cuda_logits"], r["cpu_logits"], atol=CUDA_VS_CPU_ATOL, rtol=0,
-                                   msg=lambda m: f"{label} logits: {m}")
+                                   msg=lambda m, label=label: f"{label} logits: {m}")
         torch.testing.assert_close(r["cuda_probs"], r["cpu_probs"], atol=CUDA_VS_CPU_ATOL, rtol=0,
-                                   msg=lambda m: f"{label} probs: {m}")
+                                   msg=lambda m, label=label: f"{label} probs: {m}")
     margins = {text: top2_margin(runs[text]["cpu_logits"]) for text in top1_changed}
     assert not top1_changed, f"next token differs between CUDA and CPU after (CPU top-2 logit gap): {margins}"
 
@@ -129,7 +139,7 @@ def test_triton_softmax_matches_f_softmax_on_cuda(runs, record_manifest):
 
     for label, r in runs.items():
         torch.testing.assert_close(r["cuda_probs"], r["cuda_torch_probs"], atol=TRITON_VS_TORCH_ATOL, rtol=0,
-                                   msg=lambda m: f"{label}: {m}")
+                                   msg=lambda m, label=label: f"{label}: {m}")
     margins = {text: top2_margin(runs[text]["cuda_logits"]) for text in top1_changed}
     assert not top1_changed, f"next token differs between Triton and F.softmax after (top-2 logit gap): {margins}"
 
@@ -160,40 +170,37 @@ def test_auto_dispatch_runs_triton_on_cuda(monkeypatch):
         return real(x, *args, **kwargs)
 
     monkeypatch.setattr(softmax_triton, "softmax", spy)
-    logits = torch.randn(2, 16, 257, device="cuda")
-    final_softmax(logits, "torch")
+    scores = batched_logits(2, 16, 257, seed=5)
+    final_softmax(scores, "torch")
     assert calls == [], "impl='torch' must not reach the Triton kernel"
-    final_softmax(logits)
+    final_softmax(scores)
     assert calls == [((32, 257), True)], "impl='auto' on CUDA must hand the kernel one contiguous (B*T, V) matrix"
 
 
-def outlier_logits(shape) -> torch.Tensor:
-    x = torch.randn(shape, device="cuda") * 3
-    flat = x.view(-1)
-    flat[torch.randint(0, flat.numel(), (max(1, flat.numel() // 500),), device="cuda")] = 60.0
-    return x
+def batched_logits(B, T, V, *, seed) -> torch.Tensor:
+    """(B, T, V) model-shaped logits on the GPU from the suite's one generator."""
+    return logits(B * T, V, seed=seed, device="cuda").view(B, T, V)
 
 
 @pytest.mark.parametrize("view", ["transposed", "sliced", "strided_rows", "contiguous"])
 def test_final_softmax_non_contiguous_cuda(view):
     if view == "transposed":
-        base = outlier_logits((16, 2, 781))
-        logits = base.transpose(0, 1)  # (B, T, V) with B and T strides swapped
+        base = batched_logits(16, 2, 781, seed=1)
+        scores = base.transpose(0, 1)  # (B, T, V) with B and T strides swapped
     elif view == "sliced":
-        base = outlier_logits((2, 16, 800))
-        logits = base[..., 7:788]  # rows padded in memory, V = 781
+        base = batched_logits(2, 16, 800, seed=2)
+        scores = base[..., 7:788]  # rows padded in memory, V = 781
     elif view == "strided_rows":
-        base = outlier_logits((2, 32, 781))
-        logits = base[:, ::2]  # every other position
+        base = batched_logits(2, 32, 781, seed=3)
+        scores = base[:, ::2]  # every other position
     else:
-        base = outlier_logits((2, 16, 781))
-        logits = base
-    assert logits.is_contiguous() == (view == "contiguous")
-    before = base.clone()
-    expected = F.softmax(logits, dim=-1)
+        base = batched_logits(2, 16, 781, seed=4)
+        scores = base
+    assert scores.is_contiguous() == (view == "contiguous")
+    before = bits(base).clone()
     for impl in ("auto", "triton"):
-        out = final_softmax(logits, impl)
-        assert out.shape == logits.shape and out.device.type == "cuda"
-        torch.testing.assert_close(out, expected)
-        assert out.data_ptr() != logits.data_ptr()
-    assert torch.equal(base, before), "the softmax wrote into its input"
+        out = final_softmax(scores, impl)
+        assert out.shape == scores.shape and out.device.type == "cuda"
+        assert_softmax_close(out, scores, what=f"final_softmax {impl} on a {view} view")
+        assert out.data_ptr() != scores.data_ptr()
+    assert torch.equal(bits(base), before), "the softmax wrote into its input"

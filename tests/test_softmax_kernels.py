@@ -1,8 +1,10 @@
 """Every kernel of the registry against the float64 NumPy reference and against each other.
 
-The contract: within 1e-4 of the reference and of each other in fp32, on fresh random inputs
-with outliers, into outputs poisoned with NaN. Kernel-specific dispatch boundaries are tested
-beside each kernel (test_cuda_kernels.py, test_triton_*.py); this file holds what they share.
+The contract: within tests.helpers.TOLERANCES of the reference (fp32: 1e-6 absolute, 1e-4
+relative) and of each other, every row summing to 1, on fresh random inputs with outliers, into
+outputs poisoned with NaN. Kernel-specific dispatch boundaries are tested beside each kernel
+(test_cuda_kernels.py, test_triton_*.py), every path under every layout in
+test_coverage_matrix.py; this file holds what all kernels share.
 """
 
 import itertools
@@ -12,26 +14,31 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import kernels
 from kernels import SOFTMAX_KERNELS, SUPPORTED_DTYPES
 from kernels.reference import softmax_ref
-from tests.inputs import make_logits
+from tests.helpers import (
+    TOLERANCES,
+    assert_rows_sum_to_one,
+    assert_softmax_close,
+    dtype_id,
+    logits,
+    row_sum_tolerance,
+    run_poisoned,
+    skip_unless_runnable,
+)
 
 KERNELS = list(SOFTMAX_KERNELS)
 LAB_SHAPES = [(64, 600), (512, 600), (4096, 600)]
 IRREGULAR_SHAPES = [(1, 1), (3, 7), (1, 255), (64, 781), (7, 1025), (5, 2049), (3, 5000), (2, 50257), (2, 128256)]
-ATOL, RTOL = 1e-6, 1e-4  # probabilities: 1e-4 relative, and absolute slack for the tiny ones
+LONG_ROWS = (50257, 128256)
+# randn * 4 with outliers and -inf, four rows: the odd rows' mass is spread over many entries.
+WIDE_SCALE = 4.0
 
 
-def run_poisoned(kernel, x):
-    out = torch.full_like(x, float("nan"))
-    result = SOFTMAX_KERNELS[kernel](x, out=out)
-    assert result.data_ptr() == out.data_ptr(), f"{kernel} did not write into the out tensor it was given"
-    return out
-
-
-def assert_matches_reference(got: torch.Tensor, x: torch.Tensor, *, atol=ATOL, rtol=RTOL, what=""):
-    ref = softmax_ref(x.double().cpu().numpy())
-    np.testing.assert_allclose(got.double().cpu().numpy(), ref, atol=atol, rtol=rtol, err_msg=what)
+def kernel_dtype_cases(*, only_ours=False):
+    return [pytest.param(name, dtype, id=f"{name}-{dtype_id(dtype)}") for name, k in SOFTMAX_KERNELS.items()
+            for dtype in k.dtypes if not (only_ours and k.baseline)]
 
 
 # -- on the CPU: the reference and the registry itself ---------------------------------------------
@@ -60,11 +67,17 @@ class TestReference:
 
 @pytest.mark.cpu
 def test_registry_is_complete_and_uniform():
-    assert set(SOFTMAX_KERNELS) == {"naive", "smem", "fused", "triton", "F_softmax"}
-    assert set(SUPPORTED_DTYPES) == set(SOFTMAX_KERNELS)
-    for name, fn in SOFTMAX_KERNELS.items():
-        assert callable(fn), name
-        assert torch.float32 in SUPPORTED_DTYPES[name], name
+    assert set(SOFTMAX_KERNELS) == {"naive", "smem", "fused", "triton", "F_softmax", "torch_compile"}
+    assert kernels.BASELINE == "F_softmax" and SOFTMAX_KERNELS[kernels.BASELINE].baseline
+    assert {n for n, k in SOFTMAX_KERNELS.items() if k.baseline} == {"F_softmax", "torch_compile"}
+    assert {n for n, k in SOFTMAX_KERNELS.items() if k.interpretable} == {"triton", "F_softmax"}
+    for name, k in SOFTMAX_KERNELS.items():
+        assert k.name == name and callable(k), name
+        assert SUPPORTED_DTYPES[name] == k.dtypes and torch.float32 in k.dtypes, name
+        assert k.paths and len(set(k.paths)) == len(k.paths), name
+        for B, V in LAB_SHAPES + IRREGULAR_SHAPES:
+            for dtype in k.dtypes:
+                assert k.plan(B, V, dtype) in k.paths, (name, B, V, dtype)
 
 
 @pytest.mark.cpu
@@ -85,52 +98,95 @@ def test_bad_input_is_rejected_before_any_kernel_runs(kernel, bad, error, messag
 
 @pytest.mark.cpu
 def test_baseline_entry_on_cpu_writes_into_out():
-    x = make_logits(3, 781)
-    out = run_poisoned("F_softmax", x)
-    assert_matches_reference(out, x)
+    x = logits(3, 781, seed=1)
+    out = run_poisoned(SOFTMAX_KERNELS["F_softmax"], x)
+    assert_softmax_close(out, x)
+    assert_rows_sum_to_one(out)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", SUPPORTED_DTYPES["F_softmax"], ids=dtype_id)
+@pytest.mark.parametrize("V", LONG_ROWS)
+def test_long_rows_sum_to_one_on_cpu(V, dtype):
+    x = logits(4, V, seed=V, dtype=dtype, scale=WIDE_SCALE)
+    out = run_poisoned(SOFTMAX_KERNELS["F_softmax"], x)
+    assert_softmax_close(out, x, what=f"F_softmax V={V}")
+    assert_rows_sum_to_one(out, what=f"F_softmax V={V}")
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("V", LONG_ROWS)
+def test_row_sum_check_catches_a_sequential_float32_sum(V):
+    """The check the long-row cases rely on must fail a kernel that adds a row's exponentials
+    one at a time in fp32 (the drift that once hid in naive): modelled here with NumPy on the
+    very inputs those cases use, whose spread rows move the sum by several tolerances."""
+    x = logits(4, V, seed=V, scale=WIDE_SCALE).numpy()
+    e = np.exp(x - x.max(axis=1, keepdims=True)).astype(np.float32)
+    s = np.add.accumulate(e, axis=1, dtype=np.float32)[:, -1:]  # strictly left to right
+    sequential = torch.from_numpy(e * (np.float32(1) / s))
+    drift = (sequential.double().sum(dim=1) - 1).abs().max().item()
+    assert drift > 2 * row_sum_tolerance(V), f"drift {drift:.3g} is too close to the tolerance to be a test"
+    with pytest.raises(AssertionError, match="do not sum to 1"):
+        assert_rows_sum_to_one(sequential)
+    # The same values summed pairwise (NumPy's float32 sum) pass: the check is not just tight.
+    pairwise = torch.from_numpy(e * (np.float32(1) / e.sum(axis=1, keepdims=True, dtype=np.float32)))
+    assert_rows_sum_to_one(pairwise)
 
 
 # -- on the GPU: every kernel, every shape -----------------------------------------------------------
-
-def skip_if_unavailable(kernel):
-    if kernel in ("naive", "smem", "fused"):
-        from tests.harness import cupy_unusable_reason
-
-        reason = cupy_unusable_reason()
-        if reason:
-            pytest.skip(reason)
-
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("B, V", LAB_SHAPES + IRREGULAR_SHAPES, ids=lambda v: str(v))
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_kernel_matches_reference(kernel, B, V):
-    skip_if_unavailable(kernel)
-    x = make_logits(B, V, device="cuda")
-    out = run_poisoned(kernel, x)
-    assert_matches_reference(out, x, what=f"{kernel} at ({B}, {V})")
+    k = SOFTMAX_KERNELS[kernel]
+    skip_unless_runnable(k)
+    x = logits(B, V, seed=B * 7919 + V, device="cuda")
+    out = run_poisoned(k, x)
+    what = f"{kernel} at ({B}, {V}) via {k.plan(B, V, x.dtype)}"
+    assert_softmax_close(out, x, what=what)
+    assert_rows_sum_to_one(out, what=what)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("V", LONG_ROWS)
+@pytest.mark.parametrize("kernel, dtype", kernel_dtype_cases())
+def test_long_wide_range_rows_sum_to_one(kernel, dtype, V):
+    # Rows whose mass is spread over thousands of entries: an inexact sum over a long row
+    # shows as a drift of every row's total (see test_row_sum_check_catches_a_sequential_float32_sum).
+    k = SOFTMAX_KERNELS[kernel]
+    skip_unless_runnable(k)
+    x = logits(4, V, seed=V, dtype=dtype, device="cuda", scale=WIDE_SCALE)
+    out = run_poisoned(k, x)
+    what = f"{kernel} V={V} via {k.plan(4, V, dtype)}"
+    assert_softmax_close(out, x, what=what)
+    assert_rows_sum_to_one(out, what=what)
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("B, V", LAB_SHAPES + [(3, 7), (64, 781), (5, 2049), (2, 50257)], ids=lambda v: str(v))
 def test_kernels_agree_with_each_other(B, V):
     for kernel in KERNELS:
-        skip_if_unavailable(kernel)
-    x = make_logits(B, V, device="cuda")
-    outputs = {kernel: run_poisoned(kernel, x) for kernel in KERNELS}
+        skip_unless_runnable(SOFTMAX_KERNELS[kernel])
+    x = logits(B, V, seed=B + V, device="cuda")
+    outputs = {kernel: run_poisoned(SOFTMAX_KERNELS[kernel], x) for kernel in KERNELS}
+    atol, rtol = TOLERANCES[torch.float32]
     for a, b in itertools.combinations(KERNELS, 2):
-        torch.testing.assert_close(outputs[a], outputs[b], atol=ATOL, rtol=RTOL, msg=lambda m: f"{a} vs {b}: {m}")
+        torch.testing.assert_close(outputs[a], outputs[b], atol=atol, rtol=rtol,
+                                   msg=lambda m, a=a, b=b: f"{a} vs {b}: {m}")
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("kernel", [k for k in KERNELS if len(SUPPORTED_DTYPES[k]) > 1])
+@pytest.mark.parametrize("kernel, dtype", [c for c in kernel_dtype_cases() if c.values[1] != torch.float32
+                                           and c.values[0] != kernels.BASELINE])
 def test_low_precision_error_is_no_worse_than_torch(kernel, dtype):
     """Judged against the reference's own error, not a fixed atol: the kernel's error vs float64
     may be at most twice that of F.softmax in the same dtype (which rounds its output once)."""
-    x = make_logits(64, 4099, device="cuda", dtype=dtype)
+    k = SOFTMAX_KERNELS[kernel]
+    skip_unless_runnable(k)
+    x = logits(64, 4099, seed=4099, device="cuda", dtype=dtype)
     ref = torch.from_numpy(softmax_ref(x.double().cpu().numpy()))
-    ours = (run_poisoned(kernel, x).double().cpu() - ref).abs().max().item()
+    ours = (run_poisoned(k, x).double().cpu() - ref).abs().max().item()
     torch_error = (F.softmax(x, dim=-1).double().cpu() - ref).abs().max().item()
     assert ours <= 2 * torch_error + 1e-7, f"{kernel} {dtype}: error {ours:.3g} vs F.softmax {torch_error:.3g}"
 
@@ -139,45 +195,42 @@ def test_low_precision_error_is_no_worse_than_torch(kernel, dtype):
 @pytest.mark.parametrize("kernel", KERNELS)
 class TestEdges:
     def test_empty_batch(self, kernel):
-        skip_if_unavailable(kernel)
+        skip_unless_runnable(SOFTMAX_KERNELS[kernel])
         out = SOFTMAX_KERNELS[kernel](torch.empty(0, 600, device="cuda"))
         assert out.shape == (0, 600) and out.is_cuda
 
     def test_single_column_gives_ones(self, kernel):
-        skip_if_unavailable(kernel)
-        x = torch.randn(70, 1, device="cuda") * 100
-        assert torch.equal(run_poisoned(kernel, x), torch.ones_like(x))
+        skip_unless_runnable(SOFTMAX_KERNELS[kernel])
+        x = logits(70, 1, seed=70, device="cuda", scale=100.0)
+        assert torch.equal(run_poisoned(SOFTMAX_KERNELS[kernel], x), torch.ones_like(x))
 
     def test_infinities_and_huge_magnitudes_like_torch(self, kernel):
-        skip_if_unavailable(kernel)
-        x = make_logits(6, 781, device="cuda", neg_inf=False)
+        skip_unless_runnable(SOFTMAX_KERNELS[kernel])
+        x = logits(6, 781, seed=6, device="cuda", neg_inf=False, neg_inf_rows=[1])  # row 1: NaN, as F.softmax
         x[0, ::3] = float("-inf")            # -inf entries: probability 0
-        x[1, :] = float("-inf")              # a row of -inf: NaN, as F.softmax gives
         x[2, :5] = 1e30                       # huge magnitudes must not overflow
         x[3, :5] = -1e30
         x[4, 7] = 1e30
-        out = run_poisoned(kernel, x)
-        expected = F.softmax(x, dim=-1)
-        assert torch.isnan(out[1]).all() and torch.isnan(expected[1]).all()
-        keep = [0, 2, 3, 4, 5]
-        torch.testing.assert_close(out[keep], expected[keep], atol=ATOL, rtol=RTOL)
+        out = run_poisoned(SOFTMAX_KERNELS[kernel], x)
+        assert torch.isnan(F.softmax(x, dim=-1)[1]).all()
+        assert_softmax_close(out, x, what=f"{kernel} with ±inf and ±1e30")  # NaN exactly in row 1
         assert (out[0, ::3] == 0).all()
 
     def test_wrong_device_and_bad_out_are_rejected(self, kernel):
-        skip_if_unavailable(kernel)
-        fn = SOFTMAX_KERNELS[kernel]
-        if kernel != "F_softmax":
+        k = SOFTMAX_KERNELS[kernel]
+        skip_unless_runnable(k)
+        if kernel != kernels.BASELINE:  # F.softmax runs on any device
             with pytest.raises(ValueError, match="cuda"):
-                fn(torch.randn(4, 10))
+                k(torch.randn(4, 10))
         x = torch.randn(4, 10, device="cuda")
         with pytest.raises(ValueError, match="out"):
-            fn(x, out=torch.empty(4, 11, device="cuda"))
+            k(x, out=torch.empty(4, 11, device="cuda"))
         with pytest.raises(ValueError, match="out"):
-            fn(x, out=torch.empty(10, 4, device="cuda").t())
+            k(x, out=torch.empty(10, 4, device="cuda").t())
 
     def test_non_contiguous_input(self, kernel):
-        skip_if_unavailable(kernel)
-        wide = make_logits(32, 1601, device="cuda")
+        skip_unless_runnable(SOFTMAX_KERNELS[kernel])
+        wide = logits(32, 1601, seed=32, device="cuda")
         x = wide[:, 1:782]                    # rows start misaligned and are strided
         assert not x.is_contiguous()
-        assert_matches_reference(run_poisoned(kernel, x), x, what=f"{kernel} on a strided view")
+        assert_softmax_close(run_poisoned(SOFTMAX_KERNELS[kernel], x), x, what=f"{kernel} on a strided view")

@@ -1,4 +1,6 @@
 """Training loop: determinism, a smoke run whose loss falls, the optimiser, and the CLI outputs."""
+import itertools
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ pytestmark = pytest.mark.cpu
 
 
 def test_training_is_deterministic():
-    kw = dict(steps=4, batch_size=8, n_sentences=200, progress=False)
+    kw = {"steps": 4, "batch_size": 8, "n_sentences": 200, "progress": False}
     a, _, la = tr.train(seed=3, **kw)
     b, _, lb = tr.train(seed=3, **kw)
     c, _, _ = tr.train(seed=4, **kw)
@@ -45,7 +47,7 @@ def test_adam_matches_the_update_rule():
 def test_lr_schedule():
     lrs = [tr.lr_at(s, 100, 1.0, 10) for s in range(100)]
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
-    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
+    assert all(a >= b for a, b in itertools.pairwise(lrs[9:]))
     assert lrs[-1] == pytest.approx(0.1, abs=0.01)
 
 

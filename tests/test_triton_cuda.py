@@ -1,40 +1,39 @@
 """Triton softmax on a GPU: every dispatch path at its boundaries, long and odd rows, huge
 batches, every autotune config, resource use of the compiled kernels, and autotune-once-reuse."""
 
-import numpy as np
 import pytest
 import torch
 
 from kernels import softmax_triton as st
-from kernels.reference import softmax_ref
-from tests.inputs import seeded_logits
+from kernels import triton_store
+from tests.helpers import (
+    SCALED_TRITON_PARAMS,
+    assert_rows_sum_to_one,
+    assert_softmax_close,
+    bits,
+    dtype_id,
+    layouts,
+    logits,
+    run_poisoned,
+)
 
 pytestmark = pytest.mark.cuda
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def logits(B, V, *, seed, dtype=torch.float32):
-    # At most 4096 marked entries: the large shapes here are drawn on the CPU.
-    return seeded_logits(B, V, seed=seed, dtype=dtype, device="cuda", max_marked=4096)
+def run_path(path, **params):
+    """st.run_path through one path, in run_poisoned's calling convention."""
+    def call(x, *, out):
+        return st.run_path(x, path, out=out, **params)
+    call.__name__ = f"triton {path}"
+    return call
 
 
-def tolerance(dtype):
-    """fp32: atol 1e-6, rtol 1e-4. bf16/fp16: one rounding of the stored output (half an ulp)
-    plus float32 maths, covered by rtol = eps of the dtype."""
-    if dtype == torch.float32:
-        return {"atol": 1e-6, "rtol": 1e-4}
-    return {"atol": 1e-6, "rtol": torch.finfo(dtype).eps}
-
-
-def check(x, y, record=None, label=None):
-    torch.cuda.synchronize()
-    y_cpu = y.float().cpu().double()
-    ref = torch.from_numpy(softmax_ref(x.float().cpu().numpy()))
-    if record is not None:
-        record("triton_cuda", **{f"max_abs_err_{label}": float((y_cpu - ref).abs().max())})
-    assert not torch.isnan(y_cpu).any(), f"{int(torch.isnan(y_cpu).sum())} elements unwritten or NaN"
-    torch.testing.assert_close(y_cpu, ref, **tolerance(x.dtype))
+def check(x, y, what=""):
+    assert_softmax_close(y, x, what=what)
+    if not torch.isnan(y).any():  # an all -inf row is NaN by design; its cases check that apart
+        assert_rows_sum_to_one(y, what=what)
 
 
 def _boundary_cases():
@@ -49,14 +48,11 @@ def _boundary_cases():
                 (70000, 7), (70000, 600), (1, 600), (17, 1000)]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("B,V", list(_boundary_cases()))
 def test_softmax_matches_reference(B, V, dtype):
-    x = logits(B, V, seed=B * 7919 + V, dtype=dtype)
-    out = torch.full_like(x, float("nan"))
-    y = st.softmax(x, out=out)
-    assert y is out
-    check(x, y)
+    x = logits(B, V, seed=B * 7919 + V, dtype=dtype, device="cuda")
+    check(x, run_poisoned(st.softmax, x), f"({B}, {V}) via {st.plan(B, V, dtype)}")
 
 
 FORCED = [
@@ -70,13 +66,36 @@ FORCED = [
 ]
 
 
-@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=dtype_id)
 @pytest.mark.parametrize("path,params", FORCED, ids=[f"{p}-{i}" for i, (p, _) in enumerate(FORCED)])
 @pytest.mark.parametrize("B,V", [(3, 7), (70000, 33), (31, 2049), (9, 6001)])
 def test_each_path_on_gpu(path, params, B, V, dtype):
-    x = logits(B, V, seed=V + B, dtype=dtype)
-    y = st.run_path(x, path, out=torch.full_like(x, float("nan")), **params)
-    check(x, y)
+    x = logits(B, V, seed=V + B, dtype=dtype, device="cuda")
+    check(x, run_poisoned(run_path(path, **params), x), f"{path} {params} ({B}, {V})")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("V", [33, 600, 2049, 6001, 50257])
+def test_a_rows_bits_do_not_depend_on_path_batch_or_layout(V, dtype):
+    # The kernels' sums are order-free (kernels/triton_kernels.py): whichever path, batch size,
+    # row position, alignment or stride, a row's output bits depend only on its values and V.
+    x = logits(6, V, seed=V + 30, dtype=dtype, device="cuda")
+    expected = run_poisoned(st.softmax, x)
+    b = st.DISPATCH_BOUNDARIES
+    # Each path where its registers hold the row (rows and row keep a whole row per program),
+    # with its own launch parameters and with the scaled-down ones.
+    holds = {"tile": True, "rows": V <= b["tile_max_v"], "row": V <= b["row_max_v"], "split": True}
+    forced = [(p, {}) for p in st.PATHS if holds[p]]
+    forced += [(p, q) for p, q in SCALED_TRITON_PARAMS.items() if V <= 6001 and (p != "rows" or holds[p])]
+    for path, params in forced:
+        got = run_poisoned(run_path(path, **params), x)
+        assert torch.equal(bits(got), bits(expected)), f"{path} {params}: bits differ from {st.plan(6, V, dtype)}"
+    for layout in layouts(dtype):
+        xl = logits(6, V, seed=V + 30, dtype=dtype, device="cuda", layout=layout)
+        assert torch.equal(bits(run_poisoned(st.softmax, xl)), bits(expected)), f"{layout}: bits differ"
+    for row in (0, 5):
+        alone = run_poisoned(st.softmax, x[row:row + 1].clone())
+        assert torch.equal(bits(alone), bits(expected[row:row + 1])), f"row {row} alone differs"
 
 
 SPLIT_OFFSET_CASES = [
@@ -94,73 +113,75 @@ SPLIT_OFFSET_CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("B,V,head,pad,params", SPLIT_OFFSET_CASES,
                          ids=[f"B{c[0]}-V{c[1]}-h{c[2]}-p{c[3]}-{i}" for i, c in enumerate(SPLIT_OFFSET_CASES)])
 def test_split_at_odd_v_and_unaligned_rows_on_gpu(B, V, head, pad, params, dtype):
     # Chunks are cut on 16-byte groups of the buffer, so rows that start inside a group take
     # the edge loads/stores; the output window has NaN guards that must stay untouched.
-    flat = logits(1, (B - 1) * (V + pad) + V + head + 5, seed=B + V + head, dtype=dtype)[0]
+    flat = logits(1, (B - 1) * (V + pad) + V + head + 5, seed=B + V + head, dtype=dtype, device="cuda")[0]
     x = flat[head:].as_strided((B, V), (V + pad, 1))
-    guard = torch.full((B * V + 6 + head,), float("nan"), dtype=dtype, device=x.device)
-    out = guard[3 + head:3 + head + B * V].view(B, V)
-    y = st.run_path(x, "split", out=out, **params)
-    check(x, y)
-    torch.cuda.synchronize()
-    assert torch.isnan(guard[:3 + head]).all() and torch.isnan(guard[3 + head + B * V:]).all()
+    check(x, run_poisoned(run_path("split", **params), x, out_offset=3 + head), f"split head {head} pad {pad}")
 
 
 @pytest.mark.parametrize("cfg", st.CONFIGS, ids=lambda c: f"BLOCK{c.kwargs['BLOCK']}-w{c.num_warps}")
 def test_every_autotune_config_on_gpu(cfg):
     for B, V in ((33, 600), (3, 5000), (2, 1)):
-        x = logits(B, V, seed=B + V)
-        check(x, st.run_path(x, "tile", out=torch.full_like(x, float("nan")), config=st.config_dict(cfg)))
+        x = logits(B, V, seed=B + V, device="cuda")
+        check(x, run_poisoned(run_path("tile", config=st.config_dict(cfg)), x), f"tile {cfg} ({B}, {V})")
 
 
 def test_special_values_on_gpu():
     for path, params in FORCED:
-        x = logits(4, 3000, seed=1)
-        x[1] = -float("inf")
+        x = logits(4, 3000, seed=1, device="cuda", neg_inf_rows=[1])
         x[2, 5], x[2, 6], x[3, 0] = 1e30, -1e30, -1e30
-        y = st.run_path(x, path, out=torch.full_like(x, float("nan")), **params)
-        torch.cuda.synchronize()
+        y = run_poisoned(run_path(path, **params), x)
         assert torch.isnan(y[1]).all(), path
         assert torch.isfinite(y[[0, 2, 3]]).all(), path
-        check(x[[0, 2, 3]], y[[0, 2, 3]])
+        check(x, y, f"{path} {params} with an all -inf row and ±1e30")
 
 
-def test_strided_input_on_gpu():
-    wide = logits(64, 1300, seed=4)
+@pytest.mark.parametrize("V", [1200, 50257])
+@pytest.mark.parametrize("dtype, layout", [pytest.param(d, lay, id=f"{dtype_id(d)}-{lay}") for d in DTYPES
+                                           for lay in layouts(d)])
+def test_every_layout_on_gpu(dtype, layout, V):
+    x = logits(16, V, seed=V + 4, dtype=dtype, device="cuda", layout=layout)
+    check(x, run_poisoned(st.softmax, x), f"{layout} via {st.plan(16, V, dtype)}")
+
+
+def test_strided_views_on_gpu():
+    wide = logits(64, 1300, seed=4, device="cuda")
     for x in (wide[:, :1200], wide[:, 1:1201], wide[:, ::2], wide[:, 3:40]):
-        check(x, st.softmax(x))
-    wide = logits(16, 50260, seed=5)
+        check(x, run_poisoned(st.softmax, x))
+    wide = logits(16, 50260, seed=5, device="cuda")
     for x in (wide[:, 1:], wide[:, 3:50260], wide[:1, 1:50258]):  # split rows off 16-byte boundaries
-        check(x, st.softmax(x))
+        check(x, run_poisoned(st.softmax, x))
 
 
 def test_compiled_kernels_do_not_spill(request):
     """The cubins the launches actually use: registers and spills reported by the driver."""
-    x = logits(4, 600, seed=0)
+    x = logits(4, 600, seed=0, device="cuda")
     y = torch.empty_like(x)
     rows = []
     for cfg in st.CONFIGS:
-        k = st._softmax_tile_kernel.warmup(x, y, 600, 600, 600, BLOCK=cfg.kwargs["BLOCK"], ALIGN=4,
-                                          num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,))
+        k = st.JIT_KERNELS["tile"].warmup(x, y, 600, 600, 600, st.fixed_point_scale(600), BLOCK=cfg.kwargs["BLOCK"],
+                                          ALIGN=4, num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,))
         k._init_handles()
         rows.append((f"tile BLOCK={cfg.kwargs['BLOCK']} w{cfg.num_warps}", k.n_regs, k.n_spills))
     # The split kernel at an odd V, as the wrapper launches it (group-aligned chunks).
     for dtype in (torch.float32, torch.bfloat16):
         V = 50257
-        xs = logits(2, V, seed=1, dtype=dtype)
+        xs = logits(2, V, seed=1, dtype=dtype, device="cuda")
         ys = torch.empty_like(xs)
-        sp = st._split_params(V, dtype)
-        a = 16 // xs.element_size()
-        P = -(-(V + a - 1) // sp["CHUNK"])
-        ws = torch.zeros(2 * (P + 1), dtype=torch.int64, device="cuda")
-        k = st._softmax_split_kernel.warmup(xs, ys, ws, V, P, V, V, 0, 0, CHUNK=sp["CHUNK"],
-                                            P_BLOCK=max(2, 1 << (P - 1).bit_length()),
-                                            FALLBACK_BLOCK=min(sp["CHUNK"], 1024), MAX_SPINS=st.SPLIT_MAX_SPINS,
-                                            ALIGN=a, Y_ALIGN=a, num_warps=sp["num_warps"], grid=(1,))
+        sp = st.launch_params("split", V, dtype)
+        lay = st.split_layout(xs, ys, CHUNK=sp["CHUNK"])
+        P = lay["P"]
+        ws = torch.zeros(st.split_workspace_words(2, P), dtype=torch.int64, device="cuda")
+        k = st.JIT_KERNELS["split"].warmup(lay["xb"], lay["yb"], ws, V, P, V, V, lay["xo"], lay["yo"],
+                                           st.fixed_point_scale(V), CHUNK=sp["CHUNK"], P_BLOCK=lay["P_BLOCK"],
+                                           FALLBACK_BLOCK=lay["FALLBACK_BLOCK"], MAX_SPINS=st.SPLIT_MAX_SPINS,
+                                           ALIGN=lay["ALIGN"], Y_ALIGN=lay["Y_ALIGN"], num_warps=sp["num_warps"],
+                                           grid=(1,))
         k._init_handles()
         rows.append((f"split {str(dtype).removeprefix('torch.')} V={V}", k.n_regs, k.n_spills))
     print()
@@ -176,12 +197,18 @@ def test_compiled_kernels_do_not_spill(request):
 
 def test_autotune_once_then_reuse(tmp_path, monkeypatch):
     path = tmp_path / "tune.json"
-    monkeypatch.setattr(st, "STORED_PATH", path)
-    # Private memos for this test, so the rest of the session keeps its own.
-    monkeypatch.setattr(st, "_lookup_cache", {})
-    monkeypatch.setattr(st, "_tuned_here", {})
-    shapes = [(64, 600), (512, 600)]
+    # The wrapper reads the stored file through kernels.triton_store: point it at this test's own.
+    monkeypatch.setattr(triton_store, "STORED_PATH", path)
+    st.clear_autotune_memo()
+    try:
+        _autotune_once_then_reuse(path, monkeypatch)
+    finally:
+        # What the wrapper resolved from this test's file must not outlive the test.
+        st.clear_autotune_memo()
 
+
+def _autotune_once_then_reuse(path, monkeypatch):
+    shapes = [(64, 600), (512, 600)]
     before = st.bench_calls()
     record = st.run_autotune(shapes, path=path)
     assert st.bench_calls() - before == len(shapes) * len(st.CONFIGS)  # every config on every shape
@@ -190,28 +217,26 @@ def test_autotune_once_then_reuse(tmp_path, monkeypatch):
         {"BLOCK": c.kwargs["BLOCK"], "num_warps": c.num_warps} for c in st.CONFIGS]
 
     # A fresh lookup (memo cleared, as in a new process) reads the file and does not benchmark.
-    st._lookup_cache.clear()
-    st._tuned_here.clear()
+    st.clear_autotune_memo()
     picked = st.autotune_picked(600, torch.float32)
     assert (picked["BLOCK"], picked["num_warps"]) == (choice["BLOCK"], choice["num_warps"])
     before = st.bench_calls()
     for B, _ in shapes + [(4096, 600)]:
-        x = logits(B, 600, seed=B)
-        check(x, st.softmax(x, out=torch.full_like(x, float("nan"))))
+        x = logits(B, 600, seed=B, device="cuda")
+        check(x, run_poisoned(st.softmax, x))
     assert st.bench_calls() == before, "a stored choice must not be re-benchmarked"
 
     # A V with no stored choice autotunes on first use, once.
-    x = logits(64, 777, seed=5)
-    check(x, st.softmax(x))
+    x = logits(64, 777, seed=5, device="cuda")
+    check(x, run_poisoned(st.softmax, x))
     assert st.bench_calls() - before == len(st.CONFIGS)
-    check(x, st.softmax(x))
+    check(x, run_poisoned(st.softmax, x))
     assert st.bench_calls() - before == len(st.CONFIGS)
     assert st.autotune_picked(777, torch.float32) is not None
 
     # Stale file (the stored fingerprint no longer matches): ignored, tuned again.
     monkeypatch.setattr(st, "CONFIGS", st.CONFIGS[:-1] + [type(st.CONFIGS[0])({"BLOCK": 128}, num_warps=4)])
-    st._lookup_cache.clear()
-    st._tuned_here.clear()
+    st.clear_autotune_memo()
     assert st.stored_choice(600, torch.float32, torch.cuda.get_device_name(), path=path) is None
     assert st.autotune_picked(600, torch.float32) is None
 

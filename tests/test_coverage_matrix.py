@@ -1,0 +1,182 @@
+"""Every dispatch path of every registered kernel, under every input layout, in every dtype.
+
+A cell is (kernel, path, layout, dtype): the paths come from the registry (`Kernel.paths`), the
+layouts from tests.helpers.layouts (contiguous, rows with a stride > V, a storage offset in
+every other 16-byte alignment class, elements strided within a row). The cuda cases reach each
+path through the public entry at a shape the kernel's own `plan` sends there; the cpu cases run
+the kernels that work under the Triton interpreter (Triton reaches each path with run_path and
+scaled-down parameters). Each case records the cell it ran; the last tests check that no cell
+is left, so a path added to a kernel fails here until a case covers it.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+from kernels import SOFTMAX_KERNELS
+from kernels import softmax_cuda as sc
+from kernels import softmax_triton as st
+from tests.helpers import (
+    SCALED_TRITON_PARAMS,
+    assert_rows_sum_to_one,
+    assert_softmax_close,
+    bits,
+    dtype_id,
+    layouts,
+    logits,
+    needs_cupy,
+    run_poisoned,
+    skip_unless_runnable,
+)
+
+# Under xdist --dist loadgroup this file stays in one worker, so the final checks see every case.
+pytestmark = pytest.mark.xdist_group("coverage_matrix")
+
+WIDE_V = 16384  # rows longer than this are drawn wide-range (randn * 4): their sums are long
+# Row lengths tried when looking for a shape that takes a path: odd sizes, and one either side
+# of every boundary the kernels publish.
+_BOUNDARIES = set(sc.DISPATCH_BOUNDARIES) | {v for k, v in st.DISPATCH_BOUNDARIES.items() if k.endswith("_v")}
+V_CANDIDATES = sorted({7, 33, 100, 600, 781, 1025, 2049, 5000, 20001, 50257, 140001}
+                      | {v + d for v in _BOUNDARIES for d in (-1, 1)})
+B_CANDIDATES = sorted({5} | {b + 1 for k, b in st.DISPATCH_BOUNDARIES.items() if k.endswith("_b")})
+CPU_SHAPE = (5, 37)  # five rows: the rows path's blocks of 4 end in a partial one; 37 > every scaled tile
+
+
+def cells(kernels) -> set:
+    return {(k.name, path, layout, dtype_id(dtype)) for k in kernels for path in k.paths
+            for dtype in k.dtypes for layout in layouts(dtype)}
+
+
+def missing_cells(expected: set, covered: set) -> str:
+    """'' when covered holds every expected cell, else a line naming each missing one."""
+    missing = sorted(expected - covered)
+    return "".join(f"\n  {kernel} / {path} / {layout} / {dtype}" for kernel, path, layout, dtype in missing)
+
+
+def shape_for(kernel, path, dtype):
+    """The smallest (B, V) of the candidates that `kernel.plan` sends down `path`, or None."""
+    for B, V in sorted(itertools.product(B_CANDIDATES, V_CANDIDATES), key=lambda s: (s[0] * s[1], s)):
+        if kernel.plan(B, V, dtype) == path:
+            return B, V
+    return None
+
+
+def _cuda_cases():
+    cases = []
+    for k in SOFTMAX_KERNELS.values():
+        for path in k.paths:
+            for dtype in k.dtypes:
+                shape = shape_for(k, path, dtype)
+                if shape is None:
+                    continue  # test_every_cell_has_a_case names it
+                for layout in layouts(dtype):
+                    cases.append(pytest.param(k.name, path, layout, dtype, *shape,
+                                              id=f"{k.name}-{path}-{layout}-{dtype_id(dtype)}-B{shape[0]}-V{shape[1]}"))
+    return cases
+
+
+def _cpu_cases():
+    return [pytest.param(k.name, path, layout, dtype, id=f"{k.name}-{path}-{layout}-{dtype_id(dtype)}")
+            for k in SOFTMAX_KERNELS.values() if k.interpretable
+            for path in k.paths for dtype in k.dtypes for layout in layouts(dtype)]
+
+
+CUDA_CASES = _cuda_cases()
+CPU_CASES = _cpu_cases()
+TAKEN = {"cpu": set(), "cuda": set()}  # cells the cases below ran, per platform
+
+
+def seed_of(*parts) -> int:
+    # A seed from the cell's names, the same in every process (str hashes are salted per process).
+    return sum((i + 1) * ord(c) for i, c in enumerate("/".join(map(str, parts))))
+
+
+# -- the cases ---------------------------------------------------------------------------------------
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kernel, path, layout, dtype, B, V", CUDA_CASES)
+def test_cuda_path_under_layout(kernel, path, layout, dtype, B, V):
+    k = SOFTMAX_KERNELS[kernel]
+    skip_unless_runnable(k)
+    assert k.plan(B, V, dtype) == path
+    x = logits(B, V, seed=seed_of(kernel, path, layout, dtype), dtype=dtype, device="cuda", layout=layout,
+               scale=4.0 if V > WIDE_V else 3.0)
+    out = run_poisoned(k, x)
+    TAKEN["cuda"].add((kernel, path, layout, dtype_id(dtype)))
+    what = f"{kernel} via {path}, {layout}, ({B}, {V})"
+    assert_softmax_close(out, x, what=what)
+    assert_rows_sum_to_one(out, what=what)
+
+
+@pytest.mark.cpu
+@pytest.mark.skipif(not st.INTERPRET, reason="the kernels run on CPU tensors only under the Triton interpreter")
+@pytest.mark.parametrize("kernel, path, layout, dtype", CPU_CASES)
+def test_cpu_path_under_layout(kernel, path, layout, dtype):
+    k = SOFTMAX_KERNELS[kernel]
+    B, V = CPU_SHAPE
+    x = logits(B, V, seed=seed_of(kernel, path, layout, dtype), dtype=dtype, layout=layout)
+    if kernel == "triton":
+        def fn(x, *, out):
+            return st.run_path(x, path, out=out, **SCALED_TRITON_PARAMS[path])
+    else:
+        assert k.plan(B, V, dtype) == path
+        fn = k
+    out = run_poisoned(fn, x)
+    TAKEN["cpu"].add((kernel, path, layout, dtype_id(dtype)))
+    what = f"{kernel} via {path}, {layout}"
+    assert_softmax_close(out, x, what=what)
+    assert_rows_sum_to_one(out, what=what)
+    if kernel == "triton":
+        # The kernels' sums are order-free: a row's bits depend on its values and V alone, not
+        # on the path or the layout.
+        expected = st.run_path(x.contiguous(), "tile")
+        assert torch.equal(bits(out), bits(expected)), f"{what}: bits differ from the tile path on a contiguous copy"
+
+
+# -- the matrix is complete --------------------------------------------------------------------------
+
+@pytest.mark.cpu
+def test_every_cell_has_a_case():
+    cuda_cells = {(c.values[0], c.values[1], c.values[2], dtype_id(c.values[3])) for c in CUDA_CASES}
+    gaps = missing_cells(cells(SOFTMAX_KERNELS.values()), cuda_cells)
+    assert not gaps, f"cells no cuda case covers (no candidate shape takes the path?):{gaps}"
+    cpu_cells = {(c.values[0], c.values[1], c.values[2], dtype_id(c.values[3])) for c in CPU_CASES}
+    gaps = missing_cells(cells(k for k in SOFTMAX_KERNELS.values() if k.interpretable), cpu_cells)
+    assert not gaps, f"cells no cpu case covers:{gaps}"
+
+
+@pytest.mark.cpu
+def test_a_missing_cell_is_named():
+    expected = cells(SOFTMAX_KERNELS.values())
+    dropped = ("fused", "online", "offset:3", "bf16")
+    assert dropped in expected
+    assert missing_cells(expected, expected) == ""
+    assert missing_cells(expected, expected - {dropped}) == "\n  fused / online / offset:3 / bf16"
+
+
+def _check_taken(request, platform, case_name, expected):
+    config = request.config
+    if hasattr(config, "workerinput") and config.getoption("dist", "load") not in ("loadgroup", "loadfile"):
+        pytest.skip("under xdist this file's cases may run in other workers (use --dist loadgroup)")
+    selected = [item for item in request.session.items if getattr(item, "originalname", None) == case_name]
+    if len(selected) != len(CPU_CASES if platform == "cpu" else CUDA_CASES):
+        pytest.skip("only part of the matrix was selected in this run")
+    gaps = missing_cells(expected, TAKEN[platform])
+    assert not gaps, f"cells no {platform} case ran (failed or skipped before running):{gaps}"
+
+
+@pytest.mark.cpu
+@pytest.mark.skipif(not st.INTERPRET, reason="the kernels run on CPU tensors only under the Triton interpreter")
+def test_every_cpu_cell_ran(request):
+    _check_taken(request, "cpu", "test_cpu_path_under_layout",
+                 cells(k for k in SOFTMAX_KERNELS.values() if k.interpretable))
+
+
+@pytest.mark.cuda
+def test_every_cuda_cell_ran(request):
+    from tests.harness import cupy_unusable_reason
+
+    # Kernels whose backend this machine lacks were skipped with that reason, not left out.
+    runnable = [k for k in SOFTMAX_KERNELS.values() if not (needs_cupy(k) and cupy_unusable_reason())]
+    _check_taken(request, "cuda", "test_cuda_path_under_layout", cells(runnable))
