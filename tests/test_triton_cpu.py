@@ -391,7 +391,7 @@ _AOT_SCRIPT = textwrap.dedent(r"""
     TARGET = GPUTarget("cuda", 90, 32)
     # Pointers 16-byte aligned, as Triton specialises torch allocations.
     ATTRS = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
-    POINTERS = {"X": "*T", "Y": "*T", "WS": "*i64"}
+    POINTERS = {"X": "*T", "Y": "*T", "WS": "*i64", "CNT": "*i64"}
     FLOATS = {"SCALE": "fp32"}
 
     def signature(kernel, dtype):
