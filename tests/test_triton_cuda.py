@@ -176,8 +176,10 @@ def test_compiled_kernels_do_not_spill(request):
         sp = st.launch_params("split", V, dtype)
         lay = st.split_layout(xs, ys, CHUNK=sp["CHUNK"])
         P = lay["P"]
-        ws = torch.zeros(st.split_workspace_words(2, P), dtype=torch.int64, device="cuda")
-        k = st.JIT_KERNELS["split"].warmup(lay["xb"], lay["yb"], ws, V, P, V, V, lay["xo"], lay["yo"],
+        words, counters = st.split_workspace_words(2, P)
+        ws = torch.empty(words, dtype=torch.int64, device="cuda")
+        cnt = torch.zeros(counters, dtype=torch.int64, device="cuda")
+        k = st.JIT_KERNELS["split"].warmup(lay["xb"], lay["yb"], ws, cnt, V, P, V, V, lay["xo"], lay["yo"],
                                            st.fixed_point_scale(V), CHUNK=sp["CHUNK"], P_BLOCK=lay["P_BLOCK"],
                                            FALLBACK_BLOCK=lay["FALLBACK_BLOCK"], MAX_SPINS=st.SPLIT_MAX_SPINS,
                                            ALIGN=lay["ALIGN"], Y_ALIGN=lay["Y_ALIGN"], num_warps=sp["num_warps"],
