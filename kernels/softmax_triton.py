@@ -41,7 +41,11 @@ from .checks import FLOAT_DTYPES, check_softmax_input, prepare_output
 from .launch import KernelLauncher, LaunchError, current_stream, driver
 from .shapes import LAB_SHAPES
 from .triton_kernels import (
-    JIT_KERNELS, softmax_row_kernel, softmax_rows_kernel, softmax_split_kernel, softmax_tile_kernel,
+    JIT_KERNELS,
+    softmax_row_kernel,
+    softmax_rows_kernel,
+    softmax_split_kernel,
+    softmax_tile_kernel,
 )
 
 KERNEL_NAME = "triton"
