@@ -14,10 +14,13 @@ def check_softmax_input(x, *, kernel: str, dtypes=FLOAT_DTYPES, device_type: str
         raise ValueError(f"{kernel} softmax: expected a 2-D (B, V) tensor, got shape {tuple(x.shape)}")
     if x.dtype not in dtypes:
         names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
-        raise TypeError(f"{kernel} softmax: dtype {str(x.dtype).removeprefix('torch.')} is not supported (supported: {names})")
+        got = str(x.dtype).removeprefix("torch.")
+        raise TypeError(f"{kernel} softmax: dtype {got} is not supported (supported: {names})")
     if x.shape[1] == 0:
         raise ValueError(f"{kernel} softmax: V = 0, softmax over an empty row is undefined")
-    if device_type == "cuda" and not x.is_cuda or device_type not in (None, "cuda") and x.device.type != device_type:
+    wrong_device = (not x.is_cuda) if device_type == "cuda" else (device_type is not None
+                                                                  and x.device.type != device_type)
+    if wrong_device:
         raise ValueError(f"{kernel} softmax: expected a {device_type} tensor, got one on {x.device}")
     return x
 

@@ -25,12 +25,31 @@ import torch
 
 from .checks import check_softmax_input, prepare_output
 from .cuda_build import (
-    CU_SOURCES, CUPY_IMPLICIT_OPTIONS, FUSED_SOURCE, NAIVE_SOURCE, NVCC_OPTIONS, PTXAS_CHECK_OPTIONS, SMEM_SOURCE,
-    TARGET_ARCH, compile_offline, expected_kernels, format_ptxas_report, module_source, parse_ptxas_report,
+    CU_SOURCES,
+    CUPY_IMPLICIT_OPTIONS,
+    FUSED_SOURCE,
+    NAIVE_SOURCE,
+    NVCC_OPTIONS,
+    PTXAS_CHECK_OPTIONS,
+    SMEM_SOURCE,
+    TARGET_ARCH,
+    compile_offline,
+    expected_kernels,
+    format_ptxas_report,
+    module_source,
+    parse_ptxas_report,
 )
 from .cuda_plans import (
-    ALL_FUSED_PLANS, DISPATCH_BOUNDARIES, DISPATCH_BOUNDARIES_BY_DTYPE, FORMATS, PATHS, FusedPlan, fused_path,
-    fused_plan, fused_plans, select_fused_plan,
+    ALL_FUSED_PLANS,
+    DISPATCH_BOUNDARIES,
+    DISPATCH_BOUNDARIES_BY_DTYPE,
+    FORMATS,
+    PATHS,
+    FusedPlan,
+    fused_path,
+    fused_plan,
+    fused_plans,
+    select_fused_plan,
 )
 from .launch import KernelLauncher
 

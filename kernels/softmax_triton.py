@@ -41,7 +41,11 @@ from .checks import FLOAT_DTYPES, check_softmax_input, prepare_output
 from .launch import KernelLauncher, LaunchError, current_stream, driver
 from .shapes import LAB_SHAPES
 from .triton_kernels import (
-    JIT_KERNELS, softmax_row_kernel, softmax_rows_kernel, softmax_split_kernel, softmax_tile_kernel,
+    JIT_KERNELS,
+    softmax_row_kernel,
+    softmax_rows_kernel,
+    softmax_split_kernel,
+    softmax_tile_kernel,
 )
 
 KERNEL_NAME = "triton"
@@ -231,9 +235,11 @@ def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict
         block_v = triton.next_power_of_2(V)
         return {"ROWS": max(1, 2048 // block_v), "BLOCK_V": block_v, "num_warps": 4 if block_v >= 512 else 2}
     if path == "split":
-        if dtype == torch.float32 and V >= 65536:
-            return {"CHUNK": 8192, "num_warps": 8}
-        return {"CHUNK": 4096, "num_warps": 4}
+        # (4096 | 8192) x 4 warps led the sweep of CHUNK in 2048..16384 x 4..16 warps at B = 512
+        # and 4096 (reports/profiles.md); more warps per program lowered occupancy.
+        if dtype == torch.float32 and V < 65536:
+            return {"CHUNK": 4096, "num_warps": 4}
+        return {"CHUNK": 8192, "num_warps": 4}
     if path == "tile":
         return {"config": INTERPRETER_CONFIG if INTERPRET else autotune_picked(V, dtype)}
     raise ValueError(f"{KERNEL_NAME} softmax: unknown path {path!r} ({', '.join(PATHS)})")
@@ -460,11 +466,8 @@ def _softmax(x: torch.Tensor, y: torch.Tensor, path: str, params: dict, common_k
     return y
 
 
-def _common_key(x: torch.Tensor):
-    """What the launch of a new output for `x` depends on (a new output is 16-byte aligned)."""
-    B, V = x.shape
-    return (x.dtype, V, x.get_device(), x.stride(0), x.stride(1), x.data_ptr() % 16,
-            B >= DISPATCH_BOUNDARIES["rows_min_b"], store.generation)
+_ROWS_MIN_B = DISPATCH_BOUNDARIES["rows_min_b"]
+_common_generation = [store.generation]
 
 
 def run_path(x: torch.Tensor, path: str, *, out=None, **params) -> torch.Tensor:
@@ -484,13 +487,21 @@ def softmax(x: torch.Tensor, *, out=None) -> torch.Tensor:
     """Softmax over the last dimension of a (B, V) float32 / bfloat16 / float16 tensor."""
     common = None
     if out is None and not INTERPRET:
+        # The common call (rows of unit column stride, a new output, which is 16-byte aligned):
+        # everything the launch needs is keyed on the input alone.
+        if _common_generation[0] != store.generation:  # a new stored autotune choice
+            _common.clear()
+            _common_generation[0] = store.generation
         try:
-            common = _common_key(x)
+            B, V = x.shape
+            sx, sc = x.stride()
+            if sc == 1:
+                common = (x.dtype, V, x.get_device(), sx, x.data_ptr() & 15, B >= _ROWS_MIN_B)
             again = _common.get(common)
         except (AttributeError, TypeError, ValueError):
             common = again = None  # not a 2-D tensor: the checks below say what is wrong
-        if again is not None and x.shape[0] > 0:
-            y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        if again is not None and B > 0:
+            y = torch.empty_like(x, memory_format=torch.contiguous_format)
             again(x, y)
             return y
     check_softmax_input(x, kernel=KERNEL_NAME, dtypes=FLOAT_DTYPES, device_type=_DEVICE_TYPE)

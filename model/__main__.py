@@ -48,6 +48,7 @@ def next_token_probs(prompt: str, backend: str = "numpy", device: str = "cpu"):
 def _torch_probs(ids, device):
     try:
         import torch
+
         from model.torch_minigpt import GrammarMiniGPT
     except ImportError as e:
         raise CliError(f"the torch backend is unavailable: {e}") from None

@@ -226,7 +226,7 @@ def vocabulary() -> list[str]:
 
 
 def verb_table() -> list[dict[str, str]]:
-    return [dict(zip(FORMS, v[:4])) for v in VERBS]
+    return [dict(zip(FORMS, v[:4], strict=True)) for v in VERBS]
 
 
 def _check_tables() -> None:

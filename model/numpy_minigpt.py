@@ -222,7 +222,7 @@ class NumpyMiniGPT:
 
     # --- construction -----------------------------------------------------------------
     @classmethod
-    def init(cls, vocab_size: int, seed: int = 0, dtype=np.float32) -> "NumpyMiniGPT":
+    def init(cls, vocab_size: int, seed: int = 0, dtype=np.float32) -> NumpyMiniGPT:
         """GPT-2 style init: N(0, 0.02), residual projections scaled by 1/sqrt(2L)."""
         rng = np.random.default_rng(seed)
         params = {}
@@ -237,11 +237,11 @@ class NumpyMiniGPT:
             params[name] = val.astype(dtype)
         return cls(params)
 
-    def astype(self, dtype) -> "NumpyMiniGPT":
+    def astype(self, dtype) -> NumpyMiniGPT:
         return NumpyMiniGPT({k: v.astype(dtype) for k, v in self.params.items()})
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> "NumpyMiniGPT":
+    def load(cls, path: str | Path | None = None) -> NumpyMiniGPT:
         """Load and validate weights (None = the committed model/weights/minigpt.npz)."""
         path = Path(path) if path is not None else DEFAULT_WEIGHTS
         if not path.is_file():

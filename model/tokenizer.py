@@ -46,11 +46,11 @@ class Tokenizer:
 
     # --- construction / persistence -------------------------------------------------
     @classmethod
-    def from_grammar(cls) -> "Tokenizer":
+    def from_grammar(cls) -> Tokenizer:
         return cls(grammar.vocabulary(), grammar.verb_table())
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> "Tokenizer":
+    def load(cls, path: str | Path | None = None) -> Tokenizer:
         path = Path(path) if path is not None else DEFAULT_VOCAB
         try:
             data = json.loads(path.read_text(encoding="utf-8"))

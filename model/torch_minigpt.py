@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from .config import ARCHITECTURE, MiniGPTConfig
 from .numpy_minigpt import DEFAULT_WEIGHTS, WeightsError
 
-
 # -- the last softmax -------------------------------------------------------------------------
 
 SOFTMAX_IMPLS = ("auto", "torch", "triton")
@@ -227,7 +226,7 @@ class GrammarMiniGPT(nn.Module):
         return names
 
     @classmethod
-    def from_numpy(cls, path=None, *, attention: str = "explicit", softmax_impl: str = "auto") -> "GrammarMiniGPT":
+    def from_numpy(cls, path=None, *, attention: str = "explicit", softmax_impl: str = "auto") -> GrammarMiniGPT:
         """The trained NumPy weights (default: the NumPy model's file) in an eval-mode CPU module."""
         path = DEFAULT_WEIGHTS if path is None else Path(path)
         arrays = _read_npz(path)

@@ -31,7 +31,7 @@ import kernels
 from kernels import softmax_cuda as sc
 from kernels import softmax_triton as st
 from kernels.reference import softmax_ref
-from tests.inputs import seeded_logits
+from tests.helpers import logits as seeded_logits
 
 SECTION = "byte_equivalence"
 REPEATS = 20

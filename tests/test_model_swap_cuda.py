@@ -160,16 +160,18 @@ def test_yesterday_top5_are_past_simple_on_cuda(runs, tokenizer):
 
 
 def test_auto_dispatch_runs_triton_on_cuda(monkeypatch):
-    from kernels import softmax_triton
+    from kernels import SOFTMAX_KERNELS
+    from model.torch_minigpt import LM_HEAD_KERNEL
 
+    assert LM_HEAD_KERNEL == "triton"
     calls = []
-    real = softmax_triton.softmax
+    real = SOFTMAX_KERNELS[LM_HEAD_KERNEL]
 
     def spy(x, *args, **kwargs):
         calls.append((tuple(x.shape), x.is_contiguous()))
         return real(x, *args, **kwargs)
 
-    monkeypatch.setattr(softmax_triton, "softmax", spy)
+    monkeypatch.setitem(SOFTMAX_KERNELS, LM_HEAD_KERNEL, spy)
     scores = batched_logits(2, 16, 257, seed=5)
     final_softmax(scores, "torch")
     assert calls == [], "impl='torch' must not reach the Triton kernel"

@@ -173,7 +173,7 @@ def test_logits_run_twice_are_bit_identical(weight_paths, record_manifest):
                 with torch.no_grad():
                     first = model.logits(ids).numpy(), model(ids).numpy()
                     second = model.logits(ids).numpy(), model(ids).numpy()
-                for what, a, b in zip(("logits", "probabilities"), second, first):
+                for what, a, b in zip(("logits", "probabilities"), second, first, strict=True):
                     diff = bit_difference(a, b)
                     if diff:
                         failures.append(f"{label}/{attention} T={T} {what}: {diff}")
@@ -196,7 +196,7 @@ def test_sequence_alone_and_in_a_batch_give_the_same_bits(weight_paths, record_m
                     batch = model.logits(ids).numpy(), model(ids).numpy()
                     for r in range(4):
                         alone = model.logits(ids[r:r + 1]).numpy(), model(ids[r:r + 1]).numpy()
-                        for what, a, b in zip(("logits", "probabilities"), alone, batch):
+                        for what, a, b in zip(("logits", "probabilities"), alone, batch, strict=True):
                             diff = bit_difference(a[0], b[r])
                             if diff:
                                 failures.append(f"{label}/{attention} T={T} sequence {r} alone vs in the batch "

@@ -17,7 +17,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -370,90 +369,16 @@ def test_interpreter_tests_in_a_subprocess(pytestconfig):
 
 # ------------------------------------------------------------------ ahead-of-time sm_90 builds
 
-# Compiled in a child process: the kernels must be decorated with TRITON_INTERPRET unset.
-_AOT_SCRIPT = textwrap.dedent(r"""
-    import json, re, subprocess, tempfile
-    import torch
-    import triton
-    from triton import knobs
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import get_ptxas
-    from triton.compiler import ASTSource
-    from kernels import softmax_triton as st
-
-    assert not st.INTERPRET
-    TARGET = GPUTarget("cuda", 90, 32)
-    # Pointers 16-byte aligned, as Triton specialises torch allocations.
-    ATTRS = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
-    # The type of every run-time parameter of the kernels (T: the storage dtype).
-    TYPES = {"X": "*T", "Y": "*T", "WS": "*i64", "CNT": "*i64", "SCALE": "fp32",
-             **{n: "i32" for n in ("V", "B", "P", "stride_x", "stride_y", "x_off", "y_off")}}
-
-    def signature(kernel, dtype):
-        # From the kernel's own parameter list: a new parameter stops the build here by name.
-        unknown = [p.name for p in kernel.params if not p.is_constexpr and p.name not in TYPES]
-        assert not unknown, f"{kernel.__name__}: give the type of {unknown} in TYPES"
-        return {p.name: "constexpr" if p.is_constexpr else TYPES[p.name].replace("T", dtype) for p in kernel.params}
-
-    def build(name, kernel, dtype, const, num_warps, num_stages=3):
-        src = ASTSource(fn=kernel, signature=signature(kernel, dtype), constexprs=const, attrs=ATTRS)
-        c = triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(c.asm["cubin"])
-        usage = subprocess.run([knobs.nvidia.cuobjdump.path, "--dump-resource-usage", f.name],
-                               capture_output=True, text=True, check=True).stdout
-        fields = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage))
-        with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-            f.write(c.asm["ptx"])
-        # The ptxas Triton itself picks for sm_90 (3.9 uses its newer "ptxas-blackwell").
-        arch = re.search(r"^\.target\s+(\w+)", c.asm["ptx"], re.M).group(1)  # sm_90a
-        proc = subprocess.run([get_ptxas(90).path, "-v", f"--gpu-name={arch}", f.name, "-o", f.name + ".o"],
-                              capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr
-        spill = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", proc.stderr)]
-        return {"name": name, "num_warps": num_warps, **const, "regs": int(fields["REG"]),
-                "vector_stores": bool(re.search(r"st\.global(\.\w+)*\.v[248]", c.asm["ptx"])),
-                "stack": int(fields["STACK"]), "local": int(fields["LOCAL"]), "spill_bytes": sum(spill),
-                "shared": int(c.metadata.shared),
-                "vector_loads": bool(re.search(r"ld\.global(\.\w+)*\.v[248]", c.asm["ptx"]))}
-
-    K = st.JIT_KERNELS
-    rows = []
-    for cfg in st.CONFIGS:
-        rows.append(build("tile fp32", K["tile"], "fp32", {"BLOCK": cfg.kwargs["BLOCK"], "ALIGN": 4},
-                          cfg.num_warps, cfg.num_stages))
-    for dtype, tdtype, es in (("fp32", torch.float32, 4), ("bf16", torch.bfloat16, 2)):
-        a = 16 // es
-        for V in (4096, 8192, 16384, 32768):
-            p = st.launch_params("row", V, tdtype)
-            rows.append(build(f"row {dtype}", K["row"], dtype, {"BLOCK": p["BLOCK"], "ALIGN": a}, p["num_warps"]))
-        p = st.launch_params("rows", 600, tdtype)
-        rows.append(build(f"rows {dtype}", K["rows"], dtype, {"ROWS": p["ROWS"], "BLOCK_V": p["BLOCK_V"], "ALIGN": a},
-                          p["num_warps"]))
-        for V in (50257, 128256):
-            p = st.launch_params("split", V, tdtype)
-            P = triton.cdiv(V + a - 1, p["CHUNK"])
-            # Chunks are cut on 16-byte groups whatever V is: odd V gets the same vector
-            # accesses as even V (Y_ALIGN = ALIGN for contiguous rows).
-            rows.append(build(f"split {dtype}", K["split"], dtype,
-                              {"CHUNK": p["CHUNK"], "P_BLOCK": max(2, triton.next_power_of_2(P)),
-                               "FALLBACK_BLOCK": min(p["CHUNK"], 1024), "MAX_SPINS": st.SPLIT_MAX_SPINS,
-                               "ALIGN": a, "Y_ALIGN": a},
-                              p["num_warps"]))
-    print("AOT-JSON " + json.dumps(rows))
-""")
-
-
 @pytest.fixture(scope="session")
 def sm90_builds():
-    # Triton's own cache (keyed on source, options, target and version) serves a warm rerun.
+    # kernels.triton_build in a child process: the kernels must be decorated with TRITON_INTERPRET
+    # unset. Triton's own cache (keyed on source, options, target and version) serves a warm rerun.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", _AOT_SCRIPT], cwd=REPO, env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "kernels.triton_build"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=900, check=False)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("AOT-JSON "))
-    return json.loads(line.removeprefix("AOT-JSON "))
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_sm90_aot_builds_have_no_spills_and_fit_shared_memory(sm90_builds, request):

@@ -172,7 +172,7 @@ def test_compiled_kernels_do_not_spill(request):
         lay = st.split_layout(xs, ys, CHUNK=sp["CHUNK"])
         P = lay["P"]
         words, counters = st.split_workspace_words(2, P)
-        ws = torch.zeros(words, dtype=torch.int64, device="cuda")
+        ws = torch.empty(words, dtype=torch.int64, device="cuda")
         cnt = torch.zeros(counters, dtype=torch.int64, device="cuda")
         k = st.JIT_KERNELS["split"].warmup(lay["xb"], lay["yb"], ws, cnt, V, P, V, V, lay["xo"], lay["yo"],
                                            st.fixed_point_scale(V), CHUNK=sp["CHUNK"], P_BLOCK=lay["P_BLOCK"],

@@ -1,0 +1,108 @@
+"""Build every Triton kernel configuration ahead of time for sm_90 and report its resources.
+
+    python -m kernels.triton_build          # one JSON line: a record per build
+
+No GPU is needed: Triton compiles for the H200's target, and the cubin is read back with the
+`cuobjdump` and `ptxas` that Triton ships. Each record gives registers, shared memory, stack,
+local memory, spill bytes and whether the PTX has vector loads and stores. The compiled (not
+interpreted) kernels are needed, so TRITON_INTERPRET must be unset in this process: the tests
+run it as a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+import triton
+
+TARGET_CAPABILITY = 90
+# Pointers 16-byte aligned, as Triton specialises torch allocations.
+_ATTRS = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
+_POINTERS = {"X": "*T", "Y": "*T", "WS": "*i64", "CNT": "*i64"}
+_FLOATS = {"SCALE": "fp32"}
+
+
+def signature(kernel, dtype: str) -> dict:
+    """The compile signature of a jitted kernel from its own parameters (so a new argument
+    cannot leave this builder behind): pointers, the fp32 SCALE, i32 otherwise."""
+    sig = {}
+    for p in kernel.params:
+        if p.is_constexpr:
+            sig[p.name] = "constexpr"
+        else:
+            sig[p.name] = _POINTERS.get(p.name, _FLOATS.get(p.name, "i32")).replace("T", dtype)
+    return sig
+
+
+def build(name: str, kernel, dtype: str, constexprs: dict, num_warps: int, num_stages: int = 3) -> dict:
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+
+    src = ASTSource(fn=kernel, signature=signature(kernel, dtype), constexprs=constexprs, attrs=_ATTRS)
+    c = triton.compile(src, target=GPUTarget("cuda", TARGET_CAPABILITY, 32),
+                       options={"num_warps": num_warps, "num_stages": num_stages})
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(c.asm["cubin"])
+    usage = subprocess.run([knobs.nvidia.cuobjdump.path, "--dump-resource-usage", f.name],
+                           capture_output=True, text=True, check=True).stdout
+    fields = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage))
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(c.asm["ptx"])
+    # The ptxas Triton itself picks for sm_90 (3.9 uses its newer "ptxas-blackwell").
+    arch = re.search(r"^\.target\s+(\w+)", c.asm["ptx"], re.M).group(1)  # sm_90a
+    proc = subprocess.run([get_ptxas(TARGET_CAPABILITY).path, "-v", f"--gpu-name={arch}", f.name, "-o",
+                           f.name + ".o"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ptxas failed for {name}: {proc.stderr}")
+    spill = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", proc.stderr)]
+    return {"name": name, "num_warps": num_warps, **constexprs, "regs": int(fields["REG"]),
+            "stack": int(fields["STACK"]), "local": int(fields["LOCAL"]), "spill_bytes": sum(spill),
+            "shared": int(c.metadata.shared),
+            "vector_loads": bool(re.search(r"ld\.global(\.\w+)*\.v[248]", c.asm["ptx"])),
+            "vector_stores": bool(re.search(r"st\.global(\.\w+)*\.v[248]", c.asm["ptx"]))}
+
+
+def build_all() -> list[dict]:
+    """Every autotune config of the tile kernel, and the row, rows and split kernels as the
+    wrapper launches them at typical V, in fp32 and bf16."""
+    from . import softmax_triton as st
+
+    if st.INTERPRET:
+        raise RuntimeError("kernels.triton_build needs the compiled kernels: unset TRITON_INTERPRET")
+    K = st.JIT_KERNELS
+    rows = [build("tile fp32", K["tile"], "fp32", {"BLOCK": cfg.kwargs["BLOCK"], "ALIGN": 4}, cfg.num_warps,
+                  cfg.num_stages) for cfg in st.CONFIGS]
+    for dtype, tdtype, es in (("fp32", torch.float32, 4), ("bf16", torch.bfloat16, 2)):
+        a = 16 // es
+        for V in (4096, 8192, 16384, 32768):
+            p = st.launch_params("row", V, tdtype)
+            rows.append(build(f"row {dtype}", K["row"], dtype, {"BLOCK": p["BLOCK"], "ALIGN": a}, p["num_warps"]))
+        p = st.launch_params("rows", 600, tdtype)
+        rows.append(build(f"rows {dtype}", K["rows"], dtype,
+                          {"ROWS": p["ROWS"], "BLOCK_V": p["BLOCK_V"], "ALIGN": a}, p["num_warps"]))
+        for V in (50257, 128256):
+            p = st.launch_params("split", V, tdtype)
+            P = triton.cdiv(V + a - 1, p["CHUNK"])
+            # Chunks are cut on 16-byte groups whatever V is: odd V gets the same vector
+            # accesses as even V (Y_ALIGN = ALIGN for contiguous rows).
+            rows.append(build(f"split {dtype}", K["split"], dtype,
+                              {"CHUNK": p["CHUNK"], "P_BLOCK": max(2, triton.next_power_of_2(P)),
+                               "FALLBACK_BLOCK": min(p["CHUNK"], 1024), "MAX_SPINS": st.SPLIT_MAX_SPINS,
+                               "ALIGN": a, "Y_ALIGN": a}, p["num_warps"]))
+    return rows
+
+
+def main() -> int:
+    print(json.dumps(build_all()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
