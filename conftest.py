@@ -41,6 +41,14 @@ def pytest_addoption(parser):
                     help="the manifest --regression-gate compares with (default: the committed reports/manifest.json)")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    markers.parallel_cpu_by_default(config.option, config.getoption("markexpr"),
+                                    is_worker=hasattr(config, "workerinput"),
+                                    collect_only=config.getoption("collectonly"))
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
     """`-n auto` on a cuda run starts one worker per GPU."""
     if markers.selects_cuda(config.getoption("markexpr")):

@@ -1,6 +1,7 @@
 """Collection rules: every test carries exactly one platform marker, benchmarks do not run under
 xdist, and what becomes of cuda tests on a machine whose GPU cannot be used."""
 
+import os
 import re
 from collections.abc import Callable
 
@@ -65,3 +66,26 @@ def gate_cuda_items(
     for item in cuda_items:
         item.add_marker(skip)
     return None
+
+
+# A plain `pytest -m cpu` runs on this many xdist workers (the CI machine has two cores).
+CPU_WORKERS = 2
+_BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def parallel_cpu_by_default(option, markexpr: str | None, *, is_worker: bool, collect_only: bool,
+                            environ=os.environ) -> bool:
+    """Spread a plain `pytest -m cpu` over CPU_WORKERS xdist workers, one test file per worker
+    (the coverage matrix checks its own cells). An explicit -n (or -p no:xdist), another marker
+    expression, --collect-only, or an xdist worker itself keeps pytest's own choice. Each worker
+    gets one BLAS thread: two workers with two threads each thrash on two cores. Returns whether
+    it changed anything."""
+    if is_worker or collect_only or (markexpr or "").strip() != "cpu":
+        return False
+    if not hasattr(option, "numprocesses") or option.numprocesses is not None:
+        return False
+    option.numprocesses = CPU_WORKERS
+    option.dist = "loadfile"
+    for name in _BLAS_THREAD_VARIABLES:
+        environ.setdefault(name, "1")
+    return True
