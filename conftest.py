@@ -28,24 +28,38 @@ _written = pytest.StashKey[list]()
 
 def pytest_addoption(parser):
     group = parser.getgroup("softmax-suite")
-    group.addoption("--allow-no-gpu", action="store_true",
-                    help="with -m cuda on a machine without a usable GPU, skip the cuda tests instead of failing "
-                         "the run")
-    group.addoption("--reports-dir", default=str(ROOT / "reports"),
-                    help="folder for manifest.json and the figures (default: reports/)")
+    group.addoption(
+        "--allow-no-gpu",
+        action="store_true",
+        help="with -m cuda on a machine without a usable GPU, skip the cuda tests instead of failing the run",
+    )
+    group.addoption(
+        "--reports-dir",
+        default=str(ROOT / "reports"),
+        help="folder for manifest.json and the figures (default: reports/)",
+    )
     group.addoption("--no-reports", action="store_true", help="write no reports at the end of the run")
-    group.addoption("--regression-gate", action="store_true",
-                    help="fail the run when fused or triton, relative to F.softmax, is more than 10%% slower than "
-                         "in the committed manifest for the same GPU model")
-    group.addoption("--regression-baseline", default=str(ROOT / "reports" / "manifest.json"),
-                    help="the manifest --regression-gate compares with (default: the committed reports/manifest.json)")
+    group.addoption(
+        "--regression-gate",
+        action="store_true",
+        help="fail the run when fused or triton, relative to F.softmax, is more than 10%% slower than "
+        "in the committed manifest for the same GPU model",
+    )
+    group.addoption(
+        "--regression-baseline",
+        default=str(ROOT / "reports" / "manifest.json"),
+        help="the manifest --regression-gate compares with (default: the committed reports/manifest.json)",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
-    markers.parallel_cpu_by_default(config.option, config.getoption("markexpr"),
-                                    is_worker=hasattr(config, "workerinput"),
-                                    collect_only=config.getoption("collectonly"))
+    markers.parallel_cpu_by_default(
+        config.option,
+        config.getoption("markexpr"),
+        is_worker=hasattr(config, "workerinput"),
+        collect_only=config.getoption("collectonly"),
+    )
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -63,9 +77,12 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(markers.platform_marker_message(errors))
     if os.environ.get("PYTEST_XDIST_WORKER"):
         markers.skip_benchmarks(items)
-    message = markers.gate_cuda_items(items, markexpr=config.getoption("markexpr"),
-                                      allow_no_gpu=config.getoption("allow_no_gpu"),
-                                      unusable_reason=gpus.gpu_unusable_reason)
+    message = markers.gate_cuda_items(
+        items,
+        markexpr=config.getoption("markexpr"),
+        allow_no_gpu=config.getoption("allow_no_gpu"),
+        unusable_reason=gpus.gpu_unusable_reason,
+    )
     if message:
         pytest.exit(message, returncode=markers.NO_GPU_EXIT_STATUS)
 
@@ -90,8 +107,10 @@ def _seed_everything(request):
 def record_manifest(request):
     """`record_manifest(section, **values)` puts values into reports/manifest.json at the end of
     the run (combined over tests as tests/suite/records.py says). Record before asserting."""
+
     def record(section: str, **values):
         request.node.user_properties.append((records.RECORD_KEY, (section, values)))
+
     return record
 
 
@@ -114,12 +133,16 @@ def pytest_sessionfinish(session, exitstatus):
     benchmarks = records.benchmark_records(getattr(config, "_benchmarksession", None))
     # Kernel timings name the GPU they ran on, even where this process never touched CUDA itself
     # (the cuda tests ran in xdist workers): nvidia-smi names it then.
-    environment = manifest.run_environment(gpus.measured_gpu(_collector.gpu_work_ran or bool(benchmarks)),
-                                           config.invocation_params.args)
+    environment = manifest.run_environment(
+        gpus.measured_gpu(_collector.gpu_work_ran or bool(benchmarks)), config.invocation_params.args
+    )
     if not config.getoption("no_reports"):
         config.stash[_written] = manifest.write_reports(
-            Path(config.getoption("reports_dir")), benchmarks=benchmarks, recorded=_collector.combined(),
-            environment=environment)
+            Path(config.getoption("reports_dir")),
+            benchmarks=benchmarks,
+            recorded=_collector.combined(),
+            environment=environment,
+        )
     if config.getoption("regression_gate"):
         current = manifest.build_manifest(None, benchmarks=benchmarks, recorded={}, environment=environment)
         result = gate.compare(config.stash.get(_baseline, None), current)

@@ -45,6 +45,7 @@ def _lazy(module: str, attr: str):
         if not resolved:
             resolved.append(getattr(importlib.import_module(module, __name__), attr))
         return resolved[0](*args, **kwargs)
+
     call.__name__ = attr
     call.__qualname__ = f"{module.lstrip('.')}.{attr}"
     return call
@@ -79,17 +80,32 @@ def _one_path(name):
 
 _FP32 = (torch.float32,)
 
-SOFTMAX_KERNELS: dict[str, Kernel] = {k.name: k for k in (
-    Kernel("naive", _lazy(".softmax_cuda", "softmax_naive"), _FP32, ("thread",), _one_path("thread")),
-    Kernel("smem", _lazy(".softmax_cuda", "softmax_smem"), _FP32, ("block",), _one_path("block")),
-    Kernel("fused", _lazy(".softmax_cuda", "softmax_fused"), FLOAT_DTYPES,
-           ("warp", "warpvec", "row", "cluster", "online"), _lazy(".cuda_plans", "fused_path")),
-    Kernel("triton", _lazy(".softmax_triton", "softmax"), FLOAT_DTYPES, ("tile", "rows", "row", "split"),
-           _lazy(".softmax_triton", "plan"), interpretable=True),
-    Kernel(BASELINE, torch_softmax, FLOAT_DTYPES, ("torch",), _one_path("torch"), interpretable=True,
-           baseline=True),
-    Kernel("torch_compile", compiled_softmax, FLOAT_DTYPES, ("compiled",), _one_path("compiled"), baseline=True),
-)}
+SOFTMAX_KERNELS: dict[str, Kernel] = {
+    k.name: k
+    for k in (
+        Kernel("naive", _lazy(".softmax_cuda", "softmax_naive"), _FP32, ("thread",), _one_path("thread")),
+        Kernel("smem", _lazy(".softmax_cuda", "softmax_smem"), _FP32, ("block",), _one_path("block")),
+        Kernel(
+            "fused",
+            _lazy(".softmax_cuda", "softmax_fused"),
+            FLOAT_DTYPES,
+            ("warp", "warpvec", "row", "cluster", "online"),
+            _lazy(".cuda_plans", "fused_path"),
+        ),
+        Kernel(
+            "triton",
+            _lazy(".softmax_triton", "softmax"),
+            FLOAT_DTYPES,
+            ("tile", "rows", "row", "split"),
+            _lazy(".softmax_triton", "plan"),
+            interpretable=True,
+        ),
+        Kernel(
+            BASELINE, torch_softmax, FLOAT_DTYPES, ("torch",), _one_path("torch"), interpretable=True, baseline=True
+        ),
+        Kernel("torch_compile", compiled_softmax, FLOAT_DTYPES, ("compiled",), _one_path("compiled"), baseline=True),
+    )
+}
 
 # What each kernel accepts; tests draw their dtype parameters from here.
 SUPPORTED_DTYPES = {name: k.dtypes for name, k in SOFTMAX_KERNELS.items()}
@@ -105,5 +121,15 @@ def softmax(name: str):
         raise KeyError(f"no softmax kernel {name!r}; registered: {', '.join(SOFTMAX_KERNELS)}") from None
 
 
-__all__ = ["SOFTMAX_KERNELS", "SUPPORTED_DTYPES", "OUR_KERNELS", "BASELINE", "Kernel", "softmax", "torch_softmax",
-           "compiled_softmax", "check_softmax_input", "prepare_output"]
+__all__ = [
+    "SOFTMAX_KERNELS",
+    "SUPPORTED_DTYPES",
+    "OUR_KERNELS",
+    "BASELINE",
+    "Kernel",
+    "softmax",
+    "torch_softmax",
+    "compiled_softmax",
+    "check_softmax_input",
+    "prepare_output",
+]

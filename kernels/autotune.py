@@ -25,8 +25,13 @@ def main(argv=None) -> int:
     from . import softmax_triton as st
 
     parser = argparse.ArgumentParser(prog="python -m kernels.autotune", description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", nargs="+", type=_shape, default=list(st.LAB_SHAPES),
-                        help="BxV shapes to tune on (default: %(default)s)")
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        type=_shape,
+        default=list(st.LAB_SHAPES),
+        help="BxV shapes to tune on (default: %(default)s)",
+    )
     parser.add_argument("--dtypes", nargs="+", choices=sorted(_DTYPES), default=["float32"])
     parser.add_argument("--path", default=str(st.STORED_PATH), help="file to store the choices in")
     args = parser.parse_args(argv)
@@ -37,18 +42,23 @@ def main(argv=None) -> int:
     record = st.run_autotune(args.shapes, dtypes=[_DTYPES[d] for d in args.dtypes], path=args.path)
     print(f"GPU {record['gpu']}  fingerprint {record['fingerprint']}  -> {record['path']}")
     for key, choice in sorted(record["choices"].items()):
-        print(f"  V|dtype {key}: BLOCK={choice['BLOCK']} num_warps={choice['num_warps']} "
-              f"(mean slowdown vs per-shape best {choice['mean_slowdown']:.3f})")
+        print(
+            f"  V|dtype {key}: BLOCK={choice['BLOCK']} num_warps={choice['num_warps']} "
+            f"(mean slowdown vs per-shape best {choice['mean_slowdown']:.3f})"
+        )
         for run in choice["runs"]:
             times = run["timings_ms"]
             best = min(times.values())
-            print(f"    shape {run['shape']}: best {best * 1e3:.1f} us, this config "
-                  f"{times[_key(choice)] * 1e3:.1f} us, autotuner's pick at this shape {run['best']}")
+            print(
+                f"    shape {run['shape']}: best {best * 1e3:.1f} us, this config "
+                f"{times[_key(choice)] * 1e3:.1f} us, autotuner's pick at this shape {run['best']}"
+            )
     return 0
 
 
 def _key(choice) -> str:
     import json
+
     return json.dumps({k: choice[k] for k in ("BLOCK", "num_warps", "num_stages")}, sort_keys=True)
 
 

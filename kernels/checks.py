@@ -18,8 +18,9 @@ def check_softmax_input(x, *, kernel: str, dtypes=FLOAT_DTYPES, device_type: str
         raise TypeError(f"{kernel} softmax: dtype {got} is not supported (supported: {names})")
     if x.shape[1] == 0:
         raise ValueError(f"{kernel} softmax: V = 0, softmax over an empty row is undefined")
-    wrong_device = (not x.is_cuda) if device_type == "cuda" else (device_type is not None
-                                                                  and x.device.type != device_type)
+    wrong_device = (
+        (not x.is_cuda) if device_type == "cuda" else (device_type is not None and x.device.type != device_type)
+    )
     if wrong_device:
         raise ValueError(f"{kernel} softmax: expected a {device_type} tensor, got one on {x.device}")
     return x
@@ -34,7 +35,8 @@ def prepare_output(x: torch.Tensor, out, *, kernel: str) -> torch.Tensor:
     if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
         raise ValueError(
             f"{kernel} softmax: out is {tuple(out.shape)} {out.dtype} on {out.device}, "
-            f"expected {tuple(x.shape)} {x.dtype} on {x.device}")
+            f"expected {tuple(x.shape)} {x.dtype} on {x.device}"
+        )
     if not out.is_contiguous():
         raise ValueError(f"{kernel} softmax: out must be contiguous")
     return out

@@ -34,6 +34,7 @@ _INCLUDE_LINE = '#include "softmax_common.cuh"'
 # ---------------------------------------------------------------------------------------------
 # sources
 
+
 def expand_source(path: Path) -> str:
     """The .cu text with the shared header pasted in place of its #include, so that the
     compile cache (keyed on the source text) sees header edits too."""
@@ -71,8 +72,7 @@ def expected_kernels(path: Path) -> list[str]:
 # offline build report (no GPU needed)
 
 _FN_RE = re.compile(r"Compiling entry function '(\w+)'")
-_PROPS_RE = re.compile(
-    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_PROPS_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED_RE = re.compile(r"Used (\d+) registers(.*)")
 _SMEM_RE = re.compile(r"(\d+) bytes smem")
 
@@ -91,8 +91,9 @@ def parse_ptxas_report(text: str) -> dict[str, dict[str, int]]:
             continue
         m = _PROPS_RE.search(line)
         if m:
-            report[current].update(stack_bytes=int(m.group(1)), spill_stores=int(m.group(2)),
-                                   spill_loads=int(m.group(3)))
+            report[current].update(
+                stack_bytes=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3))
+            )
             continue
         m = _USED_RE.search(line)
         if m:
@@ -101,8 +102,9 @@ def parse_ptxas_report(text: str) -> dict[str, dict[str, int]]:
     return report
 
 
-def compile_offline(path: Path, *, arch: str = TARGET_ARCH, nvcc: str | None = None,
-                    extra=()) -> subprocess.CompletedProcess:
+def compile_offline(
+    path: Path, *, arch: str = TARGET_ARCH, nvcc: str | None = None, extra=()
+) -> subprocess.CompletedProcess:
     """nvcc -cubin the translation unit for `path` with the runtime options plus ptxas checks."""
     nvcc = nvcc or shutil.which("nvcc")
     if nvcc is None:
@@ -110,14 +112,26 @@ def compile_offline(path: Path, *, arch: str = TARGET_ARCH, nvcc: str | None = N
     with tempfile.TemporaryDirectory() as tmp:
         cu = Path(tmp) / Path(path).name
         cu.write_text(module_source(path))
-        cmd = [nvcc, f"-arch={arch}", "-cubin", "-o", str(cu.with_suffix(".cubin")),
-               *NVCC_OPTIONS, *CUPY_IMPLICIT_OPTIONS, *PTXAS_CHECK_OPTIONS, *extra, str(cu)]
+        cmd = [
+            nvcc,
+            f"-arch={arch}",
+            "-cubin",
+            "-o",
+            str(cu.with_suffix(".cubin")),
+            *NVCC_OPTIONS,
+            *CUPY_IMPLICIT_OPTIONS,
+            *PTXAS_CHECK_OPTIONS,
+            *extra,
+            str(cu),
+        ]
         return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
 
 
 def format_ptxas_report(report: dict[str, dict[str, int]]) -> str:
     rows = [f"{'kernel':44s} {'regs':>4s} {'smem':>6s} {'stack':>5s} {'spill st/ld':>11s}"]
     for name, r in report.items():
-        rows.append(f"{name:44s} {r.get('registers', -1):4d} {r.get('smem_bytes', -1):6d} "
-                    f"{r.get('stack_bytes', -1):5d} {r.get('spill_stores', -1):5d}/{r.get('spill_loads', -1):<5d}")
+        rows.append(
+            f"{name:44s} {r.get('registers', -1):4d} {r.get('smem_bytes', -1):6d} "
+            f"{r.get('stack_bytes', -1):5d} {r.get('spill_stores', -1):5d}/{r.get('spill_loads', -1):<5d}"
+        )
     return "\n".join(rows)

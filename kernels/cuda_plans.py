@@ -48,32 +48,48 @@ _ROW_CLASSES = (
 # (max V, threads per CTA, elements per thread, CTAs per cluster, packed)
 PACK_16BIT_ROWS = os.environ.get("SOFTMAX_FUSED_PACK16", "1").strip() != "0"
 _ROW_CLASSES_16BIT = (
-    (2048, 128, 16, 1, False),
-    (4096, 128, 32, 1, False),
-    (8192, 128, 64, 1, True),
-    (16384, 256, 64, 1, True),
-    (32768, 256, 64, 2, True),
-    (65536, 256, 64, 4, True),
-    (131072, 256, 64, 8, True),
-) if PACK_16BIT_ROWS else tuple((v, t, e, c, False) for v, t, e, c in _ROW_CLASSES)
+    (
+        (2048, 128, 16, 1, False),
+        (4096, 128, 32, 1, False),
+        (8192, 128, 64, 1, True),
+        (16384, 256, 64, 1, True),
+        (32768, 256, 64, 2, True),
+        (65536, 256, 64, 4, True),
+        (131072, 256, 64, 8, True),
+    )
+    if PACK_16BIT_ROWS
+    else tuple((v, t, e, c, False) for v, t, e, c in _ROW_CLASSES)
+)
 ONLINE_THREADS = 1024
 ONLINE_ELEMS = 16  # elements per thread in flight per step of the long-row loop
 
 # Per kind: kernel name, description, and the instantiation macro of softmax_fused.cu.
 _KINDS = {
-    "warp": ("fused_warp_{sfx}_e{elems}", "warp(rows/block={rows}, elems/lane={elems})",
-             "SOFTMAX_FUSED_WARP({name}, {fmt}, {elems}, {rows})"),
-    "warpvec": ("fused_warpvec_{sfx}_e{elems}_r{rows}",
-                "warp(rows/block={rows}, elems/lane={elems}, 16-byte vectors)",
-                "SOFTMAX_FUSED_WARPVEC({name}, {fmt}, {elems}, {rows})"),
-    "row": ("fused_row_{sfx}_t{threads}_e{elems}_c{cluster}{p}",
-            "row(cluster={cluster}, threads={threads}, elems/thread={elems}{packed})",
-            "SOFTMAX_FUSED_ROW({name}, {fmt}, {threads}, {elems}, {pk})"),
-    "cluster": ("fused_cluster_{sfx}_t{threads}_e{elems}_c{cluster}{p}",
-                "cluster(cluster={cluster}, threads={threads}, elems/thread={elems}{packed})",
-                "SOFTMAX_FUSED_CLUSTER({name}, {fmt}, {threads}, {elems}, {cluster}, {pk})"),
-    "online": ("fused_online_{sfx}_t{threads}", "online(threads={threads}, three passes)",
-               "SOFTMAX_FUSED_ONLINE({name}, {fmt}, {threads}, {online_elems})"),
+    "warp": (
+        "fused_warp_{sfx}_e{elems}",
+        "warp(rows/block={rows}, elems/lane={elems})",
+        "SOFTMAX_FUSED_WARP({name}, {fmt}, {elems}, {rows})",
+    ),
+    "warpvec": (
+        "fused_warpvec_{sfx}_e{elems}_r{rows}",
+        "warp(rows/block={rows}, elems/lane={elems}, 16-byte vectors)",
+        "SOFTMAX_FUSED_WARPVEC({name}, {fmt}, {elems}, {rows})",
+    ),
+    "row": (
+        "fused_row_{sfx}_t{threads}_e{elems}_c{cluster}{p}",
+        "row(cluster={cluster}, threads={threads}, elems/thread={elems}{packed})",
+        "SOFTMAX_FUSED_ROW({name}, {fmt}, {threads}, {elems}, {pk})",
+    ),
+    "cluster": (
+        "fused_cluster_{sfx}_t{threads}_e{elems}_c{cluster}{p}",
+        "cluster(cluster={cluster}, threads={threads}, elems/thread={elems}{packed})",
+        "SOFTMAX_FUSED_CLUSTER({name}, {fmt}, {threads}, {elems}, {cluster}, {pk})",
+    ),
+    "online": (
+        "fused_online_{sfx}_t{threads}",
+        "online(threads={threads}, three passes)",
+        "SOFTMAX_FUSED_ONLINE({name}, {fmt}, {threads}, {online_elems})",
+    ),
 }
 PATHS = tuple(_KINDS)
 
@@ -104,10 +120,18 @@ class FusedPlan:
 
     def _fields(self, dtype) -> dict:
         sfx, fmt = FORMATS[dtype]
-        return {"sfx": sfx, "fmt": fmt, "elems": self.elems, "rows": self.rows_per_block,
-                "threads": self.threads, "cluster": self.cluster, "p": "_p" if self.packed else "",
-                "packed": ", packed 16-bit" if self.packed else "", "pk": "true" if self.packed else "false",
-                "online_elems": ONLINE_ELEMS}
+        return {
+            "sfx": sfx,
+            "fmt": fmt,
+            "elems": self.elems,
+            "rows": self.rows_per_block,
+            "threads": self.threads,
+            "cluster": self.cluster,
+            "p": "_p" if self.packed else "",
+            "packed": ", packed 16-bit" if self.packed else "",
+            "pk": "true" if self.packed else "false",
+            "online_elems": ONLINE_ELEMS,
+        }
 
     def kernel_name(self, dtype: torch.dtype) -> str:
         return _KINDS[self.kind][0].format(**self._fields(dtype))
@@ -122,11 +146,11 @@ class FusedPlan:
         return _KINDS[self.kind][2].format(name=self.kernel_name(dtype), **fields)
 
 
-_WARP_PLANS = ([(v, FusedPlan("warp", 32 * WARP_ROWS_PER_BLOCK, ew)) for v, ew in _WARP_CLASSES]
-               + [(v, FusedPlan("warpvec", 32 * WARPVEC_ROWS_PER_BLOCK, e)) for v, e in _WARPVEC_CLASSES])
+_WARP_PLANS = [(v, FusedPlan("warp", 32 * WARP_ROWS_PER_BLOCK, ew)) for v, ew in _WARP_CLASSES] + [
+    (v, FusedPlan("warpvec", 32 * WARPVEC_ROWS_PER_BLOCK, e)) for v, e in _WARPVEC_CLASSES
+]
 _ROW_PLANS_32 = [(v, FusedPlan("cluster" if c > 1 else "row", t, e, c)) for v, t, e, c in _ROW_CLASSES]
-_ROW_PLANS_16 = [(v, FusedPlan("cluster" if c > 1 else "row", t, e, c, pk))
-                 for v, t, e, c, pk in _ROW_CLASSES_16BIT]
+_ROW_PLANS_16 = [(v, FusedPlan("cluster" if c > 1 else "row", t, e, c, pk)) for v, t, e, c, pk in _ROW_CLASSES_16BIT]
 _ROW_PLANS = {torch.float32: _ROW_PLANS_32, torch.bfloat16: _ROW_PLANS_16, torch.float16: _ROW_PLANS_16}
 ONLINE_PLAN = FusedPlan("online", ONLINE_THREADS, 0)
 
@@ -155,8 +179,14 @@ def select_fused_plan(V: int, dtype=torch.float32, *, clusters: bool = True) -> 
     return ONLINE_PLAN
 
 
-_DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-                "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+_DTYPE_NAMES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def as_dtype(dtype) -> torch.dtype:

@@ -49,14 +49,28 @@ class _Driver:
             raise LaunchError(f"the CUDA driver library could not be loaded: {e}") from e
         self.launch = lib.cuLaunchKernel
         self.launch.restype = ctypes.c_int
-        self.launch.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
-                                ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
-                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        self.launch.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_uint,
+            ctypes.c_uint,
+            ctypes.c_uint,
+            ctypes.c_uint,
+            ctypes.c_uint,
+            ctypes.c_uint,
+            ctypes.c_uint,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ]
         self.param_info = getattr(lib, "cuFuncGetParamInfo", None)
         if self.param_info is not None:
             self.param_info.restype = ctypes.c_int
-            self.param_info.argtypes = [ctypes.c_void_p, ctypes.c_size_t,
-                                        ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+            self.param_info.argtypes = [
+                ctypes.c_void_p,
+                ctypes.c_size_t,
+                ctypes.POINTER(ctypes.c_size_t),
+                ctypes.POINTER(ctypes.c_size_t),
+            ]
         self.error_name = lib.cuGetErrorName
         self.error_name.restype = ctypes.c_int
         self.error_name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
@@ -127,8 +141,7 @@ class KernelLauncher:
     `extra_null_params` appends that many null pointers (Triton's scratch parameters).
     """
 
-    def __init__(self, name: str, function: int, *, arg_kinds, block: int, shared: int = 0,
-                 extra_null_params: int = 0):
+    def __init__(self, name: str, function: int, *, arg_kinds, block: int, shared: int = 0, extra_null_params: int = 0):
         self.name = name
         self.function = ctypes.c_void_p(function)
         self.block = int(block)
@@ -148,8 +161,10 @@ class KernelLauncher:
         if sizes is not None:
             expected = [8 if k in ("ptr", "i64") else 4 for k in kinds]
             if sizes != expected:
-                raise LaunchError(f"{name}: the compiled kernel takes parameters of {sizes} bytes, "
-                                  f"the launcher was built for {expected}")
+                raise LaunchError(
+                    f"{name}: the compiled kernel takes parameters of {sizes} bytes, "
+                    f"the launcher was built for {expected}"
+                )
 
     def __call__(self, device_index: int, grid: int, *args) -> None:
         """Launch on `grid` CTAs on torch's current stream of `device_index`."""
@@ -165,15 +180,17 @@ class KernelLauncher:
                     torch.cuda.current_stream(device_index).query()  # makes the context current
                     error = self._launch(device_index, grid)
         if error is not None:
-            raise LaunchError(f"{self.name}: cuLaunchKernel(grid={grid}, block={self.block}, "
-                              f"shared={self.shared}) failed: {error}")
+            raise LaunchError(
+                f"{self.name}: cuLaunchKernel(grid={grid}, block={self.block}, shared={self.shared}) failed: {error}"
+            )
 
     def _launch(self, device_index: int, grid: int) -> str | None:
         stream = current_stream(device_index)
         if self._fast is not None:
             try:
-                self._fast(self._function_address, grid, 1, 1, self.block, 1, 1, self.shared, stream,
-                           self._params_address, 0)
+                self._fast(
+                    self._function_address, grid, 1, 1, self.block, 1, 1, self.shared, stream, self._params_address, 0
+                )
             except Exception as e:  # CuPy's CUDADriverError; its text names the CUDA error
                 return str(e)
             return None

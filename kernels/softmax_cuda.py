@@ -77,7 +77,8 @@ def _cupy():
     except ImportError as e:  # pragma: no cover - depends on the machine
         raise ImportError(
             "the CUDA C softmax kernels (naive, smem, fused) need CuPy: pip install cupy-cuda13x "
-            "(or the cupy-cuda12x wheel matching the installed CUDA driver)") from e
+            "(or the cupy-cuda12x wheel matching the installed CUDA driver)"
+        ) from e
     return cupy
 
 
@@ -130,7 +131,8 @@ def softmax_naive(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.
         raise ValueError(f"naive softmax: B = {B} needs more than 2^31 - 1 blocks")
     dev = x.get_device()
     _launcher(dev, NAIVE_SOURCE, "softmax_naive_f32", block=NAIVE_THREADS, arg_kinds=_ROWS_ARGS)(
-        dev, grid, x.data_ptr(), y.data_ptr(), B, V)
+        dev, grid, x.data_ptr(), y.data_ptr(), B, V
+    )
     return y
 
 
@@ -142,7 +144,8 @@ def softmax_smem(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
         return y
     dev = x.get_device()
     _launcher(dev, SMEM_SOURCE, "softmax_smem_f32", block=SMEM_THREADS, arg_kinds=_ROWS_ARGS)(
-        dev, min(B, SMEM_MAX_GRID), x.data_ptr(), y.data_ptr(), B, V)
+        dev, min(B, SMEM_MAX_GRID), x.data_ptr(), y.data_ptr(), B, V
+    )
     return y
 
 
@@ -169,8 +172,9 @@ def _fused_entry(dev: int, V: int, dtype, plan: FusedPlan | None):
 _fused_fast: dict = {}
 
 
-def softmax_fused(x: torch.Tensor, *, out: torch.Tensor | None = None, plan: FusedPlan | None = None,
-                  grid_cap: int | None = None) -> torch.Tensor:
+def softmax_fused(
+    x: torch.Tensor, *, out: torch.Tensor | None = None, plan: FusedPlan | None = None, grid_cap: int | None = None
+) -> torch.Tensor:
     """Single read, single write softmax; float32 / bfloat16 / float16.
 
     `plan` forces a size class (one of `fused_plans(dtype)`; ValueError if the row does not
@@ -241,9 +245,29 @@ def plan_path(B: int, V: int, dtype=torch.float32) -> str:
 
 
 __all__ = [
-    "softmax_naive", "softmax_smem", "softmax_fused", "fused_plan", "fused_path", "plan_path", "FusedPlan",
-    "select_fused_plan", "DISPATCH_BOUNDARIES", "DISPATCH_BOUNDARIES_BY_DTYPE", "fused_plans", "ALL_FUSED_PLANS",
-    "PATHS", "CU_SOURCES", "NVCC_OPTIONS", "CUPY_IMPLICIT_OPTIONS", "TARGET_ARCH", "PTXAS_CHECK_OPTIONS",
-    "module_source", "expected_kernels", "parse_ptxas_report", "format_ptxas_report", "compile_offline",
-    "FUSED_DTYPES", "WARP_BLOCKS_PER_SM",
+    "softmax_naive",
+    "softmax_smem",
+    "softmax_fused",
+    "fused_plan",
+    "fused_path",
+    "plan_path",
+    "FusedPlan",
+    "select_fused_plan",
+    "DISPATCH_BOUNDARIES",
+    "DISPATCH_BOUNDARIES_BY_DTYPE",
+    "fused_plans",
+    "ALL_FUSED_PLANS",
+    "PATHS",
+    "CU_SOURCES",
+    "NVCC_OPTIONS",
+    "CUPY_IMPLICIT_OPTIONS",
+    "TARGET_ARCH",
+    "PTXAS_CHECK_OPTIONS",
+    "module_source",
+    "expected_kernels",
+    "parse_ptxas_report",
+    "format_ptxas_report",
+    "compile_offline",
+    "FUSED_DTYPES",
+    "WARP_BLOCKS_PER_SM",
 ]

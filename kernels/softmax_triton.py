@@ -53,14 +53,13 @@ STORED_PATH = store.STORED_PATH
 PATHS = ("tile", "rows", "row", "split")
 
 # Every config is valid for every V: BLOCK is a tile width, not a bound on V.
-CONFIGS = [triton.Config({"BLOCK": block}, num_warps=warps)
-           for block in (256, 512, 1024, 2048) for warps in (2, 4, 8)]
+CONFIGS = [triton.Config({"BLOCK": block}, num_warps=warps) for block in (256, 512, 1024, 2048) for warps in (2, 4, 8)]
 INTERPRETER_CONFIG = {"BLOCK": 1024, "num_warps": 4}
 
 DISPATCH_BOUNDARIES = {
-    "tile_max_v": 2048,   # V above this leaves the tile/rows kernels
-    "rows_min_b": 8192,   # with V <= tile_max_v, B from here on takes the multi-row kernel
-    "row_max_v": 32768,   # V above this is split over several programs per row
+    "tile_max_v": 2048,  # V above this leaves the tile/rows kernels
+    "rows_min_b": 8192,  # with V <= tile_max_v, B from here on takes the multi-row kernel
+    "row_max_v": 32768,  # V above this is split over several programs per row
 }
 
 # Poll bound for the split kernel on a GPU: ~2^20 atomic reads (order of a second) is far
@@ -110,20 +109,28 @@ def configs_hash(configs=None) -> str:
 
 
 def fingerprint(gpu_name: str, *, source_hash: str | None = None, config_hash: str | None = None) -> str:
-    return store.fingerprint(gpu_name, source_hash=source_hash or kernel_source_hash(),
-                             config_hash=config_hash or configs_hash())
+    return store.fingerprint(
+        gpu_name, source_hash=source_hash or kernel_source_hash(), config_hash=config_hash or configs_hash()
+    )
 
 
 def stored_choice(V: int, dtype: torch.dtype, gpu_name: str, *, path=None, source_hash=None, config_hash=None):
     """The stored tile config for (V, dtype) on this GPU, or None when absent or stale."""
-    return store.stored_choice(V, dtype, gpu_name, source_hash=source_hash or kernel_source_hash(),
-                               config_hash=config_hash or configs_hash(), path=path)
+    return store.stored_choice(
+        V,
+        dtype,
+        gpu_name,
+        source_hash=source_hash or kernel_source_hash(),
+        config_hash=config_hash or configs_hash(),
+        path=path,
+    )
 
 
 def write_stored(choices: dict, gpu_name: str, *, path=None, extra=None):
     """Merge `choices` into the stored file under this kernel's fingerprint on `gpu_name`."""
-    return store.write_stored(choices, gpu_name, source_hash=kernel_source_hash(), config_hash=configs_hash(),
-                              path=path, extra=extra)
+    return store.write_stored(
+        choices, gpu_name, source_hash=kernel_source_hash(), config_hash=configs_hash(), path=path, extra=extra
+    )
 
 
 # What the wrapper resolved once per process: (device, V, dtype, file generation) -> config,
@@ -192,10 +199,13 @@ def run_autotune(shapes=LAB_SHAPES, *, dtypes=(torch.float32,), path=None, devic
             y = torch.empty_like(x)
             _tile_autotuned.cache.clear()
             _tile_autotuned[(B,)](x, y, V, x.stride(0), y.stride(0), fixed_point_scale(V), ALIGN=_align(x, y))
-            timings = {json.dumps(config_dict(c), sort_keys=True): float(t[0] if isinstance(t, (list, tuple)) else t)
-                       for c, t in _tile_autotuned.configs_timings.items()}
+            timings = {
+                json.dumps(config_dict(c), sort_keys=True): float(t[0] if isinstance(t, (list, tuple)) else t)
+                for c, t in _tile_autotuned.configs_timings.items()
+            }
             per_v.setdefault(store.choice_key(V, dtype), []).append(
-                {"shape": [B, V], "timings_ms": timings, "best": config_dict(_tile_autotuned.best_config)})
+                {"shape": [B, V], "timings_ms": timings, "best": config_dict(_tile_autotuned.best_config)}
+            )
     choices = {}
     for key, runs in per_v.items():
         names = list(runs[0]["timings_ms"])
@@ -210,6 +220,7 @@ def run_autotune(shapes=LAB_SHAPES, *, dtypes=(torch.float32,), path=None, devic
 
 
 # --------------------------------------------------------------------------- dispatch
+
 
 def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) -> str:
     """Name of the path softmax() takes for a (B, V) input: tile, rows, row or split."""
@@ -284,8 +295,17 @@ def split_layout(x: torch.Tensor, y: torch.Tensor, *, CHUNK: int, align: int | N
     y_align = a
     while y_align > 1 and ((yo - xo) % y_align or (sy - sx) % y_align):
         y_align //= 2
-    return {"xb": xb, "xo": xo, "yb": yb, "yo": yo, "P": P, "ALIGN": a, "Y_ALIGN": y_align,
-            "P_BLOCK": max(2, triton.next_power_of_2(P)), "FALLBACK_BLOCK": min(CHUNK, 1024)}
+    return {
+        "xb": xb,
+        "xo": xo,
+        "yb": yb,
+        "yo": yo,
+        "P": P,
+        "ALIGN": a,
+        "Y_ALIGN": y_align,
+        "P_BLOCK": max(2, triton.next_power_of_2(P)),
+        "FALLBACK_BLOCK": min(CHUNK, 1024),
+    }
 
 
 def split_workspace_words(B: int, P: int) -> tuple[int, int]:
@@ -309,22 +329,33 @@ def _driver_launcher(compiled, name: str, kinds) -> KernelLauncher | None:
     function = getattr(compiled, "function", None)
     if md is None or not function:
         return None
-    if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "global_scratch_size", 0)
-            or getattr(md, "profile_scratch_size", 0) or getattr(md, "launch_cooperative_grid", False)
-            or getattr(md, "launch_pdl", False)):
+    if (
+        getattr(md, "num_ctas", 1) != 1
+        or getattr(md, "global_scratch_size", 0)
+        or getattr(md, "profile_scratch_size", 0)
+        or getattr(md, "launch_cooperative_grid", False)
+        or getattr(md, "launch_pdl", False)
+    ):
         return None
     sizes = driver().param_sizes(function)
     if sizes is None or len(sizes) < len(kinds):
         return None
     try:
-        return KernelLauncher(name, function, arg_kinds=kinds, block=32 * md.num_warps, shared=md.shared,
-                              extra_null_params=len(sizes) - len(kinds))
+        return KernelLauncher(
+            name,
+            function,
+            arg_kinds=kinds,
+            block=32 * md.num_warps,
+            shared=md.shared,
+            extra_null_params=len(sizes) - len(kinds),
+        )
     except LaunchError:
         return None
 
 
-def _compiled_launcher(kernel, grid: int, dev: int, tensors: tuple, scalars: tuple, kinds: tuple,
-                       meta: tuple, options: dict):
+def _compiled_launcher(
+    kernel, grid: int, dev: int, tensors: tuple, scalars: tuple, kinds: tuple, meta: tuple, options: dict
+):
     """Launch `kernel(*tensors, *scalars, **options)` on `grid` programs and return the direct
     launcher for later calls of this specialisation (None: keep going through Triton).
 
@@ -365,12 +396,16 @@ def _split_workspace(dev: int, B: int, P: int) -> tuple[torch.Tensor, torch.Tens
     device = "cpu" if INTERPRET else f"cuda:{dev}"
     if not INTERPRET and torch.cuda.is_current_stream_capturing():
         # Memory allocated during a capture belongs to the graph: use it, never cache it.
-        return (torch.empty(words, dtype=torch.int64, device=device),
-                torch.zeros(counters, dtype=torch.int64, device=device))
+        return (
+            torch.empty(words, dtype=torch.int64, device=device),
+            torch.zeros(counters, dtype=torch.int64, device=device),
+        )
     if ws is not None:
         _retired_workspaces.append(ws)
-    ws = _workspaces[key] = (torch.empty(max(words, 4096), dtype=torch.int64, device=device),
-                             torch.zeros(max(counters, 1024), dtype=torch.int64, device=device))
+    ws = _workspaces[key] = (
+        torch.empty(max(words, 4096), dtype=torch.int64, device=device),
+        torch.zeros(max(counters, 1024), dtype=torch.int64, device=device),
+    )
     return ws
 
 
@@ -393,43 +428,89 @@ def _launch(x: torch.Tensor, y: torch.Tensor, path: str, params: dict):
             return None
         stages = cfg.get("num_stages", 3)
         launcher = _compiled_launcher(
-            softmax_tile_kernel, B, dev, (x, y), (V, sx, sy, scale), _TILE_KINDS,
+            softmax_tile_kernel,
+            B,
+            dev,
+            (x, y),
+            (V, sx, sy, scale),
+            _TILE_KINDS,
             ("tile", cfg["BLOCK"], align, cfg["num_warps"], stages),
-            {"BLOCK": cfg["BLOCK"], "ALIGN": align, "num_warps": cfg["num_warps"], "num_stages": stages})
+            {"BLOCK": cfg["BLOCK"], "ALIGN": align, "num_warps": cfg["num_warps"], "num_stages": stages},
+        )
         return launcher and (lambda x, y: launcher(dev, x.shape[0], x.data_ptr(), y.data_ptr(), V, sx, sy, scale))
     p = {**launch_params(path, V, x.dtype), **params}
     if path == "row":
         block = max(p["BLOCK"], triton.next_power_of_2(V))
         launcher = _compiled_launcher(
-            softmax_row_kernel, B, dev, (x, y), (V, sx, sy, scale), _TILE_KINDS,
-            ("row", block, align, p["num_warps"]), {"BLOCK": block, "ALIGN": align, "num_warps": p["num_warps"]})
+            softmax_row_kernel,
+            B,
+            dev,
+            (x, y),
+            (V, sx, sy, scale),
+            _TILE_KINDS,
+            ("row", block, align, p["num_warps"]),
+            {"BLOCK": block, "ALIGN": align, "num_warps": p["num_warps"]},
+        )
         return launcher and (lambda x, y: launcher(dev, x.shape[0], x.data_ptr(), y.data_ptr(), V, sx, sy, scale))
     if path == "rows":
         rows = p["ROWS"]
         block_v = max(p["BLOCK_V"], triton.next_power_of_2(V))
         launcher = _compiled_launcher(
-            softmax_rows_kernel, triton.cdiv(B, rows), dev, (x, y), (B, V, sx, sy, scale), _ROWS_KINDS,
+            softmax_rows_kernel,
+            triton.cdiv(B, rows),
+            dev,
+            (x, y),
+            (B, V, sx, sy, scale),
+            _ROWS_KINDS,
             ("rows", rows, block_v, align, p["num_warps"]),
-            {"ROWS": rows, "BLOCK_V": block_v, "ALIGN": align, "num_warps": p["num_warps"]})
-        return launcher and (lambda x, y: launcher(dev, -(-x.shape[0] // rows), x.data_ptr(), y.data_ptr(),
-                                                   x.shape[0], V, sx, sy, scale))
+            {"ROWS": rows, "BLOCK_V": block_v, "ALIGN": align, "num_warps": p["num_warps"]},
+        )
+        return launcher and (
+            lambda x, y: launcher(dev, -(-x.shape[0] // rows), x.data_ptr(), y.data_ptr(), x.shape[0], V, sx, sy, scale)
+        )
     if path == "split":
         lay = split_layout(x, y, CHUNK=p["CHUNK"], align=params.get("align"))
         P, xo, yo = lay["P"], lay["xo"], lay["yo"]
         max_spins = p.get("max_spins", 0 if INTERPRET else SPLIT_MAX_SPINS)
         ws, cnt = _split_workspace(dev, B, P)
-        constexprs = {"CHUNK": p["CHUNK"], "P_BLOCK": lay["P_BLOCK"], "FALLBACK_BLOCK": lay["FALLBACK_BLOCK"],
-                      "MAX_SPINS": max_spins, "ALIGN": lay["ALIGN"], "Y_ALIGN": lay["Y_ALIGN"]}
+        constexprs = {
+            "CHUNK": p["CHUNK"],
+            "P_BLOCK": lay["P_BLOCK"],
+            "FALLBACK_BLOCK": lay["FALLBACK_BLOCK"],
+            "MAX_SPINS": max_spins,
+            "ALIGN": lay["ALIGN"],
+            "Y_ALIGN": lay["Y_ALIGN"],
+        }
         launcher = _compiled_launcher(
-            softmax_split_kernel, B * P, dev, (lay["xb"], lay["yb"], ws, cnt), (V, P, sx, sy, xo, yo, scale),
-            _SPLIT_KINDS, ("split", *constexprs.values(), p["num_warps"]), {**constexprs, "num_warps": p["num_warps"]})
+            softmax_split_kernel,
+            B * P,
+            dev,
+            (lay["xb"], lay["yb"], ws, cnt),
+            (V, P, sx, sy, xo, yo, scale),
+            _SPLIT_KINDS,
+            ("split", *constexprs.values(), p["num_warps"]),
+            {**constexprs, "num_warps": p["num_warps"]},
+        )
         es = x.element_size()
 
         def again(x, y):
             B = x.shape[0]
             ws, cnt = _split_workspace(dev, B, P)
-            launcher(dev, B * P, x.data_ptr() - xo * es, y.data_ptr() - yo * es, ws.data_ptr(), cnt.data_ptr(),
-                     V, P, sx, sy, xo, yo, scale)
+            launcher(
+                dev,
+                B * P,
+                x.data_ptr() - xo * es,
+                y.data_ptr() - yo * es,
+                ws.data_ptr(),
+                cnt.data_ptr(),
+                V,
+                P,
+                sx,
+                sy,
+                xo,
+                yo,
+                scale,
+            )
 
         return launcher and again
     raise ValueError(f"{KERNEL_NAME} softmax: unknown path {path!r} ({', '.join(PATHS)})")
@@ -451,8 +532,17 @@ def _softmax(x: torch.Tensor, y: torch.Tensor, path: str, params: dict, common_k
     if INTERPRET or params:
         _launch(x, y, path, params)
         return y
-    key = (path, x.get_device(), x.shape[1], x.dtype, x.stride(0), y.stride(0), x.data_ptr() % 16,
-           y.data_ptr() % 16, store.generation)
+    key = (
+        path,
+        x.get_device(),
+        x.shape[1],
+        x.dtype,
+        x.stride(0),
+        y.stride(0),
+        x.data_ptr() % 16,
+        y.data_ptr() % 16,
+        store.generation,
+    )
     again = _repeat.get(key)
     if again is None:
         again = _launch(x, y, path, params)
@@ -514,8 +604,33 @@ def softmax(x: torch.Tensor, *, out=None) -> torch.Tensor:
         return _softmax(x, y, path, {}, common)
 
 
-__all__ = ["softmax", "run_path", "plan", "launch_params", "split_layout", "split_workspace_words", "aligned_base",
-           "fixed_point_scale", "CONFIGS", "DISPATCH_BOUNDARIES", "INTERPRETER_CONFIG", "LAB_SHAPES", "PATHS",
-           "STORED_PATH", "JIT_KERNELS", "autotune_picked", "run_autotune", "stored_choice", "write_stored",
-           "read_stored", "fingerprint", "kernel_source_hash", "configs_hash", "config_dict", "bench_calls",
-           "clear_autotune_memo", "INTERPRET", "SPLIT_MAX_SPINS"]
+__all__ = [
+    "softmax",
+    "run_path",
+    "plan",
+    "launch_params",
+    "split_layout",
+    "split_workspace_words",
+    "aligned_base",
+    "fixed_point_scale",
+    "CONFIGS",
+    "DISPATCH_BOUNDARIES",
+    "INTERPRETER_CONFIG",
+    "LAB_SHAPES",
+    "PATHS",
+    "STORED_PATH",
+    "JIT_KERNELS",
+    "autotune_picked",
+    "run_autotune",
+    "stored_choice",
+    "write_stored",
+    "read_stored",
+    "fingerprint",
+    "kernel_source_hash",
+    "configs_hash",
+    "config_dict",
+    "bench_calls",
+    "clear_autotune_memo",
+    "INTERPRET",
+    "SPLIT_MAX_SPINS",
+]

@@ -46,27 +46,39 @@ def build(name: str, kernel, dtype: str, constexprs: dict, num_warps: int, num_s
     from triton.compiler import ASTSource
 
     src = ASTSource(fn=kernel, signature=signature(kernel, dtype), constexprs=constexprs, attrs=_ATTRS)
-    c = triton.compile(src, target=GPUTarget("cuda", TARGET_CAPABILITY, 32),
-                       options={"num_warps": num_warps, "num_stages": num_stages})
+    c = triton.compile(
+        src, target=GPUTarget("cuda", TARGET_CAPABILITY, 32), options={"num_warps": num_warps, "num_stages": num_stages}
+    )
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(c.asm["cubin"])
-    usage = subprocess.run([knobs.nvidia.cuobjdump.path, "--dump-resource-usage", f.name],
-                           capture_output=True, text=True, check=True).stdout
+    usage = subprocess.run(
+        [knobs.nvidia.cuobjdump.path, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True
+    ).stdout
     fields = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage))
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(c.asm["ptx"])
     # The ptxas Triton itself picks for sm_90 (3.9 uses its newer "ptxas-blackwell").
     arch = re.search(r"^\.target\s+(\w+)", c.asm["ptx"], re.M).group(1)  # sm_90a
-    proc = subprocess.run([get_ptxas(TARGET_CAPABILITY).path, "-v", f"--gpu-name={arch}", f.name, "-o",
-                           f.name + ".o"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [get_ptxas(TARGET_CAPABILITY).path, "-v", f"--gpu-name={arch}", f.name, "-o", f.name + ".o"],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"ptxas failed for {name}: {proc.stderr}")
     spill = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", proc.stderr)]
-    return {"name": name, "num_warps": num_warps, **constexprs, "regs": int(fields["REG"]),
-            "stack": int(fields["STACK"]), "local": int(fields["LOCAL"]), "spill_bytes": sum(spill),
-            "shared": int(c.metadata.shared),
-            "vector_loads": bool(re.search(r"ld\.global(\.\w+)*\.v[248]", c.asm["ptx"])),
-            "vector_stores": bool(re.search(r"st\.global(\.\w+)*\.v[248]", c.asm["ptx"]))}
+    return {
+        "name": name,
+        "num_warps": num_warps,
+        **constexprs,
+        "regs": int(fields["REG"]),
+        "stack": int(fields["STACK"]),
+        "local": int(fields["LOCAL"]),
+        "spill_bytes": sum(spill),
+        "shared": int(c.metadata.shared),
+        "vector_loads": bool(re.search(r"ld\.global(\.\w+)*\.v[248]", c.asm["ptx"])),
+        "vector_stores": bool(re.search(r"st\.global(\.\w+)*\.v[248]", c.asm["ptx"])),
+    }
 
 
 def build_all() -> list[dict]:
@@ -77,25 +89,46 @@ def build_all() -> list[dict]:
     if st.INTERPRET:
         raise RuntimeError("kernels.triton_build needs the compiled kernels: unset TRITON_INTERPRET")
     K = st.JIT_KERNELS
-    rows = [build("tile fp32", K["tile"], "fp32", {"BLOCK": cfg.kwargs["BLOCK"], "ALIGN": 4}, cfg.num_warps,
-                  cfg.num_stages) for cfg in st.CONFIGS]
+    rows = [
+        build("tile fp32", K["tile"], "fp32", {"BLOCK": cfg.kwargs["BLOCK"], "ALIGN": 4}, cfg.num_warps, cfg.num_stages)
+        for cfg in st.CONFIGS
+    ]
     for dtype, tdtype, es in (("fp32", torch.float32, 4), ("bf16", torch.bfloat16, 2)):
         a = 16 // es
         for V in (4096, 8192, 16384, 32768):
             p = st.launch_params("row", V, tdtype)
             rows.append(build(f"row {dtype}", K["row"], dtype, {"BLOCK": p["BLOCK"], "ALIGN": a}, p["num_warps"]))
         p = st.launch_params("rows", 600, tdtype)
-        rows.append(build(f"rows {dtype}", K["rows"], dtype,
-                          {"ROWS": p["ROWS"], "BLOCK_V": p["BLOCK_V"], "ALIGN": a}, p["num_warps"]))
+        rows.append(
+            build(
+                f"rows {dtype}",
+                K["rows"],
+                dtype,
+                {"ROWS": p["ROWS"], "BLOCK_V": p["BLOCK_V"], "ALIGN": a},
+                p["num_warps"],
+            )
+        )
         for V in (50257, 128256):
             p = st.launch_params("split", V, tdtype)
             P = triton.cdiv(V + a - 1, p["CHUNK"])
             # Chunks are cut on 16-byte groups whatever V is: odd V gets the same vector
             # accesses as even V (Y_ALIGN = ALIGN for contiguous rows).
-            rows.append(build(f"split {dtype}", K["split"], dtype,
-                              {"CHUNK": p["CHUNK"], "P_BLOCK": max(2, triton.next_power_of_2(P)),
-                               "FALLBACK_BLOCK": min(p["CHUNK"], 1024), "MAX_SPINS": st.SPLIT_MAX_SPINS,
-                               "ALIGN": a, "Y_ALIGN": a}, p["num_warps"]))
+            rows.append(
+                build(
+                    f"split {dtype}",
+                    K["split"],
+                    dtype,
+                    {
+                        "CHUNK": p["CHUNK"],
+                        "P_BLOCK": max(2, triton.next_power_of_2(P)),
+                        "FALLBACK_BLOCK": min(p["CHUNK"], 1024),
+                        "MAX_SPINS": st.SPLIT_MAX_SPINS,
+                        "ALIGN": a,
+                        "Y_ALIGN": a,
+                    },
+                    p["num_warps"],
+                )
+            )
     return rows
 
 

@@ -34,8 +34,9 @@ def source_hash(kernel) -> str:
 
 
 def configs_hash(configs) -> str:
-    text = json.dumps([{**config_dict(c), "num_ctas": c.num_ctas, "maxnreg": c.maxnreg} for c in configs],
-                      sort_keys=True)
+    text = json.dumps(
+        [{**config_dict(c), "num_ctas": c.num_ctas, "maxnreg": c.maxnreg} for c in configs], sort_keys=True
+    )
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -62,19 +63,24 @@ def read_stored(path=None) -> dict:
 
 def stored_choice(V: int, dtype: torch.dtype, gpu_name: str, *, source_hash: str, config_hash: str, path=None):
     """The stored config for (V, dtype) on this GPU, or None when absent or stale."""
-    entry = read_stored(path).get("entries", {}).get(
-        fingerprint(gpu_name, source_hash=source_hash, config_hash=config_hash))
+    entry = (
+        read_stored(path)
+        .get("entries", {})
+        .get(fingerprint(gpu_name, source_hash=source_hash, config_hash=config_hash))
+    )
     if entry is None:
         return None
     choice = entry.get("choices", {}).get(choice_key(V, dtype))
     if choice is None:
         return None
-    return {"BLOCK": int(choice["BLOCK"]), "num_warps": int(choice["num_warps"]),
-            "num_stages": int(choice.get("num_stages", 3))}
+    return {
+        "BLOCK": int(choice["BLOCK"]),
+        "num_warps": int(choice["num_warps"]),
+        "num_stages": int(choice.get("num_stages", 3)),
+    }
 
 
-def write_stored(choices: dict, gpu_name: str, *, source_hash: str, config_hash: str, path=None,
-                 extra=None) -> Path:
+def write_stored(choices: dict, gpu_name: str, *, source_hash: str, config_hash: str, path=None, extra=None) -> Path:
     """Merge `choices` ({choice_key: config dict}) into the file under this fingerprint.
 
     Entries under other fingerprints (other GPUs) are kept; stale ones for this GPU are dropped.
@@ -85,8 +91,16 @@ def write_stored(choices: dict, gpu_name: str, *, source_hash: str, config_hash:
     key = fingerprint(gpu_name, source_hash=source_hash, config_hash=config_hash)
     entries = {k: v for k, v in data.get("entries", {}).items() if v.get("gpu") != gpu_name or k == key}
     entry = entries.setdefault(key, {})
-    entry.update({"gpu": gpu_name, "kernel_source_sha256": source_hash, "configs_sha256": config_hash,
-                  "triton": triton.__version__, "torch": torch.__version__, **(extra or {})})
+    entry.update(
+        {
+            "gpu": gpu_name,
+            "kernel_source_sha256": source_hash,
+            "configs_sha256": config_hash,
+            "triton": triton.__version__,
+            "torch": torch.__version__,
+            **(extra or {}),
+        }
+    )
     entry.setdefault("choices", {}).update(choices)
     data["entries"] = entries
     data["format"] = STORED_FORMAT

@@ -1,7 +1,8 @@
 """Show the likeliest next words after a prompt.
 
-    python -m model "Yesterday I" [--top K] [--json] [--backend numpy|torch] [--device cpu|cuda]
+python -m model "Yesterday I" [--top K] [--json] [--backend numpy|torch] [--device cpu|cuda]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,7 @@ def next_token_probs(prompt: str, backend: str = "numpy", device: str = "cpu"):
     if device == "cuda" and backend != "torch":
         raise CliError("--device cuda needs --backend torch (the NumPy backend runs on the CPU only)")
     if not prompt.strip():
-        raise CliError("the prompt is empty; give a few words, e.g. \"Yesterday I\"")
+        raise CliError('the prompt is empty; give a few words, e.g. "Yesterday I"')
     try:
         tok = Tokenizer.load()
         words = tok.encode(prompt)
@@ -31,12 +32,14 @@ def next_token_probs(prompt: str, backend: str = "numpy", device: str = "cpu"):
         raise CliError(str(e)) from None
     ids = [tok.bos_id] + words
     if len(ids) > CONTEXT:
-        raise CliError(f"the prompt has {len(words)} words; the context holds at most {CONTEXT - 1} "
-                       f"(plus the start token)")
+        raise CliError(
+            f"the prompt has {len(words)} words; the context holds at most {CONTEXT - 1} (plus the start token)"
+        )
 
     try:
         if backend == "numpy":
             from model.numpy_minigpt import NumpyMiniGPT
+
             probs = NumpyMiniGPT.load()(np.array([ids]))[0, -1]
         else:
             probs = _torch_probs(ids, device)
@@ -81,8 +84,7 @@ def main(argv=None) -> int:
     order = np.argsort(-probs, kind="stable")[:k]
     top = [{"token": tok.id_to_token[i], "prob": float(probs[i])} for i in order]
     if args.json:
-        print(json.dumps({"prompt": args.prompt, "backend": args.backend, "device": args.device,
-                          "top": top}))
+        print(json.dumps({"prompt": args.prompt, "backend": args.backend, "device": args.device, "top": top}))
     else:
         print(f"{args.prompt!r} ->")
         for t in top:

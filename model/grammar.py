@@ -12,6 +12,7 @@ its left -- a causal language model can therefore be scored at verb positions:
 
 Sentences are drawn deterministically from a seed (`generate_corpus`).
 """
+
 from __future__ import annotations
 
 import random
@@ -136,29 +137,120 @@ VERBS = [
 ]
 
 PRONOUNS = {  # pronoun -> agreement class
-    "i": "1sg", "you": "pl", "he": "3sg", "she": "3sg", "it": "3sg", "we": "pl", "they": "pl",
+    "i": "1sg",
+    "you": "pl",
+    "he": "3sg",
+    "she": "3sg",
+    "it": "3sg",
+    "we": "pl",
+    "they": "pl",
 }
 SUBJECT_NOUNS_SG = [
-    "dog", "cat", "teacher", "doctor", "farmer", "student", "baby", "boy", "girl", "man",
-    "woman", "child", "friend", "brother", "sister", "mother", "father", "neighbor", "uncle",
+    "dog",
+    "cat",
+    "teacher",
+    "doctor",
+    "farmer",
+    "student",
+    "baby",
+    "boy",
+    "girl",
+    "man",
+    "woman",
+    "child",
+    "friend",
+    "brother",
+    "sister",
+    "mother",
+    "father",
+    "neighbor",
+    "uncle",
     "aunt",
 ]
 SUBJECT_NOUNS_PL = [
-    "dogs", "cats", "teachers", "doctors", "students", "boys", "girls", "men", "women",
-    "children", "friends", "sisters", "parents", "neighbors",
+    "dogs",
+    "cats",
+    "teachers",
+    "doctors",
+    "students",
+    "boys",
+    "girls",
+    "men",
+    "women",
+    "children",
+    "friends",
+    "sisters",
+    "parents",
+    "neighbors",
 ]
 SUBJECT_DETS = ["the", "my", "your", "his", "her", "our", "their"]
 OBJECT_DETS = ["the", "a", "my", "your", "his", "her", "our", "their", "this", "that"]
 
-FOOD = ["apple", "bread", "cake", "soup", "rice", "pizza", "salad", "egg", "orange",
-        "banana", "sandwich", "cheese", "fish", "cookie"]
+FOOD = [
+    "apple",
+    "bread",
+    "cake",
+    "soup",
+    "rice",
+    "pizza",
+    "salad",
+    "egg",
+    "orange",
+    "banana",
+    "sandwich",
+    "cheese",
+    "fish",
+    "cookie",
+]
 DRINKABLE = ["tea", "coffee", "milk", "juice", "water", "lemonade"]
-THINGS = ["book", "letter", "ball", "box", "bag", "phone", "key", "cup", "chair", "table",
-          "door", "window", "car", "bike", "picture", "song", "story", "map", "hat", "coat",
-          "umbrella", "bottle", "clock", "computer", "present", "kite"]
-PLACES = ["park", "school", "market", "library", "beach", "station", "office", "garden",
-          "hospital", "river", "city", "village", "museum", "zoo", "shop", "kitchen",
-          "airport", "lake"]
+THINGS = [
+    "book",
+    "letter",
+    "ball",
+    "box",
+    "bag",
+    "phone",
+    "key",
+    "cup",
+    "chair",
+    "table",
+    "door",
+    "window",
+    "car",
+    "bike",
+    "picture",
+    "song",
+    "story",
+    "map",
+    "hat",
+    "coat",
+    "umbrella",
+    "bottle",
+    "clock",
+    "computer",
+    "present",
+    "kite",
+]
+PLACES = [
+    "park",
+    "school",
+    "market",
+    "library",
+    "beach",
+    "station",
+    "office",
+    "garden",
+    "hospital",
+    "river",
+    "city",
+    "village",
+    "museum",
+    "zoo",
+    "shop",
+    "kitchen",
+    "airport",
+    "lake",
+]
 PLACE_PREPS = ["in", "at", "near", "behind", "by"]
 COMPANY_PREPS = ["with", "for"]
 
@@ -168,10 +260,10 @@ PAST_TIME = (
     + [["last", u] for u in ("night", "week", "month", "year", "summer", "winter", "monday", "friday")]
     + [[n, u, "ago"] for n in NUMBERS for u in ("days", "weeks", "months", "years", "hours")]
 )
-HABIT_TIME = (
-    [["every", u] for u in ("day", "morning", "evening", "week", "night", "summer", "monday", "friday")]
-    + [["on", "sundays"], ["on", "weekends"]]
-)
+HABIT_TIME = [["every", u] for u in ("day", "morning", "evening", "week", "night", "summer", "monday", "friday")] + [
+    ["on", "sundays"],
+    ["on", "weekends"],
+]
 HABIT_ADVERBS = ["usually", "often", "always", "sometimes", "never", "rarely"]
 FUTURE_TIME = (
     [["tomorrow"], ["tomorrow", "morning"], ["tomorrow", "evening"], ["soon"], ["later"]]
@@ -183,17 +275,16 @@ BE = {"1sg": "am", "3sg": "is", "pl": "are"}
 
 PUNCT = [".", ",", "?", "!"]
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
-FUNCTION_WORDS = ["am", "is", "are", "will", "to", "and", "home", "together", "a", "an",
-                  "some", "the"]
+FUNCTION_WORDS = ["am", "is", "are", "will", "to", "and", "home", "together", "a", "an", "some", "the"]
 OBJECT_PRONOUNS = ["me", "him", "her", "us", "them"]
 # "a bread" reads badly; these take "some" instead of a/an
-MASS_NOUNS = {"bread", "soup", "rice", "cheese", "fish", "tea", "coffee", "milk", "juice",
-              "water", "lemonade"}
+MASS_NOUNS = {"bread", "soup", "rice", "cheese", "fish", "tea", "coffee", "milk", "juice", "water", "lemonade"}
 
 
 @dataclass(frozen=True)
 class Sentence:
     """A tokenised sentence plus, for each verb position, the verb form it requires."""
+
     tokens: tuple[str, ...]
     verb_positions: tuple[tuple[int, str], ...]  # (index into tokens, form)
 
@@ -205,9 +296,22 @@ class Sentence:
 def _other_words() -> list[str]:
     """Every non-verb word, with repeats (e.g. "her" is a determiner and a pronoun)."""
     groups = [
-        list(PRONOUNS), SUBJECT_NOUNS_SG, SUBJECT_NOUNS_PL, SUBJECT_DETS, OBJECT_DETS, FOOD,
-        DRINKABLE, THINGS, PLACES, PLACE_PREPS, COMPANY_PREPS, NUMBERS, HABIT_ADVERBS,
-        FUNCTION_WORDS, OBJECT_PRONOUNS, list(BE.values()),
+        list(PRONOUNS),
+        SUBJECT_NOUNS_SG,
+        SUBJECT_NOUNS_PL,
+        SUBJECT_DETS,
+        OBJECT_DETS,
+        FOOD,
+        DRINKABLE,
+        THINGS,
+        PLACES,
+        PLACE_PREPS,
+        COMPANY_PREPS,
+        NUMBERS,
+        HABIT_ADVERBS,
+        FUNCTION_WORDS,
+        OBJECT_PRONOUNS,
+        list(BE.values()),
         [w for phrase in PAST_TIME + HABIT_TIME + FUTURE_TIME + NOW_TIME for w in phrase],
     ]
     return [w for group in groups for w in group]

@@ -9,6 +9,7 @@ Every layer is a pair `*_forward(...) -> (out, cache)` / `*_backward(dout, cache
 The dtype of the parameters decides the compute dtype: float32 for inference and
 training, float64 for finite-difference gradient checks.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,18 +45,30 @@ def expected_shapes(vocab_size: int) -> dict[str, tuple[int, ...]]:
     }
     for i in range(N_LAYER):
         p = f"blocks.{i}."
-        shapes.update({
-            p + "ln1.weight": (d,), p + "ln1.bias": (d,),
-            p + "attn.qkv.weight": (3 * d, d), p + "attn.qkv.bias": (3 * d,),
-            p + "attn.proj.weight": (d, d), p + "attn.proj.bias": (d,),
-            p + "ln2.weight": (d,), p + "ln2.bias": (d,),
-            p + "mlp.fc.weight": (D_FF, d), p + "mlp.fc.bias": (D_FF,),
-            p + "mlp.proj.weight": (d, D_FF), p + "mlp.proj.bias": (d,),
-        })
-    shapes.update({
-        "ln_f.weight": (d,), "ln_f.bias": (d,),
-        "lm_head.weight": (vocab_size, d), "lm_head.bias": (vocab_size,),
-    })
+        shapes.update(
+            {
+                p + "ln1.weight": (d,),
+                p + "ln1.bias": (d,),
+                p + "attn.qkv.weight": (3 * d, d),
+                p + "attn.qkv.bias": (3 * d,),
+                p + "attn.proj.weight": (d, d),
+                p + "attn.proj.bias": (d,),
+                p + "ln2.weight": (d,),
+                p + "ln2.bias": (d,),
+                p + "mlp.fc.weight": (D_FF, d),
+                p + "mlp.fc.bias": (D_FF,),
+                p + "mlp.proj.weight": (d, D_FF),
+                p + "mlp.proj.bias": (d,),
+            }
+        )
+    shapes.update(
+        {
+            "ln_f.weight": (d,),
+            "ln_f.bias": (d,),
+            "lm_head.weight": (vocab_size, d),
+            "lm_head.bias": (vocab_size,),
+        }
+    )
     return shapes
 
 
@@ -85,8 +98,7 @@ def layernorm_backward(dy, cache):
     dg = (dy * xhat).reshape(-1, xhat.shape[-1]).sum(axis=0)
     db = dy.reshape(-1, dy.shape[-1]).sum(axis=0)
     dxhat = dy * g
-    dx = rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True)
-                 - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
+    dx = rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True) - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
     return dx, dg, db
 
 
@@ -100,7 +112,7 @@ def gelu_forward(x):
 def gelu_backward(dy, cache):
     x, t = cache
     du_dx = _GELU_C * (1.0 + 3 * 0.044715 * (x * x))
-    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t ** 2) * du_dx)
+    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t**2) * du_dx)
 
 
 def softmax(x, axis=-1):
@@ -112,15 +124,15 @@ def softmax(x, axis=-1):
 def attention_forward(x, p):
     """Causal multi-head self-attention. x: (B, T, d); p holds qkv.* and proj.*."""
     B, T, d = x.shape
-    qkv, c_qkv = linear_forward(x, p["qkv.weight"], p["qkv.bias"])      # (B, T, 3d)
+    qkv, c_qkv = linear_forward(x, p["qkv.weight"], p["qkv.bias"])  # (B, T, 3d)
     qkv = qkv.reshape(B, T, 3, N_HEAD, D_HEAD).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, dh)
     q, k, v = qkv[0], qkv[1], qkv[2]
-    scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(D_HEAD)            # (B, H, T, T)
+    scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(D_HEAD)  # (B, H, T, T)
     future = np.triu(np.ones((T, T), dtype=bool), k=1)
     scores = np.where(future, -np.inf, scores)
     att = softmax(scores, axis=-1)
-    y = att @ v                                                          # (B, H, T, dh)
-    y = y.transpose(0, 2, 1, 3).reshape(B, T, d)                         # concat heads
+    y = att @ v  # (B, H, T, dh)
+    y = y.transpose(0, 2, 1, 3).reshape(B, T, d)  # concat heads
     out, c_proj = linear_forward(y, p["proj.weight"], p["proj.bias"])
     return out, (c_qkv, c_proj, q, k, v, att)
 
@@ -129,23 +141,22 @@ def attention_backward(dout, cache, p):
     c_qkv, c_proj, q, k, v, att = cache
     B, H, T, dh = q.shape
     dy, dw_proj, db_proj = linear_backward(dout, c_proj, p["proj.weight"])
-    dy = dy.reshape(B, T, H, dh).transpose(0, 2, 1, 3)                   # (B, H, T, dh)
-    datt = dy @ v.transpose(0, 1, 3, 2)                                  # (B, H, T, T)
+    dy = dy.reshape(B, T, H, dh).transpose(0, 2, 1, 3)  # (B, H, T, dh)
+    datt = dy @ v.transpose(0, 1, 3, 2)  # (B, H, T, T)
     dv = att.transpose(0, 1, 3, 2) @ dy
     # softmax Jacobian; masked entries have att == 0 so they receive no gradient
     dscores = att * (datt - (datt * att).sum(axis=-1, keepdims=True)) / math.sqrt(D_HEAD)
     dq = dscores @ k
     dk = dscores.transpose(0, 1, 3, 2) @ q
-    dqkv = np.stack([dq, dk, dv])                                        # (3, B, H, T, dh)
-    dqkv = dqkv.transpose(1, 3, 0, 2, 4).reshape(B, T, 3 * H * dh)       # (B, T, 3d)
+    dqkv = np.stack([dq, dk, dv])  # (3, B, H, T, dh)
+    dqkv = dqkv.transpose(1, 3, 0, 2, 4).reshape(B, T, 3 * H * dh)  # (B, T, 3d)
     dx, dw_qkv, db_qkv = linear_backward(dqkv, c_qkv, p["qkv.weight"])
-    grads = {"qkv.weight": dw_qkv, "qkv.bias": db_qkv,
-             "proj.weight": dw_proj, "proj.bias": db_proj}
+    grads = {"qkv.weight": dw_qkv, "qkv.bias": db_qkv, "proj.weight": dw_proj, "proj.bias": db_proj}
     return dx, grads
 
 
 def mlp_forward(x, p):
-    h, c_fc = linear_forward(x, p["fc.weight"], p["fc.bias"])            # (B, T, 4d)
+    h, c_fc = linear_forward(x, p["fc.weight"], p["fc.bias"])  # (B, T, 4d)
     a, c_gelu = gelu_forward(h)
     out, c_proj = linear_forward(a, p["proj.weight"], p["proj.bias"])
     return out, (c_fc, c_gelu, c_proj)
@@ -156,13 +167,12 @@ def mlp_backward(dout, cache, p):
     da, dw_proj, db_proj = linear_backward(dout, c_proj, p["proj.weight"])
     dh = gelu_backward(da, c_gelu)
     dx, dw_fc, db_fc = linear_backward(dh, c_fc, p["fc.weight"])
-    return dx, {"fc.weight": dw_fc, "fc.bias": db_fc,
-                "proj.weight": dw_proj, "proj.bias": db_proj}
+    return dx, {"fc.weight": dw_fc, "fc.bias": db_fc, "proj.weight": dw_proj, "proj.bias": db_proj}
 
 
 def _sub(params, prefix):
     """View of the parameters under `prefix`, with the prefix stripped."""
-    return {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in params.items() if k.startswith(prefix)}
 
 
 # ---------------------------------------------------------------------------- block
@@ -201,8 +211,9 @@ def cross_entropy_forward(logits, targets, mask):
 def cross_entropy_backward(cache):
     logp, targets, mask, n = cache
     dlogits = np.exp(logp)
-    np.put_along_axis(dlogits, targets[..., None],
-                      np.take_along_axis(dlogits, targets[..., None], axis=-1) - 1.0, axis=-1)
+    np.put_along_axis(
+        dlogits, targets[..., None], np.take_along_axis(dlogits, targets[..., None], axis=-1) - 1.0, axis=-1
+    )
     return dlogits * (mask / n)[..., None].astype(logp.dtype)
 
 
@@ -212,8 +223,10 @@ class NumpyMiniGPT:
         if "tok_emb.weight" not in params:
             raise WeightsError("missing parameter 'tok_emb.weight'")
         if np.ndim(params["tok_emb.weight"]) != 2:
-            raise WeightsError(f"parameter 'tok_emb.weight' has shape {np.shape(params['tok_emb.weight'])}, "
-                               f"expected (vocab_size, {D_MODEL})")
+            raise WeightsError(
+                f"parameter 'tok_emb.weight' has shape {np.shape(params['tok_emb.weight'])}, "
+                f"expected (vocab_size, {D_MODEL})"
+            )
         self.vocab_size = int(np.shape(params["tok_emb.weight"])[0])
         dtype = np.asarray(params["tok_emb.weight"]).dtype
         _validate(params, self.vocab_size, dtype)
@@ -283,7 +296,7 @@ class NumpyMiniGPT:
         p = self.params
         ids = self._check_ids(ids)
         T = ids.shape[1]
-        x = p["tok_emb.weight"][ids] + p["pos_emb.weight"][:T]                # (B, T, d)
+        x = p["tok_emb.weight"][ids] + p["pos_emb.weight"][:T]  # (B, T, d)
         if trace is not None:
             trace["embed"] = x
         caches = []

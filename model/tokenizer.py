@@ -4,6 +4,7 @@ The vocabulary file (model/weights/vocab.json) stores the token list and, for
 every verb, which token is its base / -s / past / -ing form, so predictions
 can be checked by category without a hard-coded word list.
 """
+
 from __future__ import annotations
 
 import json

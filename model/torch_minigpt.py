@@ -57,6 +57,7 @@ def final_softmax(logits: torch.Tensor, impl: str = "auto") -> torch.Tensor:
 
 # -- attention --------------------------------------------------------------------------------
 
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention written out: one qkv projection, scores, mask, softmax."""
 
@@ -117,6 +118,7 @@ ATTENTIONS = {"explicit": CausalSelfAttention, "mha": MHACausalSelfAttention}
 
 # -- MLP, Block -------------------------------------------------------------------------------
 
+
 class MLP(nn.Module):
     def __init__(self, config: MiniGPTConfig):
         super().__init__()
@@ -151,6 +153,7 @@ class Block(nn.Module):
 
 
 # -- the model --------------------------------------------------------------------------------
+
 
 class GrammarMiniGPT(nn.Module):
     """Decoder-only transformer: ids (B, T) -> next-token probabilities (B, T, V).
@@ -232,13 +235,15 @@ class GrammarMiniGPT(nn.Module):
         arrays = _read_npz(path)
         if "tok_emb.weight" not in arrays or arrays["tok_emb.weight"].ndim != 2:
             raise WeightMismatchError(f"{path}: no 2-D tok_emb.weight to read the vocabulary size from")
-        model = cls(ARCHITECTURE.with_vocab(arrays["tok_emb.weight"].shape[0]),
-                    attention=attention, softmax_impl=softmax_impl)
+        model = cls(
+            ARCHITECTURE.with_vocab(arrays["tok_emb.weight"].shape[0]), attention=attention, softmax_impl=softmax_impl
+        )
         _copy_arrays(model, arrays, source=str(path))
         return model.eval()
 
 
 # -- loading the NumPy weights ----------------------------------------------------------------
+
 
 class WeightMismatchError(WeightsError):
     """The weights file does not fit the module: names the missing, extra and misshapen parameters.
@@ -271,8 +276,7 @@ def _copy_arrays(module: nn.Module, arrays: dict[str, np.ndarray], source: str) 
         elif not np.issubdtype(arrays[name].dtype, np.floating):
             problems.append(f"wrong dtype: {name} is {arrays[name].dtype}, expected a float array")
     if problems:
-        raise WeightMismatchError(
-            f"{source} does not match {type(module).__name__}:\n  " + "\n  ".join(problems))
+        raise WeightMismatchError(f"{source} does not match {type(module).__name__}:\n  " + "\n  ".join(problems))
     with torch.no_grad():
         for name, own_name in names.items():
             array = np.ascontiguousarray(arrays[name], dtype=np.float32)
@@ -291,6 +295,14 @@ def load_numpy_weights(module: nn.Module, path=None) -> nn.Module:
 
 
 __all__ = [
-    "MiniGPTConfig", "final_softmax", "SOFTMAX_IMPLS", "CausalSelfAttention", "MHACausalSelfAttention",
-    "MLP", "Block", "GrammarMiniGPT", "load_numpy_weights", "WeightMismatchError",
+    "MiniGPTConfig",
+    "final_softmax",
+    "SOFTMAX_IMPLS",
+    "CausalSelfAttention",
+    "MHACausalSelfAttention",
+    "MLP",
+    "Block",
+    "GrammarMiniGPT",
+    "load_numpy_weights",
+    "WeightMismatchError",
 ]

@@ -5,6 +5,7 @@
 Writes model/weights/minigpt.npz, model/weights/vocab.json and reports/loss_curve.png.
 One sentence per row: <bos> words ... <eos>, padded; padding is excluded from the loss.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,8 @@ def verb_form_accuracy(model: NumpyMiniGPT, tok: Tokenizer, sentences, batch_siz
     inputs, _, _ = encode_corpus(sentences, tok)
     hits = total = 0
     for lo in range(0, len(sentences), batch_size):
-        pred = model.logits(inputs[lo: lo + batch_size]).argmax(axis=-1)  # (b, L)
-        for n, s in enumerate(sentences[lo: lo + batch_size]):
+        pred = model.logits(inputs[lo : lo + batch_size]).argmax(axis=-1)  # (b, L)
+        for n, s in enumerate(sentences[lo : lo + batch_size]):
             for pos, form in s.verb_positions:
                 # input index pos holds the word before the verb (index 0 is <bos>)
                 hits += tok.verb_form(int(pred[n, pos])) == form
@@ -65,7 +66,7 @@ class Adam:
 
     def step(self, params, grads, lr):
         self.t += 1
-        c1, c2 = 1 - self.b1 ** self.t, 1 - self.b2 ** self.t
+        c1, c2 = 1 - self.b1**self.t, 1 - self.b2**self.t
         for k, g in grads.items():
             self.m[k] = self.b1 * self.m[k] + (1 - self.b1) * g
             self.v[k] = self.b2 * self.v[k] + (1 - self.b2) * g * g
@@ -80,8 +81,7 @@ def lr_at(step, steps, lr, warmup):
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def train(steps=1500, batch_size=64, seed=0, n_sentences=30000, lr=3e-3, warmup=60,
-          clip=1.0, progress=True):
+def train(steps=1500, batch_size=64, seed=0, n_sentences=30000, lr=3e-3, warmup=60, clip=1.0, progress=True):
     """Returns (model, tokenizer, per-step losses). Same arguments -> identical weights."""
     tok = Tokenizer.from_grammar()
     inputs, targets, mask = encode_corpus(grammar.generate_corpus(n_sentences, seed=seed), tok)
@@ -92,6 +92,7 @@ def train(steps=1500, batch_size=64, seed=0, n_sentences=30000, lr=3e-3, warmup=
     bar = range(steps)
     if progress:
         from tqdm import tqdm
+
         bar = tqdm(bar, desc="train", unit="step")
     for step in bar:
         idx = rng.integers(0, len(inputs), size=batch_size)
@@ -109,6 +110,7 @@ def train(steps=1500, batch_size=64, seed=0, n_sentences=30000, lr=3e-3, warmup=
 
 def save_loss_curve(losses, path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -141,8 +143,9 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
-    model, tok, losses = train(steps=args.steps, batch_size=args.batch_size, seed=args.seed,
-                               n_sentences=args.sentences, lr=args.lr)
+    model, tok, losses = train(
+        steps=args.steps, batch_size=args.batch_size, seed=args.seed, n_sentences=args.sentences, lr=args.lr
+    )
     wall = time.perf_counter() - t0
     model.save(args.weights)
     tok.save(args.weights.with_name("vocab.json"))
@@ -150,11 +153,12 @@ def main(argv=None) -> None:
     held_out = grammar.generate_corpus(2000, seed=args.seed + 10_000)
     acc = verb_form_accuracy(model, tok, held_out)
     tail = losses[-50:]
-    print(f"wall time {wall:.1f} s; final loss {losses[-1]:.4f} (mean of last {len(tail)} steps "
-          f"{float(np.mean(tail)):.4f})")
+    print(
+        f"wall time {wall:.1f} s; final loss {losses[-1]:.4f} (mean of last {len(tail)} steps "
+        f"{float(np.mean(tail)):.4f})"
+    )
     print(f"verb-form accuracy on {len(held_out)} held-out sentences: {acc:.4f}")
-    print(f"weights -> {args.weights} ({args.weights.stat().st_size / 1e6:.2f} MB); "
-          f"loss curve -> {args.plot}")
+    print(f"weights -> {args.weights} ({args.weights.stat().st_size / 1e6:.2f} MB); loss curve -> {args.plot}")
 
 
 if __name__ == "__main__":

@@ -42,8 +42,19 @@ def layouts(dtype) -> tuple[str, ...]:
     return ("contiguous", "row_stride", *(f"offset:{k}" for k in range(1, classes)), "col_stride")
 
 
-def logits(B: int, V: int, *, seed: int, dtype=torch.float32, device="cpu", layout: str = "contiguous",
-           outliers: bool = True, neg_inf: bool = True, scale: float = 3.0, neg_inf_rows=()) -> torch.Tensor:
+def logits(
+    B: int,
+    V: int,
+    *,
+    seed: int,
+    dtype=torch.float32,
+    device="cpu",
+    layout: str = "contiguous",
+    outliers: bool = True,
+    neg_inf: bool = True,
+    scale: float = 3.0,
+    neg_inf_rows=(),
+) -> torch.Tensor:
     """A (B, V) tensor of randn * scale drawn in float64 from a generator of its own, then cast.
 
     outliers: every row gets a -30 and every even row a +30. A +30 makes one entry take
@@ -65,8 +76,9 @@ def logits(B: int, V: int, *, seed: int, dtype=torch.float32, device="cpu", layo
         n = max(1, B * V // NEG_INF_DENSITY)
         x[torch.randint(0, B, (n,), generator=g), torch.randint(0, V, (n,), generator=g)] = -math.inf
         lost = torch.isneginf(x).all(dim=1).nonzero().flatten()  # short rows may lose every entry
-        x[lost, torch.randint(0, V, (len(lost),), generator=g)] = torch.randn(len(lost), generator=g,
-                                                                                dtype=torch.float64) * scale
+        x[lost, torch.randint(0, V, (len(lost),), generator=g)] = (
+            torch.randn(len(lost), generator=g, dtype=torch.float64) * scale
+        )
     for row in neg_inf_rows:
         x[row] = -math.inf
     return _place(x.to(dtype), layout, torch.device(device))
@@ -89,7 +101,7 @@ def _place(values: torch.Tensor, layout: str, device: torch.device) -> torch.Ten
         k = int(layout.removeprefix("offset:"))
         guard = VECTOR_BYTES // values.element_size()
         flat = torch.full((k + B * V + guard,), math.nan, dtype=dtype, device=device)
-        x = flat[k:k + B * V].view(B, V)
+        x = flat[k : k + B * V].view(B, V)
         x.copy_(values)
         assert x.data_ptr() % VECTOR_BYTES == k * values.element_size() % VECTOR_BYTES, "allocation not aligned"
         return x
@@ -114,21 +126,23 @@ def run_poisoned(fn, x: torch.Tensor, *, out_offset: int = 0, **kwargs) -> torch
     n = x.numel()
     buf = torch.full((guard + out_offset + n + guard,), math.nan, dtype=x.dtype, device=x.device)
     start = guard + out_offset
-    out = buf[start:start + n].view(x.shape)
+    out = buf[start : start + n].view(x.shape)
     x_before = bits(x).clone()
     result = fn(x, out=out, **kwargs)
     if x.is_cuda:
         torch.cuda.synchronize(x.device)
     name = getattr(fn, "name", getattr(fn, "__name__", repr(fn)))
-    assert isinstance(result, torch.Tensor) and result.data_ptr() == out.data_ptr() and result.shape == out.shape, \
+    assert isinstance(result, torch.Tensor) and result.data_ptr() == out.data_ptr() and result.shape == out.shape, (
         f"{name} did not return the out tensor it was given"
-    outside = torch.cat([buf[:start], buf[start + n:]])
+    )
+    outside = torch.cat([buf[:start], buf[start + n :]])
     assert torch.isnan(outside).all(), f"{name} wrote {int((~torch.isnan(outside)).sum())} elements outside out"
     assert torch.equal(bits(x), x_before), f"{name} changed its input"
     return out
 
 
 # -- comparing with the reference --------------------------------------------------------------
+
 
 def _low_precision(dtype) -> tuple[float, float]:
     fi = torch.finfo(dtype)
@@ -178,17 +192,23 @@ def assert_softmax_close(got: torch.Tensor, x: torch.Tensor, *, dtype=None, what
         record(float(err.max(initial=0.0)))
     problems = []
     if (nan_g & ~nan_r).any():
-        problems.append(f"{int((nan_g & ~nan_r).sum())} NaN where the reference is a number (unwritten or lost): "
-                        + _where(nan_g & ~nan_r, g, r))
+        problems.append(
+            f"{int((nan_g & ~nan_r).sum())} NaN where the reference is a number (unwritten or lost): "
+            + _where(nan_g & ~nan_r, g, r)
+        )
     if (nan_r & ~nan_g).any():
-        problems.append(f"{int((nan_r & ~nan_g).sum())} numbers where the reference is NaN (an all -inf row): "
-                        + _where(nan_r & ~nan_g, g))
+        problems.append(
+            f"{int((nan_r & ~nan_g).sum())} numbers where the reference is NaN (an all -inf row): "
+            + _where(nan_r & ~nan_g, g)
+        )
     if inf_g.any():
         problems.append(f"{int(inf_g.sum())} ±inf: " + _where(inf_g, g, r))
     if off.any():
         rel = err / np.maximum(np.abs(np.where(both, r, 1.0)), np.finfo(np.float64).tiny)
-        problems.append(f"{int(off.sum())} of {g.size} beyond atol {atol:.3g} + rtol {rtol:.3g} * |expected| "
-                        f"(worst abs {err.max():.3g}, worst rel {rel[off].max():.3g}): " + _where(off, g, r))
+        problems.append(
+            f"{int(off.sum())} of {g.size} beyond atol {atol:.3g} + rtol {rtol:.3g} * |expected| "
+            f"(worst abs {err.max():.3g}, worst rel {rel[off].max():.3g}): " + _where(off, g, r)
+        )
     if problems:
         raise AssertionError(f"{what or 'softmax'} ({dtype_id(dtype)}, shape {g.shape}):\n  " + "\n  ".join(problems))
     return float(err.max(initial=0.0))
@@ -219,7 +239,8 @@ def assert_rows_sum_to_one(got: torch.Tensor, *, dtype=None, what: str = "") -> 
         raise AssertionError(
             f"{what or 'softmax'} ({dtype_id(dtype)}, V = {V}): {int(bad.sum())} of {sums.size} rows do not sum to 1 "
             f"within {tol:.3g} (worst drift {np.nanmax(drift) if not np.isnan(drift).all() else np.nan:.3g}): "
-            + _where(bad, sums))
+            + _where(bad, sums)
+        )
 
 
 def check_softmax(got: torch.Tensor, x: torch.Tensor, *, what: str = "", record=None) -> float:
@@ -232,6 +253,7 @@ def check_softmax(got: torch.Tensor, x: torch.Tensor, *, what: str = "", record=
 
 
 # -- which machine a kernel needs --------------------------------------------------------------
+
 
 def needs_cupy(kernel) -> bool:
     """Whether a registry kernel is one of the CUDA C kernels, launched through CuPy (the
@@ -256,8 +278,8 @@ def skip_unless_runnable(kernel) -> None:
 # kernels.softmax_triton.run_path parameters that scale each path's thresholds down, so the
 # interpreter (and a GPU at small V) runs every path's real code on rows of tens of elements.
 SCALED_TRITON_PARAMS = {
-    "tile": {"config": {"BLOCK": 16, "num_warps": 2}},   # V > BLOCK: the multi-pass loop
+    "tile": {"config": {"BLOCK": 16, "num_warps": 2}},  # V > BLOCK: the multi-pass loop
     "row": {"num_warps": 4},
     "rows": {"ROWS": 4, "num_warps": 2},
-    "split": {"CHUNK": 16, "num_warps": 2},              # P = cdiv(V + head, 16) programs a row
+    "split": {"CHUNK": 16, "num_warps": 2},  # P = cdiv(V + head, 16) programs a row
 }

@@ -96,10 +96,15 @@ def call_kernel_params(kernel: str, B: int, V: int, dtype: str, marks=()) -> lis
     """The pytest marks of one call-grid case: a skip, with its reason, for the row-serial
     kernels at long rows."""
     if kernel in ROW_SERIAL_KERNELS and not is_lab(B, V, dtype) and V > ROW_SERIAL_MAX_V:
-        return [*marks, pytest.mark.skip(reason=f"{kernel} is timed at the lab's grid and V <= {ROW_SERIAL_MAX_V} "
-                                                f"only: it reads each row three times (naive with one thread "
-                                                f"per row), so a call at V = {V} takes far too long for "
-                                                f"loops of back-to-back calls")]
+        return [
+            *marks,
+            pytest.mark.skip(
+                reason=f"{kernel} is timed at the lab's grid and V <= {ROW_SERIAL_MAX_V} "
+                f"only: it reads each row three times (naive with one thread "
+                f"per row), so a call at V = {V} takes far too long for "
+                f"loops of back-to-back calls"
+            ),
+        ]
     return list(marks)
 
 
@@ -115,20 +120,34 @@ def device_cases():
             for B in SWEEP_B:
                 if B * V * DTYPES[dtype].itemsize > MAX_TENSOR_BYTES:
                     continue
-                seen += [(k, B, V, dtype) for k in SWEEP_KERNELS
-                         if supports(k, dtype) and (k, B, V, dtype) not in seen]
+                seen += [(k, B, V, dtype) for k in SWEEP_KERNELS if supports(k, dtype) and (k, B, V, dtype) not in seen]
     for B, V, dtype in call_shapes():
         seen += [(k, B, V, dtype) for k in ALL_KERNELS if supports(k, dtype) and (k, B, V, dtype) not in seen]
-    return [pytest.param(*c, id=f"{'lab' if is_lab(*c[1:]) else 'sweep'}-{c[0]}-B{c[1]}-V{c[2]}-{c[3]}",
-                         marks=call_kernel_params(*c)) for c in seen]
+    return [
+        pytest.param(
+            *c, id=f"{'lab' if is_lab(*c[1:]) else 'sweep'}-{c[0]}-B{c[1]}-V{c[2]}-{c[3]}", marks=call_kernel_params(*c)
+        )
+        for c in seen
+    ]
 
 
 def call_cases():
     """(mode, kernel, B, V, dtype) for the per-call and graph modes."""
-    return [pytest.param(mode, kernel, B, V, dtype, id=f"call-{mode}-{kernel}-B{B}-V{V}-{dtype}",
-                         marks=call_kernel_params(kernel, B, V, dtype))
-            for B, V, dtype in call_shapes() for kernel in ALL_KERNELS if supports(kernel, dtype)
-            for mode in CALL_MODES]
+    return [
+        pytest.param(
+            mode,
+            kernel,
+            B,
+            V,
+            dtype,
+            id=f"call-{mode}-{kernel}-B{B}-V{V}-{dtype}",
+            marks=call_kernel_params(kernel, B, V, dtype),
+        )
+        for B, V, dtype in call_shapes()
+        for kernel in ALL_KERNELS
+        if supports(kernel, dtype)
+        for mode in CALL_MODES
+    ]
 
 
 def make_logits(B: int, V: int, dtype: torch.dtype) -> torch.Tensor:
@@ -152,6 +171,7 @@ def validate_output(name: str, x: torch.Tensor, out: torch.Tensor) -> None:
 
 # -- ceilings, measured in the same run ------------------------------------------------------------
 
+
 @pytest.fixture(scope="session")
 def copy_times_us():
     """Device-to-device copy of 2 GiB (bytes counted: read + write)."""
@@ -163,10 +183,13 @@ def copy_times_us():
 def test_ceiling_copy_bandwidth(benchmark, copy_times_us, record_manifest):
     nbytes, times = copy_times_us
     copy_TBps = nbytes / (np.median(times) * 1e-6) / 1e12
-    record_manifest("ceilings", hbm_copy_TBps=copy_TBps,
-                    how_measured="hbm_copy_TBps: median of 30 device-to-device copies of 2 GiB (torch "
-                                 "copy_, bytes read + written, CUDA events); fp32_TFLOPS: median of 10 "
-                                 "8192^3 fp32 matrix products (torch.mm, TF32 off, cuBLAS SGEMM, 2n^3 FLOPs)")
+    record_manifest(
+        "ceilings",
+        hbm_copy_TBps=copy_TBps,
+        how_measured="hbm_copy_TBps: median of 30 device-to-device copies of 2 GiB (torch "
+        "copy_, bytes read + written, CUDA events); fp32_TFLOPS: median of 10 "
+        "8192^3 fp32 matrix products (torch.mm, TF32 off, cuBLAS SGEMM, 2n^3 FLOPs)",
+    )
     benchmark.extra_info.update(ceiling="copy", bytes=nbytes, TBps=copy_TBps)
     report_times_us(benchmark, times)
     assert 0.5 < copy_TBps < 10, f"implausible copy bandwidth {copy_TBps:.2f} TB/s"
@@ -187,6 +210,7 @@ def test_ceiling_fp32_matmul(benchmark, record_manifest, monkeypatch):
 
 # -- the kernels -------------------------------------------------------------------------------------------
 
+
 def prepared_case(name: str, B: int, V: int, dtype: torch.dtype):
     """The kernel, a validated input, and the raw facts of the case for extra_info."""
     fn = run_kernel(name)
@@ -194,15 +218,22 @@ def prepared_case(name: str, B: int, V: int, dtype: torch.dtype):
     out = torch.full_like(x, float("nan"))
     validate_output(name, x, fn(x, out=out))
     del out
-    info = {"kernel": name, "B": B, "V": V, "dtype": str(dtype).removeprefix("torch."),
-            "bytes": matrix_bytes(B, V, dtype, passes=MATRIX_PASSES.get(name, 2))}
+    info = {
+        "kernel": name,
+        "B": B,
+        "V": V,
+        "dtype": str(dtype).removeprefix("torch."),
+        "bytes": matrix_bytes(B, V, dtype, passes=MATRIX_PASSES.get(name, 2)),
+    }
     # After the first call: that is when Triton has picked (or loaded) its config.
     if name == "triton":
         from kernels import softmax_triton
+
         info["autotune_picked"] = softmax_triton.autotune_picked(V, dtype=dtype)
         info["plan"] = softmax_triton.plan(B, V, dtype)
     elif name == "fused":
         from kernels import softmax_cuda
+
         info["plan"] = softmax_cuda.fused_plan(B, V, dtype)
     return fn, x, info
 
@@ -296,8 +327,10 @@ def floor_call(name: str, x: torch.Tensor):
         except ImportError:
             launch = None
         if not hasattr(launch, "launch_noop"):
-            pytest.skip("kernels.launch.launch_noop(device_index) is not there: the project's own launch path "
-                        "has no empty kernel to time")
+            pytest.skip(
+                "kernels.launch.launch_noop(device_index) is not there: the project's own launch path "
+                "has no empty kernel to time"
+            )
         device = x.device.index
         return lambda: launch.launch_noop(device)
     raise KeyError(name)
@@ -306,9 +339,12 @@ def floor_call(name: str, x: torch.Tensor):
 def floor_cases():
     # torch.empty_like launches no kernel (the caching allocator hands out a block), so a graph
     # of it would be empty: it is a per-call floor only.
-    return [pytest.param(name, mode, id=f"floor-{mode}-{name}")
-            for name in ("empty_like", "triton_empty", "cupy_empty", "launch_noop")
-            for mode in CALL_MODES if (name, mode) != ("empty_like", "graph")]
+    return [
+        pytest.param(name, mode, id=f"floor-{mode}-{name}")
+        for name in ("empty_like", "triton_empty", "cupy_empty", "launch_noop")
+        for mode in CALL_MODES
+        if (name, mode) != ("empty_like", "graph")
+    ]
 
 
 @pytest.mark.parametrize("name, mode", floor_cases())
@@ -331,8 +367,12 @@ def test_launch_floor(benchmark, name, mode):
 
 # -- the lab's gates: ratios measured in the same test ---------------------------------------------------
 
-@pytest.mark.parametrize("kernel, reference, floor", [("fused", "F_softmax", 0.30), ("triton", "fused", 0.80)],
-                         ids=["lab-gate-fused-vs-F_softmax", "lab-gate-triton-vs-fused"])
+
+@pytest.mark.parametrize(
+    "kernel, reference, floor",
+    [("fused", "F_softmax", 0.30), ("triton", "fused", 0.80)],
+    ids=["lab-gate-fused-vs-F_softmax", "lab-gate-triton-vs-fused"],
+)
 def test_lab_gate(benchmark, kernel, reference, floor):
     """At (512, 600) fp32: speed(kernel) >= floor x speed(reference), timed back to back."""
     times, _ = time_case(kernel, 512, 600, torch.float32)

@@ -56,6 +56,7 @@ SMALL_B = 8  # batch for the position and stride cases at every V
 
 # -- comparing bits ---------------------------------------------------------------------------
 
+
 def bit_difference(got: torch.Tensor, want: torch.Tensor) -> str | None:
     """None when `got` holds exactly the bits of `want` and neither holds NaN; else the count
     and the first differing indices. (No input here has an all -inf row, so NaN only comes from
@@ -70,8 +71,10 @@ def bit_difference(got: torch.Tensor, want: torch.Tensor) -> str | None:
     differ = got.contiguous().view(bits) != want.contiguous().view(bits)
     if not bool(differ.any()):
         return None
-    return (f"{int(differ.sum())} of {differ.numel()} elements differ in their bits, "
-            f"first at {differ.nonzero()[:4].tolist()}")
+    return (
+        f"{int(differ.sum())} of {differ.numel()} elements differ in their bits, "
+        f"first at {differ.nonzero()[:4].tolist()}"
+    )
 
 
 def array_bit_difference(got: np.ndarray, want: np.ndarray) -> str | None:
@@ -111,8 +114,15 @@ def conclude(record_manifest, kernel: str, dtype_name: str, prop: str, shapes, f
     """Record the verdict (before asserting), then assert where the kernel is gated."""
     verdict = "failed" if failures else "passed"
     shapes = [list(s) for s in dict.fromkeys(tuple(s) for s in shapes)]
-    record_manifest(SECTION, **{f"{kernel}/{dtype_name}/{prop}": {
-        "verdict": verdict if gated else f"not gated: {verdict}", "shapes": shapes}})
+    record_manifest(
+        SECTION,
+        **{
+            f"{kernel}/{dtype_name}/{prop}": {
+                "verdict": verdict if gated else f"not gated: {verdict}",
+                "shapes": shapes,
+            }
+        },
+    )
     if gated:
         shown = "\n  ".join(failures[:12]) + ("\n  ..." if len(failures) > 12 else "")
         assert not failures, f"{kernel} {dtype_name} is not {prop} in {len(failures)} case(s):\n  {shown}"
@@ -120,6 +130,7 @@ def conclude(record_manifest, kernel: str, dtype_name: str, prop: str, shapes, f
 
 # -- the properties, for any run(x, out) -------------------------------------------------------
 # Each returns (shapes measured, failures); a failure names the case and what differs.
+
 
 def measure_deterministic(run, shapes, dtype, device, *, path_of, repeats=REPEATS, seed=0):
     """The same input launched `repeats` times gives the same bits every time."""
@@ -149,14 +160,17 @@ def measure_batch_invariant(run, batches, dtype, device, *, path_of, seed=1):
             shapes.append((b, V))
             diff = bit_difference(run(x[:b], poisoned(b, V, dtype, device)), full[:b])
             if diff:
-                failures.append(f"V={V}: rows of a batch of {b} ({path_of(b, V)}) vs the same rows in a batch of "
-                                f"{b_max} ({path_of(b_max, V)}): {diff}")
+                failures.append(
+                    f"V={V}: rows of a batch of {b} ({path_of(b, V)}) vs the same rows in a batch of "
+                    f"{b_max} ({path_of(b_max, V)}): {diff}"
+                )
         for r in sorted({b_max // 2, b_max - 1} - {0}):
             shapes.append((1, V))
-            diff = bit_difference(run(x[r:r + 1], poisoned(1, V, dtype, device))[0], full[r])
+            diff = bit_difference(run(x[r : r + 1], poisoned(1, V, dtype, device))[0], full[r])
             if diff:
-                failures.append(f"V={V}: row {r} alone ({path_of(1, V)}) vs in a batch of {b_max} "
-                                f"({path_of(b_max, V)}): {diff}")
+                failures.append(
+                    f"V={V}: row {r} alone ({path_of(1, V)}) vs in a batch of {b_max} ({path_of(b_max, V)}): {diff}"
+                )
         del x, full
     return shapes, failures
 
@@ -183,8 +197,10 @@ def measure_position_invariant(run, cases, dtype, device, *, path_of, seed=2):
             placed.copy_(x)
             diff = bit_difference(run(placed, poisoned(B, V, dtype, device, offset=out_offset)), want)
             if diff:
-                failures.append(f"(B={B}, V={V}, {path_of(B, V)}) input offset {in_offset}, output offset "
-                                f"{out_offset} elements vs both at 0: {diff}")
+                failures.append(
+                    f"(B={B}, V={V}, {path_of(B, V)}) input offset {in_offset}, output offset "
+                    f"{out_offset} elements vs both at 0: {diff}"
+                )
         for k in sorted({1, B // 2} - {0}):
             # Row r moves to index (r + k) % B.
             got = run(torch.roll(x, k, dims=0), poisoned(B, V, dtype, device)).roll(-k, dims=0)
@@ -213,7 +229,8 @@ def measure_stride_invariant(run, cases, dtype, device, *, path_of, seed=3):
         for name, row_stride, col_stride in layouts(B, V, dtype):
             size = (B - 1) * row_stride + (V - 1) * col_stride + 1
             strided = torch.full((size,), float("nan"), dtype=dtype, device=device).as_strided(
-                (B, V), (row_stride, col_stride))
+                (B, V), (row_stride, col_stride)
+            )
             strided.copy_(x)
             diff = bit_difference(run(strided, poisoned(B, V, dtype, device)), want)
             if diff:
@@ -257,6 +274,7 @@ def measure_graph_invariant(run, shapes, dtype, *, path_of, seed=4):
 
 # -- the registry on a GPU ---------------------------------------------------------------------
 
+
 def kernel_dtypes(name: str):
     return tuple(getattr(kernels.SOFTMAX_KERNELS.get(name), "dtypes", None) or kernels.SUPPORTED_DTYPES[name])
 
@@ -287,6 +305,7 @@ def runner(name: str):
         else:
             fn(x, out=out)
         return out
+
     return run
 
 
@@ -305,6 +324,7 @@ def path_namer(name: str, dtype):
             return f"path {plan(B, V, dtype)}"
         except (TypeError, ValueError, KeyError) as exc:  # a message helper must not hide the measurement
             return f"path unknown ({type(exc).__name__})"
+
     return path_of
 
 
@@ -379,8 +399,9 @@ def gpu_kernel(request):
 
 
 def _gpu_cases():
-    return pytest.mark.parametrize("gpu_kernel", [pytest.param(p.values, id=p.id) for p in registry_cases()],
-                                   indirect=True)
+    return pytest.mark.parametrize(
+        "gpu_kernel", [pytest.param(p.values, id=p.id) for p in registry_cases()], indirect=True
+    )
 
 
 @pytest.mark.cuda
@@ -436,9 +457,11 @@ def test_gpu_shapes_reach_every_dispatch_path(name, dtype):
     fn = kernels.SOFTMAX_KERNELS[name]
     if getattr(fn, "paths", None) is not None and getattr(fn, "plan", None) is not None:
         plan, paths = fn.plan, set(fn.paths)
-    for what, shapes in (("deterministic", deterministic_shapes(name, dtype)),
-                         ("batch", [(b, V) for V, bs in batch_plan(name, dtype) for b in bs]),
-                         ("position/stride", position_cases(name, dtype))):
+    for what, shapes in (
+        ("deterministic", deterministic_shapes(name, dtype)),
+        ("batch", [(b, V) for V, bs in batch_plan(name, dtype) for b in bs]),
+        ("position/stride", position_cases(name, dtype)),
+    ):
         reached = {plan(B, V, dtype) for B, V in shapes}
         assert paths <= reached, f"{name} {dtype}: the {what} shapes miss paths {sorted(paths - reached)}"
     assert max(V for _, V in every_shape(name, dtype)) >= 128256
@@ -446,8 +469,11 @@ def test_gpu_shapes_reach_every_dispatch_path(name, dtype):
 
 # -- Triton under the interpreter --------------------------------------------------------------
 
-interpreted = pytest.mark.skipif(not st.INTERPRET, reason="the Triton kernels run compiled in this process (a GPU "
-                                 "is visible); the cuda cases of this file hold them to the same properties")
+interpreted = pytest.mark.skipif(
+    not st.INTERPRET,
+    reason="the Triton kernels run compiled in this process (a GPU "
+    "is visible); the cuda cases of this file hold them to the same properties",
+)
 
 # Launch parameters scaled down so that small V reaches each path's real code: tile with V >
 # BLOCK takes the two-pass loop; split with CHUNK 16 spreads a row over P = cdiv(V + h, 16)
@@ -476,6 +502,7 @@ def interpreter_run(path):
     def run(x, out):
         st.run_path(x, path, out=out, **params)
         return out
+
     return run
 
 
@@ -499,8 +526,7 @@ def _fixed_path(path):
 def test_interpreter_deterministic(path, dtype, record_manifest):
     shapes = [(1 if path == "split" else 2, V) for V in INTERPRETER_V[path]]
     shapes, failures = measure_deterministic(interpreter_run(path), shapes, dtype, "cpu", path_of=_fixed_path(path))
-    conclude(record_manifest, _interpreter_key(path), DTYPE_NAMES[dtype], "deterministic", shapes, failures,
-             gated=True)
+    conclude(record_manifest, _interpreter_key(path), DTYPE_NAMES[dtype], "deterministic", shapes, failures, gated=True)
 
 
 @pytest.mark.cpu
@@ -508,10 +534,10 @@ def test_interpreter_deterministic(path, dtype, record_manifest):
 @pytest.mark.parametrize("path,dtype", list(interpreter_cases()))
 def test_interpreter_batch_invariant(path, dtype, record_manifest):
     batches = [(V, INTERPRETER_BATCHES[path]) for V in INTERPRETER_V[path]]
-    shapes, failures = measure_batch_invariant(interpreter_run(path), batches, dtype, "cpu",
-                                               path_of=_fixed_path(path))
-    conclude(record_manifest, _interpreter_key(path), DTYPE_NAMES[dtype], "batch_invariant", shapes, failures,
-             gated=True)
+    shapes, failures = measure_batch_invariant(interpreter_run(path), batches, dtype, "cpu", path_of=_fixed_path(path))
+    conclude(
+        record_manifest, _interpreter_key(path), DTYPE_NAMES[dtype], "batch_invariant", shapes, failures, gated=True
+    )
 
 
 @pytest.mark.cpu
@@ -519,10 +545,10 @@ def test_interpreter_batch_invariant(path, dtype, record_manifest):
 @pytest.mark.parametrize("path,dtype", list(interpreter_cases()))
 def test_interpreter_position_invariant(path, dtype, record_manifest):
     cases = [(INTERPRETER_B[path], V) for V in INTERPRETER_V[path]]
-    shapes, failures = measure_position_invariant(interpreter_run(path), cases, dtype, "cpu",
-                                                  path_of=_fixed_path(path))
-    conclude(record_manifest, _interpreter_key(path), DTYPE_NAMES[dtype], "position_invariant", shapes, failures,
-             gated=True)
+    shapes, failures = measure_position_invariant(interpreter_run(path), cases, dtype, "cpu", path_of=_fixed_path(path))
+    conclude(
+        record_manifest, _interpreter_key(path), DTYPE_NAMES[dtype], "position_invariant", shapes, failures, gated=True
+    )
 
 
 @pytest.mark.cpu
@@ -531,8 +557,9 @@ def test_interpreter_position_invariant(path, dtype, record_manifest):
 def test_interpreter_stride_invariant(path, dtype, record_manifest):
     cases = [(INTERPRETER_B[path], V) for V in INTERPRETER_V[path]]
     shapes, failures = measure_stride_invariant(interpreter_run(path), cases, dtype, "cpu", path_of=_fixed_path(path))
-    conclude(record_manifest, _interpreter_key(path), DTYPE_NAMES[dtype], "stride_invariant", shapes, failures,
-             gated=True)
+    conclude(
+        record_manifest, _interpreter_key(path), DTYPE_NAMES[dtype], "stride_invariant", shapes, failures, gated=True
+    )
 
 
 @pytest.mark.cpu
@@ -558,8 +585,9 @@ def test_interpreter_dispatch_batch_invariant(dtype, record_manifest):
         diff = bit_difference(got, want)
         if diff:
             failures.append(f"V={V}: rows through {paths[1]} (B >= {above}) vs {paths[0]} (B = {below}): {diff}")
-    conclude(record_manifest, "triton[interpreter]", DTYPE_NAMES[dtype], "batch_invariant", shapes, failures,
-             gated=True)
+    conclude(
+        record_manifest, "triton[interpreter]", DTYPE_NAMES[dtype], "batch_invariant", shapes, failures, gated=True
+    )
 
 
 # -- the NumPy reference (float64) -------------------------------------------------------------

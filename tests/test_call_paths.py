@@ -15,8 +15,13 @@ from kernels import SOFTMAX_KERNELS, softmax_cuda, softmax_triton
 from kernels.reference import softmax_ref
 
 # Shapes that reach each path of the two kernels with many paths (default parameters).
-FUSED_PATH_SHAPES = {"warp": (5, 100), "warpvec": (9, 600), "row": (3, 4097), "cluster": (2, 50257),
-                     "online": (2, 140001)}
+FUSED_PATH_SHAPES = {
+    "warp": (5, 100),
+    "warpvec": (9, 600),
+    "row": (3, 4097),
+    "cluster": (2, 50257),
+    "online": (2, 140001),
+}
 TRITON_PATH_SHAPES = {"tile": (5, 600), "rows": (8192, 700), "row": (3, 4097), "split": (2, 50257)}
 DTYPES = (torch.float32, torch.bfloat16)
 
@@ -88,6 +93,7 @@ def test_graph_replay_gives_the_eager_bits(kernel, path, B, V, dtype):
 
 # -- custom operators -----------------------------------------------------------------------------------
 
+
 @pytest.mark.cpu
 @pytest.mark.skipif(not softmax_triton.INTERPRET, reason="the Triton op runs on CPU tensors only interpreted")
 def test_triton_op_passes_opcheck_in_the_interpreter():
@@ -125,8 +131,9 @@ def test_model_traces_without_a_graph_break_through_the_triton_op():
     explanation = torch._dynamo.explain(model)(ids)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert explanation.graph_count == 1
-    ops_in_graph = {str(node.target) for g in explanation.graphs for node in g.graph.nodes
-                    if node.op == "call_function"}
+    ops_in_graph = {
+        str(node.target) for g in explanation.graphs for node in g.graph.nodes if node.op == "call_function"
+    }
     assert any("softmax_suite.triton" in op for op in ops_in_graph), sorted(ops_in_graph)
 
 
@@ -161,6 +168,7 @@ def test_compiled_function_keeps_the_op_without_breaks(name):
 
 
 # -- the model, compiled --------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def ieee_fp32():
@@ -208,8 +216,12 @@ def test_compiled_model_keeps_the_triton_softmax_and_its_predictions(ieee_fp32, 
         with torch.no_grad():
             times[f"eager_{impl}_us"] = _forward_us(model, ids)
             times[f"compiled_{impl}_us"] = _forward_us(compiled, ids)
-    record_manifest("model_forward", **times, shape="(1, T) with T = len('<bos> Yesterday I')",
-                    how_measured="wall time per forward from Python, 50 back-to-back calls, one synchronize")
+    record_manifest(
+        "model_forward",
+        **times,
+        shape="(1, T) with T = len('<bos> Yesterday I')",
+        how_measured="wall time per forward from Python, 50 back-to-back calls, one synchronize",
+    )
     assert all(t > 0 for t in times.values())
 
 

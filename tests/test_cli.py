@@ -1,6 +1,7 @@
 """`python -m model`: output formats and clean failures. The cases call the CLI's `main` in this
 process; a real subprocess is kept where only a fresh interpreter shows the behaviour: the
 module's entry point itself, and a CUDA device hidden before CUDA starts."""
+
 import importlib.util
 import json
 import os
@@ -18,8 +19,15 @@ REPO = Path(__file__).resolve().parent.parent
 
 def run_cli(*args, env=None):
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "model", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=120, env=full_env, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "model", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=full_env,
+        check=False,
+    )
 
 
 def call_main(capsys, *args):
@@ -59,13 +67,16 @@ def test_json_output(capsys):
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("args,message", [
-    (["   "], "prompt is empty"),
-    (["Yesterday I flibbered"], "unknown word 'flibbered'"),
-    (["the dog " * 16], "context holds at most 31"),
-    (["Yesterday I", "--device", "cuda"], "needs --backend torch"),
-    (["Yesterday I", "--top", "0"], "--top must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["   "], "prompt is empty"),
+        (["Yesterday I flibbered"], "unknown word 'flibbered'"),
+        (["the dog " * 16], "context holds at most 31"),
+        (["Yesterday I", "--device", "cuda"], "needs --backend torch"),
+        (["Yesterday I", "--top", "0"], "--top must be at least 1"),
+    ],
+)
 def test_errors_are_clean(capsys, args, message):
     # An exception escaping main would fail the test with its traceback; a clean failure is a
     # non-zero status, one message on stderr and nothing on stdout.

@@ -37,15 +37,21 @@ WIDE_V = 16384  # rows longer than this are drawn wide-range (randn * 4): their 
 # Row lengths tried when looking for a shape that takes a path: odd sizes, and one either side
 # of every boundary the kernels publish.
 _BOUNDARIES = set(sc.DISPATCH_BOUNDARIES) | {v for k, v in st.DISPATCH_BOUNDARIES.items() if k.endswith("_v")}
-V_CANDIDATES = sorted({7, 33, 100, 600, 781, 1025, 2049, 5000, 20001, 50257, 140001}
-                      | {v + d for v in _BOUNDARIES for d in (-1, 1)})
+V_CANDIDATES = sorted(
+    {7, 33, 100, 600, 781, 1025, 2049, 5000, 20001, 50257, 140001} | {v + d for v in _BOUNDARIES for d in (-1, 1)}
+)
 B_CANDIDATES = sorted({5} | {b + 1 for k, b in st.DISPATCH_BOUNDARIES.items() if k.endswith("_b")})
 CPU_SHAPE = (3, 37)  # the rows path's block of 4 rows is partly masked; 37 spans several scaled tiles and chunks
 
 
 def cells(kernels) -> set:
-    return {(k.name, path, layout, dtype_id(dtype)) for k in kernels for path in k.paths
-            for dtype in k.dtypes for layout in layouts(dtype)}
+    return {
+        (k.name, path, layout, dtype_id(dtype))
+        for k in kernels
+        for path in k.paths
+        for dtype in k.dtypes
+        for layout in layouts(dtype)
+    }
 
 
 def missing_cells(expected: set, covered: set) -> str:
@@ -73,15 +79,28 @@ def _cuda_cases():
                 if shape is None:
                     continue  # test_every_cell_has_a_case names it
                 for layout in layouts(dtype):
-                    cases.append(pytest.param(k.name, path, layout, dtype, *shape,
-                                              id=f"{k.name}-{path}-{layout}-{dtype_id(dtype)}-B{shape[0]}-V{shape[1]}"))
+                    cases.append(
+                        pytest.param(
+                            k.name,
+                            path,
+                            layout,
+                            dtype,
+                            *shape,
+                            id=f"{k.name}-{path}-{layout}-{dtype_id(dtype)}-B{shape[0]}-V{shape[1]}",
+                        )
+                    )
     return cases
 
 
 def _cpu_cases():
-    return [pytest.param(k.name, path, layout, dtype, id=f"{k.name}-{path}-{layout}-{dtype_id(dtype)}")
-            for k in SOFTMAX_KERNELS.values() if k.interpretable
-            for path in k.paths for dtype in k.dtypes for layout in layouts(dtype)]
+    return [
+        pytest.param(k.name, path, layout, dtype, id=f"{k.name}-{path}-{layout}-{dtype_id(dtype)}")
+        for k in SOFTMAX_KERNELS.values()
+        if k.interpretable
+        for path in k.paths
+        for dtype in k.dtypes
+        for layout in layouts(dtype)
+    ]
 
 
 CUDA_CASES = _cuda_cases()
@@ -97,6 +116,7 @@ def seed_of(*parts) -> int:
 
 # -- the cases ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("kernel, path, layout, dtype, B, V", CUDA_CASES)
 def test_cuda_path_under_layout(request, kernel, path, layout, dtype, B, V):
@@ -104,8 +124,15 @@ def test_cuda_path_under_layout(request, kernel, path, layout, dtype, B, V):
     k = SOFTMAX_KERNELS[kernel]
     skip_unless_runnable(k)
     assert k.plan(B, V, dtype) == path
-    x = logits(B, V, seed=seed_of(kernel, path, layout, dtype), dtype=dtype, device="cuda", layout=layout,
-               scale=4.0 if V > WIDE_V else 3.0)
+    x = logits(
+        B,
+        V,
+        seed=seed_of(kernel, path, layout, dtype),
+        dtype=dtype,
+        device="cuda",
+        layout=layout,
+        scale=4.0 if V > WIDE_V else 3.0,
+    )
     out = run_poisoned(k, x)
     TAKEN["cuda"].add((kernel, path, layout, dtype_id(dtype)))
     what = f"{kernel} via {path}, {layout}, ({B}, {V})"
@@ -121,6 +148,7 @@ def test_cpu_path_under_layout(request, kernel, path, layout, dtype):
     B, V = CPU_SHAPE
     x = logits(B, V, seed=seed_of(kernel, path, layout, dtype), dtype=dtype, layout=layout)
     if kernel == "triton":
+
         def fn(x, *, out):
             return st.run_path(x, path, out=out, **SCALED_TRITON_PARAMS[path])
     else:
@@ -138,6 +166,7 @@ def test_cpu_path_under_layout(request, kernel, path, layout, dtype):
 
 
 # -- the matrix is complete --------------------------------------------------------------------------
+
 
 @pytest.mark.cpu
 def test_every_cell_has_a_case():
@@ -164,8 +193,10 @@ def _check_taken(request, platform, case_name, expected):
     if len(selected) != len(cases):
         pytest.skip("only part of the matrix was selected in this run")
     if not selected <= STARTED:
-        pytest.skip("the cases ran in several processes: under xdist keep this file in one worker "
-                    "(--dist loadgroup or loadfile)")
+        pytest.skip(
+            "the cases ran in several processes: under xdist keep this file in one worker "
+            "(--dist loadgroup or loadfile)"
+        )
     gaps = missing_cells(expected, TAKEN[platform])
     assert not gaps, f"cells no {platform} case ran (failed or skipped before running):{gaps}"
 
@@ -173,8 +204,9 @@ def _check_taken(request, platform, case_name, expected):
 @pytest.mark.cpu
 @pytest.mark.skipif(not st.INTERPRET, reason="the kernels run on CPU tensors only under the Triton interpreter")
 def test_every_cpu_cell_ran(request):
-    _check_taken(request, "cpu", "test_cpu_path_under_layout",
-                 cells(k for k in SOFTMAX_KERNELS.values() if k.interpretable))
+    _check_taken(
+        request, "cpu", "test_cpu_path_under_layout", cells(k for k in SOFTMAX_KERNELS.values() if k.interpretable)
+    )
 
 
 @pytest.mark.cuda

@@ -23,6 +23,7 @@ DTYPE_IDS = ["fp32", "bf16", "fp16"]
 
 # -- nvcc / ptxas --------------------------------------------------------------------------------
 
+
 @needs_nvcc
 @pytest.mark.parametrize("path", sc.CU_SOURCES, ids=lambda p: p.name)
 def test_compiles_for_sm90_without_spills(path, record_manifest):
@@ -34,8 +35,12 @@ def test_compiles_for_sm90_without_spills(path, record_manifest):
     expected = sc.expected_kernels(path)
     worst_spill = max((r.get("spill_stores", 0) + r.get("spill_loads", 0) for r in report.values()), default=0)
     worst_stack = max((r.get("stack_bytes", 0) for r in report.values()), default=0)
-    record_manifest("ptxas_sm90", max_spill_bytes=worst_spill, max_stack_bytes=worst_stack,
-           max_registers=max((r.get("registers", 0) for r in report.values()), default=0))
+    record_manifest(
+        "ptxas_sm90",
+        max_spill_bytes=worst_spill,
+        max_stack_bytes=worst_stack,
+        max_registers=max((r.get("registers", 0) for r in report.values()), default=0),
+    )
     missing = sorted(set(expected) - set(report))
     assert not missing, f"{path.name}: entry points the dispatcher launches were not compiled: {missing}"
     for name in expected:
@@ -76,6 +81,7 @@ def test_every_dispatchable_kernel_is_instantiated():
 
 # -- the fused dispatch table --------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_dispatch_boundaries_are_the_plan_capacities(dtype):
     bounds = sc.DISPATCH_BOUNDARIES_BY_DTYPE[dtype]
@@ -89,8 +95,10 @@ def test_dispatch_boundaries_are_the_plan_capacities(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("V", [1, 2, 31, 32, 33, 600, 1024, 1025, 4096, 4097, 8192, 8193, 32000, 50257,
-                               128256, 131072, 131073, 262144, 1 << 22])
+@pytest.mark.parametrize(
+    "V",
+    [1, 2, 31, 32, 33, 600, 1024, 1025, 4096, 4097, 8192, 8193, 32000, 50257, 128256, 131072, 131073, 262144, 1 << 22],
+)
 def test_plan_holds_the_row(V, dtype):
     plan = sc.select_fused_plan(V, dtype)
     assert plan.capacity is None or V <= plan.capacity
@@ -135,8 +143,7 @@ def test_fused_plan_names(dtype):
     if dtype in (torch.float32, "float32") or not cuda_plans.PACK_16BIT_ROWS:
         assert sc.fused_plan(64, 128256, dtype) == "cluster(cluster=8, threads=512, elems/thread=32)"
     else:
-        assert sc.fused_plan(64, 128256, dtype) == \
-            "cluster(cluster=8, threads=256, elems/thread=64, packed 16-bit)"
+        assert sc.fused_plan(64, 128256, dtype) == "cluster(cluster=8, threads=256, elems/thread=64, packed 16-bit)"
     assert sc.fused_plan(2, 262144, dtype).startswith("online(")
     assert sc.fused_plan(0, 600, dtype).startswith("empty")
 
@@ -151,6 +158,7 @@ def test_fused_plan_rejects_bad_arguments():
 # -- the kernels' index arithmetic, replayed in Python --------------------------------------------
 # A model of fused_row_body / fused_online_body: which element each thread of each CTA loads.
 # It must cover [0, V) exactly once for every row alignment, with no thread over its capacity.
+
 
 def _slice_geometry(addr_elems: int, length: int, vec: int):
     """SliceGeom: head up to the 16-byte boundary, body vectors, tail (address in elements)."""
@@ -187,11 +195,11 @@ def _covered(plan, V, row_offset_elems, vec):
     return counts
 
 
-@pytest.mark.parametrize("dtype, vec", [(torch.float32, 4), (torch.bfloat16, 8), (torch.float16, 8)],
-                         ids=DTYPE_IDS)
+@pytest.mark.parametrize("dtype, vec", [(torch.float32, 4), (torch.bfloat16, 8), (torch.float16, 8)], ids=DTYPE_IDS)
 def test_row_and_cluster_slices_cover_each_element_once(dtype, vec):
-    Vs = sorted({v + d for v in sc.DISPATCH_BOUNDARIES for d in (-1, 0, 1)}
-                | {600, 1025, 4099, 30001, 32000, 50257, 128256})
+    Vs = sorted(
+        {v + d for v in sc.DISPATCH_BOUNDARIES for d in (-1, 0, 1)} | {600, 1025, 4099, 30001, 32000, 50257, 128256}
+    )
     for V in Vs:
         plan = sc.select_fused_plan(V, dtype)
         if plan.kind in ("warp", "online"):

@@ -36,10 +36,13 @@ def _needs_cupy():
 @pytest.fixture
 def verify(record_manifest):
     """check_softmax(out, x, what), its error going into the manifest's worst error for x's dtype."""
+
     def run(out, x, what):
         def record(err):
             record_manifest("cuda_kernels", **{f"max_abs_err_{dtype_id(x.dtype)}": err})
+
         return check_softmax(out, x, what=what, record=record)
+
     return run
 
 
@@ -52,6 +55,7 @@ def _near_boundaries():
 
 # -- fused: every dispatch boundary ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("V", _near_boundaries())
 def test_fused_at_dispatch_boundaries(V, dtype, verify):
@@ -60,8 +64,9 @@ def test_fused_at_dispatch_boundaries(V, dtype, verify):
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("V", [1, 3, 17, 100, 600, 781, 1023, 2047, 3001, 5000, 12345, 32000, 32001,
-                               50257, 65535, 128256, 262144, 300007])
+@pytest.mark.parametrize(
+    "V", [1, 3, 17, 100, 600, 781, 1023, 2047, 3001, 5000, 12345, 32000, 32001, 50257, 65535, 128256, 262144, 300007]
+)
 def test_fused_irregular_lengths(V, dtype, verify):
     B = 9 if V <= 50257 else 3
     x = logits(B, V, seed=V + 1, dtype=dtype, device="cuda")
@@ -122,6 +127,7 @@ def test_forced_plan_too_small_for_the_row_is_rejected():
 
 # -- layouts ---------------------------------------------------------------------------------------
 
+
 def _layout_cases():
     for dtype in ALL_DTYPES:
         for layout in layouts(dtype):
@@ -156,10 +162,12 @@ def test_non_contiguous_input(kernel, verify):
 
 # -- the bitwise claim: a row's bits depend only on its values and V --------------------------------
 
+
 def assert_same_bits(got, expected, what):
     differ = bits(got) != bits(expected)
-    assert not differ.any(), f"{what}: {int(differ.sum())} elements differ in their bits, first at " \
-                             f"{differ.nonzero()[:4].tolist()}"
+    assert not differ.any(), (
+        f"{what}: {int(differ.sum())} elements differ in their bits, first at {differ.nonzero()[:4].tolist()}"
+    )
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
@@ -184,7 +192,9 @@ def test_fused_bits_do_not_depend_on_batch_layout_or_grid(V, dtype):
         assert_same_bits(run_poisoned(sc.softmax_fused, xl), full, f"V={V} {layout}")
     assert_same_bits(run_poisoned(sc.softmax_fused, x, grid_cap=1), full, f"V={V} one CTA (or cluster) looping")
     for row in (0, 5, 8):
-        assert_same_bits(run_poisoned(sc.softmax_fused, x[row:row + 1]), full[row:row + 1], f"V={V} row {row} alone")
+        assert_same_bits(
+            run_poisoned(sc.softmax_fused, x[row : row + 1]), full[row : row + 1], f"V={V} row {row} alone"
+        )
 
 
 # -- edges -----------------------------------------------------------------------------------------
@@ -245,15 +255,18 @@ def test_fused_v1_is_ones(dtype):
 
 # -- naive and smem --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kernel", CUDA_C[:2], ids=lambda k: k.name)
-@pytest.mark.parametrize("B, V", [(1, 1), (3, 7), (70000, 33), (5, 255), (4, 256), (6, 257), (3, 4097),
-                                  (2, 50257), (2, 128256)])
+@pytest.mark.parametrize(
+    "B, V", [(1, 1), (3, 7), (70000, 33), (5, 255), (4, 256), (6, 257), (3, 4097), (2, 50257), (2, 128256)]
+)
 def test_naive_and_smem(kernel, B, V, verify):
     x = logits(B, V, seed=B + V, device="cuda")
     verify(run_poisoned(kernel, x), x, f"{kernel.name} B={B} V={V}")
 
 
 # -- plumbing --------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kernel", CUDA_C, ids=lambda k: k.name)
 def test_empty_batch(kernel):

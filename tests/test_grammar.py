@@ -1,4 +1,5 @@
 """The synthetic grammar, its vocabulary and the word tokenizer."""
+
 import json
 
 import pytest
@@ -39,9 +40,20 @@ def test_vocabulary_size_and_verbs(tok):
     assert len(irregular) >= 30 and len(regular) >= 30
 
 
-@pytest.mark.parametrize("word,form", [("went", "past"), ("saw", "past"), ("ate", "past"),
-                                       ("took", "past"), ("goes", "s"), ("eat", "base"),
-                                       ("swimming", "ing"), ("carries", "s"), ("studied", "past")])
+@pytest.mark.parametrize(
+    "word,form",
+    [
+        ("went", "past"),
+        ("saw", "past"),
+        ("ate", "past"),
+        ("took", "past"),
+        ("goes", "s"),
+        ("eat", "base"),
+        ("swimming", "ing"),
+        ("carries", "s"),
+        ("studied", "past"),
+    ],
+)
 def test_verb_form_lookup(tok, word, form):
     assert tok.verb_form(word) == form
     assert tok.verb_form(tok.token_to_id[word]) == form
@@ -81,8 +93,9 @@ def _expected_form(tokens, verb_index):
         return "past"
     assert HABIT_MARKERS & words, tokens
     third = {"he", "she", "it"} | set(grammar.SUBJECT_NOUNS_SG)
-    subj = next(w for w in tokens if w in grammar.PRONOUNS or w in grammar.SUBJECT_NOUNS_SG
-                or w in grammar.SUBJECT_NOUNS_PL)
+    subj = next(
+        w for w in tokens if w in grammar.PRONOUNS or w in grammar.SUBJECT_NOUNS_SG or w in grammar.SUBJECT_NOUNS_PL
+    )
     return "s" if subj in third else "base"
 
 
@@ -97,7 +110,7 @@ def test_labels_follow_the_agreement_rules(tok, corpus):
             assert _expected_form(s.tokens, pos) == form, s.text
             seen.add(form)
         # the tense is fixed by a time word somewhere before the first verb
-        before = set(s.tokens[:min(labelled)])
+        before = set(s.tokens[: min(labelled)])
         assert before & (PAST_MARKERS | HABIT_MARKERS | FUTURE_MARKERS | NOW_MARKERS), s.text
         assert s.tokens[-1] == "."
     assert seen == set(grammar.FORMS)
@@ -124,8 +137,9 @@ def test_encode_is_case_insensitive(tok):
     assert tok.decode(tok.encode("Yesterday, I went home.")) == "yesterday, i went home."
 
 
-@pytest.mark.parametrize("text,word", [("Yesterday I flibbered", "flibbered"),
-                                       ("the dog <bos>", "<"), ("tomorrow she will put", "put")])
+@pytest.mark.parametrize(
+    "text,word", [("Yesterday I flibbered", "flibbered"), ("the dog <bos>", "<"), ("tomorrow she will put", "put")]
+)
 def test_unknown_word_names_the_word(tok, text, word):
     with pytest.raises(UnknownWordError, match=f"unknown word '{word}'"):
         tok.encode(text)

@@ -13,7 +13,7 @@ from tests.helpers import assert_softmax_close, bits, logits
 
 pytestmark = pytest.mark.cuda
 
-CUDA_VS_CPU_ATOL = 1e-3     # different matmul kernels and reduction orders, TF32 off
+CUDA_VS_CPU_ATOL = 1e-3  # different matmul kernels and reduction orders, TF32 off
 TRITON_VS_TORCH_ATOL = 1e-5  # same logits, only the softmax differs
 
 # Every tense of the grammar: past, habitual (time phrase or adverb), future, and now.
@@ -109,37 +109,59 @@ def top2_margin(logits: torch.Tensor) -> float:
 def test_cuda_forward_matches_cpu(runs, record_manifest):
     worst_logits = max(max_abs(r["cuda_logits"], r["cpu_logits"]) for r in runs.values())
     worst_probs = max(max_abs(r["cuda_probs"], r["cpu_probs"]) for r in runs.values())
-    top1_changed = [text for text in PROMPTS
-                    if next_token(runs[text]["cuda_probs"]) != next_token(runs[text]["cpu_probs"])]
-    record_manifest("torch_port", cuda_vs_cpu_max_abs_diff_logits=worst_logits,
-                    cuda_vs_cpu_max_abs_diff_probs=worst_probs,
-                    kernel_swap_changes_top1_token=bool(top1_changed))
+    top1_changed = [
+        text for text in PROMPTS if next_token(runs[text]["cuda_probs"]) != next_token(runs[text]["cpu_probs"])
+    ]
+    record_manifest(
+        "torch_port",
+        cuda_vs_cpu_max_abs_diff_logits=worst_logits,
+        cuda_vs_cpu_max_abs_diff_probs=worst_probs,
+        kernel_swap_changes_top1_token=bool(top1_changed),
+    )
     print("\nCUDA (Triton softmax) vs CPU (F.softmax), TF32 off: max |diff|")
     print(f"  {'input':<28} {'logits':>10} {'probs':>10}")
     for label, r in runs.items():
-        print(f"  {label:<28} {max_abs(r['cuda_logits'], r['cpu_logits']):10.3e} "
-              f"{max_abs(r['cuda_probs'], r['cpu_probs']):10.3e}")
+        print(
+            f"  {label:<28} {max_abs(r['cuda_logits'], r['cpu_logits']):10.3e} "
+            f"{max_abs(r['cuda_probs'], r['cpu_probs']):10.3e}"
+        )
     print(f"  {'worst':<28} {worst_logits:10.3e} {worst_probs:10.3e}")
 
     for label, r in runs.items():
-        torch.testing.assert_close(r["cuda_logits"], r["cpu_logits"], atol=CUDA_VS_CPU_ATOL, rtol=0,
-                                   msg=lambda m, label=label: f"{label} logits: {m}")
-        torch.testing.assert_close(r["cuda_probs"], r["cpu_probs"], atol=CUDA_VS_CPU_ATOL, rtol=0,
-                                   msg=lambda m, label=label: f"{label} probs: {m}")
+        torch.testing.assert_close(
+            r["cuda_logits"],
+            r["cpu_logits"],
+            atol=CUDA_VS_CPU_ATOL,
+            rtol=0,
+            msg=lambda m, label=label: f"{label} logits: {m}",
+        )
+        torch.testing.assert_close(
+            r["cuda_probs"],
+            r["cpu_probs"],
+            atol=CUDA_VS_CPU_ATOL,
+            rtol=0,
+            msg=lambda m, label=label: f"{label} probs: {m}",
+        )
     margins = {text: top2_margin(runs[text]["cpu_logits"]) for text in top1_changed}
     assert not top1_changed, f"next token differs between CUDA and CPU after (CPU top-2 logit gap): {margins}"
 
 
 def test_triton_softmax_matches_f_softmax_on_cuda(runs, record_manifest):
-    top1_changed = [text for text in PROMPTS
-                    if next_token(runs[text]["cuda_probs"]) != next_token(runs[text]["cuda_torch_probs"])]
+    top1_changed = [
+        text for text in PROMPTS if next_token(runs[text]["cuda_probs"]) != next_token(runs[text]["cuda_torch_probs"])
+    ]
     worst = max(max_abs(r["cuda_probs"], r["cuda_torch_probs"]) for r in runs.values())
     record_manifest("torch_port", kernel_swap_changes_top1_token=bool(top1_changed))
     print(f"\nTriton vs F.softmax on CUDA, same logits: worst max |diff| on probs {worst:.3e}")
 
     for label, r in runs.items():
-        torch.testing.assert_close(r["cuda_probs"], r["cuda_torch_probs"], atol=TRITON_VS_TORCH_ATOL, rtol=0,
-                                   msg=lambda m, label=label: f"{label}: {m}")
+        torch.testing.assert_close(
+            r["cuda_probs"],
+            r["cuda_torch_probs"],
+            atol=TRITON_VS_TORCH_ATOL,
+            rtol=0,
+            msg=lambda m, label=label: f"{label}: {m}",
+        )
     margins = {text: top2_margin(runs[text]["cuda_logits"]) for text in top1_changed}
     assert not top1_changed, f"next token differs between Triton and F.softmax after (top-2 logit gap): {margins}"
 

@@ -1,5 +1,6 @@
 """NumpyMiniGPT: float64 finite-difference gradient checks, forward semantics, weight
 loading/validation, and what the committed model has learned."""
+
 import math
 
 import numpy as np
@@ -46,8 +47,9 @@ def sample_indices(shape, n, rng):
 
 def assert_grad_close(analytic, numeric, what):
     scale = max(1.0, float(np.abs(numeric).max()))
-    np.testing.assert_allclose(analytic, numeric, rtol=RTOL, atol=RTOL * scale * 1e-2,
-                               err_msg=f"gradient mismatch for {what}")
+    np.testing.assert_allclose(
+        analytic, numeric, rtol=RTOL, atol=RTOL * scale * 1e-2, err_msg=f"gradient mismatch for {what}"
+    )
 
 
 def check_layer(forward, backward, inputs, rng, n=40):
@@ -73,6 +75,7 @@ def test_linear_gradients():
     def backward(dy):
         dx, dw, db = nm.linear_backward(dy, x, w)
         return {"x": dx, "w": dw, "b": db}
+
     check_layer(lambda: nm.linear_forward(x, w, b)[0], backward, {"x": x, "w": w, "b": b}, rng)
 
 
@@ -85,14 +88,16 @@ def test_layernorm_gradients():
         _, cache = nm.layernorm_forward(x, g, b)
         dx, dg, db = nm.layernorm_backward(dy, cache)
         return {"x": dx, "g": dg, "b": db}
+
     check_layer(lambda: nm.layernorm_forward(x, g, b)[0], backward, {"x": x, "g": g, "b": b}, rng)
 
 
 def test_gelu_gradients():
     rng = _rng(3)
     x = np.concatenate([rng.normal(size=20) * 2, [-6.0, -3.0, 0.0, 3.0, 6.0]])
-    check_layer(lambda: nm.gelu_forward(x)[0],
-                lambda dy: {"x": nm.gelu_backward(dy, nm.gelu_forward(x)[1])}, {"x": x}, rng)
+    check_layer(
+        lambda: nm.gelu_forward(x)[0], lambda dy: {"x": nm.gelu_backward(dy, nm.gelu_forward(x)[1])}, {"x": x}, rng
+    )
 
 
 def _random_block_params(rng, prefix=""):
@@ -101,7 +106,7 @@ def _random_block_params(rng, prefix=""):
     for name, shape in expected_shapes(7).items():
         if not name.startswith("blocks.0."):
             continue
-        short = name[len("blocks.0."):]
+        short = name[len("blocks.0.") :]
         if short.startswith("ln"):
             base = 1.0 if short.endswith("weight") else 0.0
             p[prefix + short] = base + 0.2 * rng.normal(size=shape)
@@ -115,17 +120,20 @@ def _random_block_params(rng, prefix=""):
 
 @pytest.mark.parametrize("layer, seed, T", [("attn", 4, 5), ("mlp", 5, 4)])
 def test_sublayer_gradients(layer, seed, T):
-    forward, backward_of = {"attn": (nm.attention_forward, nm.attention_backward),
-                            "mlp": (nm.mlp_forward, nm.mlp_backward)}[layer]
+    forward, backward_of = {
+        "attn": (nm.attention_forward, nm.attention_backward),
+        "mlp": (nm.mlp_forward, nm.mlp_backward),
+    }[layer]
     rng = _rng(seed)
     prefix = layer + "."
-    p = {k[len(prefix):]: v for k, v in _random_block_params(rng).items() if k.startswith(prefix)}
+    p = {k[len(prefix) :]: v for k, v in _random_block_params(rng).items() if k.startswith(prefix)}
     x = rng.normal(size=(2, T, nm.D_MODEL))
 
     def backward(dy):
         _, cache = forward(x, p)
         dx, g = backward_of(dy, cache, p)
         return {"x": dx, **g}
+
     check_layer(lambda: forward(x, p)[0], backward, {"x": x, **p}, rng)
 
 
@@ -138,6 +146,7 @@ def test_block_gradients():
         _, cache, _, _ = nm.block_forward(x, p)
         dx, g = nm.block_backward(dy, cache, p)
         return {"x": dx, **g}
+
     check_layer(lambda: nm.block_forward(x, p)[0], backward, {"x": x, **p}, rng, n=25)
 
 
@@ -211,7 +220,7 @@ def _naive_logits(model, ids):
         return (v - v.mean()) / math.sqrt(v.var() + nm.LN_EPS) * g + b
 
     def gelu(v):
-        return 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
+        return 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3)))
 
     B, T = ids.shape
     d, H, dh = nm.D_MODEL, nm.N_HEAD, nm.D_HEAD
@@ -226,9 +235,9 @@ def _naive_logits(model, ids):
             for t in range(T):
                 heads = []
                 for hd in range(H):
-                    q = qkv[t][hd * dh:(hd + 1) * dh]
-                    ks = [qkv[s][d + hd * dh: d + (hd + 1) * dh] for s in range(t + 1)]
-                    vs = [qkv[s][2 * d + hd * dh: 2 * d + (hd + 1) * dh] for s in range(t + 1)]
+                    q = qkv[t][hd * dh : (hd + 1) * dh]
+                    ks = [qkv[s][d + hd * dh : d + (hd + 1) * dh] for s in range(t + 1)]
+                    vs = [qkv[s][2 * d + hd * dh : 2 * d + (hd + 1) * dh] for s in range(t + 1)]
                     sc = np.array([q @ k for k in ks]) / math.sqrt(dh)
                     w = np.exp(sc - sc.max())
                     w /= w.sum()
@@ -292,19 +301,23 @@ def test_trace_contents():
     np.testing.assert_allclose(prev, model.params["tok_emb.weight"][ids] + model.params["pos_emb.weight"][:5])
     for i in range(4):
         assert trace[f"blocks.{i}"].shape == (2, 5, nm.D_MODEL)
-        np.testing.assert_allclose(trace[f"blocks.{i}"], prev + trace[f"blocks.{i}.attn"] + trace[f"blocks.{i}.mlp"],
-                                   rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(
+            trace[f"blocks.{i}"], prev + trace[f"blocks.{i}.attn"] + trace[f"blocks.{i}.mlp"], rtol=1e-12, atol=1e-12
+        )
         prev = trace[f"blocks.{i}"]
     np.testing.assert_array_equal(trace["logits"], logits)
 
 
-@pytest.mark.parametrize("ids,match", [
-    (np.zeros((1, nm.CONTEXT + 1), dtype=np.int64), "sequence length"),
-    (np.zeros((4,), dtype=np.int64), r"shape \(B, T\)"),
-    (np.full((1, 3), 0.5), "integer"),
-    (np.array([[1, 99]]), "token ids"),
-    (np.array([[1, -1]]), "token ids"),
-])
+@pytest.mark.parametrize(
+    "ids,match",
+    [
+        (np.zeros((1, nm.CONTEXT + 1), dtype=np.int64), "sequence length"),
+        (np.zeros((4,), dtype=np.int64), r"shape \(B, T\)"),
+        (np.full((1, 3), 0.5), "integer"),
+        (np.array([[1, 99]]), "token ids"),
+        (np.array([[1, -1]]), "token ids"),
+    ],
+)
 def test_bad_ids_are_rejected(ids, match):
     with pytest.raises(ValueError, match=match):
         NumpyMiniGPT.init(13).logits(ids)
@@ -333,21 +346,32 @@ def test_save_load_roundtrip(saved):
         assert back.params[k].dtype == np.float32
 
 
-@pytest.mark.parametrize("mutate,match", [
-    (lambda p: p.pop("blocks.2.mlp.fc.bias"), "missing parameter 'blocks.2.mlp.fc.bias'"),
-    (lambda p: p.pop("tok_emb.weight"), "missing parameter 'tok_emb.weight'"),
-    (lambda p: p.__setitem__("blocks.4.ln1.weight", np.ones(64, np.float32)),
-     "unexpected parameter 'blocks.4.ln1.weight'"),
-    (lambda p: p.__setitem__("blocks.1.attn.qkv.weight", np.ones((192, 65), np.float32)),
-     r"'blocks.1.attn.qkv.weight' has shape \(192, 65\), expected \(192, 64\)"),
-    (lambda p: p.__setitem__("lm_head.weight", np.ones((36, 64), np.float32)), "'lm_head.weight' has shape"),
-    (lambda p: p.__setitem__("ln_f.bias", p["ln_f.bias"].astype(np.float64)), "'ln_f.bias' has dtype float64"),
-    (lambda p: p.__setitem__("tok_emb.weight", p["tok_emb.weight"].astype(np.float16)),
-     "'tok_emb.weight' has dtype float16"),
-    (lambda p: p.__setitem__("pos_emb.weight", p["pos_emb.weight"].astype(np.int32)),
-     "'pos_emb.weight' has dtype int32"),
-    (lambda p: p.__setitem__("ln_f.weight", np.array([None] * 64, dtype=object)), "'ln_f.weight' .*unreadable"),
-])
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (lambda p: p.pop("blocks.2.mlp.fc.bias"), "missing parameter 'blocks.2.mlp.fc.bias'"),
+        (lambda p: p.pop("tok_emb.weight"), "missing parameter 'tok_emb.weight'"),
+        (
+            lambda p: p.__setitem__("blocks.4.ln1.weight", np.ones(64, np.float32)),
+            "unexpected parameter 'blocks.4.ln1.weight'",
+        ),
+        (
+            lambda p: p.__setitem__("blocks.1.attn.qkv.weight", np.ones((192, 65), np.float32)),
+            r"'blocks.1.attn.qkv.weight' has shape \(192, 65\), expected \(192, 64\)",
+        ),
+        (lambda p: p.__setitem__("lm_head.weight", np.ones((36, 64), np.float32)), "'lm_head.weight' has shape"),
+        (lambda p: p.__setitem__("ln_f.bias", p["ln_f.bias"].astype(np.float64)), "'ln_f.bias' has dtype float64"),
+        (
+            lambda p: p.__setitem__("tok_emb.weight", p["tok_emb.weight"].astype(np.float16)),
+            "'tok_emb.weight' has dtype float16",
+        ),
+        (
+            lambda p: p.__setitem__("pos_emb.weight", p["pos_emb.weight"].astype(np.int32)),
+            "'pos_emb.weight' has dtype int32",
+        ),
+        (lambda p: p.__setitem__("ln_f.weight", np.array([None] * 64, dtype=object)), "'ln_f.weight' .*unreadable"),
+    ],
+)
 def test_load_rejects_bad_parameters(saved, mutate, match):
     model, path = saved
     params = dict(model.params)
@@ -390,15 +414,18 @@ def test_committed_weights(trained):
     assert all(v.dtype == np.float32 for v in model.params.values())
 
 
-@pytest.mark.parametrize("prompt,form", [
-    ("Yesterday I", "past"),
-    ("Tomorrow I will", "base"),
-    ("Every day she", "s"),
-    ("Right now we are", "ing"),
-    ("Two weeks ago my brother", "past"),
-    ("Usually they", "base"),
-    ("At the moment the dog is", "ing"),
-])
+@pytest.mark.parametrize(
+    "prompt,form",
+    [
+        ("Yesterday I", "past"),
+        ("Tomorrow I will", "base"),
+        ("Every day she", "s"),
+        ("Right now we are", "ing"),
+        ("Two weeks ago my brother", "past"),
+        ("Usually they", "base"),
+        ("At the moment the dog is", "ing"),
+    ],
+)
 def test_top5_have_the_right_verb_form(trained, prompt, form):
     model, tok = trained
     probs = model(np.array([[tok.bos_id] + tok.encode(prompt)]))[0, -1]

@@ -123,8 +123,10 @@ def test_weight_round_trip_is_bit_identical(weight_paths, tmp_path, record_manif
             reloaded = NumpyMiniGPT.load(saved).params
             for what, arrays in (("torch module", back), ("saved and reloaded", reloaded)):
                 if set(arrays) != set(original):
-                    failures.append(f"{label}/{attention} {what}: names missing {sorted(set(original) - set(arrays))}"
-                                    f", extra {sorted(set(arrays) - set(original))}")
+                    failures.append(
+                        f"{label}/{attention} {what}: names missing {sorted(set(original) - set(arrays))}"
+                        f", extra {sorted(set(arrays) - set(original))}"
+                    )
                     continue
                 for name in sorted(original):
                     diff = bit_difference(arrays[name], original[name])
@@ -144,8 +146,11 @@ def test_tokenizer_ids_are_identical_for_both_backends(record_manifest):
     failures = []
     if tok.id_to_token != Tokenizer.from_grammar().id_to_token:
         failures.append("model/weights/vocab.json is not the grammar's vocabulary")
-    sizes = {"tokenizer": tok.vocab_size, "numpy": NumpyMiniGPT.load().vocab_size,
-             "torch": GrammarMiniGPT.from_numpy().config.vocab_size}
+    sizes = {
+        "tokenizer": tok.vocab_size,
+        "numpy": NumpyMiniGPT.load().vocab_size,
+        "torch": GrammarMiniGPT.from_numpy().config.vocab_size,
+    }
     if len(set(sizes.values())) != 1:
         failures.append(f"vocabulary sizes differ: {sizes}")
     for k, sentence in enumerate(grammar.generate_corpus(200, seed=5)):
@@ -195,12 +200,13 @@ def test_sequence_alone_and_in_a_batch_give_the_same_bits(weight_paths, record_m
                 with torch.no_grad():
                     batch = model.logits(ids).numpy(), model(ids).numpy()
                     for r in range(4):
-                        alone = model.logits(ids[r:r + 1]).numpy(), model(ids[r:r + 1]).numpy()
+                        alone = model.logits(ids[r : r + 1]).numpy(), model(ids[r : r + 1]).numpy()
                         for what, a, b in zip(("logits", "probabilities"), alone, batch, strict=True):
                             diff = bit_difference(a[0], b[r])
                             if diff:
-                                failures.append(f"{label}/{attention} T={T} sequence {r} alone vs in the batch "
-                                                f"{what}: {diff}")
+                                failures.append(
+                                    f"{label}/{attention} T={T} sequence {r} alone vs in the batch {what}: {diff}"
+                                )
     record_manifest("torch_port", byte_batch_invariant_logits=not failures)
     assert not failures, "\n".join(failures[:20])
 

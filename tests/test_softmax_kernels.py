@@ -37,11 +37,16 @@ WIDE_SCALE = 4.0
 
 
 def kernel_dtype_cases(*, only_ours=False):
-    return [pytest.param(name, dtype, id=f"{name}-{dtype_id(dtype)}") for name, k in SOFTMAX_KERNELS.items()
-            for dtype in k.dtypes if not (only_ours and k.baseline)]
+    return [
+        pytest.param(name, dtype, id=f"{name}-{dtype_id(dtype)}")
+        for name, k in SOFTMAX_KERNELS.items()
+        for dtype in k.dtypes
+        if not (only_ours and k.baseline)
+    ]
 
 
 # -- on the CPU: the reference and the registry itself ---------------------------------------------
+
 
 @pytest.mark.cpu
 class TestReference:
@@ -54,8 +59,9 @@ class TestReference:
     def test_edges_follow_torch(self):
         x = np.array([[0.0, -np.inf, 1.0], [-np.inf] * 3, [1e30, -1e30, 1e30], [5.0, 5.0, 5.0]])
         np.testing.assert_array_equal(np.isnan(softmax_ref(x)), np.isnan(F.softmax(torch.tensor(x), -1).numpy()))
-        np.testing.assert_allclose(softmax_ref(x)[[0, 2, 3]], F.softmax(torch.tensor(x), -1).numpy()[[0, 2, 3]],
-                                   rtol=1e-15)
+        np.testing.assert_allclose(
+            softmax_ref(x)[[0, 2, 3]], F.softmax(torch.tensor(x), -1).numpy()[[0, 2, 3]], rtol=1e-15
+        )
         assert softmax_ref(x)[0, 1] == 0.0
         np.testing.assert_array_equal(softmax_ref(np.zeros((0, 4))).shape, (0, 4))
 
@@ -81,14 +87,18 @@ def test_registry_is_complete_and_uniform():
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("bad, error, message", [
-    (lambda: torch.randn(8), ValueError, "2-D"),
-    (lambda: torch.randn(2, 3, 4), ValueError, "2-D"),
-    (lambda: torch.randn(2, 3, dtype=torch.float64), TypeError, "float64"),
-    (lambda: torch.ones(2, 3, dtype=torch.int64), TypeError, "int64"),
-    (lambda: torch.randn(2, 0), ValueError, "V = 0"),
-    (lambda: [[1.0, 2.0]], TypeError, "torch.Tensor"),
-], ids=["1d", "3d", "float64", "int64", "empty-row", "list"])
+@pytest.mark.parametrize(
+    "bad, error, message",
+    [
+        (lambda: torch.randn(8), ValueError, "2-D"),
+        (lambda: torch.randn(2, 3, 4), ValueError, "2-D"),
+        (lambda: torch.randn(2, 3, dtype=torch.float64), TypeError, "float64"),
+        (lambda: torch.ones(2, 3, dtype=torch.int64), TypeError, "int64"),
+        (lambda: torch.randn(2, 0), ValueError, "V = 0"),
+        (lambda: [[1.0, 2.0]], TypeError, "torch.Tensor"),
+    ],
+    ids=["1d", "3d", "float64", "int64", "empty-row", "list"],
+)
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_bad_input_is_rejected_before_any_kernel_runs(kernel, bad, error, message):
     # Shape and dtype are checked before the device, so these need no GPU.
@@ -133,6 +143,7 @@ def test_row_sum_check_catches_a_sequential_float32_sum(V):
 
 # -- on the GPU: every kernel, every shape -----------------------------------------------------------
 
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("B, V", LAB_SHAPES + IRREGULAR_SHAPES, ids=lambda v: str(v))
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -168,13 +179,16 @@ def test_kernels_agree_with_each_other(B, V):
     outputs = {kernel: run_poisoned(SOFTMAX_KERNELS[kernel], x) for kernel in KERNELS}
     atol, rtol = TOLERANCES[torch.float32]
     for a, b in itertools.combinations(KERNELS, 2):
-        torch.testing.assert_close(outputs[a], outputs[b], atol=atol, rtol=rtol,
-                                   msg=lambda m, a=a, b=b: f"{a} vs {b}: {m}")
+        torch.testing.assert_close(
+            outputs[a], outputs[b], atol=atol, rtol=rtol, msg=lambda m, a=a, b=b: f"{a} vs {b}: {m}"
+        )
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("kernel, dtype", [c for c in kernel_dtype_cases() if c.values[1] != torch.float32
-                                           and c.values[0] != kernels.BASELINE])
+@pytest.mark.parametrize(
+    "kernel, dtype",
+    [c for c in kernel_dtype_cases() if c.values[1] != torch.float32 and c.values[0] != kernels.BASELINE],
+)
 def test_low_precision_error_is_no_worse_than_torch(kernel, dtype):
     """Judged against the reference's own error, not a fixed atol: the kernel's error vs float64
     may be at most twice that of F.softmax in the same dtype (which rounds its output once)."""
@@ -203,8 +217,8 @@ class TestEdges:
     def test_infinities_and_huge_magnitudes_like_torch(self, kernel):
         skip_unless_runnable(SOFTMAX_KERNELS[kernel])
         x = logits(6, 781, seed=6, device="cuda", neg_inf=False, neg_inf_rows=[1])  # row 1: NaN, as F.softmax
-        x[0, ::3] = float("-inf")            # -inf entries: probability 0
-        x[2, :5] = 1e30                       # huge magnitudes must not overflow
+        x[0, ::3] = float("-inf")  # -inf entries: probability 0
+        x[2, :5] = 1e30  # huge magnitudes must not overflow
         x[3, :5] = -1e30
         x[4, 7] = 1e30
         out = run_poisoned(SOFTMAX_KERNELS[kernel], x)
@@ -227,6 +241,6 @@ class TestEdges:
     def test_non_contiguous_input(self, kernel):
         skip_unless_runnable(SOFTMAX_KERNELS[kernel])
         wide = logits(32, 1601, seed=32, device="cuda")
-        x = wide[:, 1:782]                    # rows start misaligned and are strided
+        x = wide[:, 1:782]  # rows start misaligned and are strided
         assert not x.is_contiguous()
         check_softmax(run_poisoned(SOFTMAX_KERNELS[kernel], x), x, what=f"{kernel} on a strided view")

@@ -62,8 +62,16 @@ def test_slow_calls_get_fewer_calls_per_round(one_call_s, expected):
 def test_reported_times_are_pytest_benchmarks_rounds(tmp_path):
     """Times handed to pytest-benchmark become its rounds and statistics. pytest-benchmark is
     off in xdist workers, so this runs in a session of its own, without xdist."""
-    proc = testing.run_pytest(str(testing.CASES / "report_times_case.py"), "-p", "no:xdist", "-m", "cpu",
-                              "--reports-dir", str(tmp_path), timeout=120)
+    proc = testing.run_pytest(
+        str(testing.CASES / "report_times_case.py"),
+        "-p",
+        "no:xdist",
+        "-m",
+        "cpu",
+        "--reports-dir",
+        str(tmp_path),
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "1 passed" in proc.stdout
 

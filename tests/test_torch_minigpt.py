@@ -25,9 +25,11 @@ ATOL = RTOL = 1e-5  # the equivalence contract, for every compared tensor
 RANDOM_VOCAB = 601  # odd on purpose; close to the trained vocabulary's size
 
 # Forward order, so the first key that disagrees is the layer where a drift starts.
-TRACE_KEYS = (["embed"]
-              + [f"blocks.{i}{part}" for i in range(numpy_minigpt.N_LAYER) for part in (".attn", ".mlp", "")]
-              + ["ln_f", "logits"])
+TRACE_KEYS = (
+    ["embed"]
+    + [f"blocks.{i}{part}" for i in range(numpy_minigpt.N_LAYER) for part in (".attn", ".mlp", "")]
+    + ["ln_f", "logits"]
+)
 
 
 @pytest.fixture(autouse=True)
@@ -41,6 +43,7 @@ def _one_thread():
 
 
 # -- weights --------------------------------------------------------------------------------
+
 
 def random_weights(vocab_size: int, seed: int) -> dict[str, np.ndarray]:
     """Random weights under the NumPy names, scaled so that every layer matters: LayerNorm
@@ -128,15 +131,17 @@ def run_both(path, ids: np.ndarray, **kwargs):
 
 def max_abs_diffs(np_trace, pt_trace) -> dict[str, float]:
     assert set(pt_trace) == set(np_trace) == set(TRACE_KEYS) | {"probs"}
-    return {key: float(np.max(np.abs(pt_trace[key].astype(np.float64) - np_trace[key])))
-            for key in TRACE_KEYS + ["probs"]}
+    return {
+        key: float(np.max(np.abs(pt_trace[key].astype(np.float64) - np_trace[key]))) for key in TRACE_KEYS + ["probs"]
+    }
 
 
 def first_divergence(np_trace, pt_trace) -> str | None:
     """The first layer, in forward order, whose output is not within the contract's tolerance."""
     for key in TRACE_KEYS:
         if pt_trace[key].shape != np_trace[key].shape or not np.allclose(
-                np_trace[key], pt_trace[key], atol=ATOL, rtol=RTOL):
+            np_trace[key], pt_trace[key], atol=ATOL, rtol=RTOL
+        ):
             return key
     return None
 
@@ -145,11 +150,12 @@ def check_equivalence(np_trace, pt_trace, record_manifest, label: str):
     diffs = max_abs_diffs(np_trace, pt_trace)
     for key, value in diffs.items():
         _worst[key] = max(_worst.get(key, 0.0), value)
-    outputs_close = all(np.allclose(np_trace[key], pt_trace[key], atol=ATOL, rtol=RTOL)
-                        for key in ("logits", "probs"))
-    record_manifest("torch_port",
-                    max_abs_diff_to_numpy_reference=max(diffs["logits"], diffs["probs"]),
-                    byte_equivalence_at_fp32_cpu="passed" if outputs_close else "failed")
+    outputs_close = all(np.allclose(np_trace[key], pt_trace[key], atol=ATOL, rtol=RTOL) for key in ("logits", "probs"))
+    record_manifest(
+        "torch_port",
+        max_abs_diff_to_numpy_reference=max(diffs["logits"], diffs["probs"]),
+        byte_equivalence_at_fp32_cpu="passed" if outputs_close else "failed",
+    )
     print(f"\n{label}: max |diff| logits {diffs['logits']:.3e}, probs {diffs['probs']:.3e}")
     drift = first_divergence(np_trace, pt_trace)
     assert drift is None, f"{label}: torch and numpy drift apart from {drift} on (max |diff| per layer: {diffs})"
@@ -159,11 +165,17 @@ def check_equivalence(np_trace, pt_trace, record_manifest, label: str):
 
 # -- architecture and names -----------------------------------------------------------------
 
+
 def test_config_defaults_match_numpy_model():
     config = MiniGPTConfig(vocab_size=RANDOM_VOCAB)
     assert (config.n_layer, config.n_head, config.d_model, config.d_head, config.context, config.ln_eps) == (
-        numpy_minigpt.N_LAYER, numpy_minigpt.N_HEAD, numpy_minigpt.D_MODEL, numpy_minigpt.D_HEAD,
-        numpy_minigpt.CONTEXT, numpy_minigpt.LN_EPS)
+        numpy_minigpt.N_LAYER,
+        numpy_minigpt.N_HEAD,
+        numpy_minigpt.D_MODEL,
+        numpy_minigpt.D_HEAD,
+        numpy_minigpt.CONTEXT,
+        numpy_minigpt.LN_EPS,
+    )
     # eps 1e-5 vs 1e-6 moves outputs by less than the tolerance when activations have unit
     # variance, so the equivalence tests alone could miss a wrong eps: check every LayerNorm.
     model = GrammarMiniGPT(config)
@@ -188,6 +200,7 @@ def test_mha_variant_maps_every_numpy_name():
 
 
 # -- loading --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("attention", ["explicit", "mha"])
 def test_loaded_shapes_per_layer(trained_path, attention):
@@ -223,8 +236,13 @@ def test_from_numpy_default_is_an_eval_cpu_fp32_module(trained_path):
     assert np.array_equal(model.lm_head.weight.detach().numpy(), npz_arrays(trained_path)["lm_head.weight"])
 
 
-NON_SQUARE = ["tok_emb.weight", "blocks.0.attn.qkv.weight", "blocks.1.mlp.fc.weight",
-              "blocks.3.mlp.proj.weight", "lm_head.weight"]
+NON_SQUARE = [
+    "tok_emb.weight",
+    "blocks.0.attn.qkv.weight",
+    "blocks.1.mlp.fc.weight",
+    "blocks.3.mlp.proj.weight",
+    "lm_head.weight",
+]
 
 
 @pytest.mark.parametrize("name", NON_SQUARE)
@@ -301,6 +319,7 @@ def test_transposed_square_weight_is_caught_per_layer(random_path, tmp_path, blo
 
 # -- equivalence ----------------------------------------------------------------------------
 
+
 def test_equivalence_contract(trained_path, record_manifest):
     """The contract case: random ids (2, 16) from seed 42, both models in eval, one thread."""
     V = npz_arrays(trained_path)["tok_emb.weight"].shape[0]
@@ -335,8 +354,9 @@ def test_mha_variant_matches_explicit(weights_path, shape):
         explicit_probs, mha_probs = explicit(ids), mha(ids)
     assert set(mha_trace) == set(explicit_trace) == set(TRACE_KEYS)
     for key in TRACE_KEYS:
-        torch.testing.assert_close(mha_trace[key], explicit_trace[key], atol=ATOL, rtol=RTOL,
-                                   msg=lambda m, key=key: f"{key}: {m}")
+        torch.testing.assert_close(
+            mha_trace[key], explicit_trace[key], atol=ATOL, rtol=RTOL, msg=lambda m, key=key: f"{key}: {m}"
+        )
     torch.testing.assert_close(mha_probs, explicit_probs, atol=ATOL, rtol=RTOL)
 
 
@@ -348,6 +368,7 @@ def test_mha_variant_matches_numpy(trained_path):
 
 
 # -- the final softmax ----------------------------------------------------------------------
+
 
 def batched_logits(B, T, V, *, seed) -> torch.Tensor:
     """(B, T, V) model-shaped logits from the suite's one generator (outliers and -inf)."""
@@ -365,8 +386,10 @@ def test_final_softmax_on_cpu_is_f_softmax():
         GrammarMiniGPT(MiniGPTConfig(vocab_size=RANDOM_VOCAB), softmax_impl="fast")
 
 
-@pytest.mark.skipif(__import__("os").environ.get("TRITON_INTERPRET") != "1",
-                    reason="the Triton branch runs on CPU tensors only under the Triton interpreter")
+@pytest.mark.skipif(
+    __import__("os").environ.get("TRITON_INTERPRET") != "1",
+    reason="the Triton branch runs on CPU tensors only under the Triton interpreter",
+)
 def test_final_softmax_triton_branch_in_interpreter():
     """The CUDA branch's reshaping, exercised through the Triton interpreter on CPU tensors:
     transposed and sliced views must come back with their own shape and F.softmax's values."""
@@ -378,6 +401,7 @@ def test_final_softmax_triton_branch_in_interpreter():
 
 
 # -- compile / export -----------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_torch_compile_matches_eager(trained_path):

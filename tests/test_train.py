@@ -1,4 +1,5 @@
 """Training loop: determinism, a smoke run whose loss falls, the optimiser, and the CLI outputs."""
+
 import itertools
 
 import numpy as np
@@ -38,9 +39,9 @@ def test_adam_matches_the_update_rule():
     opt.step(p, {"w": g1.astype(np.float32)}, 0.1)
     opt.step(p, {"w": g2.astype(np.float32)}, 0.05)
     m = 0.9 * (0.1 * g1) + 0.1 * g2
-    v = 0.98 * (0.02 * g1 ** 2) + 0.02 * g2 ** 2
+    v = 0.98 * (0.02 * g1**2) + 0.02 * g2**2
     # the first step moves every weight by exactly lr in the sign of its gradient
-    expected = w0 - 0.1 * np.sign(g1) - 0.05 * (m / (1 - 0.9 ** 2)) / (np.sqrt(v / (1 - 0.98 ** 2)) + 1e-8)
+    expected = w0 - 0.1 * np.sign(g1) - 0.05 * (m / (1 - 0.9**2)) / (np.sqrt(v / (1 - 0.98**2)) + 1e-8)
     np.testing.assert_allclose(p["w"], expected, rtol=1e-5, atol=1e-6)
 
 
@@ -61,8 +62,7 @@ def test_verb_form_accuracy_counts_positions():
 
 def test_cli_writes_outputs(tmp_path, capsys):
     weights, plot = tmp_path / "w" / "minigpt.npz", tmp_path / "loss.png"
-    tr.main(["--steps", "3", "--batch-size", "4", "--sentences", "50",
-             "--weights", str(weights), "--plot", str(plot)])
+    tr.main(["--steps", "3", "--batch-size", "4", "--sentences", "50", "--weights", str(weights), "--plot", str(plot)])
     out = capsys.readouterr().out
     assert "wall time" in out and "final loss" in out and "verb-form accuracy" in out
     model = NumpyMiniGPT.load(weights)

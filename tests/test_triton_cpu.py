@@ -39,8 +39,9 @@ from tests.helpers import (
 pytestmark = pytest.mark.cpu
 
 REPO = Path(__file__).resolve().parents[1]
-interpreted = pytest.mark.skipif(not st.INTERPRET, reason="needs the interpreted module; "
-                                 "test_interpreter_tests_in_a_subprocess runs it")
+interpreted = pytest.mark.skipif(
+    not st.INTERPRET, reason="needs the interpreted module; test_interpreter_tests_in_a_subprocess runs it"
+)
 
 V_SHAPES = (1, 7, 255, 600, 781, 1025, 2049, 5000)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -50,8 +51,10 @@ SM90_SHARED_LIMIT = 232448  # bytes of shared memory one block may use on sm_90
 
 def run_path(path, **params):
     """st.run_path through one path, in run_poisoned's calling convention."""
+
     def call(x, *, out):
         return st.run_path(x, path, out=out, **params)
+
     call.__name__ = f"triton {path}"
     return call
 
@@ -61,6 +64,7 @@ def _config_id(cfg):
 
 
 # ------------------------------------------------------------------ every autotune config
+
 
 def _config_cases():
     """Each config at each V of V_SHAPES (B alternating 1 and 3), at its own tile boundary
@@ -145,8 +149,8 @@ def test_a_rows_bits_do_not_depend_on_the_batch(path):
     params = SCALED_TRITON_PARAMS[path]
     full = run_poisoned(run_path(path, **params), x)
     for row in (0, 3):
-        alone = run_poisoned(run_path(path, **params), x[row:row + 1].clone())
-        assert torch.equal(bits(alone), bits(full[row:row + 1])), f"{path}: row {row} alone differs"
+        alone = run_poisoned(run_path(path, **params), x[row : row + 1].clone())
+        assert torch.equal(bits(alone), bits(full[row : row + 1])), f"{path}: row {row} alone differs"
 
 
 # Split at any row offset: (head, pad) place rows `head` elements into a buffer with row stride
@@ -191,9 +195,13 @@ def _offset_views(B, V, *, head, pad, seed, dtype):
 
 
 @interpreted
-@pytest.mark.parametrize("B,V,head,pad,align,dtype", [
-    pytest.param(B, V, h, p, a, d, id=f"B{B}-V{V}-h{h}-p{p}-a{a}-{dtype_id(d)}")
-    for (B, V), (h, p), a, d in SPLIT_OFFSET_CASES])
+@pytest.mark.parametrize(
+    "B,V,head,pad,align,dtype",
+    [
+        pytest.param(B, V, h, p, a, d, id=f"B{B}-V{V}-h{h}-p{p}-a{a}-{dtype_id(d)}")
+        for (B, V), (h, p), a, d in SPLIT_OFFSET_CASES
+    ],
+)
 def test_split_group_aligned_chunks_at_any_row_offset(B, V, head, pad, align, dtype):
     # Chunks cut on `align`-element groups of the buffer: rows start anywhere inside a group,
     # the partial groups at both row ends go through the edge loads/stores of chunk 0, and the
@@ -209,7 +217,7 @@ def test_split_group_aligned_chunks_at_any_row_offset(B, V, head, pad, align, dt
 def test_aligned_base_view_points_at_a_group_boundary():
     flat = torch.randn(64)
     for head in range(5):
-        view, h = st.aligned_base(flat[head:head + 40], 4)
+        view, h = st.aligned_base(flat[head : head + 40], 4)
         assert view.data_ptr() % 16 == 0 and h == head % 4
         assert view.data_ptr() + h * 4 == flat[head:].data_ptr()
 
@@ -236,8 +244,11 @@ def test_plan_changes_at_each_boundary():
     for B, V in st.LAB_SHAPES:
         assert st.plan(B, V, torch.float32) == "tile", "the lab shapes must run the autotuned kernel"
     assert SOFTMAX_KERNELS["triton"].plan is not None
-    assert {st.plan(B, V) for B in (1, b["rows_min_b"]) for V in (1, b["tile_max_v"] + 1, b["row_max_v"] + 1)} \
-        == set(SOFTMAX_KERNELS["triton"].paths) == set(st.PATHS)
+    assert (
+        {st.plan(B, V) for B in (1, b["rows_min_b"]) for V in (1, b["tile_max_v"] + 1, b["row_max_v"] + 1)}
+        == set(SOFTMAX_KERNELS["triton"].paths)
+        == set(st.PATHS)
+    )
 
 
 def test_plan_accepts_scaled_boundaries():
@@ -247,6 +258,7 @@ def test_plan_accepts_scaled_boundaries():
 
 
 # ------------------------------------------------------------------ public softmax() on CPU
+
 
 @interpreted
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -328,14 +340,17 @@ def test_output_buffer_is_used_and_checked():
         st.softmax(x, out=np.empty((3, 20), np.float32))
 
 
-@pytest.mark.parametrize("bad,exc,msg", [
-    (lambda: torch.randn(5), ValueError, "2-D"),
-    (lambda: torch.randn(2, 3, 4), ValueError, "2-D"),
-    (lambda: torch.randn(2, 0), ValueError, "V = 0"),
-    (lambda: torch.randn(2, 3, dtype=torch.float64), TypeError, "float64"),
-    (lambda: torch.ones(2, 3, dtype=torch.int32), TypeError, "int32"),
-    (lambda: np.ones((2, 3), np.float32), TypeError, "torch.Tensor"),
-])
+@pytest.mark.parametrize(
+    "bad,exc,msg",
+    [
+        (lambda: torch.randn(5), ValueError, "2-D"),
+        (lambda: torch.randn(2, 3, 4), ValueError, "2-D"),
+        (lambda: torch.randn(2, 0), ValueError, "V = 0"),
+        (lambda: torch.randn(2, 3, dtype=torch.float64), TypeError, "float64"),
+        (lambda: torch.ones(2, 3, dtype=torch.int32), TypeError, "int32"),
+        (lambda: np.ones((2, 3), np.float32), TypeError, "torch.Tensor"),
+    ],
+)
 def test_bad_inputs_raise_clear_errors(bad, exc, msg):
     with pytest.raises(exc, match=msg):
         st.softmax(bad())
@@ -354,8 +369,19 @@ def test_interpreter_tests_in_a_subprocess(pytestconfig):
     if st.INTERPRET:
         pytest.skip("this process is interpreted already: the tests above ran here")
     env = dict(os.environ, TRITON_INTERPRET="1")
-    cmd = [sys.executable, "-m", "pytest", str(Path(__file__)), "-q", "-p", "no:cacheprovider",
-           "-k", "not test_interpreter_tests_in_a_subprocess and not aot and not sm90", "-W", "ignore::RuntimeWarning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(Path(__file__)),
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        "not test_interpreter_tests_in_a_subprocess and not aot and not sm90",
+        "-W",
+        "ignore::RuntimeWarning",
+    ]
     try:
         pytestconfig.getoption("no_reports")
         cmd.append("--no-reports")  # the parent session writes the reports, not the child
@@ -369,14 +395,22 @@ def test_interpreter_tests_in_a_subprocess(pytestconfig):
 
 # ------------------------------------------------------------------ ahead-of-time sm_90 builds
 
+
 @pytest.fixture(scope="session")
 def sm90_builds():
     # kernels.triton_build in a child process: the kernels must be decorated with TRITON_INTERPRET
     # unset. Triton's own cache (keyed on source, options, target and version) serves a warm rerun.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-m", "kernels.triton_build"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=900, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernels.triton_build"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -385,9 +419,11 @@ def test_sm90_aot_builds_have_no_spills_and_fit_shared_memory(sm90_builds, reque
     print()
     for r in sm90_builds:
         extra = {k: v for k, v in r.items() if k in ("BLOCK", "ROWS", "BLOCK_V", "CHUNK")}
-        print(f"  {r['name']:<10} {json.dumps(extra):<34} warps {r['num_warps']:>2}: {r['regs']:>3} regs, "
-              f"shared {r['shared']:>6} B, stack {r['stack']}, spill bytes {r['spill_bytes']}, "
-              f"vector loads {r['vector_loads']}, stores {r['vector_stores']}")
+        print(
+            f"  {r['name']:<10} {json.dumps(extra):<34} warps {r['num_warps']:>2}: {r['regs']:>3} regs, "
+            f"shared {r['shared']:>6} B, stack {r['stack']}, spill bytes {r['spill_bytes']}, "
+            f"vector loads {r['vector_loads']}, stores {r['vector_stores']}"
+        )
     tile = [r for r in sm90_builds if r["name"].startswith("tile")]
     assert len(tile) == len(st.CONFIGS)
     assert {r["name"].split()[0] for r in sm90_builds} == set(st.PATHS), "every path's kernel is built"
@@ -396,9 +432,12 @@ def test_sm90_aot_builds_have_no_spills_and_fit_shared_memory(sm90_builds, reque
     except pytest.FixtureLookupError:
         record = None
     if record is not None:
-        record("triton_sm90_aot", max_registers=max(r["regs"] for r in sm90_builds),
-               max_spill_bytes=max(r["spill_bytes"] + r["local"] for r in sm90_builds),
-               max_shared_bytes=max(r["shared"] for r in sm90_builds))
+        record(
+            "triton_sm90_aot",
+            max_registers=max(r["regs"] for r in sm90_builds),
+            max_spill_bytes=max(r["spill_bytes"] + r["local"] for r in sm90_builds),
+            max_shared_bytes=max(r["shared"] for r in sm90_builds),
+        )
     for r in sm90_builds:
         assert r["spill_bytes"] == 0 and r["local"] == 0 and r["stack"] == 0, r
         assert r["shared"] <= SM90_SHARED_LIMIT, r
@@ -437,8 +476,7 @@ def test_changed_source_configs_or_gpu_invalidate_the_stored_choice(tmp_path, mo
     assert st.stored_choice(600, torch.float32, GPU, path=path, source_hash="0" * 64) is None
     # A different config list (one config dropped) changes the config hash ...
     assert st.configs_hash(st.CONFIGS[:-1]) != st.configs_hash()
-    assert st.stored_choice(600, torch.float32, GPU, path=path,
-                            config_hash=st.configs_hash(st.CONFIGS[:-1])) is None
+    assert st.stored_choice(600, torch.float32, GPU, path=path, config_hash=st.configs_hash(st.CONFIGS[:-1])) is None
     # ... and so does editing the module's list in place, with no argument passed.
     monkeypatch.setattr(st, "CONFIGS", st.CONFIGS[:-1] + [type(st.CONFIGS[0])({"BLOCK": 4096}, num_warps=16)])
     assert st.stored_choice(600, torch.float32, GPU, path=path) is None
@@ -466,8 +504,16 @@ def test_write_keeps_other_gpus_and_drops_stale_entries(tmp_path):
 
 def test_unknown_file_format_is_ignored(tmp_path):
     path = tmp_path / "tune.json"
-    path.write_text(json.dumps({"format": 999, "entries": {st.fingerprint(GPU): {
-        "gpu": GPU, "choices": {"600|float32": {"BLOCK": 256, "num_warps": 2}}}}}))
+    path.write_text(
+        json.dumps(
+            {
+                "format": 999,
+                "entries": {
+                    st.fingerprint(GPU): {"gpu": GPU, "choices": {"600|float32": {"BLOCK": 256, "num_warps": 2}}}
+                },
+            }
+        )
+    )
     assert st.stored_choice(600, torch.float32, GPU, path=path) is None
 
 

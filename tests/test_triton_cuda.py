@@ -23,22 +23,41 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 def run_path(path, **params):
     """st.run_path through one path, in run_poisoned's calling convention."""
+
     def call(x, *, out):
         return st.run_path(x, path, out=out, **params)
+
     call.__name__ = f"triton {path}"
     return call
 
 
 def _boundary_cases():
     b = st.DISPATCH_BOUNDARIES
-    for V in (b["tile_max_v"] - 1, b["tile_max_v"], b["tile_max_v"] + 1,
-              b["row_max_v"] - 1, b["row_max_v"], b["row_max_v"] + 1):
+    for V in (
+        b["tile_max_v"] - 1,
+        b["tile_max_v"],
+        b["tile_max_v"] + 1,
+        b["row_max_v"] - 1,
+        b["row_max_v"],
+        b["row_max_v"] + 1,
+    ):
         yield 3, V
     for B in (b["rows_min_b"] - 1, b["rows_min_b"], b["rows_min_b"] + 1):
         yield B, 600
         yield B, b["tile_max_v"]
-    yield from [(1, 1), (1, 7), (5, 4097), (3, 33001), (64, 50257), (8, 128256), (1, 128256),
-                (70000, 7), (70000, 600), (1, 600), (17, 1000)]
+    yield from [
+        (1, 1),
+        (1, 7),
+        (5, 4097),
+        (3, 33001),
+        (64, 50257),
+        (8, 128256),
+        (1, 128256),
+        (70000, 7),
+        (70000, 600),
+        (1, 600),
+        (17, 1000),
+    ]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -87,16 +106,16 @@ def test_a_rows_bits_do_not_depend_on_path_batch_or_layout(V, dtype):
         xl = logits(6, V, seed=V + 30, dtype=dtype, device="cuda", layout=layout)
         assert torch.equal(bits(run_poisoned(st.softmax, xl)), bits(expected)), f"{layout}: bits differ"
     for row in (0, 5):
-        alone = run_poisoned(st.softmax, x[row:row + 1].clone())
-        assert torch.equal(bits(alone), bits(expected[row:row + 1])), f"row {row} alone differs"
+        alone = run_poisoned(st.softmax, x[row : row + 1].clone())
+        assert torch.equal(bits(alone), bits(expected[row : row + 1])), f"row {row} alone differs"
 
 
 SPLIT_OFFSET_CASES = [
     # (B, V, head, pad, params): rows `head` elements past a 16-byte boundary, row stride V + pad.
     (1, 50257, 0, 0, {}),
     (64, 50257, 0, 0, {}),
-    (64, 50257, 1, 0, {}),                      # contiguous rows, buffer start off by one element
-    (33, 50257, 1, 1, {}),                      # x[:, 1:] of a (B, V + 1) tensor
+    (64, 50257, 1, 0, {}),  # contiguous rows, buffer start off by one element
+    (33, 50257, 1, 1, {}),  # x[:, 1:] of a (B, V + 1) tensor
     (17, 50257, 3, 5, {}),
     (8, 128256, 1, 1, {}),
     (1, 128257, 2, 0, {}),
@@ -107,8 +126,11 @@ SPLIT_OFFSET_CASES = [
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("B,V,head,pad,params", SPLIT_OFFSET_CASES,
-                         ids=[f"B{c[0]}-V{c[1]}-h{c[2]}-p{c[3]}-{i}" for i, c in enumerate(SPLIT_OFFSET_CASES)])
+@pytest.mark.parametrize(
+    "B,V,head,pad,params",
+    SPLIT_OFFSET_CASES,
+    ids=[f"B{c[0]}-V{c[1]}-h{c[2]}-p{c[3]}-{i}" for i, c in enumerate(SPLIT_OFFSET_CASES)],
+)
 def test_split_at_odd_v_and_unaligned_rows_on_gpu(B, V, head, pad, params, dtype):
     # Chunks are cut on 16-byte groups of the buffer, so rows that start inside a group take
     # the edge loads/stores; the output window has NaN guards that must stay untouched.
@@ -137,8 +159,9 @@ def test_special_values_on_gpu():
 
 
 @pytest.mark.parametrize("V", [1200, 50257])
-@pytest.mark.parametrize("dtype, layout", [pytest.param(d, lay, id=f"{dtype_id(d)}-{lay}") for d in DTYPES
-                                           for lay in layouts(d)])
+@pytest.mark.parametrize(
+    "dtype, layout", [pytest.param(d, lay, id=f"{dtype_id(d)}-{lay}") for d in DTYPES for lay in layouts(d)]
+)
 def test_every_layout_on_gpu(dtype, layout, V):
     x = logits(16, V, seed=V + 4, dtype=dtype, device="cuda", layout=layout)
     check_softmax(run_poisoned(st.softmax, x), x, what=f"{layout} via {st.plan(16, V, dtype)}")
@@ -159,8 +182,19 @@ def test_compiled_kernels_do_not_spill(request):
     y = torch.empty_like(x)
     rows = []
     for cfg in st.CONFIGS:
-        k = st.JIT_KERNELS["tile"].warmup(x, y, 600, 600, 600, st.fixed_point_scale(600), BLOCK=cfg.kwargs["BLOCK"],
-                                          ALIGN=4, num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=(1,))
+        k = st.JIT_KERNELS["tile"].warmup(
+            x,
+            y,
+            600,
+            600,
+            600,
+            st.fixed_point_scale(600),
+            BLOCK=cfg.kwargs["BLOCK"],
+            ALIGN=4,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+            grid=(1,),
+        )
         k._init_handles()
         rows.append((f"tile BLOCK={cfg.kwargs['BLOCK']} w{cfg.num_warps}", k.n_regs, k.n_spills))
     # The split kernel at an odd V, as the wrapper launches it (group-aligned chunks).
@@ -174,19 +208,36 @@ def test_compiled_kernels_do_not_spill(request):
         words, counters = st.split_workspace_words(2, P)
         ws = torch.empty(words, dtype=torch.int64, device="cuda")
         cnt = torch.zeros(counters, dtype=torch.int64, device="cuda")
-        k = st.JIT_KERNELS["split"].warmup(lay["xb"], lay["yb"], ws, cnt, V, P, V, V, lay["xo"], lay["yo"],
-                                           st.fixed_point_scale(V), CHUNK=sp["CHUNK"], P_BLOCK=lay["P_BLOCK"],
-                                           FALLBACK_BLOCK=lay["FALLBACK_BLOCK"], MAX_SPINS=st.SPLIT_MAX_SPINS,
-                                           ALIGN=lay["ALIGN"], Y_ALIGN=lay["Y_ALIGN"], num_warps=sp["num_warps"],
-                                           grid=(1,))
+        k = st.JIT_KERNELS["split"].warmup(
+            lay["xb"],
+            lay["yb"],
+            ws,
+            cnt,
+            V,
+            P,
+            V,
+            V,
+            lay["xo"],
+            lay["yo"],
+            st.fixed_point_scale(V),
+            CHUNK=sp["CHUNK"],
+            P_BLOCK=lay["P_BLOCK"],
+            FALLBACK_BLOCK=lay["FALLBACK_BLOCK"],
+            MAX_SPINS=st.SPLIT_MAX_SPINS,
+            ALIGN=lay["ALIGN"],
+            Y_ALIGN=lay["Y_ALIGN"],
+            num_warps=sp["num_warps"],
+            grid=(1,),
+        )
         k._init_handles()
         rows.append((f"split {str(dtype).removeprefix('torch.')} V={V}", k.n_regs, k.n_spills))
     print()
     for name, regs, spills in rows:
         print(f"  {name:<24} {regs:>3} regs, {spills} spills")
     try:
-        request.getfixturevalue("record_manifest")("triton_cuda", max_spills=max(r[2] for r in rows),
-                                                   max_registers=max(r[1] for r in rows))
+        request.getfixturevalue("record_manifest")(
+            "triton_cuda", max_spills=max(r[2] for r in rows), max_registers=max(r[1] for r in rows)
+        )
     except pytest.FixtureLookupError:
         pass
     assert all(spills == 0 for _, _, spills in rows), rows
@@ -211,7 +262,8 @@ def _autotune_once_then_reuse(path, monkeypatch):
     assert st.bench_calls() - before == len(shapes) * len(st.CONFIGS)  # every config on every shape
     choice = record["choices"]["600|float32"]
     assert {k: choice[k] for k in ("BLOCK", "num_warps")} in [
-        {"BLOCK": c.kwargs["BLOCK"], "num_warps": c.num_warps} for c in st.CONFIGS]
+        {"BLOCK": c.kwargs["BLOCK"], "num_warps": c.num_warps} for c in st.CONFIGS
+    ]
 
     # A fresh lookup (memo cleared, as in a new process) reads the file and does not benchmark.
     st.clear_autotune_memo()
@@ -247,4 +299,5 @@ def test_repo_autotune_file_is_fresh_for_this_gpu():
     if not any(e.get("gpu") == name for e in entries.values()):
         pytest.skip(f"the stored file holds no choice for {name}")
     assert st.stored_choice(600, torch.float32, name) is not None, (
-        "the stored choice for this GPU is stale (kernel or config list changed): re-run python -m kernels.autotune")
+        "the stored choice for this GPU is stale (kernel or config list changed): re-run python -m kernels.autotune"
+    )

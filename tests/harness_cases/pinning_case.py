@@ -1,4 +1,5 @@
 """Each case writes which xdist worker ran it and which GPU that worker was pinned to."""
+
 import os
 from pathlib import Path
 

@@ -73,8 +73,9 @@ CPU_WORKERS = 2
 _BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def parallel_cpu_by_default(option, markexpr: str | None, *, is_worker: bool, collect_only: bool,
-                            environ=os.environ) -> bool:
+def parallel_cpu_by_default(
+    option, markexpr: str | None, *, is_worker: bool, collect_only: bool, environ=os.environ
+) -> bool:
     """Spread a plain `pytest -m cpu` over CPU_WORKERS xdist workers, one test file per worker
     (the coverage matrix checks its own cells). An explicit -n (or -p no:xdist), another marker
     expression, --collect-only, or an xdist worker itself keeps pytest's own choice. Each worker
