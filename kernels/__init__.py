@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .checks import FLOAT_DTYPES, check_softmax_input, prepare_output
+from .cuda_plans import PATHS as FUSED_PATHS
 
 BASELINE = "F_softmax"
 
@@ -29,6 +30,7 @@ class Kernel:
     dtypes: tuple
     paths: tuple  # every dispatch path the kernel has
     plan: Callable[[int, int, torch.dtype], str]  # the path a (B, V) input of dtype takes on the GPU
+    backend: str = "torch"  # what launches it: "cupy" (CUDA C), "triton" or "torch"
     interpretable: bool = False  # runs on CPU tensors under TRITON_INTERPRET=1
     baseline: bool = False  # a reference we measure against, not one of ours
 
@@ -83,21 +85,23 @@ _FP32 = (torch.float32,)
 SOFTMAX_KERNELS: dict[str, Kernel] = {
     k.name: k
     for k in (
-        Kernel("naive", _lazy(".softmax_cuda", "softmax_naive"), _FP32, ("thread",), _one_path("thread")),
-        Kernel("smem", _lazy(".softmax_cuda", "softmax_smem"), _FP32, ("block",), _one_path("block")),
+        Kernel("naive", _lazy(".softmax_cuda", "softmax_naive"), _FP32, ("thread",), _one_path("thread"), "cupy"),
+        Kernel("smem", _lazy(".softmax_cuda", "softmax_smem"), _FP32, ("block",), _one_path("block"), "cupy"),
         Kernel(
             "fused",
             _lazy(".softmax_cuda", "softmax_fused"),
             FLOAT_DTYPES,
-            ("warp", "warpvec", "row", "cluster", "online"),
+            FUSED_PATHS,
             _lazy(".cuda_plans", "fused_path"),
+            "cupy",
         ),
         Kernel(
             "triton",
             _lazy(".softmax_triton", "softmax"),
             FLOAT_DTYPES,
-            ("tile", "rows", "row", "split"),
+            ("tile", "rows", "row", "split"),  # kernels.softmax_triton.PATHS (a test holds them equal)
             _lazy(".softmax_triton", "plan"),
+            "triton",
             interpretable=True,
         ),
         Kernel(

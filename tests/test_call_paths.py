@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import kernels
 from kernels import SOFTMAX_KERNELS, softmax_cuda, softmax_triton
 from kernels.reference import softmax_ref
+from tests.helpers import skip_unless_runnable
 
 # Shapes that reach each path of the two kernels with many paths (default parameters).
 FUSED_PATH_SHAPES = {
@@ -61,11 +62,7 @@ def _path_cases():
 @pytest.mark.cuda
 @pytest.mark.parametrize("kernel, path, B, V, dtype", list(_path_cases()))
 def test_graph_replay_gives_the_eager_bits(kernel, path, B, V, dtype):
-    if kernel in ("naive", "smem", "fused"):
-        from tests.suite.gpus import cupy_unusable_reason
-
-        if cupy_unusable_reason():
-            pytest.skip(cupy_unusable_reason())
+    skip_unless_runnable(SOFTMAX_KERNELS[kernel])
     fn = SOFTMAX_KERNELS[kernel]
     assert fn.plan(B, V, dtype) == path, f"{kernel} at ({B}, {V}) takes {fn.plan(B, V, dtype)}, not {path}"
     x = _logits(B, V, dtype, "cuda")
@@ -234,3 +231,6 @@ def test_registry_marks_baselines_and_describes_every_kernel():
         for B, V in ((1, 7), (512, 600), (8192, 600), (3, 50257), (2, 300007)):
             assert k.plan(B, V, torch.float32) in k.paths, (name, B, V)
     assert SOFTMAX_KERNELS["fused"].plan(2, 50257, torch.bfloat16) == softmax_cuda.fused_path(2, 50257, "bf16")
+    assert SOFTMAX_KERNELS["fused"].paths == softmax_cuda.PATHS
+    assert SOFTMAX_KERNELS["triton"].paths == softmax_triton.PATHS
+    assert {k.backend for k in SOFTMAX_KERNELS.values()} == {"cupy", "triton", "torch"}

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from model.grammar import TENSE_PROMPTS
 from model.tokenizer import Tokenizer
 from model.torch_minigpt import GrammarMiniGPT, final_softmax
 from tests.helpers import assert_softmax_close, bits, logits
@@ -17,19 +18,7 @@ CUDA_VS_CPU_ATOL = 1e-3  # different matmul kernels and reduction orders, TF32 o
 TRITON_VS_TORCH_ATOL = 1e-5  # same logits, only the softmax differs
 
 # Every tense of the grammar: past, habitual (time phrase or adverb), future, and now.
-PROMPTS = [
-    "Yesterday I",
-    "Last week they",
-    "Two days ago my sister",
-    "Every day she",
-    "Usually he",
-    "On weekends the children",
-    "Tomorrow I will",
-    "Next week we will",
-    "Right now we are",
-    "Now he is",
-    "At the moment the dog is",
-]
+PROMPTS = TENSE_PROMPTS  # every tense of the grammar: past, habitual, future, now
 CONTRACT_INPUT = "random ids (2, 16) seed 42"
 
 
