@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import kernels
 from kernels import SOFTMAX_KERNELS, softmax_cuda, softmax_triton
 from kernels.reference import softmax_ref
-from tests.helpers import skip_unless_runnable
+from tests.helpers import bits, check_softmax, layouts, logits, run_poisoned, skip_unless_runnable
 
 # Shapes that reach each path of the two kernels with many paths (default parameters).
 FUSED_PATH_SHAPES = {
@@ -86,6 +86,38 @@ def test_graph_replay_gives_the_eager_bits(kernel, path, B, V, dtype):
         torch.cuda.synchronize()
         ref = torch.from_numpy(softmax_ref(x.float().cpu().numpy()))
         torch.testing.assert_close(y.double().cpu(), ref, atol=1e-6, rtol=torch.finfo(dtype).eps)
+
+
+# -- the common call: no `out`, remembered per layout --------------------------------------------------
+
+
+def _common_call_cases():
+    for kernel, shapes in (("fused", FUSED_PATH_SHAPES), ("triton", TRITON_PATH_SHAPES)):
+        for path, (B, V) in shapes.items():
+            for dtype in DTYPES:
+                yield pytest.param(kernel, path, B, V, dtype, id=f"{kernel}-{path}-{str(dtype)[6:]}")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kernel, path, B, V, dtype", list(_common_call_cases()))
+def test_the_remembered_common_call_gives_the_checked_calls_bits(kernel, path, B, V, dtype):
+    """A call without `out` is served, from its second time for a layout on, by a launch
+    remembered for that layout (kernels.softmax_cuda / softmax_triton). In every layout, it must
+    give the bits of the fully checked call into a given output, return a new tensor each time,
+    and follow new data at the same layout."""
+    fn = SOFTMAX_KERNELS[kernel]
+    skip_unless_runnable(fn)
+    assert fn.plan(B, V, dtype) == path
+    for layout in layouts(dtype):
+        x = logits(B, V, seed=B + V, dtype=dtype, device="cuda", layout=layout)
+        checked = run_poisoned(fn, x)
+        first, second = fn(x), fn(x)
+        assert first.data_ptr() != second.data_ptr() and second.is_contiguous()
+        for got in (first, second):
+            assert torch.equal(bits(got), bits(checked)), f"{kernel}/{path}/{layout}: the common call differs"
+        other = logits(B, V, seed=B + V + 1, dtype=dtype, device="cuda", layout=layout)
+        assert torch.equal(bits(fn(other)), bits(run_poisoned(fn, other))), f"{kernel}/{path}/{layout}: stale data"
+        check_softmax(second, x, what=f"{kernel}/{path}/{layout} common call")
 
 
 # -- custom operators -----------------------------------------------------------------------------------
