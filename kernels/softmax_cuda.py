@@ -20,6 +20,7 @@ it is imported then, never at import time.
 from __future__ import annotations
 
 import hashlib
+from typing import NamedTuple
 
 import torch
 
@@ -149,27 +150,45 @@ def softmax_smem(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
     return y
 
 
-# (device, V, dtype) -> (plan, launcher): the dispatch of a row length is resolved once.
-_fused_dispatch: dict = {}
+class _FusedLaunch(NamedTuple):
+    """A plan resolved for one device and dtype: its launcher and the grid arithmetic."""
+
+    plan: FusedPlan
+    launcher: KernelLauncher
+    rows_per_block: int
+    grid_limit: int  # in row units: blocks for the warp kinds, CTA groups (clusters) otherwise
+    cluster: int
+    takes_flag: bool  # every kind but warp takes the vector-store flag
+
+    def grid(self, B: int, grid_cap: int | None = None) -> int:
+        units = min(-(-B // self.rows_per_block), self.grid_limit)
+        if grid_cap is not None:
+            units = max(1, min(units, grid_cap // self.cluster))
+        return units * self.cluster
 
 
-def _fused_entry(dev: int, V: int, dtype, plan: FusedPlan | None):
+def _fused_launch(dev: int, V: int, dtype, plan: FusedPlan | None) -> _FusedLaunch:
     if plan is None:
         plan = select_fused_plan(V, dtype, clusters=_sm_count_and_major(dev)[1] >= 9)
     cap = plan.capacity
     if cap is not None and V > cap:
         raise ValueError(f"fused softmax: V = {V} does not fit {plan.describe()}")
     kinds = _ROWS_ARGS if plan.kind == "warp" else _ROWS_ARGS + ("i32",)
-    name = plan.kernel_name(dtype)
-    return plan, _launcher(dev, FUSED_SOURCE, name, block=plan.threads, arg_kinds=kinds)
+    launcher = _launcher(dev, FUSED_SOURCE, plan.kernel_name(dtype), block=plan.threads, arg_kinds=kinds)
+    if plan.kind in ("warp", "warpvec"):
+        # Enough blocks to fill every SM several times over; the kernel loops over the rest.
+        limit = _sm_count_and_major(dev)[0] * WARP_BLOCKS_PER_SM
+    else:  # a CTA (group) per row, as many as the grid holds
+        limit = _MAX_GRID_X // plan.cluster
+    return _FusedLaunch(plan, launcher, plan.rows_per_block, limit, plan.cluster, plan.kind != "warp")
 
 
-# (dtype, V, device) -> (launcher, device, rows per block, grid limit, cluster, takes the vector
-# flag) for the common call: a contiguous CUDA input, a new output, the dispatched plan. An
-# entry exists only for what passed every check once, so a hit needs no check beyond B > 0 and
-# contiguity. Microseconds of Python per call are the difference between beating F.softmax
-# from Python and losing to it at small shapes.
-_fused_fast: dict = {}
+# (dtype, V, device) -> the dispatched plan's launch, resolved on the first checked call. A hit
+# in the common call (a contiguous CUDA input, a new output) needs no check beyond B > 0 and
+# contiguity: the entry exists only for what passed every check once. Microseconds of Python
+# per call are the difference between beating F.softmax from Python and losing to it at
+# small shapes.
+_fused_dispatch: dict = {}
 
 
 def softmax_fused(
@@ -184,19 +203,13 @@ def softmax_fused(
     if out is None and plan is None and grid_cap is None:
         try:
             B, V = x.shape
-            fast = _fused_fast.get((x.dtype, V, x.get_device()))
+            dev = x.get_device()
+            fast = _fused_dispatch.get((x.dtype, V, dev))
         except (AttributeError, TypeError, ValueError):
             fast = None  # not a 2-D tensor: the checks below say what is wrong
         if fast is not None and B > 0 and x.is_contiguous():
-            launcher, dev, rows_per_block, grid_limit, cluster, takes_flag = fast
             y = torch.empty_like(x)
-            x_ptr = x.data_ptr()
-            grid = min(-(-B // rows_per_block), grid_limit) * cluster
-            if takes_flag:
-                # The new output is 256-byte aligned: vector stores need x aligned like it.
-                launcher(dev, grid, x_ptr, y.data_ptr(), B, V, int(x_ptr % _VEC_BYTES == 0))
-            else:
-                launcher(dev, grid, x_ptr, y.data_ptr(), B, V)
+            _launch_fused(fast, dev, x.data_ptr(), y.data_ptr(), B, V, None)
             return y
     x, y = _prepare(x, out, "fused", FUSED_DTYPES)
     B, V = x.shape
@@ -204,39 +217,24 @@ def softmax_fused(
         return y
     dev = x.get_device()
     if plan is None:
-        key = (dev, V, x.dtype)
+        key = (x.dtype, V, dev)
         entry = _fused_dispatch.get(key)
         if entry is None:
-            entry = _fused_dispatch[key] = _fused_entry(dev, V, x.dtype, None)
-            p, launcher = entry
-            if p.kind in ("warp", "warpvec"):
-                limit = _sm_count_and_major(dev)[0] * WARP_BLOCKS_PER_SM
-            else:  # one CTA group per row, as many as the grid holds, in multiples of the cluster
-                limit = _MAX_GRID_X // p.cluster
-            _fused_fast[(x.dtype, V, dev)] = (launcher, dev, p.rows_per_block, limit, p.cluster, p.kind != "warp")
+            entry = _fused_dispatch[key] = _fused_launch(dev, V, x.dtype, None)
     else:
-        entry = _fused_entry(dev, V, x.dtype, plan)
-    plan, launcher = entry
-    x_ptr, y_ptr = x.data_ptr(), y.data_ptr()
-    if plan.kind == "warp":
-        grid = min(-(-B // plan.rows_per_block), _sm_count_and_major(dev)[0] * WARP_BLOCKS_PER_SM)
-        if grid_cap is not None:
-            grid = max(1, min(grid, grid_cap))
-        launcher(dev, grid, x_ptr, y_ptr, B, V)
-        return y
-    if plan.kind == "warpvec":
-        grid = min(-(-B // plan.rows_per_block), _sm_count_and_major(dev)[0] * WARP_BLOCKS_PER_SM)
-        if grid_cap is not None:
-            grid = max(1, min(grid, grid_cap))
-    else:
-        groups = min(B, _MAX_GRID_X // plan.cluster)
-        if grid_cap is not None:
-            groups = max(1, min(groups, grid_cap // plan.cluster))
-        grid = groups * plan.cluster
-    # Vector stores need the output slice aligned like the input slice; with equal addresses
-    # mod 16 that holds for every row and slice.
-    launcher(dev, grid, x_ptr, y_ptr, B, V, int((y_ptr - x_ptr) % _VEC_BYTES == 0))
+        entry = _fused_launch(dev, V, x.dtype, plan)
+    _launch_fused(entry, dev, x.data_ptr(), y.data_ptr(), B, V, grid_cap)
     return y
+
+
+def _launch_fused(entry: _FusedLaunch, dev: int, x_ptr: int, y_ptr: int, B: int, V: int, grid_cap) -> None:
+    grid = entry.grid(B, grid_cap)
+    if entry.takes_flag:
+        # Vector stores need the output slice aligned like the input slice; with equal addresses
+        # mod 16 that holds for every row and slice.
+        entry.launcher(dev, grid, x_ptr, y_ptr, B, V, int((y_ptr - x_ptr) % _VEC_BYTES == 0))
+    else:
+        entry.launcher(dev, grid, x_ptr, y_ptr, B, V)
 
 
 def plan_path(B: int, V: int, dtype=torch.float32) -> str:
