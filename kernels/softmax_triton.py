@@ -319,7 +319,7 @@ def split_workspace_words(B: int, P: int) -> tuple[int, int]:
 # (kernel, device, dtype, pointer alignments, meta) -> KernelLauncher, or None where this
 # kernel must go through Triton's own launcher.
 _launchers: dict = {}
-_PTR = "ptr"
+_UNBUILT = object()
 
 
 def _driver_launcher(compiled, name: str, kinds) -> KernelLauncher | None:
@@ -353,9 +353,7 @@ def _driver_launcher(compiled, name: str, kinds) -> KernelLauncher | None:
         return None
 
 
-def _compiled_launcher(
-    kernel, grid: int, dev: int, tensors: tuple, scalars: tuple, kinds: tuple, meta: tuple, options: dict
-):
+def _compiled_launcher(kernel, grid: int, dev: int, tensors: tuple, scalars: tuple, kinds: tuple, options: dict):
     """Launch `kernel(*tensors, *scalars, **options)` on `grid` programs and return the direct
     launcher for later calls of this specialisation (None: keep going through Triton).
 
@@ -364,9 +362,9 @@ def _compiled_launcher(
     if INTERPRET:
         kernel[(grid,)](*tensors, *scalars, **options)
         return None
-    key = (kernel, dev, tensors[0].dtype, tuple(t.data_ptr() % 16 == 0 for t in tensors), meta)
-    launcher = _launchers.get(key, _PTR)
-    if launcher is _PTR:
+    key = (kernel, dev, tensors[0].dtype, tuple(t.data_ptr() % 16 == 0 for t in tensors), tuple(options.items()))
+    launcher = _launchers.get(key, _UNBUILT)
+    if launcher is _UNBUILT:
         compiled = kernel[(grid,)](*tensors, *scalars, **options)
         launcher = _launchers[key] = _driver_launcher(compiled, kernel.__name__, kinds)
     elif launcher is None:
@@ -419,39 +417,24 @@ def _launch(x: torch.Tensor, y: torch.Tensor, path: str, params: dict):
     dev = -1 if INTERPRET else x.get_device()
     align = params.get("align") or _align(x, y)
     scale = fixed_point_scale(V)
-    if path == "tile":
-        cfg = params.get("config") or (INTERPRETER_CONFIG if INTERPRET else autotune_picked(V, x.dtype, device=dev))
-        if cfg is None:
-            # No stored or earlier choice: standard autotune on first use of this V.
-            _tile_autotuned[(B,)](x, y, V, sx, sy, scale, ALIGN=align)
-            _tuned_here[(dev, int(V), x.dtype)] = config_dict(_tile_autotuned.best_config)
-            return None
-        stages = cfg.get("num_stages", 3)
-        launcher = _compiled_launcher(
-            softmax_tile_kernel,
-            B,
-            dev,
-            (x, y),
-            (V, sx, sy, scale),
-            _TILE_KINDS,
-            ("tile", cfg["BLOCK"], align, cfg["num_warps"], stages),
-            {"BLOCK": cfg["BLOCK"], "ALIGN": align, "num_warps": cfg["num_warps"], "num_stages": stages},
-        )
+    if path in ("tile", "row"):  # one program per row: the same arguments, other constexprs
+        if path == "tile":
+            cfg = params.get("config") or (INTERPRETER_CONFIG if INTERPRET else autotune_picked(V, x.dtype, device=dev))
+            if cfg is None:
+                # No stored or earlier choice: standard autotune on first use of this V.
+                _tile_autotuned[(B,)](x, y, V, sx, sy, scale, ALIGN=align)
+                _tuned_here[(dev, int(V), x.dtype)] = config_dict(_tile_autotuned.best_config)
+                return None
+            kernel = softmax_tile_kernel
+            options = {"BLOCK": cfg["BLOCK"], "num_warps": cfg["num_warps"], "num_stages": cfg.get("num_stages", 3)}
+        else:
+            p = {**launch_params(path, V, x.dtype), **params}
+            kernel = softmax_row_kernel
+            options = {"BLOCK": max(p["BLOCK"], triton.next_power_of_2(V)), "num_warps": p["num_warps"]}
+        options["ALIGN"] = align
+        launcher = _compiled_launcher(kernel, B, dev, (x, y), (V, sx, sy, scale), _TILE_KINDS, options)
         return launcher and (lambda x, y: launcher(dev, x.shape[0], x.data_ptr(), y.data_ptr(), V, sx, sy, scale))
     p = {**launch_params(path, V, x.dtype), **params}
-    if path == "row":
-        block = max(p["BLOCK"], triton.next_power_of_2(V))
-        launcher = _compiled_launcher(
-            softmax_row_kernel,
-            B,
-            dev,
-            (x, y),
-            (V, sx, sy, scale),
-            _TILE_KINDS,
-            ("row", block, align, p["num_warps"]),
-            {"BLOCK": block, "ALIGN": align, "num_warps": p["num_warps"]},
-        )
-        return launcher and (lambda x, y: launcher(dev, x.shape[0], x.data_ptr(), y.data_ptr(), V, sx, sy, scale))
     if path == "rows":
         rows = p["ROWS"]
         block_v = max(p["BLOCK_V"], triton.next_power_of_2(V))
@@ -462,7 +445,6 @@ def _launch(x: torch.Tensor, y: torch.Tensor, path: str, params: dict):
             (x, y),
             (B, V, sx, sy, scale),
             _ROWS_KINDS,
-            ("rows", rows, block_v, align, p["num_warps"]),
             {"ROWS": rows, "BLOCK_V": block_v, "ALIGN": align, "num_warps": p["num_warps"]},
         )
         return launcher and (
@@ -488,7 +470,6 @@ def _launch(x: torch.Tensor, y: torch.Tensor, path: str, params: dict):
             (lay["xb"], lay["yb"], ws, cnt),
             (V, P, sx, sy, xo, yo, scale),
             _SPLIT_KINDS,
-            ("split", *constexprs.values(), p["num_warps"]),
             {**constexprs, "num_warps": p["num_warps"]},
         )
         es = x.element_size()
