@@ -74,9 +74,6 @@ class _Driver:
         self.error_name = lib.cuGetErrorName
         self.error_name.restype = ctypes.c_int
         self.error_name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-        self.ctx_get_device = lib.cuCtxGetDevice
-        self.ctx_get_device.restype = ctypes.c_int
-        self.ctx_get_device.argtypes = [ctypes.POINTER(ctypes.c_int)]
 
     def describe(self, code: int) -> str:
         name = ctypes.c_char_p()
@@ -203,11 +200,6 @@ def _wrong_context(error: str) -> bool:
     return "INVALID_CONTEXT" in error or "INVALID_HANDLE" in error or "CONTEXT_IS_DESTROYED" in error
 
 
-def device_index(t: torch.Tensor) -> int:
-    """The CUDA device index of a tensor; cheaper than `t.device.index` (no device object)."""
-    return t.get_device()
-
-
 # -- the floor: an empty kernel through this path ------------------------------------------------
 
 _NOOP_SOURCE = 'extern "C" __global__ void softmax_suite_noop(unsigned long long p) {}'
@@ -228,4 +220,4 @@ def launch_noop(device_index: int) -> None:
     launcher(device_index, 1, 0)
 
 
-__all__ = ["KernelLauncher", "LaunchError", "launch_noop", "current_stream", "device_index", "driver"]
+__all__ = ["KernelLauncher", "LaunchError", "launch_noop", "current_stream", "driver"]
