@@ -33,9 +33,14 @@ class Kernel:
     backend: str = "torch"  # what launches it: "cupy" (CUDA C), "triton" or "torch"
     interpretable: bool = False  # runs on CPU tensors under TRITON_INTERPRET=1
     baseline: bool = False  # a reference we measure against, not one of ours
+    dtype_paths: Callable[[torch.dtype], tuple] | None = None  # where dispatch depends on dtype
 
     def __call__(self, x, *, out=None):
         return self.fn(x, out=out)
+
+    def paths_for(self, dtype: torch.dtype) -> tuple:
+        """The paths the dispatch takes for some input of `dtype` (all of `paths` by default)."""
+        return self.paths if self.dtype_paths is None else self.dtype_paths(dtype)
 
 
 def _lazy(module: str, attr: str):
@@ -99,10 +104,11 @@ SOFTMAX_KERNELS: dict[str, Kernel] = {
             "triton",
             _lazy(".softmax_triton", "softmax"),
             FLOAT_DTYPES,
-            ("tile", "rows", "row", "split"),  # kernels.softmax_triton.PATHS (a test holds them equal)
+            ("tile", "rows", "row", "split", "stream"),  # kernels.softmax_triton.PATHS (a test holds them equal)
             _lazy(".softmax_triton", "plan"),
             "triton",
             interpretable=True,
+            dtype_paths=_lazy(".softmax_triton", "paths_for"),
         ),
         Kernel(
             BASELINE, torch_softmax, FLOAT_DTYPES, ("torch",), _one_path("torch"), interpretable=True, baseline=True

@@ -8,7 +8,12 @@ Paths (`plan(B, V, dtype)` names the one a call takes; `DISPATCH_BOUNDARIES` hol
   rows   V <= tile_max_v and B >= rows_min_b. Many short rows: a [ROWS, BLOCK_V] block per
          program, so each program moves enough bytes to hide memory latency.
   row    tile_max_v < V <= row_max_v. One program holds the whole row in registers.
-  split  V > row_max_v. P programs share a row, meeting twice through a per-row workspace.
+  split  V > row_max_v, float32. P programs share a row, meeting twice through a per-row
+         workspace.
+  stream V > row_max_v, 16-bit storage. A grid of a few programs per SM walks the rows, each
+         read three times in tiles (max, sum, write); the grid bounds the rows in flight so
+         the re-reads come from L2. With half the bytes per element, split's programs spend
+         most of their time waiting for each other (reports/profiles.md).
 
 Every path gives a row the same bits (the kernels' sums are order-free), so the B threshold
 changes speed, never results. All arithmetic is float32 whatever the storage dtype. The input
@@ -45,12 +50,13 @@ from .triton_kernels import (
     softmax_row_kernel,
     softmax_rows_kernel,
     softmax_split_kernel,
+    softmax_stream_kernel,
     softmax_tile_kernel,
 )
 
 KERNEL_NAME = "triton"
 STORED_PATH = store.STORED_PATH
-PATHS = ("tile", "rows", "row", "split")
+PATHS = ("tile", "rows", "row", "split", "stream")
 
 # Every config is valid for every V: BLOCK is a tile width, not a bound on V.
 CONFIGS = [triton.Config({"BLOCK": block}, num_warps=warps) for block in (256, 512, 1024, 2048) for warps in (2, 4, 8)]
@@ -59,7 +65,7 @@ INTERPRETER_CONFIG = {"BLOCK": 1024, "num_warps": 4}
 DISPATCH_BOUNDARIES = {
     "tile_max_v": 2048,  # V above this leaves the tile/rows kernels
     "rows_min_b": 8192,  # with V <= tile_max_v, B from here on takes the multi-row kernel
-    "row_max_v": 32768,  # V above this is split over several programs per row
+    "row_max_v": 32768,  # V above this: split (float32) or stream (16-bit)
 }
 
 # Poll bound for the split kernel on a GPU: ~2^20 atomic reads (order of a second) is far
@@ -229,7 +235,17 @@ def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) ->
         return "rows" if B >= b["rows_min_b"] else "tile"
     if V <= b["row_max_v"]:
         return "row"
-    return "split"
+    return long_row_path(dtype)
+
+
+def long_row_path(dtype: torch.dtype) -> str:
+    """The path of rows longer than row_max_v: split for float32, stream for 16-bit storage."""
+    return "split" if dtype == torch.float32 else "stream"
+
+
+def paths_for(dtype: torch.dtype) -> tuple:
+    """The paths softmax() takes for some input of `dtype` (run_path reaches all of PATHS)."""
+    return ("tile", "rows", "row", long_row_path(dtype))
 
 
 def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict:
@@ -251,6 +267,11 @@ def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict
         if dtype == torch.float32 and V < 65536:
             return {"CHUNK": 4096, "num_warps": 4}
         return {"CHUNK": 8192, "num_warps": 4}
+    if path == "stream":
+        # BLOCK 2048-16384 x 4-16 warps x 1-8 programs per SM at B = 512 and 4096, V = 50257
+        # and 128256 (reports/profiles.md): 4096 x 16 x 8 led or tied in bfloat16. Programs
+        # beyond what fits an SM at once run as a second wave.
+        return {"BLOCK": 4096, "num_warps": 16, "programs_per_sm": 8}
     if path == "tile":
         return {"config": INTERPRETER_CONFIG if INTERPRET else autotune_picked(V, dtype)}
     raise ValueError(f"{KERNEL_NAME} softmax: unknown path {path!r} ({', '.join(PATHS)})")
@@ -376,6 +397,7 @@ def _compiled_launcher(kernel, grid: int, dev: int, tensors: tuple, scalars: tup
 
 _TILE_KINDS = ("ptr", "ptr", "i32", "i32", "i32", "f32")
 _ROWS_KINDS = ("ptr", "ptr", "i32", "i32", "i32", "i32", "f32")
+_STREAM_KINDS = ("ptr", "ptr", "i32", "i32", "i32", "i32", "i32", "i32", "f32")
 _SPLIT_KINDS = ("ptr", "ptr", "ptr", "ptr", "i32", "i32", "i32", "i32", "i32", "i32", "f32")
 
 # (device, stream) -> the split path's (words, counters) buffers. The counters are zeroed once
@@ -494,6 +516,36 @@ def _launch(x: torch.Tensor, y: torch.Tensor, path: str, params: dict):
             )
 
         return launcher and again
+    if path == "stream":
+        lay = split_layout(x, y, CHUNK=p["BLOCK"], align=params.get("align"))
+        xo, yo = lay["xo"], lay["yo"]
+        per_sm = p["programs_per_sm"]
+        slots = 2 if INTERPRET else per_sm * _gpu(dev)[1]
+        launcher = _compiled_launcher(
+            softmax_stream_kernel,
+            min(B, slots),
+            dev,
+            (lay["xb"], lay["yb"]),
+            (B, V, sx, sy, xo, yo, scale),
+            _STREAM_KINDS,
+            {"BLOCK": p["BLOCK"], "ALIGN": lay["ALIGN"], "Y_ALIGN": lay["Y_ALIGN"], "num_warps": p["num_warps"]},
+        )
+        es = x.element_size()
+        return launcher and (
+            lambda x, y: launcher(
+                dev,
+                min(x.shape[0], slots),
+                x.data_ptr() - xo * es,
+                y.data_ptr() - yo * es,
+                x.shape[0],
+                V,
+                sx,
+                sy,
+                xo,
+                yo,
+                scale,
+            )
+        )
     raise ValueError(f"{KERNEL_NAME} softmax: unknown path {path!r} ({', '.join(PATHS)})")
 
 
@@ -544,7 +596,8 @@ _common_generation = [store.generation]
 def run_path(x: torch.Tensor, path: str, *, out=None, **params) -> torch.Tensor:
     """softmax(x) through one named path; `params` override that path's launch parameters
     (tile: config; row: num_warps; rows: ROWS, BLOCK_V, num_warps; split: CHUNK, num_warps,
-    max_spins; any: align). Tests use it to reach every path at small V (e.g. split, CHUNK=16).
+    max_spins; stream: BLOCK, num_warps, programs_per_sm; any: align). Tests use it to reach
+    every path at small V (e.g. split, CHUNK=16).
     """
     check_softmax_input(x, kernel=KERNEL_NAME, dtypes=FLOAT_DTYPES, device_type=_DEVICE_TYPE)
     y = prepare_output(x, out, kernel=KERNEL_NAME)
@@ -589,6 +642,8 @@ __all__ = [
     "softmax",
     "run_path",
     "plan",
+    "paths_for",
+    "long_row_path",
     "launch_params",
     "split_layout",
     "split_workspace_words",

@@ -82,8 +82,8 @@ def build(name: str, kernel, dtype: str, constexprs: dict, num_warps: int, num_s
 
 
 def build_all() -> list[dict]:
-    """Every autotune config of the tile kernel, and the row, rows and split kernels as the
-    wrapper launches them at typical V, in fp32 and bf16."""
+    """Every autotune config of the tile kernel, and the row, rows, split and stream kernels as
+    the wrapper launches them at typical V, in fp32 and bf16."""
     from . import softmax_triton as st
 
     if st.INTERPRET:
@@ -129,6 +129,12 @@ def build_all() -> list[dict]:
                     p["num_warps"],
                 )
             )
+        p = st.launch_params("stream", 128256, tdtype)
+        rows.append(
+            build(
+                f"stream {dtype}", K["stream"], dtype, {"BLOCK": p["BLOCK"], "ALIGN": a, "Y_ALIGN": a}, p["num_warps"]
+            )
+        )
     return rows
 
 

@@ -228,5 +228,68 @@ def softmax_split_kernel(X, Y, WS, CNT, V, P, stride_x, stride_y, x_off, y_off, 
     tl.store(Y + shift + pos, (ee * inv).to(Y.dtype.element_ty), mask=e_mask)
 
 
+@_no_value_specialisation
+def softmax_stream_kernel(X, Y, B, V, stride_x, stride_y, x_off, y_off, SCALE,
+                          BLOCK: tl.constexpr, ALIGN: tl.constexpr = 1, Y_ALIGN: tl.constexpr = 1):
+    # Rows too long for one program's registers: a persistent grid (a few programs per SM)
+    # walks the rows, reading each three times in BLOCK-wide tiles (max, fixed-point sum,
+    # write). The grid bounds the rows in flight, so a row's second and third reads find it in
+    # L2 and DRAM sees one read and one write. Tiles are cut on ALIGN-groups of element offsets
+    # from X, as in the split kernel (the wrapper passes a 16-byte-aligned X and the tensor's
+    # head as x_off), so the body moves in vector accesses at any V or row offset; the partly
+    # covered groups at each end (the "edges") are loaded and stored element-wise.
+    cols = tl.arange(0, BLOCK)
+    grp = cols // ALIGN                               # constant over ALIGN-groups
+    e = tl.arange(0, 2 * ALIGN)
+    row = tl.program_id(0).to(tl.int64)
+    while row < B:
+        xs = x_off + row * stride_x                   # row start, elements from X
+        g_lo = (xs + ALIGN - 1) // ALIGN              # first group wholly inside the row
+        g_hi = (xs + V) // ALIGN                      # one past the last such group
+        base = (xs // ALIGN) * ALIGN
+        end = g_hi * ALIGN
+        pos = tl.where(e < ALIGN, xs + e, end + (e - ALIGN))
+        pos_g = pos // ALIGN
+        e_mask = ((pos >= xs) & (pos < xs + V) & ((pos_g < g_lo) | (pos_g >= g_hi))
+                  & ((e < ALIGN) | (pos >= xs + ALIGN)))
+        xe = tl.load(X + pos, mask=e_mask, other=-float("inf")).to(tl.float32)
+
+        m_lane = tl.full([BLOCK], -float("inf"), tl.float32)
+        start = base
+        while start < end:
+            c_g = start // ALIGN
+            mask = (grp >= (g_lo - c_g).to(tl.int32)) & (grp < (g_hi - c_g).to(tl.int32))
+            x = tl.load(X + tl.multiple_of(start, ALIGN) + cols, mask=mask, other=-float("inf"))
+            m_lane = tl.maximum(m_lane, x.to(tl.float32))
+            start += BLOCK
+        m = tl.maximum(tl.max(m_lane, axis=0), tl.max(xe, axis=0))
+
+        ee = tl.exp(xe - m)
+        s_lane = tl.zeros([BLOCK], tl.int64)
+        start = base
+        while start < end:
+            c_g = start // ALIGN
+            mask = (grp >= (g_lo - c_g).to(tl.int32)) & (grp < (g_hi - c_g).to(tl.int32))
+            x = tl.load(X + tl.multiple_of(start, ALIGN) + cols, mask=mask, other=-float("inf"))
+            s_lane += _fixed(tl.exp(x.to(tl.float32) - m), SCALE)
+            start += BLOCK
+        s = tl.sum(s_lane, axis=0) + tl.sum(_fixed(ee, SCALE), axis=0)
+        inv = SCALE / s.to(tl.float32)
+
+        # Output element of input offset o sits at Y + o + shift.
+        shift = tl.multiple_of(y_off + row * stride_y - xs, Y_ALIGN)
+        tl.store(Y + shift + pos, (ee * inv).to(Y.dtype.element_ty), mask=e_mask)
+        start = base
+        while start < end:
+            c_g = start // ALIGN
+            mask = (grp >= (g_lo - c_g).to(tl.int32)) & (grp < (g_hi - c_g).to(tl.int32))
+            off = tl.multiple_of(start, ALIGN) + cols
+            x = tl.load(X + off, mask=mask, other=-float("inf"), eviction_policy="evict_first")
+            y = tl.exp(x.to(tl.float32) - m) * inv
+            tl.store(Y + shift + off, y.to(Y.dtype.element_ty), mask=mask)
+            start += BLOCK
+        row += tl.num_programs(0)
+
+
 JIT_KERNELS = {"tile": softmax_tile_kernel, "row": softmax_row_kernel, "rows": softmax_rows_kernel,
-               "split": softmax_split_kernel}
+               "split": softmax_split_kernel, "stream": softmax_stream_kernel}

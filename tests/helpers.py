@@ -281,4 +281,5 @@ SCALED_TRITON_PARAMS = {
     "row": {"num_warps": 4},
     "rows": {"ROWS": 4, "num_warps": 2},
     "split": {"CHUNK": 16, "num_warps": 2},  # P = cdiv(V + head, 16) programs a row
+    "stream": {"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1},  # tiles of 16, rows walked by 2 programs
 }

@@ -31,6 +31,7 @@ import kernels
 from kernels import softmax_cuda as sc
 from kernels import softmax_triton as st
 from kernels.reference import softmax_ref
+from tests.helpers import SCALED_TRITON_PARAMS
 from tests.helpers import logits as seeded_logits
 
 SECTION = "byte_equivalence"
@@ -456,7 +457,7 @@ def test_gpu_shapes_reach_every_dispatch_path(name, dtype):
         plan, paths = st.plan, {st.plan(B, V, dtype) for B in (1, 1 << 20) for V in (1, 1 << 20, 2048, 32768)}
     fn = kernels.SOFTMAX_KERNELS[name]
     if getattr(fn, "paths", None) is not None and getattr(fn, "plan", None) is not None:
-        plan, paths = fn.plan, set(fn.paths)
+        plan, paths = fn.plan, set(fn.paths_for(dtype))
     for what, shapes in (
         ("deterministic", deterministic_shapes(name, dtype)),
         ("batch", [(b, V) for V, bs in batch_plan(name, dtype) for b in bs]),
@@ -475,24 +476,26 @@ interpreted = pytest.mark.skipif(
     "is visible); the cuda cases of this file hold them to the same properties",
 )
 
-# Launch parameters scaled down so that small V reaches each path's real code: tile with V >
-# BLOCK takes the two-pass loop; split with CHUNK 16 spreads a row over P = cdiv(V + h, 16)
-# programs, whose last one combines the published partials while the others, under the
-# interpreter's one-after-another programs, take the streaming fallback.
-INTERPRETER_PATHS = {
-    "tile": {"config": {"BLOCK": 16, "num_warps": 2}},
-    "rows": {"ROWS": 4, "num_warps": 2},
-    "row": {"num_warps": 4},
-    "split": {"CHUNK": 16, "num_warps": 2},
-}
+# Launch parameters scaled down so that small V reaches each path's real code (tests.helpers):
+# tile with V > BLOCK takes the multi-pass loop; split with CHUNK 16 spreads a row over
+# P = cdiv(V + h, 16) programs, whose last one combines the published partials while the others,
+# under the interpreter's one-after-another programs, take the streaming fallback; stream walks
+# the rows with two programs, in tiles of 16.
+INTERPRETER_PATHS = SCALED_TRITON_PARAMS
 # Per path: V (in registers and looping for tile; one and several split chunks), the batch for
 # the position / stride cases and the batches compared for batch invariance. A reordered float32
 # sum of a dozen terms often rounds to the same bits, so each case holds several rows (rows: 12,
 # so rolling by 1 and 6 moves each row to another slot of its 4-row program). Split stays
 # small: one of its programs costs ~7 ms in the interpreter.
-INTERPRETER_V = {"tile": (13, 40), "rows": (7, 33), "row": (7, 33), "split": (17, 33)}
-INTERPRETER_B = {"tile": 6, "rows": 12, "row": 8, "split": 2}
-INTERPRETER_BATCHES = {"tile": (1, 2, 4), "rows": (1, 3, 4, 5, 9), "row": (1, 2, 4), "split": (1, 2, 3)}
+INTERPRETER_V = {"tile": (13, 40), "rows": (7, 33), "row": (7, 33), "split": (17, 33), "stream": (13, 40)}
+INTERPRETER_B = {"tile": 6, "rows": 12, "row": 8, "split": 2, "stream": 6}
+INTERPRETER_BATCHES = {
+    "tile": (1, 2, 4),
+    "rows": (1, 3, 4, 5, 9),
+    "row": (1, 2, 4),
+    "split": (1, 2, 3),
+    "stream": (1, 2, 3, 5),
+}
 INTERPRETER_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 

@@ -81,9 +81,11 @@ def test_registry_is_complete_and_uniform():
         assert k.name == name and callable(k), name
         assert SUPPORTED_DTYPES[name] == k.dtypes and torch.float32 in k.dtypes, name
         assert k.paths and len(set(k.paths)) == len(k.paths), name
+        for dtype in k.dtypes:
+            assert set(k.paths_for(dtype)) <= set(k.paths), (name, dtype)
         for B, V in LAB_SHAPES + IRREGULAR_SHAPES:
             for dtype in k.dtypes:
-                assert k.plan(B, V, dtype) in k.paths, (name, B, V, dtype)
+                assert k.plan(B, V, dtype) in k.paths_for(dtype), (name, B, V, dtype)
 
 
 @pytest.mark.cpu

@@ -241,11 +241,19 @@ def test_plan_changes_at_each_boundary():
     assert st.plan(b["rows_min_b"], b["tile_max_v"] + 1) == "row"
     assert st.plan(1, b["row_max_v"]) == "row"
     assert st.plan(1, b["row_max_v"] + 1) == "split"
+    for dtype in (torch.bfloat16, torch.float16):
+        assert st.plan(1, b["row_max_v"], dtype) == "row"
+        assert st.plan(1, b["row_max_v"] + 1, dtype) == "stream"
     for B, V in st.LAB_SHAPES:
         assert st.plan(B, V, torch.float32) == "tile", "the lab shapes must run the autotuned kernel"
     assert SOFTMAX_KERNELS["triton"].plan is not None
     assert (
-        {st.plan(B, V) for B in (1, b["rows_min_b"]) for V in (1, b["tile_max_v"] + 1, b["row_max_v"] + 1)}
+        {
+            st.plan(B, V, dtype)
+            for B in (1, b["rows_min_b"])
+            for V in (1, b["tile_max_v"] + 1, b["row_max_v"] + 1)
+            for dtype in (torch.float32, torch.bfloat16)
+        }
         == set(SOFTMAX_KERNELS["triton"].paths)
         == set(st.PATHS)
     )

@@ -41,19 +41,103 @@ __device__ __forceinline__ unsigned dsmem_address(const void* local, unsigned ra
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
     return remote;
 }
-__device__ __forceinline__ float dsmem_load_f32(const float* local, unsigned rank) {
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(dsmem_address(local, rank)) : "memory");
-    return v;
-}
-__device__ __forceinline__ long long dsmem_load_s64(const long long* local, unsigned rank) {
-    long long v;
-    asm volatile("ld.shared::cluster.s64 %0, [%1];\n" : "=l"(v) : "r"(dsmem_address(local, rank)) : "memory");
-    return v;
-}
 __device__ __forceinline__ unsigned cluster_rank() {
     unsigned r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+
+// ---- mbarriers (sm_90) ------------------------------------------------------------------------
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// The barrier completes its phase once this arrival is in and `bytes` have landed.
+__device__ __forceinline__ void mbar_expect_bytes(unsigned long long* bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT_%=;\n"
+        "}\n" ::"r"(smem_u32(bar)),
+        "r"(parity)
+        : "memory");
+}
+// ---- the cluster's two meetings per row, without fences ---------------------------------------
+// Each CTA pushes its part (the slice max, then the slice's fixed-point sum) into a slot of every
+// peer's shared memory with st.async, which counts its bytes on the peer's mbarrier; each CTA
+// then waits on its own barrier and combines the C parts in rank order. Unlike a cluster barrier
+// with release semantics, nothing here waits for the CTA's earlier global stores to drain (that
+// fence was the kernels' first stall reason under Nsight Compute), so one row's stores overlap
+// the next row's loads and meetings.
+//
+// Reuse is safe without a barrier per row: a peer can push row i + 1's max only after it has
+// this CTA's row i sum, which this CTA sends after all its threads have read row i's maxima
+// (the block reduction between is a __syncthreads); likewise for the sums. Phase parity is the
+// row's count within the CTA, & 1.
+template <int C>
+struct ClusterMeet {
+    long long sum_in[C];
+    float max_in[C];
+    unsigned long long bar[2];  // [0] the maxima, [1] the sums
+};
+
+// Every thread calls it once, before the first meeting; peers may push only after it returns.
+template <int C>
+__device__ __forceinline__ void meet_init(ClusterMeet<C>& mt) {
+    if (threadIdx.x == 0) {
+        mbar_init(&mt.bar[0], 1);
+        mbar_init(&mt.bar[1], 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    cluster_arrive();
+    cluster_wait();
+}
+
+__device__ __forceinline__ void push_f32(const float* slot, float v, const unsigned long long* bar, unsigned rank) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(
+                     dsmem_address(slot, rank)),
+                 "r"(__float_as_uint(v)), "r"(dsmem_address(bar, rank))
+                 : "memory");
+}
+__device__ __forceinline__ void push_s64(const long long* slot, long long v, const unsigned long long* bar,
+                                         unsigned rank) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];\n" ::"r"(
+                     dsmem_address(slot, rank)),
+                 "l"(v), "r"(dsmem_address(bar, rank))
+                 : "memory");
+}
+
+// The row's max from this CTA's `m` (the same in every thread); every thread gets it.
+template <int C>
+__device__ __forceinline__ float meet_max(ClusterMeet<C>& mt, float m, unsigned rank, unsigned parity) {
+    const int tid = threadIdx.x;
+    if (tid == 0) mbar_expect_bytes(&mt.bar[0], C * 4u);
+    if (tid < C) push_f32(&mt.max_in[rank], m, &mt.bar[0], static_cast<unsigned>(tid));
+    mbar_wait(&mt.bar[0], parity);
+    float r = mt.max_in[0];
+#pragma unroll
+    for (int c = 1; c < C; ++c) r = fmaxf(r, mt.max_in[c]);
+    return r;
+}
+
+// The row's fixed-point sum from this CTA's `s` (the same in every thread).
+template <int C>
+__device__ __forceinline__ long long meet_sum(ClusterMeet<C>& mt, long long s, unsigned rank, unsigned parity) {
+    const int tid = threadIdx.x;
+    if (tid == 0) mbar_expect_bytes(&mt.bar[1], C * 8u);
+    if (tid < C) push_s64(&mt.sum_in[rank], s, &mt.bar[1], static_cast<unsigned>(tid));
+    mbar_wait(&mt.bar[1], parity);
+    long long r = 0;
+#pragma unroll
+    for (int c = 0; c < C; ++c) r += mt.sum_in[c];
     return r;
 }
 
@@ -142,10 +226,7 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
 
     __shared__ float red_max[NW];
     __shared__ long long red_sum[NW];
-    __shared__ float part_max;      // this CTA's slice max, read by the cluster's other CTAs
-    __shared__ long long part_sum;  // this CTA's fixed-point slice sum, likewise
-    __shared__ float row_max_b;     // the row's max and sum, broadcast inside the CTA
-    __shared__ long long row_sum_b;
+    __shared__ ClusterMeet<C> meet;  // unused when C == 1
 
     const int tid = (RPB == 1) ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x) % NT;
     const int sub = (RPB == 1) ? 0 : static_cast<int>(threadIdx.x) / NT;
@@ -161,9 +242,11 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
     const unsigned zero_a = static_cast<unsigned>(n_cols >> 31);
     const unsigned zero_b = static_cast<unsigned>(n_rows >> 63);
 
-    // Every CTA of a cluster walks the same row sequence, so the cluster barriers below are
-    // reached the same number of times by all of them.
-    for (long long row = static_cast<long long>(blockIdx.x / C) * RPB + sub; row < n_rows; row += row_stride) {
+    // Every CTA of a cluster walks the same row sequence, so all meet equally often.
+    if (C > 1) meet_init(meet);
+    unsigned parity = 0;
+    for (long long row = static_cast<long long>(blockIdx.x / C) * RPB + sub; row < n_rows;
+         row += row_stride, parity ^= 1u) {
         const T* xs = x + row * n_cols + start;
         T* ys = y + row * n_cols + start;
         const SliceGeom<VEC, T> g(xs, len);
@@ -204,18 +287,7 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
             }
         }
         m = block_max<NW>(m, red_max);
-        if (C > 1) {
-            if (tid == 0) part_max = m;
-            cluster_arrive();  // release: part_max is visible to the cluster after the wait
-            cluster_wait();
-            if (tid < 32) {
-                const float gm = warp_max(tid < C ? dsmem_load_f32(&part_max, static_cast<unsigned>(tid))
-                                                  : SOFTMAX_NEG_INF);
-                if (tid == 0) row_max_b = gm;
-            }
-            __syncthreads();
-            m = row_max_b;
-        }
+        if (C > 1) m = meet_max(meet, m, rank, parity);
 
         // exp(x - row max), kept in place: one MUFU op per element. An all -inf row gives
         // NaN throughout, as torch does; -inf elements of any other row give 0.
@@ -238,21 +310,7 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
             }
         }
         s = block_sum_fixed<NW>(s, red_sum);
-        if (C > 1) {
-            if (tid == 0) part_sum = s;
-            cluster_arrive();
-            cluster_wait();
-            if (tid < 32) {
-                const long long gs = warp_sum_fixed(tid < C ? dsmem_load_s64(&part_sum, static_cast<unsigned>(tid))
-                                                            : 0ll);
-                if (tid == 0) row_sum_b = gs;
-            }
-            // Tell the cluster this CTA is done reading remote parts; the matching wait sits at
-            // the end of the iteration so that the stores overlap the barrier.
-            cluster_arrive();
-            __syncthreads();
-            s = row_sum_b;
-        }
+        if (C > 1) s = meet_sum(meet, s, rank, parity);
         const float scale = fscale / static_cast<float>(s);
 
         uint4* yv = reinterpret_cast<uint4*>(ys + g.head);
@@ -280,11 +338,8 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
         }
         if (tid < g.head) Fmt::store1(ys + tid, hv * scale);
         if (tid < g.tail) Fmt::store1(ys + g.tail0 + tid, tv * scale);
-
-        // No CTA leaves (or overwrites its parts or broadcasts) while a peer or a thread of its
-        // own still reads them. (red_max / red_sum need no barrier: each is rewritten only after
+        // (red_max / red_sum need no barrier before the next row: each is rewritten only after
         // the other reduction's barrier, which every thread passes after reading it.)
-        if (C > 1) cluster_wait();
     }
 }
 
