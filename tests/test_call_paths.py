@@ -23,7 +23,14 @@ FUSED_PATH_SHAPES = {
     "cluster": (2, 50257),
     "online": (2, 140001),
 }
-TRITON_PATH_SHAPES = {"tile": (5, 600), "rows": (8192, 700), "row": (3, 4097), "split": (2, 50257)}
+TRITON_PATH_SHAPES = {
+    "tile": (5, 600),
+    "rows": (8192, 700),
+    "row": (3, 4097),
+    "split": (2, 50257),
+    "stream": (2, 50257),
+}
+PATH_SHAPES = {"fused": FUSED_PATH_SHAPES, "triton": TRITON_PATH_SHAPES}
 DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -48,13 +55,17 @@ def _graph_of(fn, x):
     return graph, y
 
 
+def _dispatched_path_cases():
+    """(kernel, path, B, V, dtype) for every path fused and Triton dispatch to, in each dtype."""
+    for kernel, shapes in PATH_SHAPES.items():
+        for dtype in DTYPES:
+            for path in SOFTMAX_KERNELS[kernel].paths_for(dtype):
+                B, V = shapes[path]
+                yield pytest.param(kernel, path, B, V, dtype, id=f"{kernel}-{path}-{str(dtype)[6:]}")
+
+
 def _path_cases():
-    for path, (B, V) in FUSED_PATH_SHAPES.items():
-        for dtype in DTYPES:
-            yield pytest.param("fused", path, B, V, dtype, id=f"fused-{path}-{str(dtype)[6:]}")
-    for path, (B, V) in TRITON_PATH_SHAPES.items():
-        for dtype in DTYPES:
-            yield pytest.param("triton", path, B, V, dtype, id=f"triton-{path}-{str(dtype)[6:]}")
+    yield from _dispatched_path_cases()
     for name in ("naive", "smem", "F_softmax", "torch_compile"):
         yield pytest.param(name, SOFTMAX_KERNELS[name].paths[0], 7, 781, torch.float32, id=f"{name}")
 
@@ -91,15 +102,8 @@ def test_graph_replay_gives_the_eager_bits(kernel, path, B, V, dtype):
 # -- the common call: no `out`, remembered per layout --------------------------------------------------
 
 
-def _common_call_cases():
-    for kernel, shapes in (("fused", FUSED_PATH_SHAPES), ("triton", TRITON_PATH_SHAPES)):
-        for path, (B, V) in shapes.items():
-            for dtype in DTYPES:
-                yield pytest.param(kernel, path, B, V, dtype, id=f"{kernel}-{path}-{str(dtype)[6:]}")
-
-
 @pytest.mark.cuda
-@pytest.mark.parametrize("kernel, path, B, V, dtype", list(_common_call_cases()))
+@pytest.mark.parametrize("kernel, path, B, V, dtype", list(_dispatched_path_cases()))
 def test_the_remembered_common_call_gives_the_checked_calls_bits(kernel, path, B, V, dtype):
     """A call without `out` is served, from its second time for a layout on, by a launch
     remembered for that layout (kernels.softmax_cuda / softmax_triton). In every layout, it must

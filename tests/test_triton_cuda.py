@@ -75,6 +75,8 @@ FORCED = [
     ("split", {}),
     ("split", {"CHUNK": 1024, "num_warps": 4}),
     ("split", {"max_spins": 0}),  # most programs take the streaming fallback
+    ("stream", {}),
+    ("stream", {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 1}),  # few programs: rows loop
 ]
 
 
@@ -96,7 +98,7 @@ def test_a_rows_bits_do_not_depend_on_path_batch_or_layout(V, dtype):
     b = st.DISPATCH_BOUNDARIES
     # Each path where its registers hold the row (rows and row keep a whole row per program),
     # with its own launch parameters and with the scaled-down ones.
-    holds = {"tile": True, "rows": V <= b["tile_max_v"], "row": V <= b["row_max_v"], "split": True}
+    holds = {"tile": True, "rows": V <= b["tile_max_v"], "row": V <= b["row_max_v"], "split": True, "stream": True}
     forced = [(p, {}) for p in st.PATHS if holds[p]]
     forced += [(p, q) for p, q in SCALED_TRITON_PARAMS.items() if V <= 6001 and (p != "rows" or holds[p])]
     for path, params in forced:
@@ -125,19 +127,31 @@ SPLIT_OFFSET_CASES = [
 ]
 
 
+# The stream kernel cuts its tiles the same way; its own launch parameters in place of split's.
+STREAM_PARAMS = {
+    (): {},
+    ("CHUNK", 1024): {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 1},
+    ("CHUNK", 16): {"BLOCK": 16, "num_warps": 1, "programs_per_sm": 2},
+}
+
+
+def _offset_cases():
+    for i, (B, V, head, pad, params) in enumerate(SPLIT_OFFSET_CASES):
+        case_id = f"B{B}-V{V}-h{head}-p{pad}-{i}"
+        yield pytest.param("split", B, V, head, pad, params, id=f"split-{case_id}")
+        chunk = () if "CHUNK" not in params else ("CHUNK", params["CHUNK"])
+        yield pytest.param("stream", B, V, head, pad, STREAM_PARAMS[chunk], id=f"stream-{case_id}")
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize(
-    "B,V,head,pad,params",
-    SPLIT_OFFSET_CASES,
-    ids=[f"B{c[0]}-V{c[1]}-h{c[2]}-p{c[3]}-{i}" for i, c in enumerate(SPLIT_OFFSET_CASES)],
-)
-def test_split_at_odd_v_and_unaligned_rows_on_gpu(B, V, head, pad, params, dtype):
-    # Chunks are cut on 16-byte groups of the buffer, so rows that start inside a group take
-    # the edge loads/stores; the output window has NaN guards that must stay untouched.
+@pytest.mark.parametrize("path,B,V,head,pad,params", list(_offset_cases()))
+def test_long_row_paths_at_odd_v_and_unaligned_rows_on_gpu(path, B, V, head, pad, params, dtype):
+    # Chunks and tiles are cut on 16-byte groups of the buffer, so rows that start inside a group
+    # take the edge loads/stores; the output window has NaN guards that must stay untouched.
     flat = logits(1, (B - 1) * (V + pad) + V + head + 5, seed=B + V + head, dtype=dtype, device="cuda")[0]
     x = flat[head:].as_strided((B, V), (V + pad, 1))
-    out = run_poisoned(run_path("split", **params), x, out_offset=3 + head)
-    check_softmax(out, x, what=f"split head {head} pad {pad}")
+    out = run_poisoned(run_path(path, **params), x, out_offset=3 + head)
+    check_softmax(out, x, what=f"{path} head {head} pad {pad}")
 
 
 @pytest.mark.parametrize("cfg", st.CONFIGS, ids=lambda c: f"BLOCK{c.kwargs['BLOCK']}-w{c.num_warps}")
@@ -231,6 +245,25 @@ def test_compiled_kernels_do_not_spill(request):
         )
         k._init_handles()
         rows.append((f"split {str(dtype).removeprefix('torch.')} V={V}", k.n_regs, k.n_spills))
+        sp = st.launch_params("stream", V, dtype)
+        k = st.JIT_KERNELS["stream"].warmup(
+            lay["xb"],
+            lay["yb"],
+            2,
+            V,
+            V,
+            V,
+            lay["xo"],
+            lay["yo"],
+            st.fixed_point_scale(V),
+            BLOCK=sp["BLOCK"],
+            ALIGN=lay["ALIGN"],
+            Y_ALIGN=lay["Y_ALIGN"],
+            num_warps=sp["num_warps"],
+            grid=(1,),
+        )
+        k._init_handles()
+        rows.append((f"stream {str(dtype).removeprefix('torch.')} V={V}", k.n_regs, k.n_spills))
     print()
     for name, regs, spills in rows:
         print(f"  {name:<24} {regs:>3} regs, {spills} spills")

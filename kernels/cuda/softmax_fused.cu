@@ -28,8 +28,10 @@
 
 
 // ---- cluster primitives (sm_90), as raw PTX so no cooperative_groups header is needed -------
-__device__ __forceinline__ void cluster_arrive() {
-    asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+// No memory ordering: for a rendezvous whose data is ordered otherwise (an mbarrier's init, by
+// fence.mbarrier_init), so the arrival need not wait for this thread's earlier stores.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
 }
 __device__ __forceinline__ void cluster_wait() {
     asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
@@ -97,7 +99,7 @@ __device__ __forceinline__ void meet_init(ClusterMeet<C>& mt) {
         mbar_init(&mt.bar[1], 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    cluster_arrive();
+    cluster_arrive_relaxed();
     cluster_wait();
 }
 
