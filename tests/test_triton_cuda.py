@@ -192,26 +192,28 @@ def test_strided_views_on_gpu():
 
 def test_compiled_kernels_do_not_spill(request):
     """The cubins the launches actually use: registers and spills reported by the driver."""
+
+    def built(name, path, *args, **options):
+        k = st.JIT_KERNELS[path].warmup(*args, grid=(1,), **options)
+        k._init_handles()
+        return name, k.n_regs, k.n_spills
+
     x = logits(4, 600, seed=0, device="cuda")
     y = torch.empty_like(x)
-    rows = []
-    for cfg in st.CONFIGS:
-        k = st.JIT_KERNELS["tile"].warmup(
-            x,
-            y,
-            600,
-            600,
-            600,
-            st.fixed_point_scale(600),
+    rows = [
+        built(
+            f"tile BLOCK={cfg.kwargs['BLOCK']} w{cfg.num_warps}",
+            "tile",
+            *(x, y, 600, 600, 600, st.fixed_point_scale(600)),
             BLOCK=cfg.kwargs["BLOCK"],
             ALIGN=4,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
-            grid=(1,),
         )
-        k._init_handles()
-        rows.append((f"tile BLOCK={cfg.kwargs['BLOCK']} w{cfg.num_warps}", k.n_regs, k.n_spills))
-    # The split kernel at an odd V, as the wrapper launches it (group-aligned chunks).
+        for cfg in st.CONFIGS
+    ]
+    # The split and stream kernels at an odd V, as the wrapper launches them (group-aligned
+    # chunks and tiles).
     for dtype in (torch.float32, torch.bfloat16):
         V = 50257
         xs = logits(2, V, seed=1, dtype=dtype, device="cuda")
@@ -222,48 +224,33 @@ def test_compiled_kernels_do_not_spill(request):
         words, counters = st.split_workspace_words(2, P)
         ws = torch.empty(words, dtype=torch.int64, device="cuda")
         cnt = torch.zeros(counters, dtype=torch.int64, device="cuda")
-        k = st.JIT_KERNELS["split"].warmup(
-            lay["xb"],
-            lay["yb"],
-            ws,
-            cnt,
-            V,
-            P,
-            V,
-            V,
-            lay["xo"],
-            lay["yo"],
-            st.fixed_point_scale(V),
-            CHUNK=sp["CHUNK"],
-            P_BLOCK=lay["P_BLOCK"],
-            FALLBACK_BLOCK=lay["FALLBACK_BLOCK"],
-            MAX_SPINS=st.SPLIT_MAX_SPINS,
-            ALIGN=lay["ALIGN"],
-            Y_ALIGN=lay["Y_ALIGN"],
-            num_warps=sp["num_warps"],
-            grid=(1,),
+        ends = (lay["xo"], lay["yo"], st.fixed_point_scale(V))
+        aligns = {"ALIGN": lay["ALIGN"], "Y_ALIGN": lay["Y_ALIGN"]}
+        name = f"{str(dtype).removeprefix('torch.')} V={V}"
+        rows.append(
+            built(
+                f"split {name}",
+                "split",
+                *(lay["xb"], lay["yb"], ws, cnt, V, P, V, V, *ends),
+                CHUNK=sp["CHUNK"],
+                P_BLOCK=lay["P_BLOCK"],
+                FALLBACK_BLOCK=lay["FALLBACK_BLOCK"],
+                MAX_SPINS=st.SPLIT_MAX_SPINS,
+                num_warps=sp["num_warps"],
+                **aligns,
+            )
         )
-        k._init_handles()
-        rows.append((f"split {str(dtype).removeprefix('torch.')} V={V}", k.n_regs, k.n_spills))
         sp = st.launch_params("stream", V, dtype)
-        k = st.JIT_KERNELS["stream"].warmup(
-            lay["xb"],
-            lay["yb"],
-            2,
-            V,
-            V,
-            V,
-            lay["xo"],
-            lay["yo"],
-            st.fixed_point_scale(V),
-            BLOCK=sp["BLOCK"],
-            ALIGN=lay["ALIGN"],
-            Y_ALIGN=lay["Y_ALIGN"],
-            num_warps=sp["num_warps"],
-            grid=(1,),
+        rows.append(
+            built(
+                f"stream {name}",
+                "stream",
+                *(lay["xb"], lay["yb"], 2, V, V, V, *ends),
+                BLOCK=sp["BLOCK"],
+                num_warps=sp["num_warps"],
+                **aligns,
+            )
         )
-        k._init_handles()
-        rows.append((f"stream {str(dtype).removeprefix('torch.')} V={V}", k.n_regs, k.n_spills))
     print()
     for name, regs, spills in rows:
         print(f"  {name:<24} {regs:>3} regs, {spills} spills")
