@@ -1,6 +1,7 @@
-"""The CUDA C kernels without a GPU: they compile for sm_90 with no register spills, the fused
-dispatch table is consistent, its slicing arithmetic covers every element exactly once, and the
-wrappers reject bad inputs before touching CUDA.
+"""The CUDA C kernels without a GPU: they compile for sm_90 with no register spills (and the
+fused ones, less their cluster entry points, for sm_80), the fused dispatch table is consistent,
+its slicing arithmetic covers every element exactly once, and the wrappers reject bad inputs
+before touching CUDA.
 
 Run with -s to see the per-kernel ptxas report (registers, shared memory, stack, spills).
 """
@@ -12,6 +13,7 @@ import torch
 
 from kernels import cuda_plans
 from kernels import softmax_cuda as sc
+from kernels.cuda_build import FUSED_SOURCE
 
 pytestmark = pytest.mark.cpu
 
@@ -50,6 +52,22 @@ def test_compiles_for_sm90_without_spills(path, record_manifest):
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, f"{name} spills: {r}"
         # The launch bounds promise >= 1024 resident threads per SM: at most 64 registers.
         assert r["registers"] <= 64, f"{name} uses {r['registers']} registers"
+
+
+@needs_nvcc
+def test_fused_builds_for_gpus_without_clusters():
+    # Before sm_90 the cluster entry points (and their st.async / mbarrier meetings) are left
+    # out, and select_fused_plan(clusters=False) never picks them: the sm_80 build must hold
+    # every other plan and no cluster plan.
+    res = sc.compile_offline(FUSED_SOURCE, nvcc=NVCC, arch="sm_80")
+    log = res.stdout + res.stderr
+    assert res.returncode == 0, f"nvcc failed for sm_80:\n{log}"
+    built = set(sc.parse_ptxas_report(log))
+    plans = [(p, dt) for dt in DTYPES for p in sc.fused_plans(dt)]
+    assert built == {p.kernel_name(dt) for p, dt in plans if p.cluster == 1}
+    for dt in DTYPES:
+        for V in (1, 600, 16384, 16385, 50257, 128256, 200000):
+            assert sc.select_fused_plan(V, dt, clusters=False).kernel_name(dt) in built, (V, dt)
 
 
 def test_ptxas_report_parser():
