@@ -29,7 +29,9 @@ _WARPVEC_CLASSES = tuple((32 * e, e) for e in (8, 16, 24, 32))
 # (max V, threads per CTA, elements per thread, CTAs per cluster); row held in registers.
 # E = 32 needs about 60 registers, so two 512-thread CTAs (or four 256-thread ones) share an SM
 # and one CTA's loads overlap another's reductions. Rows past 16384 are split over a cluster,
-# which both keeps them on chip and spreads a small batch over more SMs.
+# which both keeps them on chip and spreads a small batch over more SMs. The seven-CTA class
+# exists for V around 50257: cut over 8 (fp32) or 4 (16-bit) CTAs such a row left a quarter of
+# each CTA's register slots empty, over 7 about an eighth (reports/profiles.md).
 _ROW_CLASSES = (
     (2048, 128, 16, 1),
     (4096, 128, 32, 1),
