@@ -301,8 +301,9 @@ def aligned_base(t: torch.Tensor, a: int):
 
 
 def split_layout(x: torch.Tensor, y: torch.Tensor, *, CHUNK: int, align: int | None = None) -> dict:
-    """Where the split kernel's chunks fall for x -> y: the 16-byte-aligned base views and
-    heads, programs per row P and the output alignment. One function for the wrapper and tests."""
+    """Where the split kernel's chunks (or the stream kernel's tiles, CHUNK = BLOCK) fall for
+    x -> y: the 16-byte-aligned base views and heads, programs per row P (split) and the output
+    alignment. One function for the wrapper and tests."""
     V, sx, sy = x.shape[1], x.stride(0), y.stride(0)
     a = align or 16 // x.element_size()  # group width in elements
     if CHUNK % a:

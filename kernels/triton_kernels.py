@@ -39,6 +39,14 @@ def _fixed(e, SCALE):
     return (e * SCALE).to(tl.int64)
 
 
+@triton.jit
+def _group_mask(grp, c_start, g_lo, g_hi, ALIGN: tl.constexpr):
+    # Which lanes of a tile starting at the group-aligned offset c_start hold whole groups of
+    # the row (groups g_lo .. g_hi - 1); constant over each ALIGN-group, so accesses stay vectors.
+    c_g = c_start // ALIGN
+    return (grp >= (g_lo - c_g).to(tl.int32)) & (grp < (g_hi - c_g).to(tl.int32))
+
+
 @_no_value_specialisation
 def softmax_tile_kernel(X, Y, V, stride_x, stride_y, SCALE, BLOCK: tl.constexpr, ALIGN: tl.constexpr = 1):
     row = tl.program_id(0).to(tl.int64)
@@ -157,10 +165,9 @@ def softmax_split_kernel(X, Y, WS, CNT, V, P, stride_x, stride_y, x_off, y_off, 
     g_lo = (xs + ALIGN - 1) // ALIGN                  # first group wholly inside the row
     g_hi = (xs + V) // ALIGN                          # one past the last such group
     c_start = tl.multiple_of((xs // ALIGN) * ALIGN + chunk * CHUNK, ALIGN)
-    c_g = c_start // ALIGN
     cols = tl.arange(0, CHUNK)
     grp = cols // ALIGN                               # constant over ALIGN-groups
-    mask = (grp >= (g_lo - c_g).to(tl.int32)) & (grp < (g_hi - c_g).to(tl.int32))
+    mask = _group_mask(grp, c_start, g_lo, g_hi, ALIGN)
     x = tl.load(X + c_start + cols, mask=mask, other=-float("inf")).to(tl.float32)
     # Edges: the first ALIGN offsets of the row and the partial group at its end, each element
     # once (the tail part skips what the head part covers). Only chunk 0 loads and stores them.
@@ -257,8 +264,7 @@ def softmax_stream_kernel(X, Y, B, V, stride_x, stride_y, x_off, y_off, SCALE,
         m_lane = tl.full([BLOCK], -float("inf"), tl.float32)
         start = base
         while start < end:
-            c_g = start // ALIGN
-            mask = (grp >= (g_lo - c_g).to(tl.int32)) & (grp < (g_hi - c_g).to(tl.int32))
+            mask = _group_mask(grp, start, g_lo, g_hi, ALIGN)
             x = tl.load(X + tl.multiple_of(start, ALIGN) + cols, mask=mask, other=-float("inf"))
             m_lane = tl.maximum(m_lane, x.to(tl.float32))
             start += BLOCK
@@ -268,8 +274,7 @@ def softmax_stream_kernel(X, Y, B, V, stride_x, stride_y, x_off, y_off, SCALE,
         s_lane = tl.zeros([BLOCK], tl.int64)
         start = base
         while start < end:
-            c_g = start // ALIGN
-            mask = (grp >= (g_lo - c_g).to(tl.int32)) & (grp < (g_hi - c_g).to(tl.int32))
+            mask = _group_mask(grp, start, g_lo, g_hi, ALIGN)
             x = tl.load(X + tl.multiple_of(start, ALIGN) + cols, mask=mask, other=-float("inf"))
             s_lane += _fixed(tl.exp(x.to(tl.float32) - m), SCALE)
             start += BLOCK
@@ -281,8 +286,7 @@ def softmax_stream_kernel(X, Y, B, V, stride_x, stride_y, x_off, y_off, SCALE,
         tl.store(Y + shift + pos, (ee * inv).to(Y.dtype.element_ty), mask=e_mask)
         start = base
         while start < end:
-            c_g = start // ALIGN
-            mask = (grp >= (g_lo - c_g).to(tl.int32)) & (grp < (g_hi - c_g).to(tl.int32))
+            mask = _group_mask(grp, start, g_lo, g_hi, ALIGN)
             off = tl.multiple_of(start, ALIGN) + cols
             x = tl.load(X + off, mask=mask, other=-float("inf"), eviction_policy="evict_first")
             y = tl.exp(x.to(tl.float32) - m) * inv
