@@ -117,20 +117,14 @@ def test_cuda_forward_matches_cpu(runs, record_manifest):
     print(f"  {'worst':<28} {worst_logits:10.3e} {worst_probs:10.3e}")
 
     for label, r in runs.items():
-        torch.testing.assert_close(
-            r["cuda_logits"],
-            r["cpu_logits"],
-            atol=CUDA_VS_CPU_ATOL,
-            rtol=0,
-            msg=lambda m, label=label: f"{label} logits: {m}",
-        )
-        torch.testing.assert_close(
-            r["cuda_probs"],
-            r["cpu_probs"],
-            atol=CUDA_VS_CPU_ATOL,
-            rtol=0,
-            msg=lambda m, label=label: f"{label} probs: {m}",
-        )
+        for what in ("logits", "probs"):
+            torch.testing.assert_close(
+                r[f"cuda_{what}"],
+                r[f"cpu_{what}"],
+                atol=CUDA_VS_CPU_ATOL,
+                rtol=0,
+                msg=lambda m, label=label, what=what: f"{label} {what}: {m}",
+            )
     margins = {text: top2_margin(runs[text]["cpu_logits"]) for text in top1_changed}
     assert not top1_changed, f"next token differs between CUDA and CPU after (CPU top-2 logit gap): {margins}"
 
