@@ -31,7 +31,10 @@ _WARPVEC_CLASSES = tuple((32 * e, e) for e in (8, 16, 24, 32))
 # and one CTA's loads overlap another's reductions. Rows past 16384 are split over a cluster,
 # which both keeps them on chip and spreads a small batch over more SMs. The seven-CTA class
 # exists for V around 50257: cut over 8 (fp32) or 4 (16-bit) CTAs such a row left a quarter of
-# each CTA's register slots empty, over 7 about an eighth (reports/profiles.md).
+# each CTA's register slots empty, over 7 about an eighth (reports/profiles.md). Past 131072
+# clusters grow to 16 CTAs, a non-portable size sm_90 allows once the kernel asks for it; the
+# 13-CTA class holds V around 200064 with a sixteenth of its register slots empty, where the
+# 16-CTA class would leave a fifth.
 _ROW_CLASSES = (
     (2048, 128, 16, 1),
     (4096, 128, 32, 1),
@@ -41,6 +44,9 @@ _ROW_CLASSES = (
     (57344, 256, 32, 7),
     (65536, 256, 32, 8),
     (131072, 512, 32, 8),
+    (163840, 320, 32, 16),
+    (212992, 512, 32, 13),
+    (262144, 512, 32, 16),
 )
 # 16-bit storage, sized by bytes: past 4096 a thread keeps its 64 elements as the loaded 16-bit
 # pairs (32 registers, as many bytes as an fp32 thread's 32 elements) and widens them to fp32
@@ -60,12 +66,37 @@ _ROW_CLASSES_16BIT = (
         (57344, 128, 64, 7, True),
         (65536, 256, 64, 4, True),
         (131072, 256, 64, 8, True),
+        (163840, 160, 64, 16, True),
+        (212992, 256, 64, 13, True),
+        (262144, 256, 64, 16, True),
     )
     if PACK_16BIT_ROWS
     else tuple((v, t, e, c, False) for v, t, e, c in _ROW_CLASSES)
 )
-ONLINE_THREADS = 1024
-ONLINE_ELEMS = 16  # elements per thread in flight per step of the long-row loop
+# The split path: P CTAs per row, each holding a slice of up to threads x elems elements in
+# registers as the row classes do, meeting through a per-row workspace in global memory. It
+# takes rows past the largest cluster class, up to SPLIT_MAX_PARTS slices (all of a row's CTAs
+# must be resident at once: 128 <= 2 CTAs on each of 64 SMs), and small batches of rows longer
+# than DECODE_MIN_V whose size class would run on fewer than DECODE_CTAS CTAs in all (about one
+# per SM of an H200): there it cuts each row into more slices than it needs, so that the batch
+# covers the GPU (`fused_parts`).
+# (threads per CTA, elements per thread, packed)
+_SPLIT_CLASS_32 = (512, 32, False)
+_SPLIT_CLASS_16BIT = (256, 64, True) if PACK_16BIT_ROWS else (512, 32, False)
+SPLIT_MAX_PARTS = 128
+DECODE_CTAS = 128
+DECODE_MIN_V = 16384
+DECODE_MIN_SLICE = 2048  # elements: a slice shorter than this costs more in meetings than it saves
+# The loop path, for rows past the split's capacity: P CTAs per row (as many as there are SMs, up
+# to LOOP_MAX_PARTS, slices of at least LOOP_MIN_SLICE) meet as split does and read their slice
+# three times. One 1024-thread CTA per SM, so a row's CTAs are resident together when P <= SMs.
+LOOP_THREADS = 1024
+LOOP_ELEMS = 16  # elements per thread in flight per step of the three passes
+LOOP_MAX_PARTS = 128
+LOOP_MIN_SLICE = 16384
+# Polls of a row's arrival counter before a CTA stops waiting for its partners and reads the
+# whole row itself (milliseconds: only a GPU shared with other work or a capped grid reaches it).
+SPLIT_MAX_POLLS = 1 << 14
 
 # Per kind: kernel name, description, and the instantiation macro of softmax_fused.cu.
 _KINDS = {
@@ -89,10 +120,15 @@ _KINDS = {
         "cluster(cluster={cluster}, threads={threads}, elems/thread={elems}{packed})",
         "SOFTMAX_FUSED_CLUSTER({name}, {fmt}, {threads}, {elems}, {cluster}, {pk})",
     ),
-    "online": (
-        "fused_online_{sfx}_t{threads}",
-        "online(threads={threads}, three passes)",
-        "SOFTMAX_FUSED_ONLINE({name}, {fmt}, {threads}, {online_elems})",
+    "split": (
+        "fused_split_{sfx}_t{threads}_e{elems}{p}",
+        "split(CTAs per row meet in global memory, threads={threads}, elems/thread={elems}{packed})",
+        "SOFTMAX_FUSED_SPLIT({name}, {fmt}, {threads}, {elems}, {pk})",
+    ),
+    "loop": (
+        "fused_loop_{sfx}_t{threads}",
+        "loop(CTAs per row meet in global memory, threads={threads}, three passes)",
+        "SOFTMAX_FUSED_LOOP({name}, {fmt}, {threads}, {loop_elems})",
     ),
 }
 PATHS = tuple(_KINDS)
@@ -102,9 +138,9 @@ PATHS = tuple(_KINDS)
 class FusedPlan:
     kind: str  # one of PATHS
     threads: int  # per CTA
-    elems: int  # per thread (warp kinds: per lane); 0 for online (loops)
+    elems: int  # per thread (warp kinds: per lane); 0 for loop (it walks the row)
     cluster: int = 1
-    packed: bool = False  # row / cluster only: the body is held in 16-bit storage form
+    packed: bool = False  # row / cluster / split only: the body is held in 16-bit storage form
 
     @property
     def row_threads(self) -> int:
@@ -116,11 +152,23 @@ class FusedPlan:
         return self.threads // 32 if self.kind in ("warp", "warpvec") else 1
 
     @property
+    def slice_capacity(self) -> int | None:
+        """Elements one CTA (a warp, for the warp kinds) holds in registers (None: loop)."""
+        return None if self.kind == "loop" else self.row_threads * self.elems
+
+    @property
     def capacity(self) -> int | None:
         """Largest V this plan holds on chip (None: any V)."""
-        if self.kind == "online":
+        if self.kind == "loop":
             return None
-        return self.row_threads * self.elems * self.cluster
+        if self.kind == "split":
+            return self.slice_capacity * SPLIT_MAX_PARTS
+        return self.slice_capacity * self.cluster
+
+    @property
+    def meets_in_memory(self) -> bool:
+        """Split and loop: several CTAs per row meeting through a global workspace."""
+        return self.kind in ("split", "loop")
 
     def _fields(self, dtype) -> dict:
         sfx, fmt = FORMATS[dtype]
@@ -134,7 +182,7 @@ class FusedPlan:
             "p": "_p" if self.packed else "",
             "packed": ", packed 16-bit" if self.packed else "",
             "pk": "true" if self.packed else "false",
-            "online_elems": ONLINE_ELEMS,
+            "loop_elems": LOOP_ELEMS,
         }
 
     def kernel_name(self, dtype: torch.dtype) -> str:
@@ -156,31 +204,99 @@ _WARP_PLANS = [(v, FusedPlan("warp", 32 * WARP_ROWS_PER_BLOCK, ew)) for v, ew in
 _ROW_PLANS_32 = [(v, FusedPlan("cluster" if c > 1 else "row", t, e, c)) for v, t, e, c in _ROW_CLASSES]
 _ROW_PLANS_16 = [(v, FusedPlan("cluster" if c > 1 else "row", t, e, c, pk)) for v, t, e, c, pk in _ROW_CLASSES_16BIT]
 _ROW_PLANS = {torch.float32: _ROW_PLANS_32, torch.bfloat16: _ROW_PLANS_16, torch.float16: _ROW_PLANS_16}
-ONLINE_PLAN = FusedPlan("online", ONLINE_THREADS, 0)
+_SPLIT_PLAN_32 = FusedPlan("split", *_SPLIT_CLASS_32[:2], packed=_SPLIT_CLASS_32[2])
+_SPLIT_PLAN_16 = FusedPlan("split", *_SPLIT_CLASS_16BIT[:2], packed=_SPLIT_CLASS_16BIT[2])
+SPLIT_PLANS = {torch.float32: _SPLIT_PLAN_32, torch.bfloat16: _SPLIT_PLAN_16, torch.float16: _SPLIT_PLAN_16}
+LOOP_PLAN = FusedPlan("loop", LOOP_THREADS, 0)
 
-# V values at which `fused` changes path for a dtype: V and V + 1 use different kernels.
+# V values at which `fused` changes path for a dtype (for a large batch): V and V + 1 use
+# different kernels. The last is the split's capacity; the loop takes any V past it.
 _WARP_BOUNDARIES = [v for v, _ in _WARP_CLASSES] + [v for v, _ in _WARPVEC_CLASSES]
-DISPATCH_BOUNDARIES_BY_DTYPE = {dt: _WARP_BOUNDARIES + [v for v, _ in _ROW_PLANS[dt]] for dt in FORMATS}
+DISPATCH_BOUNDARIES_BY_DTYPE = {
+    dt: _WARP_BOUNDARIES + [v for v, _ in _ROW_PLANS[dt]] + [SPLIT_PLANS[dt].capacity] for dt in FORMATS
+}
 # Every dtype is tested at all of these (the union over dtypes).
 DISPATCH_BOUNDARIES = sorted({v for b in DISPATCH_BOUNDARIES_BY_DTYPE.values() for v in b})
 
 
 def fused_plans(dtype) -> list[FusedPlan]:
-    """Every plan `softmax_fused` can launch for `dtype`, the online fallback last."""
-    return [p for _, p in _WARP_PLANS] + [p for _, p in _ROW_PLANS[dtype]] + [ONLINE_PLAN]
+    """Every plan `softmax_fused` can launch for `dtype`, the loop fallback last."""
+    return [p for _, p in _WARP_PLANS] + [p for _, p in _ROW_PLANS[dtype]] + [SPLIT_PLANS[dtype], LOOP_PLAN]
 
 
-# Union over dtypes, in first-seen order, online last.
-ALL_FUSED_PLANS = list(dict.fromkeys(p for dt in FORMATS for p in fused_plans(dt)[:-1])) + [ONLINE_PLAN]
+# Union over dtypes, in first-seen order, loop last.
+ALL_FUSED_PLANS = list(dict.fromkeys(p for dt in FORMATS for p in fused_plans(dt)[:-1])) + [LOOP_PLAN]
 
 
-def select_fused_plan(V: int, dtype=torch.float32, *, clusters: bool = True) -> FusedPlan:
-    """The plan for rows of V elements of `dtype`; `clusters=False` is what a device without
-    thread-block clusters (before sm_90) runs."""
+def size_class_plan(V: int, dtype=torch.float32, clusters: bool = True) -> FusedPlan:
+    """The plan for rows of V by length alone (a large batch): the first class that holds the
+    row, else split, else loop."""
     for vmax, plan in _WARP_PLANS + _ROW_PLANS[dtype]:
         if V <= vmax and (clusters or plan.cluster == 1):
             return plan
-    return ONLINE_PLAN
+    split = SPLIT_PLANS[dtype]
+    return split if V <= split.capacity else LOOP_PLAN
+
+
+def decode_max_b(V: int, dtype=torch.float32) -> int:
+    """The largest B at which rows of V take the split path instead of their cluster class
+    (B x CTAs per row < DECODE_CTAS); 0 where the dispatch does not depend on B."""
+    plan = size_class_plan(V, dtype, True)
+    if V <= DECODE_MIN_V or plan.kind != "cluster":
+        return 0
+    return -(-DECODE_CTAS // plan.cluster) - 1
+
+
+def select_fused_plan(V: int, dtype=torch.float32, *, clusters: bool = True, B: int | None = None) -> FusedPlan:
+    """The plan for rows of V elements of `dtype` in a batch of B rows (None: a large batch);
+    `clusters=False` is what a device without thread-block clusters (before sm_90) runs."""
+    plan = size_class_plan(V, dtype, clusters)
+    if B is not None and B <= decode_max_b(V, dtype):
+        return SPLIT_PLANS[dtype]
+    return plan
+
+
+# B at which the dispatch changes path for some V (B and B + 1 differ there), over all dtypes:
+# one per cluster class.
+DISPATCH_B_BOUNDARIES = sorted({decode_max_b(v, dt) for dt in FORMATS for v, _ in _ROW_PLANS[dt]} - {0})
+
+
+def slice_length(V: int, parts: int) -> int:
+    """Elements in each slice when a row of V is cut into `parts` (as the kernels cut it: a
+    multiple of 8, so every slice of a 16-byte aligned row is aligned too; the last is shorter)."""
+    return V if parts == 1 else (-(-V // parts) + 7) // 8 * 8
+
+
+def min_parts(plan: FusedPlan, V: int) -> int:
+    """The fewest CTAs per row whose slices fit a split plan's CTAs (1 for the loop)."""
+    if plan.kind != "split":
+        return 1
+    cap = plan.slice_capacity
+    parts = -(-V // cap)
+    while slice_length(V, parts) > cap:
+        parts += 1
+    return parts
+
+
+def fused_parts(plan: FusedPlan, B: int, V: int, sm_count: int) -> int:
+    """CTAs per row for a split or loop launch of (B, V) on a GPU of `sm_count` SMs (1 otherwise).
+
+    split: as few as hold the row, or, where B is small, enough that the batch has about one
+    CTA per SM (slices no shorter than DECODE_MIN_SLICE). loop: one per SM up to
+    LOOP_MAX_PARTS, slices no shorter than LOOP_MIN_SLICE. Either way every CTA of a row can be
+    resident at once; the launch checks that for split (`split_fits`)."""
+    if plan.kind == "split":
+        spread = min(-(-sm_count // max(B, 1)), V // DECODE_MIN_SLICE, SPLIT_MAX_PARTS)
+        return max(min_parts(plan, V), spread)
+    if plan.kind == "loop":
+        return max(1, min(LOOP_MAX_PARTS, sm_count, -(-V // LOOP_MIN_SLICE)))
+    return 1
+
+
+def split_fits(plan: FusedPlan, V: int, sm_count: int) -> bool:
+    """Whether a GPU of `sm_count` SMs holds all of a row's split CTAs at once (launch bounds
+    promise 1024 threads' worth of CTAs per SM); where not, rows go to the loop instead."""
+    return min_parts(plan, V) <= sm_count * (1024 // plan.threads)
 
 
 _DTYPE_NAMES = {
@@ -208,9 +324,9 @@ def fused_plan(B: int, V: int, dtype=torch.float32) -> str:
         raise ValueError(f"fused softmax: V must be >= 1, got {V}")
     if B == 0:
         return "empty(no launch)"
-    return select_fused_plan(V, dtype).describe()
+    return select_fused_plan(V, dtype, B=B).describe()
 
 
 def fused_path(B: int, V: int, dtype=torch.float32) -> str:
     """The path name (one of PATHS) `softmax_fused` takes for a (B, V) input on sm_90."""
-    return select_fused_plan(V, as_dtype(dtype)).kind
+    return select_fused_plan(V, as_dtype(dtype), B=max(B, 1)).kind

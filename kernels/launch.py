@@ -29,6 +29,8 @@ import torch
 
 # CUresult code for success (cuda.h).
 _CUDA_SUCCESS = 0
+# CUfunction_attribute (cuda.h): lets a kernel run in clusters of more than 8 CTAs (sm_90: 16).
+FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 
 # Argument kinds -> struct codes, each padded to an 8-byte slot so every slot is aligned for
 # any parameter type.
@@ -71,6 +73,9 @@ class _Driver:
                 ctypes.POINTER(ctypes.c_size_t),
                 ctypes.POINTER(ctypes.c_size_t),
             ]
+        self.set_attribute = lib.cuFuncSetAttribute
+        self.set_attribute.restype = ctypes.c_int
+        self.set_attribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         self.error_name = lib.cuGetErrorName
         self.error_name.restype = ctypes.c_int
         self.error_name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
@@ -80,6 +85,12 @@ class _Driver:
         if self.error_name(code, ctypes.byref(name)) == _CUDA_SUCCESS and name.value:
             return f"{name.value.decode()} ({code})"
         return f"CUDA error {code}"
+
+    def set_function_attribute(self, function: int, attribute: int, value: int, *, name: str = "kernel") -> None:
+        """cuFuncSetAttribute (a CUfunction_attribute of cuda.h); LaunchError naming the kernel."""
+        code = self.set_attribute(ctypes.c_void_p(function), attribute, value)
+        if code != _CUDA_SUCCESS:
+            raise LaunchError(f"{name}: cuFuncSetAttribute({attribute}, {value}) failed: {self.describe(code)}")
 
     def param_sizes(self, function: int) -> list[int] | None:
         """Sizes in bytes of a kernel's parameters, or None where the driver cannot say."""
@@ -220,4 +231,11 @@ def launch_noop(device_index: int) -> None:
     launcher(device_index, 1, 0)
 
 
-__all__ = ["KernelLauncher", "LaunchError", "launch_noop", "current_stream", "driver"]
+__all__ = [
+    "KernelLauncher",
+    "LaunchError",
+    "launch_noop",
+    "current_stream",
+    "driver",
+    "FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED",
+]

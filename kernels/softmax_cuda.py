@@ -9,6 +9,8 @@ Three versions side by side, each adding one idea to the last:
          `kernels.cuda_plans`), so per-thread arrays have compile-time sizes and never spill.
          A row's sum of exponentials is accumulated in 64-bit fixed point, so its bits do not
          depend on how the row was split over threads, CTAs or a cluster (see softmax_fused.cu).
+         Rows past the largest cluster class, and short batches of long rows, are cut over
+         several CTAs that meet through a per-row workspace (the split and loop paths).
 
 Inputs: a (B, V) CUDA tensor. A non-contiguous input is copied with `.contiguous()` first
 (the kernels assume a row stride of V); a contiguous input at any storage offset is read in
@@ -42,17 +44,24 @@ from .cuda_build import (
 )
 from .cuda_plans import (
     ALL_FUSED_PLANS,
+    DISPATCH_B_BOUNDARIES,
     DISPATCH_BOUNDARIES,
     DISPATCH_BOUNDARIES_BY_DTYPE,
     FORMATS,
+    LOOP_PLAN,
     PATHS,
+    SPLIT_MAX_POLLS,
     FusedPlan,
+    decode_max_b,
+    fused_parts,
     fused_path,
     fused_plan,
     fused_plans,
     select_fused_plan,
+    slice_length,
+    split_fits,
 )
-from .launch import KernelLauncher
+from .launch import FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, KernelLauncher, current_stream, driver
 
 FUSED_DTYPES = tuple(FORMATS)
 _VEC_BYTES = 16
@@ -91,7 +100,11 @@ def _sm_count_and_major(device_index: int) -> tuple[int, int]:
     return info
 
 
-def _launcher(device_index: int, path, name: str, *, block: int, arg_kinds) -> KernelLauncher:
+# Clusters of more than this many CTAs are non-portable: the kernel must allow them first.
+PORTABLE_CLUSTER_SIZE = 8
+
+
+def _launcher(device_index: int, path, name: str, *, block: int, arg_kinds, cluster: int = 1) -> KernelLauncher:
     key = (device_index, name)
     launcher = _launchers.get(key)
     if launcher is not None:
@@ -105,6 +118,8 @@ def _launcher(device_index: int, path, name: str, *, block: int, arg_kinds) -> K
             backend = "nvcc" if cp.cuda.get_nvcc_path() else "nvrtc"  # the source needs no headers
             mod = _modules[mkey] = cp.RawModule(code=src, options=NVCC_OPTIONS, backend=backend)
         function = mod.get_function(name).kernel.ptr
+        if cluster > PORTABLE_CLUSTER_SIZE:
+            driver().set_function_attribute(function, FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, name=name)
     launcher = _launchers[key] = KernelLauncher(name, function, arg_kinds=arg_kinds, block=block)
     return launcher
 
@@ -159,6 +174,7 @@ class _FusedLaunch(NamedTuple):
     grid_limit: int  # in row units: blocks for the warp kinds, CTA groups (clusters) otherwise
     cluster: int
     takes_flag: bool  # every kind but warp takes the vector-store flag
+    sm_count: int
 
     def grid(self, B: int, grid_cap: int | None = None) -> int:
         units = min(-(-B // self.rows_per_block), self.grid_limit)
@@ -167,40 +183,80 @@ class _FusedLaunch(NamedTuple):
         return units * self.cluster
 
 
-def _fused_launch(dev: int, V: int, dtype, plan: FusedPlan | None) -> _FusedLaunch:
+def _fused_launch(dev: int, V: int, dtype, plan: FusedPlan | None, B: int | None = None) -> _FusedLaunch:
+    sms, major = _sm_count_and_major(dev)
     if plan is None:
-        plan = select_fused_plan(V, dtype, clusters=_sm_count_and_major(dev)[1] >= 9)
+        plan = select_fused_plan(V, dtype, clusters=major >= 9, B=B)
+        if plan.kind == "split" and not split_fits(plan, V, sms):
+            plan = LOOP_PLAN  # a small GPU cannot hold all of the row's CTAs at once
     cap = plan.capacity
     if cap is not None and V > cap:
         raise ValueError(f"fused softmax: V = {V} does not fit {plan.describe()}")
-    kinds = _ROWS_ARGS if plan.kind == "warp" else _ROWS_ARGS + ("i32",)
-    launcher = _launcher(dev, FUSED_SOURCE, plan.kernel_name(dtype), block=plan.threads, arg_kinds=kinds)
+    if plan.meets_in_memory:
+        kinds = _ROWS_ARGS + ("i32", "ptr", "i32", "i32")
+    else:
+        kinds = _ROWS_ARGS if plan.kind == "warp" else _ROWS_ARGS + ("i32",)
+    launcher = _launcher(
+        dev, FUSED_SOURCE, plan.kernel_name(dtype), block=plan.threads, arg_kinds=kinds, cluster=plan.cluster
+    )
     if plan.kind in ("warp", "warpvec"):
         # Enough blocks to fill every SM several times over; the kernel loops over the rest.
-        limit = _sm_count_and_major(dev)[0] * WARP_BLOCKS_PER_SM
+        limit = sms * WARP_BLOCKS_PER_SM
     else:  # a CTA (group) per row, as many as the grid holds
         limit = _MAX_GRID_X // plan.cluster
-    return _FusedLaunch(plan, launcher, plan.rows_per_block, limit, plan.cluster, plan.kind != "warp")
+    return _FusedLaunch(plan, launcher, plan.rows_per_block, limit, plan.cluster, plan.kind != "warp", sms)
 
 
-# (dtype, V, device) -> the dispatched plan's launch, resolved on the first checked call. A hit
-# in the common call (a contiguous CUDA input, a new output) needs no check beyond B > 0 and
-# contiguity: the entry exists only for what passed every check once. Microseconds of Python
-# per call are the difference between beating F.softmax from Python and losing to it at
-# small shapes.
+# (dtype, V, device) -> [decode_max_b(V), launch for B <= it, launch for larger B]: the dispatched
+# plans' launches, each resolved on the first checked call that needs it. A hit in the common
+# call (a contiguous CUDA input, a new output) needs no check beyond B > 0 and contiguity: an
+# entry exists only for what passed every check once. Microseconds of Python per call are the
+# difference between beating F.softmax from Python and losing to it at small shapes.
 _fused_dispatch: dict = {}
+
+# (device, stream) -> the split / loop workspace: 8 int32 words per row, zeroed once and left
+# zeroed by every launch (the last CTA out of a row zeroes its words), so no fill kernel runs
+# per call. A launch on one stream runs after the previous one there, never beside it.
+# Superseded buffers are kept alive: a CUDA graph captured with one still points at it.
+WORKSPACE_WORDS_PER_ROW = 8
+_workspaces: dict = {}
+_retired_workspaces: list = []
+
+
+def _split_workspace(dev: int, B: int) -> torch.Tensor:
+    words = WORKSPACE_WORDS_PER_ROW * B
+    key = (dev, current_stream(dev))
+    ws = _workspaces.get(key)
+    if ws is not None and ws.numel() >= words:
+        return ws
+    if torch.cuda.is_current_stream_capturing():
+        # Memory allocated during a capture belongs to the graph (zeroed in it): never cache it.
+        return torch.zeros(words, dtype=torch.int32, device=f"cuda:{dev}")
+    if ws is not None:
+        _retired_workspaces.append(ws)
+    words = max(words, WORKSPACE_WORDS_PER_ROW * 4096)
+    ws = _workspaces[key] = torch.zeros(words, dtype=torch.int32, device=f"cuda:{dev}")
+    return ws
 
 
 def softmax_fused(
-    x: torch.Tensor, *, out: torch.Tensor | None = None, plan: FusedPlan | None = None, grid_cap: int | None = None
+    x: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    plan: FusedPlan | None = None,
+    grid_cap: int | None = None,
+    parts: int | None = None,
+    max_polls: int | None = None,
 ) -> torch.Tensor:
     """Single read, single write softmax; float32 / bfloat16 / float16.
 
-    `plan` forces a size class (one of `fused_plans(dtype)`; ValueError if the row does not
-    fit it), `grid_cap` caps the grid at that many CTAs so that CTAs loop over rows: both for
-    tests that reach every path and loop at small shapes.
+    For tests and probes: `plan` forces a size class (one of `fused_plans(dtype)`; ValueError if
+    the row does not fit it), `grid_cap` caps the grid at that many CTAs so that CTAs loop over
+    rows; for the split and loop plans `parts` sets the CTAs per row (ValueError where the
+    slices would not fit) and `max_polls` how long a CTA waits for its partners before reading
+    the row itself (0: at once).
     """
-    if out is None and plan is None and grid_cap is None:
+    if out is None and plan is None and grid_cap is None and parts is None and max_polls is None:
         try:
             B, V = x.shape
             dev = x.get_device()
@@ -208,30 +264,55 @@ def softmax_fused(
         except (AttributeError, TypeError, ValueError):
             fast = None  # not a 2-D tensor: the checks below say what is wrong
         if fast is not None and B > 0 and x.is_contiguous():
-            y = torch.empty_like(x)
-            _launch_fused(fast, dev, x.data_ptr(), y.data_ptr(), B, V, None)
-            return y
+            entry = fast[1] if B <= fast[0] else fast[2]
+            if entry is not None:
+                y = torch.empty_like(x)
+                _launch_fused(entry, dev, x.data_ptr(), y.data_ptr(), B, V, None, None, None)
+                return y
     x, y = _prepare(x, out, "fused", FUSED_DTYPES)
     B, V = x.shape
     if B == 0:
         return y
     dev = x.get_device()
     if plan is None:
-        key = (x.dtype, V, dev)
-        entry = _fused_dispatch.get(key)
+        known = _fused_dispatch.get((x.dtype, V, dev))
+        if known is None:
+            known = _fused_dispatch[(x.dtype, V, dev)] = [decode_max_b(V, x.dtype), None, None]
+        slot = 1 if B <= known[0] else 2
+        entry = known[slot]
         if entry is None:
-            entry = _fused_dispatch[key] = _fused_launch(dev, V, x.dtype, None)
+            entry = known[slot] = _fused_launch(dev, V, x.dtype, None, B)
     else:
         entry = _fused_launch(dev, V, x.dtype, plan)
-    _launch_fused(entry, dev, x.data_ptr(), y.data_ptr(), B, V, grid_cap)
+    if parts is not None:
+        if not entry.plan.meets_in_memory:
+            raise ValueError(f"fused softmax: parts is for the split and loop plans, not {entry.plan.describe()}")
+        cap = entry.plan.slice_capacity
+        if not 1 <= parts <= 2**20 or (cap is not None and slice_length(V, parts) > cap):
+            raise ValueError(f"fused softmax: V = {V} cut into {parts} parts does not fit {entry.plan.describe()}")
+    if max_polls is not None and max_polls < 0:
+        raise ValueError(f"fused softmax: max_polls must be >= 0, got {max_polls}")
+    _launch_fused(entry, dev, x.data_ptr(), y.data_ptr(), B, V, grid_cap, parts, max_polls)
     return y
 
 
-def _launch_fused(entry: _FusedLaunch, dev: int, x_ptr: int, y_ptr: int, B: int, V: int, grid_cap) -> None:
+def _launch_fused(
+    entry: _FusedLaunch, dev: int, x_ptr: int, y_ptr: int, B: int, V: int, grid_cap, parts, max_polls
+) -> None:
+    # Vector stores need the output slice aligned like the input slice; with equal addresses
+    # mod 16 that holds for every row and slice.
+    if entry.plan.meets_in_memory:
+        P = parts or fused_parts(entry.plan, B, V, entry.sm_count)
+        ws = _split_workspace(dev, B).data_ptr() if P > 1 else 0
+        grid = min(B * P, _MAX_GRID_X)
+        if grid_cap is not None:
+            grid = max(1, min(grid, grid_cap))
+        polls = SPLIT_MAX_POLLS if max_polls is None else max_polls
+        flag = int((y_ptr - x_ptr) % _VEC_BYTES == 0)
+        entry.launcher(dev, grid, x_ptr, y_ptr, B, V, flag, ws, P, polls)
+        return
     grid = entry.grid(B, grid_cap)
     if entry.takes_flag:
-        # Vector stores need the output slice aligned like the input slice; with equal addresses
-        # mod 16 that holds for every row and slice.
         entry.launcher(dev, grid, x_ptr, y_ptr, B, V, int((y_ptr - x_ptr) % _VEC_BYTES == 0))
     else:
         entry.launcher(dev, grid, x_ptr, y_ptr, B, V)
@@ -253,6 +334,10 @@ __all__ = [
     "select_fused_plan",
     "DISPATCH_BOUNDARIES",
     "DISPATCH_BOUNDARIES_BY_DTYPE",
+    "DISPATCH_B_BOUNDARIES",
+    "decode_max_b",
+    "fused_parts",
+    "slice_length",
     "fused_plans",
     "ALL_FUSED_PLANS",
     "PATHS",

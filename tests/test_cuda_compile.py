@@ -8,6 +8,7 @@ Run with -s to see the per-kernel ptxas report (registers, shared memory, stack,
 
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -66,8 +67,9 @@ def test_fused_builds_for_gpus_without_clusters():
     plans = [(p, dt) for dt in DTYPES for p in sc.fused_plans(dt)]
     assert built == {p.kernel_name(dt) for p, dt in plans if p.cluster == 1}
     for dt in DTYPES:
-        for V in (1, 600, 16384, 16385, 50257, 128256, 200000):
-            assert sc.select_fused_plan(V, dt, clusters=False).kernel_name(dt) in built, (V, dt)
+        for V in (1, 600, 16384, 16385, 50257, 128256, 200000, 262144, 1000000, 2097153):
+            for B in (1, 4096):
+                assert sc.select_fused_plan(V, dt, clusters=False, B=B).kernel_name(dt) in built, (V, B, dt)
 
 
 def test_ptxas_report_parser():
@@ -109,23 +111,69 @@ def test_dispatch_boundaries_are_the_plan_capacities(dtype):
     for v in bounds:
         assert sc.select_fused_plan(v, dtype).capacity == v, v
         assert sc.select_fused_plan(v, dtype) != sc.select_fused_plan(v + 1, dtype), f"no path change at V = {v}"
-    assert sc.select_fused_plan(bounds[-1] + 1, dtype).kind == "online"
+    assert sc.select_fused_plan(bounds[-2] + 1, dtype).kind == "split"
+    assert sc.select_fused_plan(bounds[-1] + 1, dtype).kind == "loop"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_small_batches_spread_long_rows_over_the_gpu(dtype):
+    # A batch whose cluster class would run on fewer than DECODE_CTAS CTAs takes the split path,
+    # cut into enough slices that every SM of an H200 gets a CTA; one row more takes the class.
+    for V in (cuda_plans.DECODE_MIN_V + 1, 32768, 50257, 65536, 128256, 151936, 200064, 202048, 262144):
+        cls = sc.select_fused_plan(V, dtype)
+        b = sc.decode_max_b(V, dtype)
+        assert cls.kind == "cluster" and b in sc.DISPATCH_B_BOUNDARIES, (V, cls)
+        assert b * cls.cluster < cuda_plans.DECODE_CTAS <= (b + 1) * cls.cluster
+        for B in range(1, b + 1):
+            plan = sc.select_fused_plan(V, dtype, B=B)
+            assert plan.kind == "split" and sc.fused_path(B, V, dtype) == "split", (V, B, plan)
+            parts = sc.fused_parts(plan, B, V, 132)
+            assert B * parts >= min(132, B * (V // cuda_plans.DECODE_MIN_SLICE)), (V, B, parts)
+            assert B * parts > B * cls.cluster, "split must spread the batch wider than its class"
+        assert sc.select_fused_plan(V, dtype, B=b + 1) == cls, V
+    for V in (1, 600, cuda_plans.DECODE_MIN_V):
+        assert sc.decode_max_b(V, dtype) == 0
+        assert sc.select_fused_plan(V, dtype, B=1) == sc.select_fused_plan(V, dtype)
+    for V in (262145, 10**6):  # past the clusters every batch splits
+        assert sc.decode_max_b(V, dtype) == 0 and sc.fused_path(1, V, dtype) == sc.fused_path(4096, V, dtype) == "split"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("V", [16385, 131073, 151936, 262145, 1000000, 1048576, 2097152])
+@pytest.mark.parametrize("B", [1, 3, 8, 9, 4096])
+def test_split_parts_fit_and_are_resident_together(V, B, dtype):
+    split = cuda_plans.SPLIT_PLANS[dtype]
+    for sms in (132, 108, 64):
+        parts = cuda_plans.fused_parts(split, B, V, sms)
+        assert cuda_plans.min_parts(split, V) <= parts <= cuda_plans.SPLIT_MAX_PARTS
+        assert cuda_plans.slice_length(V, parts) <= split.slice_capacity, (V, parts)
+        # All of a row's CTAs fit the GPU at once (launch bounds: 1024 threads' worth per SM).
+        assert parts <= sms * (1024 // split.threads)
+        assert cuda_plans.split_fits(split, V, sms)
+    p = cuda_plans.min_parts(split, V)
+    assert p == 1 or cuda_plans.slice_length(V, p - 1) > split.slice_capacity, "min_parts is not the fewest"
+    # The loop: one 1024-thread CTA per SM at most, so P <= SMs.
+    for sms in (132, 20):
+        assert 1 <= cuda_plans.fused_parts(cuda_plans.LOOP_PLAN, B, 2 * V, sms) <= min(sms, cuda_plans.LOOP_MAX_PARTS)
+    assert not cuda_plans.split_fits(split, split.capacity, 16)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize(
     "V",
-    [1, 2, 31, 32, 33, 600, 1024, 1025, 4096, 4097, 8192, 8193, 32000, 50257, 128256, 131072, 131073, 262144, 1 << 22],
+    [1, 2, 31, 32, 33, 600, 1024, 1025, 4096, 4097, 8192, 8193, 32000, 50257, 128256, 131072, 131073]
+    + [151936, 200064, 202048, 262144, 262145, 1000000, 2097152, 2097153, 1 << 22],
 )
 def test_plan_holds_the_row(V, dtype):
     plan = sc.select_fused_plan(V, dtype)
     assert plan.capacity is None or V <= plan.capacity
     if plan.capacity is not None:
         # Each slice fits its threads' registers.
-        assert -(-V // plan.cluster) <= plan.row_threads * plan.elems
+        parts = cuda_plans.min_parts(plan, V) if plan.kind == "split" else plan.cluster
+        assert cuda_plans.slice_length(V, parts) <= plan.slice_capacity
     # No smaller plan would do: the table is ordered and the first fit is taken.
     smaller = [b for b in sc.DISPATCH_BOUNDARIES_BY_DTYPE[dtype] if b < V]
-    if smaller and plan.kind != "online":
+    if smaller and plan.kind != "loop":
         assert sc.select_fused_plan(smaller[-1], dtype).capacity < V
 
 
@@ -137,21 +185,24 @@ def test_packed_rows_only_for_16_bit_storage():
     assert packed, "no packed 16-bit row class"
     assert not any(p.packed for p in sc.fused_plans(torch.float32))
     for p in packed:
-        assert p.kind in ("row", "cluster") and p.elems // 2 <= 32, p
+        assert p.kind in ("row", "cluster", "split") and p.elems // 2 <= 32, p
         with pytest.raises(ValueError):
             p.instantiation(torch.float32)
     # The long 16-bit rows (the bandwidth-bound vocabulary sizes) take the packed classes.
-    for V in (8192, 32000, 50257, 128256):
-        for dt in (torch.bfloat16, torch.float16):
-            assert sc.select_fused_plan(V, dt).packed, (V, dt)
-        assert not sc.select_fused_plan(V, torch.float32).packed
+    for V in (8192, 32000, 50257, 128256, 151936, 262144, 1000000):
+        for B in (1, 4096):
+            for dt in (torch.bfloat16, torch.float16):
+                assert sc.select_fused_plan(V, dt, B=B).packed, (V, B, dt)
+            assert not sc.select_fused_plan(V, torch.float32, B=B).packed
 
 
-def test_without_clusters_long_rows_go_online():
-    for V in (16385, 32000, 50257, 128256):
-        assert sc.select_fused_plan(V, clusters=False).kind == "online"
+def test_without_clusters_long_rows_split_over_ctas():
+    # Before sm_90 the rows the clusters hold are cut over CTAs meeting in global memory instead.
+    for V in (16385, 32000, 50257, 128256, 262144):
+        assert sc.select_fused_plan(V, clusters=False).kind == "split"
         assert sc.select_fused_plan(V, clusters=True).kind == "cluster"
     assert sc.select_fused_plan(16384, clusters=False).kind == "row"
+    assert sc.select_fused_plan(2097153, clusters=False).kind == "loop"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, "bf16", "float32"])
@@ -160,9 +211,13 @@ def test_fused_plan_names(dtype):
     assert sc.fused_plan(4096, 4096, dtype) == "row(cluster=1, threads=128, elems/thread=32)"
     if dtype in (torch.float32, "float32") or not cuda_plans.PACK_16BIT_ROWS:
         assert sc.fused_plan(64, 128256, dtype) == "cluster(cluster=8, threads=512, elems/thread=32)"
+        assert sc.fused_plan(64, 262144, dtype) == "cluster(cluster=16, threads=512, elems/thread=32)"
     else:
         assert sc.fused_plan(64, 128256, dtype) == "cluster(cluster=8, threads=256, elems/thread=64, packed 16-bit)"
-    assert sc.fused_plan(2, 262144, dtype).startswith("online(")
+        assert sc.fused_plan(64, 262144, dtype) == "cluster(cluster=16, threads=256, elems/thread=64, packed 16-bit)"
+    assert sc.fused_plan(1, 262144, dtype).startswith("split(")
+    assert sc.fused_plan(4096, 1000000, dtype).startswith("split(")
+    assert sc.fused_plan(2, 2097153, dtype).startswith("loop(")
     assert sc.fused_plan(0, 600, dtype).startswith("empty")
 
 
@@ -174,8 +229,9 @@ def test_fused_plan_rejects_bad_arguments():
 
 
 # -- the kernels' index arithmetic, replayed in Python --------------------------------------------
-# A model of fused_row_body / fused_online_body: which element each thread of each CTA loads.
-# It must cover [0, V) exactly once for every row alignment, with no thread over its capacity.
+# A model of fused_row_body: which element each thread of each CTA loads (a cluster's CTAs, or a
+# split row's P CTAs, one slice each). It must cover [0, V) exactly once for every row
+# alignment, with no thread over its capacity. Vectorised over threads: the rows are long.
 
 
 def _slice_geometry(addr_elems: int, length: int, vec: int):
@@ -187,45 +243,45 @@ def _slice_geometry(addr_elems: int, length: int, vec: int):
     return head, nvec, tail0, length - tail0
 
 
-def _covered(plan, V, row_offset_elems, vec):
-    counts = [0] * V
-    C = plan.cluster
-    chunk = (-(-V // C) + 7) // 8 * 8 if C > 1 else V
+def _covered(plan, V, row_offset_elems, vec, parts=None):
+    loaded = []
+    P = parts or plan.cluster
+    chunk = cuda_plans.slice_length(V, P)
     nv = plan.elems // vec
     nt = plan.row_threads
-    for rank in range(C):
+    t = np.arange(nt)
+    for rank in range(P):
         start = min(rank * chunk, V)
         length = min(V - start, chunk)
         head, nvec, tail0, tail = _slice_geometry(row_offset_elems + start, length, vec)
         assert (row_offset_elems + start + head) % vec == 0 or nvec == 0
         assert head < nt and tail < nt and head < vec and tail < vec
         assert nvec <= nv * nt, f"slice of {length} overflows {plan}"
-        for t in range(nt):
-            for j in range(nv):
-                vi = j * nt + t
-                if vi < nvec:
-                    for k in range(vec):
-                        counts[start + head + vi * vec + k] += 1
-            if t < head:
-                counts[start + t] += 1
-            if t < tail:
-                counts[start + tail0 + t] += 1
-    return counts
+        vi = (np.arange(nv)[:, None] * nt + t[None, :]).ravel()  # vector j of thread t
+        vi = vi[vi < nvec]
+        body = (start + head + vi[:, None] * vec + np.arange(vec)[None, :]).ravel()
+        loaded += [body, start + t[t < head], start + tail0 + t[t < tail]]
+    return np.bincount(np.concatenate(loaded), minlength=V)
 
 
 @pytest.mark.parametrize("dtype, vec", [(torch.float32, 4), (torch.bfloat16, 8), (torch.float16, 8)], ids=DTYPE_IDS)
 def test_row_and_cluster_slices_cover_each_element_once(dtype, vec):
     Vs = sorted(
-        {v + d for v in sc.DISPATCH_BOUNDARIES for d in (-1, 0, 1)} | {600, 1025, 4099, 30001, 32000, 50257, 128256}
+        {v + d for v in sc.DISPATCH_BOUNDARIES for d in (-1, 0, 1)}
+        | {600, 1025, 4099, 30001, 32000, 50257, 128256, 151936, 200064, 202048, 1000003}
     )
     for V in Vs:
-        plan = sc.select_fused_plan(V, dtype)
-        if plan.kind in ("warp", "online"):
-            continue
-        for offset in range(vec):  # every alignment a row can start at
-            counts = _covered(plan, V, offset + 3 * V, vec)
-            bad = [i for i, c in enumerate(counts) if c != 1]
-            assert not bad, f"V={V} offset={offset} {plan}: elements {bad[:8]} covered {[counts[i] for i in bad[:8]]}"
+        for B in (1, 4096):
+            plan = sc.select_fused_plan(V, dtype, B=B)
+            if plan.kind in ("warp", "loop"):
+                continue
+            parts = cuda_plans.fused_parts(plan, B, V, 132) if plan.kind == "split" else None
+            # Every alignment a row can start at (past a million elements, three of them: the
+            # slice arithmetic is the same, and the model's time grows with V).
+            for offset in range(vec) if V < 10**6 else (0, 1, vec - 1):
+                counts = _covered(plan, V, offset + 3 * V, vec, parts)
+                bad = np.flatnonzero(counts != 1)
+                assert not bad.size, f"V={V} offset={offset} {plan}: elements {bad[:8]} covered {counts[bad[:8]]}"
 
 
 def test_small_slices_cover_each_element_once():
@@ -234,11 +290,11 @@ def test_small_slices_cover_each_element_once():
     for vec in (4, 8):
         for V in range(1, 3 * vec + 2):
             for offset in range(vec):
-                assert _covered(plan, V, offset, vec) == [1] * V, (vec, V, offset)
+                assert _covered(plan, V, offset, vec).tolist() == [1] * V, (vec, V, offset)
     cluster = sc.FusedPlan("cluster", 32, 8, 8)
     for V in (1, 7, 9, 63, 64, 65, 200, 2047, 2048):
         for offset in range(8):
-            assert _covered(cluster, V, offset, 8) == [1] * V, (V, offset)
+            assert _covered(cluster, V, offset, 8).tolist() == [1] * V, (V, offset)
 
 
 # -- input checks that need no GPU ----------------------------------------------------------------

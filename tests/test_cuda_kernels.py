@@ -1,7 +1,9 @@
 """The CUDA C kernels (naive, smem, fused) on the GPU, probing what is specific to them: fused's
-dispatch boundaries (each V at a boundary and one either side), every input layout the vector
-peel must handle, row loops past the grid, clusters, the -inf / ±1e30 edges, and the bitwise
-claim of softmax_fused.cu: a row's output bits depend only on its values and V.
+dispatch boundaries (each V at a boundary and one either side, and each B at which it changes
+path), every input layout the vector peel must handle, row loops past the grid, clusters (16-CTA
+ones too), rows cut over CTAs that meet in global memory (split, loop) with their waits run out
+on purpose, the -inf / ±1e30 edges, and the bitwise claim of softmax_fused.cu: a row's output
+bits depend only on its values and V.
 
 Outputs are held to tests.helpers.TOLERANCES against the float64 reference: fp32 1e-6 / 1e-4;
 bf16 / fp16 one unit in the last place of their own format plus the spacing of the smallest
@@ -65,7 +67,9 @@ def test_fused_at_dispatch_boundaries(V, dtype, verify):
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize(
-    "V", [1, 3, 17, 100, 600, 781, 1023, 2047, 3001, 5000, 12345, 32000, 32001, 50257, 65535, 128256, 262144, 300007]
+    "V",
+    [1, 3, 17, 100, 600, 781, 1023, 2047, 3001, 5000, 12345, 32000, 32001, 50257, 65535, 128256]
+    + [151936, 200064, 202048, 262144, 300007, 1000003],
 )
 def test_fused_irregular_lengths(V, dtype, verify):
     B = 9 if V <= 50257 else 3
@@ -74,7 +78,7 @@ def test_fused_irregular_lengths(V, dtype, verify):
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("V", [1, 7, 600, 4096, 32000, 50257, 128256])
+@pytest.mark.parametrize("V", [1, 7, 600, 4096, 32000, 50257, 128256, 151936, 262144, 1000000])
 def test_fused_single_row(V, dtype, verify):
     x = logits(1, V, seed=V + 2, dtype=dtype, device="cuda")
     verify(run_poisoned(sc.softmax_fused, x), x, f"B=1 V={V}")
@@ -88,26 +92,85 @@ def test_fused_many_rows(V, verify):
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("V", [40, 1000, 3000, 5000, 10000, 20000, 40000, 100000, 140000])
+@pytest.mark.parametrize("V", [40, 1000, 3000, 5000, 10000, 20000, 40000, 100000, 140000, 200000, 240000])
 def test_fused_row_loops_past_the_grid(V, dtype, verify):
-    # A grid of 24 CTAs, far below B, so each CTA (or cluster) handles several rows in turn:
+    # A grid of 48 CTAs, far below B, so each CTA (or cluster) handles several rows in turn:
     # shared memory and cluster barriers are reused across iterations. For 16-bit storage
-    # V = 5000 ... 100000 run the packed row classes, whose per-pass re-widening must see each
-    # row afresh.
+    # V = 5000 ... 240000 run the packed row classes, whose per-pass re-widening must see each
+    # row afresh; 140000 ... 240000 clusters of 13 and 16 CTAs (three of them looping).
     B = 2000 if V <= 1024 else 61
     x = logits(B, V, seed=V + 4, dtype=dtype, device="cuda")
-    verify(run_poisoned(sc.softmax_fused, x, grid_cap=24), x, f"looped V={V} {sc.fused_plan(B, V, dtype)}")
+    verify(run_poisoned(sc.softmax_fused, x, grid_cap=48), x, f"looped V={V} {sc.fused_plan(B, V, dtype)}")
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("V, parts", [(300007, 19), (50257, 17)])
+def test_split_loops_past_the_grid(V, parts, dtype, verify):
+    # A grid that is a multiple of the parts: each CTA walks (row, part) items of the same part
+    # index, and all of a row's CTAs are resident together, so every meeting completes.
+    x = logits(20, V, seed=V + 24, dtype=dtype, device="cuda")
+    split = _plan_of_kind(dtype, "split")
+    got = run_poisoned(sc.softmax_fused, x, plan=split, parts=parts, grid_cap=2 * parts)
+    verify(got, x, f"split V={V} parts={parts}, grid of {2 * parts} CTAs")
+
+
+def _plan_of_kind(dtype, kind):
+    (plan,) = [p for p in sc.fused_plans(dtype) if p.kind == kind]
+    return plan
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("V", [1, 2, 9, 255, 1000, 4097, 20000])
-def test_online_path_at_short_rows(V, dtype, verify):
-    # The general fallback normally sees only V > 131072; run it on short rows, where head /
-    # tail peels dominate and many threads have nothing to do.
-    online = sc.fused_plans(dtype)[-1]
-    assert online.kind == "online"
+@pytest.mark.parametrize("parts", [1, 3])
+def test_loop_path_at_short_rows(V, parts, dtype, verify):
+    # The general fallback normally sees only V > 2097152; run it on short rows, where head /
+    # tail peels dominate and many threads have nothing to do, alone and cut over 3 CTAs.
+    loop = sc.fused_plans(dtype)[-1]
+    assert loop.kind == "loop"
     x = logits(7, V, seed=V + 5, dtype=dtype, device="cuda")
-    verify(run_poisoned(sc.softmax_fused, x, plan=online), x, f"online V={V}")
+    verify(run_poisoned(sc.softmax_fused, x, plan=loop, parts=parts), x, f"loop V={V} parts={parts}")
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("V", [2, 255, 4097, 20000, 100003])
+def test_split_path_at_short_rows(V, dtype, verify):
+    split = _plan_of_kind(dtype, "split")
+    x = logits(5, V, seed=V + 21, dtype=dtype, device="cuda")
+    verify(run_poisoned(sc.softmax_fused, x, plan=split), x, f"split V={V}")
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("V", [20000, 262145, 2097153])
+def test_meetings_in_memory_give_the_same_bits_however_the_row_is_cut(V, dtype):
+    # The split and loop paths at several CTAs per row; with max_polls=0 every CTA but the last
+    # to arrive stops waiting at once and reads the whole row itself; with a capped grid one
+    # CTA holds several parts of a row and must run out its (short) wait. Every way gives the
+    # dispatched bits.
+    x = logits(3, V, seed=V + 22, dtype=dtype, device="cuda")
+    want = run_poisoned(sc.softmax_fused, x)
+    loop = _plan_of_kind(dtype, "loop")
+    split = _plan_of_kind(dtype, "split")
+    runs = {f"loop parts={p}": dict(plan=loop, parts=p) for p in (1, 2, 7, 128)}
+    runs["loop, waits run out"] = dict(plan=loop, parts=5, max_polls=0)
+    runs["loop, grid of 2 CTAs"] = dict(plan=loop, parts=4, grid_cap=2, max_polls=16)
+    if V <= split.capacity:
+        first = sc.fused_parts(split, 4096, V, 132)
+        for p in sorted({first, 2 * first, 64, 128}):
+            if sc.slice_length(V, p) <= split.slice_capacity and p <= 128:
+                runs[f"split parts={p}"] = dict(plan=split, parts=p)
+        runs["split, waits run out"] = dict(plan=split, parts=max(first, 8), max_polls=0)
+        runs["split, grid of 3 CTAs"] = dict(plan=split, parts=max(first, 8), grid_cap=3, max_polls=16)
+    for what, kwargs in runs.items():
+        assert_same_bits(run_poisoned(sc.softmax_fused, x, **kwargs), want, f"V={V} {what}")
+
+
+def test_split_workspace_is_left_clean_between_launches(verify):
+    # The per-row words are zeroed by the last CTA out of each row, and reused by the next
+    # launch on the stream: interleave shapes, batch sizes and paths, each result must hold.
+    # A word left behind would show as a wrong max or sum in the launch after.
+    for i, (B, V) in enumerate([(3, 300007), (1, 151936), (8, 50257), (3, 300007), (64, 262145), (2, 2097153)] * 2):
+        x = logits(B, V, seed=i + 23, device="cuda")
+        verify(run_poisoned(sc.softmax_fused, x), x, f"launch {i}: ({B}, {V}) {sc.fused_plan(B, V, x.dtype)}")
 
 
 @pytest.mark.parametrize("V", [17000, 32000, 50257, 128256])
@@ -134,7 +197,7 @@ def _layout_cases():
             yield pytest.param(dtype, layout, id=f"{dtype_id(dtype)}-{layout}")
 
 
-@pytest.mark.parametrize("V", [31, 600, 1537, 4099, 30001, 50257, 140001])
+@pytest.mark.parametrize("V", [31, 600, 1537, 4099, 30001, 50257, 140001, 262145])
 @pytest.mark.parametrize("dtype, layout", list(_layout_cases()))
 def test_fused_every_layout(V, dtype, layout, verify):
     # Contiguous views at every 16-byte alignment class are read in place (the head/tail peel);
@@ -171,19 +234,19 @@ def assert_same_bits(got, expected, what):
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("V", [7, 100, 600, 1024, 1025, 5000, 16384, 20001, 50257, 131072])
+@pytest.mark.parametrize("V", [7, 100, 600, 1024, 1025, 5000, 16384, 20001, 50257, 131072, 151936, 202048, 262144])
 def test_fused_bits_do_not_depend_on_the_size_class(V, dtype):
     # The row sum is fixed-point, so every plan that holds the row gives the same bits.
     x = logits(6, V, seed=V + 12, dtype=dtype, device="cuda")
     default = run_poisoned(sc.softmax_fused, x)
     fitting = [p for p in sc.fused_plans(dtype) if p.capacity is None or p.capacity >= V]
-    assert len(fitting) >= 2, "the online plan holds any row, so at least two plans fit"
+    assert len(fitting) >= 3, "the split and loop plans hold any row up to 2^21, so at least three plans fit"
     for plan in fitting:
         assert_same_bits(run_poisoned(sc.softmax_fused, x, plan=plan), default, f"V={V} {plan.describe()}")
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("V", [33, 781, 4099, 50257, 140001])
+@pytest.mark.parametrize("V", [33, 781, 4099, 50257, 140001, 200064, 1000003])
 def test_fused_bits_do_not_depend_on_batch_layout_or_grid(V, dtype):
     x = logits(9, V, seed=V + 13, dtype=dtype, device="cuda")
     full = run_poisoned(sc.softmax_fused, x)
@@ -197,9 +260,27 @@ def test_fused_bits_do_not_depend_on_batch_layout_or_grid(V, dtype):
         )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("V", [16385, 32768, 65537, 151936, 200064, 202048, 262144, 1000000])
+def test_fused_bits_do_not_depend_on_the_batch_across_its_path_changes(V, dtype):
+    # The same rows at B = 1, 2, 64 and either side of the B at which the dispatch changes path
+    # (split below, the size class above): the bits of each row depend on its values and V alone.
+    b = sc.decode_max_b(V, dtype)
+    b_max = max(64, b + 1)
+    x = logits(b_max, V, seed=V + 25, dtype=dtype, device="cuda")
+    full = run_poisoned(sc.softmax_fused, x)
+    bs = sorted({1, 2, 64} | ({b - 1, b, b + 1} - {0} if b else set()))
+    paths = {sc.fused_path(B, V, dtype) for B in bs}
+    assert paths == ({"split", "cluster"} if b else {"split"}), f"V={V}: the B's tried take {paths}"
+    for B in bs:
+        assert_same_bits(run_poisoned(sc.softmax_fused, x[:B]), full[:B], f"V={V} B={B} {sc.fused_plan(B, V, dtype)}")
+        tail = run_poisoned(sc.softmax_fused, x[b_max - B :])
+        assert_same_bits(tail, full[b_max - B :], f"V={V} last {B} rows")
+
+
 # -- edges -----------------------------------------------------------------------------------------
 
-EDGE_V = [5, 600, 3000, 20000, 50257, 200000]
+EDGE_V = [5, 600, 3000, 20000, 50257, 200000, 300007]
 
 
 @pytest.mark.parametrize("kernel", CUDA_C, ids=lambda k: k.name)

@@ -13,9 +13,15 @@
 //                 C == 1: the block owns the whole row.
 //                 C  > 1: a thread-block cluster owns the row, each CTA a contiguous slice;
 //                 the CTAs swap their maxima, then their sums, through distributed shared memory.
-//                 This keeps 200-500 KB rows on chip and spreads a few long rows over many SMs.
-//   fused_online  rows too long for any of the above: three passes (max, sum, write); the
-//                 re-reads are served mostly by L2.
+//                 Up to 16 CTAs (a non-portable cluster size on sm_90), this keeps rows of up to
+//                 1 MB on chip and spreads a few long rows over many SMs.
+//   fused_split   P CTAs per row, each a slice in registers as above, meeting through a per-row
+//                 workspace in global memory (no cluster needed, so P is not bounded by 16):
+//                 rows past the largest cluster class, and short batches of long rows, which
+//                 it spreads over the whole GPU.
+//   fused_loop    rows too long for any of the above: P CTAs per row meet as split does, each
+//                 walking its slice in three passes (max, sum, write); the re-reads are served
+//                 mostly by L2.
 //
 // Every kind sums exp(x - max) in 64-bit fixed point (softmax_common.cuh), so a row's output
 // bits depend only on its values and V: not on B, on which CTA or lane held which element, on
@@ -151,6 +157,141 @@ __device__ __forceinline__ uint4 xor_words(uint4 v, unsigned z) {
     return make_uint4(v.x ^ z, v.y ^ z, v.z ^ z, v.w ^ z);
 }
 
+// ---- meetings through global memory: the split and loop paths ----------------------------
+// P CTAs share a row, each its own slice, and meet twice through eight 32-bit words of the row in
+// a workspace that the host zeroes once and every launch leaves zeroed:
+//   w[0]     the row's max as an order-preserving key (an atomic max)
+//   w[1]     CTAs that have folded in their max        w[2]  likewise for their sum
+//   w[3]     CTAs done with the row: the last one out zeroes the row's words for the next launch
+//   w[4..5]  the row's fixed-point sum (a 64-bit atomic add: integer addition, any order)
+// Thread 0 publishes the CTA's part, then polls the counter; an acquire load that sees all P
+// arrivals sees every part folded in before them (each arrival is a release). The wait is
+// bounded: a CTA whose partners are not resident in time (another kernel holds the SMs, or a
+// capped grid gave one CTA several parts of a row) reads the whole row itself for the same
+// exact max and the same integer sum, so nothing can deadlock and the bits are the same.
+struct SplitArgs {
+    unsigned* ws;   // 8 words per row; null when parts == 1
+    int parts;      // CTAs per row
+    int max_polls;  // polls of a counter before a CTA reads the row itself
+};
+
+// Float order as unsigned order: the sign bit flipped for positives, every bit for negatives.
+__device__ __forceinline__ unsigned max_key(float f) {
+    const unsigned u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float key_max(unsigned k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+__device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned ld_relaxed_u32(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned long long ld_relaxed_u64(const unsigned* p) {
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void red_max_u32(unsigned* p, unsigned v) {
+    asm volatile("red.relaxed.gpu.global.max.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void red_add_u64(unsigned* p, unsigned long long v) {
+    asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;\n" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void arrive_release(unsigned* p) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(p) : "memory");
+}
+__device__ __forceinline__ unsigned leave_acq_rel(unsigned* p) {
+    unsigned old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(old) : "l"(p) : "memory");
+    return old;
+}
+__device__ __forceinline__ void zero_words4(unsigned* p) {
+    asm volatile("st.relaxed.gpu.global.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"l"(p), "r"(0u) : "memory");
+}
+// True once `n` CTAs have arrived at *cnt; false after `max_polls` further polls without.
+__device__ __forceinline__ bool await_arrivals(const unsigned* cnt, unsigned n, int max_polls) {
+    unsigned pause = 32;
+    for (int i = 0;; ++i) {
+        if (ld_acquire_u32(cnt) >= n) return true;
+        if (i >= max_polls) return false;
+        asm volatile("nanosleep.u32 %0;\n" ::"r"(pause));
+        pause = min(pause * 2u, 256u);
+    }
+}
+
+// The whole row's max and fixed-point sum, read by this CTA alone (the fallback of a wait that
+// ran out). The same values the meetings give: the max is exact in any order, the sum integer.
+template <class Fmt, int NT>
+__device__ __forceinline__ float streamed_max(const typename Fmt::T* xr, int n_cols, float* red) {
+    float m = SOFTMAX_NEG_INF;
+    for (int i = threadIdx.x; i < n_cols; i += NT) m = fmaxf(m, Fmt::load1_cached(xr + i));
+    return block_max<NT / 32>(m, red);
+}
+template <class Fmt, int NT>
+__device__ __forceinline__ long long streamed_sum(const typename Fmt::T* xr, int n_cols, float m, float fscale,
+                                               long long* red) {
+    long long s = 0;
+    for (int i = threadIdx.x; i < n_cols; i += NT) s += to_fixed(fast_exp(Fmt::load1_cached(xr + i) - m), fscale);
+    return block_sum_fixed<NT / 32>(s, red);
+}
+
+// What thread 0 learnt at a meeting, for the whole CTA. The max and the sum have slots of their
+// own; each is rewritten only after a barrier that every thread passes after reading it (the
+// other meeting's), so one row's meetings never overwrite what the CTA still reads.
+struct SplitMeet {
+    float max;
+    int max_ok;
+    long long sum;
+    int sum_ok;
+};
+
+// The row's max from this CTA's slice max `m` (the same in every thread); every thread gets it.
+template <class Fmt, int NT>
+__device__ __forceinline__ float split_meet_max(const SplitArgs& a, unsigned* w, float m,
+                                                const typename Fmt::T* xr, int n_cols, SplitMeet& sm,
+                                                float* red) {
+    if (threadIdx.x == 0) {
+        // A slice of NaN only has max NaN; fmaxf, which combines the other paths' parts, skips it.
+        red_max_u32(w, max_key(m != m ? SOFTMAX_NEG_INF : m));
+        arrive_release(w + 1);
+        const bool ok = await_arrivals(w + 1, static_cast<unsigned>(a.parts), a.max_polls);
+        sm.max_ok = ok;
+        if (ok) sm.max = key_max(ld_relaxed_u32(w));
+    }
+    __syncthreads();
+    if (sm.max_ok) return sm.max;
+    return streamed_max<Fmt, NT>(xr, n_cols, red);
+}
+
+// The row's fixed-point sum from this CTA's slice sum `s`; thread 0 then leaves the row.
+template <class Fmt, int NT>
+__device__ __forceinline__ long long split_meet_sum(const SplitArgs& a, unsigned* w, long long s, float m,
+                                                    float fscale, const typename Fmt::T* xr, int n_cols,
+                                                    SplitMeet& sm, long long* red) {
+    if (threadIdx.x == 0) {
+        red_add_u64(w + 4, static_cast<unsigned long long>(s));
+        arrive_release(w + 2);
+        const bool ok = await_arrivals(w + 2, static_cast<unsigned>(a.parts), a.max_polls);
+        sm.sum_ok = ok;
+        if (ok) sm.sum = static_cast<long long>(ld_relaxed_u64(w + 4));
+        if (leave_acq_rel(w + 3) == static_cast<unsigned>(a.parts) - 1u) {
+            // Every CTA of the row has read all it needs from w: zero it for the next launch.
+            zero_words4(w);
+            zero_words4(w + 4);
+        }
+    }
+    __syncthreads();
+    if (sm.sum_ok) return sm.sum;
+    return streamed_sum<Fmt, NT>(xr, n_cols, m, fscale, red);
+}
+
 // ---- warp per row ---------------------------------------------------------------------------
 // Lane l holds elements l, l+32, l+64, ...: each load instruction of the warp reads 32
 // consecutive elements, so accesses coalesce at any row alignment without a peel.
@@ -209,48 +350,66 @@ __device__ __forceinline__ void fused_warp_body(const typename Fmt::T* __restric
 // slice max), then for the row's fixed-point sum relative to that max. Exact max and integer
 // sum make the result independent of where the slices were cut.
 //
+// SPLIT: P = parts CTAs per row instead of a cluster, meeting through global memory (above).
+// Work item i is part i % P of row i / P; a CTA walks items with the grid's stride.
+//
 // out_vec_ok says whether y - x is a multiple of 16 bytes. Then the output slice has the same
 // alignment as the input slice and the body is stored as vectors; otherwise element by element.
-template <class Fmt, int NT, int E, int C, int RPB, bool PACKED>
+template <class Fmt, int NT, int E, int C, int RPB, bool PACKED, bool SPLIT>
 __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict__ x,
                                                typename Fmt::T* __restrict__ y,
-                                               long long n_rows, int n_cols, int out_vec_ok) {
+                                               long long n_rows, int n_cols, int out_vec_ok,
+                                               const SplitArgs split) {
     typedef typename Fmt::T T;
     constexpr int VEC = Fmt::VEC;
     constexpr int NV = E / VEC;  // vectors per thread
     constexpr int NW = NT / 32;
     static_assert(E % VEC == 0, "elements per thread must be whole vectors");
     static_assert(NT % 32 == 0 && NT >= 32 && NT * RPB <= 1024, "block size");
-    static_assert(C >= 1 && C <= 8, "portable cluster size");
+    static_assert(C >= 1 && C <= 16, "cluster size (over 8: non-portable, sm_90)");
     static_assert(RPB == 1 || (NT == 32 && C == 1), "several rows per block only for warp rows");
+    static_assert(!SPLIT || (C == 1 && RPB == 1), "split rows meet in global memory, not in a cluster");
     constexpr int NVF = PACKED ? 1 : NV;  // fp32 copies held (a dummy of one when PACKED)
     constexpr int NVR = PACKED ? NV : 1;  // raw vectors held (a dummy of one otherwise)
 
     __shared__ float red_max[NW];
     __shared__ long long red_sum[NW];
     __shared__ ClusterMeet<C> meet;  // unused when C == 1
+    __shared__ SplitMeet smeet;      // unused unless SPLIT
 
     const int tid = (RPB == 1) ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x) % NT;
     const int sub = (RPB == 1) ? 0 : static_cast<int>(threadIdx.x) / NT;
     // Slices are a multiple of 8 elements long, so when the row is 16-byte aligned every
     // slice is too. Slices past the row end are empty and contribute (-inf, 0).
+    const int parts = SPLIT ? split.parts : C;
     const unsigned rank = (C > 1) ? cluster_rank() : 0u;
-    const int chunk = (C > 1) ? ((n_cols + C - 1) / C + 7) / 8 * 8 : n_cols;
-    const int start = min(static_cast<int>(rank) * chunk, n_cols);
-    const int len = min(n_cols - start, chunk);
+    const int chunk = parts > 1 ? ((n_cols + parts - 1) / parts + 7) / 8 * 8 : n_cols;
     const float fscale = fixed_point_scale(n_cols);
-    const long long row_stride = static_cast<long long>(gridDim.x / C) * RPB;
+    // Work items: rows (a cluster's CTAs walk the same ones, so all meet equally often), or
+    // (row, part) pairs for SPLIT.
+    const long long n_items = SPLIT ? n_rows * parts : n_rows;
+    const long long first = SPLIT ? static_cast<long long>(blockIdx.x)
+                                  : static_cast<long long>(blockIdx.x / C) * RPB + sub;
+    const long long step = SPLIT ? static_cast<long long>(gridDim.x) : static_cast<long long>(gridDim.x / C) * RPB;
     // Zeros for xor_words: n_cols >= 1 and n_rows >= 1, so both sign words are 0.
     const unsigned zero_a = static_cast<unsigned>(n_cols >> 31);
     const unsigned zero_b = static_cast<unsigned>(n_rows >> 63);
 
-    // Every CTA of a cluster walks the same row sequence, so all meet equally often.
     if (C > 1) meet_init(meet);
     unsigned parity = 0;
-    for (long long row = static_cast<long long>(blockIdx.x / C) * RPB + sub; row < n_rows;
-         row += row_stride, parity ^= 1u) {
-        const T* xs = x + row * n_cols + start;
+    for (long long item = first; item < n_items; item += step, parity ^= 1u) {
+        long long row = item;
+        int part = static_cast<int>(rank);
+        if constexpr (SPLIT) {
+            row = item / parts;
+            part = static_cast<int>(item - row * parts);
+        }
+        const int start = min(part * chunk, n_cols);
+        const int len = min(n_cols - start, chunk);
+        const T* xr = x + row * n_cols;
+        const T* xs = xr + start;
         T* ys = y + row * n_cols + start;
+        unsigned* w = SPLIT ? split.ws + 8 * row : nullptr;
         const SliceGeom<VEC, T> g(xs, len);
         const uint4* xv = reinterpret_cast<const uint4*>(xs + g.head);
 
@@ -290,6 +449,7 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
         }
         m = block_max<NW>(m, red_max);
         if (C > 1) m = meet_max(meet, m, rank, parity);
+        if (SPLIT && parts > 1) m = split_meet_max<Fmt, NT>(split, w, m, xr, n_cols, smeet, red_max);
 
         // exp(x - row max), kept in place: one MUFU op per element. An all -inf row gives
         // NaN throughout, as torch does; -inf elements of any other row give 0.
@@ -313,6 +473,7 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
         }
         s = block_sum_fixed<NW>(s, red_sum);
         if (C > 1) s = meet_sum(meet, s, rank, parity);
+        if (SPLIT && parts > 1) s = split_meet_sum<Fmt, NT>(split, w, s, m, fscale, xr, n_cols, smeet, red_sum);
         const float scale = fscale / static_cast<float>(s);
 
         uint4* yv = reinterpret_cast<uint4*>(ys + g.head);
@@ -346,13 +507,15 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
 }
 
 // ---- general fallback: three passes ----------------------------------------------------------
-// For rows beyond the register capacity of a cluster: the block finds the row's max, then its
-// fixed-point sum, then writes it, reading the row three times (EL elements, EL / VEC vector
-// loads, in flight per thread at a time; the re-reads are served mostly by L2).
+// For rows beyond the register capacity of every split: P CTAs share a row (meeting as split
+// does when P > 1), and each finds its slice's max, then its fixed-point sum, then writes it,
+// reading the slice three times (EL elements, EL / VEC vector loads, in flight per thread at a
+// time; the re-reads are served mostly by L2, which holds a slice of every resident CTA).
 template <class Fmt, int NT, int EL>
-__device__ __forceinline__ void fused_online_body(const typename Fmt::T* __restrict__ x,
-                                                  typename Fmt::T* __restrict__ y,
-                                                  long long n_rows, int n_cols, int out_vec_ok) {
+__device__ __forceinline__ void fused_loop_body(const typename Fmt::T* __restrict__ x,
+                                                typename Fmt::T* __restrict__ y,
+                                                long long n_rows, int n_cols, int out_vec_ok,
+                                                const SplitArgs split) {
     typedef typename Fmt::T T;
     constexpr int VEC = Fmt::VEC;
     constexpr int NW = NT / 32;
@@ -360,13 +523,23 @@ __device__ __forceinline__ void fused_online_body(const typename Fmt::T* __restr
     static_assert(EL % VEC == 0, "elements per step must be whole vectors");
     __shared__ float red_m[NW];
     __shared__ long long red_s[NW];
+    __shared__ SplitMeet smeet;
     const int tid = threadIdx.x;
     const float fscale = fixed_point_scale(n_cols);
+    const int parts = split.parts;
+    const long long chunk = parts > 1 ? ((static_cast<long long>(n_cols) + parts - 1) / parts + 7) / 8 * 8 : n_cols;
+    const long long n_items = n_rows * parts;
 
-    for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
-        const T* xs = x + row * n_cols;
-        T* ys = y + row * n_cols;
-        const SliceGeom<VEC, T> g(xs, n_cols);
+    for (long long item = blockIdx.x; item < n_items; item += gridDim.x) {
+        const long long row = item / parts;
+        const long long part = item - row * parts;
+        const int start = static_cast<int>(min(part * chunk, static_cast<long long>(n_cols)));
+        const int len = static_cast<int>(min(static_cast<long long>(n_cols - start), chunk));
+        const T* xr = x + row * n_cols;
+        const T* xs = xr + start;
+        T* ys = y + row * n_cols + start;
+        unsigned* w = parts > 1 ? split.ws + 8 * row : nullptr;
+        const SliceGeom<VEC, T> g(xs, len);
         const uint4* xv = reinterpret_cast<const uint4*>(xs + g.head);
 
         const float hx = tid < g.head ? Fmt::load1_cached(xs + tid) : SOFTMAX_NEG_INF;
@@ -390,6 +563,7 @@ __device__ __forceinline__ void fused_online_body(const typename Fmt::T* __restr
                 for (int k = 0; k < VEC; ++k) m = fmaxf(m, f[u][k]);
         }
         m = block_max<NW>(m, red_m);
+        if (parts > 1) m = split_meet_max<Fmt, NT>(split, w, m, xr, n_cols, smeet, red_m);
 
         long long s = to_fixed(fast_exp(hx - m), fscale) + to_fixed(fast_exp(tx - m), fscale);
         for (int base = 0; base < g.nvec; base += U * NT) {
@@ -410,6 +584,7 @@ __device__ __forceinline__ void fused_online_body(const typename Fmt::T* __restr
                 for (int k = 0; k < VEC; ++k) s += to_fixed(fast_exp(f[u][k] - m), fscale);
         }
         s = block_sum_fixed<NW>(s, red_s);
+        if (parts > 1) s = split_meet_sum<Fmt, NT>(split, w, s, m, fscale, xr, n_cols, smeet, red_s);
         const float inv = fscale / static_cast<float>(s);
 
         if (tid < g.head) Fmt::store1(ys + tid, fast_exp(hx - m) * inv);
@@ -455,7 +630,8 @@ __device__ __forceinline__ void fused_online_body(const typename Fmt::T* __restr
     extern "C" __global__ void __launch_bounds__(NT, 1024 / (NT))                                \
     NAME(const FMT::T* __restrict__ x, FMT::T* __restrict__ y, long long n_rows, int n_cols,   \
          int out_vec_ok) {                                                                       \
-        fused_row_body<FMT, NT, E, 1, 1, PACKED>(x, y, n_rows, n_cols, out_vec_ok);              \
+        fused_row_body<FMT, NT, E, 1, 1, PACKED, false>(x, y, n_rows, n_cols, out_vec_ok,        \
+                                                        SplitArgs{nullptr, 1, 0});               \
     }
 
 // One warp per row, RPB rows per block, vector accesses.
@@ -463,25 +639,37 @@ __device__ __forceinline__ void fused_online_body(const typename Fmt::T* __restr
     extern "C" __global__ void __launch_bounds__(32 * (RPB), 1024 / (32 * (RPB)))               \
     NAME(const FMT::T* __restrict__ x, FMT::T* __restrict__ y, long long n_rows, int n_cols,   \
          int out_vec_ok) {                                                                       \
-        fused_row_body<FMT, 32, E, 1, RPB, false>(x, y, n_rows, n_cols, out_vec_ok);             \
+        fused_row_body<FMT, 32, E, 1, RPB, false, false>(x, y, n_rows, n_cols, out_vec_ok,       \
+                                                         SplitArgs{nullptr, 1, 0});              \
     }
 
 // Thread-block clusters exist from sm_90 on; on older targets these entry points are left out
-// and the dispatcher does not ask for them.
+// and the dispatcher does not ask for them. Clusters of more than 8 CTAs are launched only
+// after cudaFuncAttributeNonPortableClusterSizeAllowed is set on the function (kernels/softmax_cuda.py).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 #define SOFTMAX_FUSED_CLUSTER(NAME, FMT, NT, E, C, PACKED)                                       \
     extern "C" __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(NT, 1024 / (NT))     \
     NAME(const FMT::T* __restrict__ x, FMT::T* __restrict__ y, long long n_rows, int n_cols,   \
          int out_vec_ok) {                                                                       \
-        fused_row_body<FMT, NT, E, C, 1, PACKED>(x, y, n_rows, n_cols, out_vec_ok);              \
+        fused_row_body<FMT, NT, E, C, 1, PACKED, false>(x, y, n_rows, n_cols, out_vec_ok,        \
+                                                        SplitArgs{nullptr, 1, 0});               \
     }
 #else
 #define SOFTMAX_FUSED_CLUSTER(NAME, FMT, NT, E, C, PACKED)
 #endif
 
-#define SOFTMAX_FUSED_ONLINE(NAME, FMT, NT, EL)                                                   \
+// P = parts CTAs per row meeting in global memory: any architecture (no cluster).
+#define SOFTMAX_FUSED_SPLIT(NAME, FMT, NT, E, PACKED)                                            \
+    extern "C" __global__ void __launch_bounds__(NT, 1024 / (NT))                                \
+    NAME(const FMT::T* __restrict__ x, FMT::T* __restrict__ y, long long n_rows, int n_cols,   \
+         int out_vec_ok, unsigned* ws, int parts, int max_polls) {                              \
+        fused_row_body<FMT, NT, E, 1, 1, PACKED, true>(x, y, n_rows, n_cols, out_vec_ok,         \
+                                                       SplitArgs{ws, parts, max_polls});         \
+    }
+
+#define SOFTMAX_FUSED_LOOP(NAME, FMT, NT, EL)                                                     \
     extern "C" __global__ void __launch_bounds__(NT, 1)                                          \
     NAME(const FMT::T* __restrict__ x, FMT::T* __restrict__ y, long long n_rows, int n_cols,   \
-         int out_vec_ok) {                                                                       \
-        fused_online_body<FMT, NT, EL>(x, y, n_rows, n_cols, out_vec_ok);                         \
+         int out_vec_ok, unsigned* ws, int parts, int max_polls) {                              \
+        fused_loop_body<FMT, NT, EL>(x, y, n_rows, n_cols, out_vec_ok, SplitArgs{ws, parts, max_polls}); \
     }
