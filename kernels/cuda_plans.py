@@ -26,15 +26,18 @@ WARPVEC_ROWS_PER_BLOCK = 8  # measured a little ahead of 2 and 4 at (32768, 600)
 # 16-byte vectors with a head/tail peel, which needs 4-8x fewer load/store instructions.
 _WARP_CLASSES = tuple((32 * ew, ew) for ew in (1, 2, 4))
 _WARPVEC_CLASSES = tuple((32 * e, e) for e in (8, 16, 24, 32))
-# (max V, threads per CTA, elements per thread, CTAs per cluster); row held in registers.
-# E = 32 needs about 60 registers, so two 512-thread CTAs (or four 256-thread ones) share an SM
-# and one CTA's loads overlap another's reductions. Rows past 16384 are split over a cluster,
-# which both keeps them on chip and spreads a small batch over more SMs. The seven-CTA class
-# exists for V around 50257: cut over 8 (fp32) or 4 (16-bit) CTAs such a row left a quarter of
-# each CTA's register slots empty, over 7 about an eighth (reports/profiles.md). Past 131072
-# clusters grow to 16 CTAs, a non-portable size sm_90 allows once the kernel asks for it; the
-# 13-CTA class holds V around 200064 with a sixteenth of its register slots empty, where the
-# 16-CTA class would leave a fifth.
+# (max V, threads per CTA, elements per thread, CTAs per cluster[, elements per thread in shared
+# memory]); row held in registers. E = 32 needs about 60 registers, so two 512-thread CTAs (or
+# four 256-thread ones) share an SM and one CTA's loads overlap another's reductions. Rows past
+# 16384 are split over a cluster, which both keeps them on chip and spreads a small batch over
+# more SMs. The seven-CTA class exists for V around 50257: cut over 8 (fp32) or 4 (16-bit) CTAs
+# such a row left a quarter of each CTA's register slots empty, over 7 about an eighth
+# (reports/profiles.md). Past 131072 the clusters stay at 8 CTAs and each thread keeps up to 40
+# more elements in shared memory (copied there with cp.async, no registers; 24 stay in registers,
+# which leaves room for the shared-memory passes within 64 registers): clusters of
+# 16 CTAs (a non-portable size sm_90 allows) held these rows in registers alone, but an H200
+# places fewer 16-CTA clusters at once than its SMs would hold, and they measured 0.72-0.89 of
+# copy bandwidth where 8-CTA clusters reach 0.95 (reports/profiles.md).
 _ROW_CLASSES = (
     (2048, 128, 16, 1),
     (4096, 128, 32, 1),
@@ -44,9 +47,9 @@ _ROW_CLASSES = (
     (57344, 256, 32, 7),
     (65536, 256, 32, 8),
     (131072, 512, 32, 8),
-    (163840, 320, 32, 16),
-    (212992, 512, 32, 13),
-    (262144, 512, 32, 16),
+    (163840, 512, 24, 8, 16),
+    (212992, 512, 24, 8, 28),
+    (262144, 512, 24, 8, 40),
 )
 # 16-bit storage, sized by bytes: past 4096 a thread keeps its 64 elements as the loaded 16-bit
 # pairs (32 registers, as many bytes as an fp32 thread's 32 elements) and widens them to fp32
@@ -54,7 +57,7 @@ _ROW_CLASSES = (
 # V >= 32000 reached only 0.54-0.73 of copy bandwidth). The CTA shapes follow the fp32 table.
 # SOFTMAX_FUSED_PACK16=0 in the environment (read at import) gives 16-bit storage the fp32
 # table instead, for comparisons.
-# (max V, threads per CTA, elements per thread, CTAs per cluster, packed)
+# (max V, threads per CTA, elements per thread, CTAs per cluster, packed[, shared-memory elements])
 PACK_16BIT_ROWS = os.environ.get("SOFTMAX_FUSED_PACK16", "1").strip() != "0"
 _ROW_CLASSES_16BIT = (
     (
@@ -66,27 +69,27 @@ _ROW_CLASSES_16BIT = (
         (57344, 128, 64, 7, True),
         (65536, 256, 64, 4, True),
         (131072, 256, 64, 8, True),
-        (163840, 160, 64, 16, True),
-        (212992, 256, 64, 13, True),
-        (262144, 256, 64, 16, True),
+        (163840, 256, 48, 8, True, 32),
+        (212992, 256, 48, 8, True, 56),
+        (262144, 256, 48, 8, True, 80),
     )
     if PACK_16BIT_ROWS
-    else tuple((v, t, e, c, False) for v, t, e, c in _ROW_CLASSES)
+    else tuple((v, t, e, c, False, *rest) for v, t, e, c, *rest in _ROW_CLASSES)
 )
-# The split path: P CTAs per row, each holding a slice of up to threads x elems elements in
-# registers as the row classes do, meeting through a per-row workspace in global memory. It
-# takes rows past the largest cluster class, up to SPLIT_MAX_PARTS slices (all of a row's CTAs
-# must be resident at once: 128 <= 2 CTAs on each of 64 SMs), and small batches of rows longer
-# than DECODE_MIN_V whose size class would run on fewer than DECODE_CTAS CTAs in all (about one
-# per SM of an H200): there it cuts each row into more slices than it needs, so that the batch
-# covers the GPU (`fused_parts`).
-# (threads per CTA, elements per thread, packed)
-_SPLIT_CLASS_32 = (512, 32, False)
-_SPLIT_CLASS_16BIT = (256, 64, True) if PACK_16BIT_ROWS else (512, 32, False)
+# The split path, for rows past the largest cluster class: P CTAs per row, each holding a slice
+# in registers and shared memory as the classes above do, meeting through a per-row workspace
+# in global memory, up to SPLIT_MAX_PARTS slices (all of a row's CTAs must be resident at once:
+# 128 <= 2 CTAs on each of 64 SMs). A small batch is cut into more slices than it needs, so that
+# it covers the GPU (`fused_parts`). (Cutting the rows the clusters hold that way measured 1-3 µs
+# slower at B <= 16 than the cluster class: two meetings through L2 cost more than the SMs
+# they add; reports/profiles.md.)
+# (threads per CTA, elements per thread, packed, shared-memory elements per thread); 16-bit rows
+# take the fp32 CTA shape here: the meetings' code needs registers the packed 256-thread CTAs
+# did not have (ptxas spilled them).
+_SPLIT_CLASS_32 = (512, 24, False, 40)
+_SPLIT_CLASS_16BIT = (512, 24, True, 40) if PACK_16BIT_ROWS else (512, 24, False, 40)
 SPLIT_MAX_PARTS = 128
-DECODE_CTAS = 128
-DECODE_MIN_V = 16384
-DECODE_MIN_SLICE = 2048  # elements: a slice shorter than this costs more in meetings than it saves
+SPREAD_MIN_SLICE = 2048  # elements: a small batch's slices are cut no shorter than this
 # The loop path, for rows past the split's capacity: P CTAs per row (as many as there are SMs, up
 # to LOOP_MAX_PARTS, slices of at least LOOP_MIN_SLICE) meet as split does and read their slice
 # three times. One 1024-thread CTA per SM, so a row's CTAs are resident together when P <= SMs.
@@ -116,14 +119,14 @@ _KINDS = {
         "SOFTMAX_FUSED_ROW({name}, {fmt}, {threads}, {elems}, {pk})",
     ),
     "cluster": (
-        "fused_cluster_{sfx}_t{threads}_e{elems}_c{cluster}{p}",
-        "cluster(cluster={cluster}, threads={threads}, elems/thread={elems}{packed})",
-        "SOFTMAX_FUSED_CLUSTER({name}, {fmt}, {threads}, {elems}, {cluster}, {pk})",
+        "fused_cluster_{sfx}_t{threads}_e{elems}_c{cluster}{p}{s}",
+        "cluster(cluster={cluster}, threads={threads}, elems/thread={elems}{stashed}{packed})",
+        "SOFTMAX_FUSED_CLUSTER({name}, {fmt}, {threads}, {elems}, {cluster}, {pk}, {stash})",
     ),
     "split": (
-        "fused_split_{sfx}_t{threads}_e{elems}{p}",
-        "split(CTAs per row meet in global memory, threads={threads}, elems/thread={elems}{packed})",
-        "SOFTMAX_FUSED_SPLIT({name}, {fmt}, {threads}, {elems}, {pk})",
+        "fused_split_{sfx}_t{threads}_e{elems}{p}{s}",
+        "split(CTAs per row meet in global memory, threads={threads}, elems/thread={elems}{stashed}{packed})",
+        "SOFTMAX_FUSED_SPLIT({name}, {fmt}, {threads}, {elems}, {pk}, {stash})",
     ),
     "loop": (
         "fused_loop_{sfx}_t{threads}",
@@ -141,6 +144,7 @@ class FusedPlan:
     elems: int  # per thread (warp kinds: per lane); 0 for loop (it walks the row)
     cluster: int = 1
     packed: bool = False  # row / cluster / split only: the body is held in 16-bit storage form
+    stash: int = 0  # cluster / split only: elements per thread held in shared memory besides
 
     @property
     def row_threads(self) -> int:
@@ -153,8 +157,12 @@ class FusedPlan:
 
     @property
     def slice_capacity(self) -> int | None:
-        """Elements one CTA (a warp, for the warp kinds) holds in registers (None: loop)."""
-        return None if self.kind == "loop" else self.row_threads * self.elems
+        """Elements one CTA (a warp, for the warp kinds) holds on chip (None: loop)."""
+        return None if self.kind == "loop" else self.row_threads * (self.elems + self.stash)
+
+    def shared_bytes(self, dtype) -> int:
+        """Dynamic shared memory a CTA of this plan needs for `dtype` (its stash)."""
+        return self.threads * self.stash * torch.tensor([], dtype=dtype).element_size()
 
     @property
     def capacity(self) -> int | None:
@@ -181,6 +189,9 @@ class FusedPlan:
             "cluster": self.cluster,
             "p": "_p" if self.packed else "",
             "packed": ", packed 16-bit" if self.packed else "",
+            "s": f"_s{self.stash}" if self.stash else "",
+            "stashed": f" + {self.stash} in shared memory" if self.stash else "",
+            "stash": self.stash,
             "pk": "true" if self.packed else "false",
             "loop_elems": LOOP_ELEMS,
         }
@@ -201,16 +212,18 @@ class FusedPlan:
 _WARP_PLANS = [(v, FusedPlan("warp", 32 * WARP_ROWS_PER_BLOCK, ew)) for v, ew in _WARP_CLASSES] + [
     (v, FusedPlan("warpvec", 32 * WARPVEC_ROWS_PER_BLOCK, e)) for v, e in _WARPVEC_CLASSES
 ]
-_ROW_PLANS_32 = [(v, FusedPlan("cluster" if c > 1 else "row", t, e, c)) for v, t, e, c in _ROW_CLASSES]
-_ROW_PLANS_16 = [(v, FusedPlan("cluster" if c > 1 else "row", t, e, c, pk)) for v, t, e, c, pk in _ROW_CLASSES_16BIT]
+_ROW_PLANS_32 = [(v, FusedPlan("cluster" if c > 1 else "row", t, e, c, False, *s)) for v, t, e, c, *s in _ROW_CLASSES]
+_ROW_PLANS_16 = [
+    (v, FusedPlan("cluster" if c > 1 else "row", t, e, c, pk, *s)) for v, t, e, c, pk, *s in _ROW_CLASSES_16BIT
+]
 _ROW_PLANS = {torch.float32: _ROW_PLANS_32, torch.bfloat16: _ROW_PLANS_16, torch.float16: _ROW_PLANS_16}
-_SPLIT_PLAN_32 = FusedPlan("split", *_SPLIT_CLASS_32[:2], packed=_SPLIT_CLASS_32[2])
-_SPLIT_PLAN_16 = FusedPlan("split", *_SPLIT_CLASS_16BIT[:2], packed=_SPLIT_CLASS_16BIT[2])
+_SPLIT_PLAN_32 = FusedPlan("split", *_SPLIT_CLASS_32[:2], 1, *_SPLIT_CLASS_32[2:])
+_SPLIT_PLAN_16 = FusedPlan("split", *_SPLIT_CLASS_16BIT[:2], 1, *_SPLIT_CLASS_16BIT[2:])
 SPLIT_PLANS = {torch.float32: _SPLIT_PLAN_32, torch.bfloat16: _SPLIT_PLAN_16, torch.float16: _SPLIT_PLAN_16}
 LOOP_PLAN = FusedPlan("loop", LOOP_THREADS, 0)
 
-# V values at which `fused` changes path for a dtype (for a large batch): V and V + 1 use
-# different kernels. The last is the split's capacity; the loop takes any V past it.
+# V values at which `fused` changes path for a dtype: V and V + 1 use different kernels. The
+# last is the split's capacity; the loop takes any V past it. The path does not depend on B.
 _WARP_BOUNDARIES = [v for v, _ in _WARP_CLASSES] + [v for v, _ in _WARPVEC_CLASSES]
 DISPATCH_BOUNDARIES_BY_DTYPE = {
     dt: _WARP_BOUNDARIES + [v for v, _ in _ROW_PLANS[dt]] + [SPLIT_PLANS[dt].capacity] for dt in FORMATS
@@ -228,37 +241,15 @@ def fused_plans(dtype) -> list[FusedPlan]:
 ALL_FUSED_PLANS = list(dict.fromkeys(p for dt in FORMATS for p in fused_plans(dt)[:-1])) + [LOOP_PLAN]
 
 
-def size_class_plan(V: int, dtype=torch.float32, clusters: bool = True) -> FusedPlan:
-    """The plan for rows of V by length alone (a large batch): the first class that holds the
-    row, else split, else loop."""
+def select_fused_plan(V: int, dtype=torch.float32, *, clusters: bool = True) -> FusedPlan:
+    """The plan for rows of V elements of `dtype`: the first class that holds the row, else
+    split, else loop. `clusters=False` is what a device without thread-block clusters (before
+    sm_90) runs: the rows the clusters hold go to split."""
     for vmax, plan in _WARP_PLANS + _ROW_PLANS[dtype]:
         if V <= vmax and (clusters or plan.cluster == 1):
             return plan
     split = SPLIT_PLANS[dtype]
     return split if V <= split.capacity else LOOP_PLAN
-
-
-def decode_max_b(V: int, dtype=torch.float32) -> int:
-    """The largest B at which rows of V take the split path instead of their cluster class
-    (B x CTAs per row < DECODE_CTAS); 0 where the dispatch does not depend on B."""
-    plan = size_class_plan(V, dtype, True)
-    if V <= DECODE_MIN_V or plan.kind != "cluster":
-        return 0
-    return -(-DECODE_CTAS // plan.cluster) - 1
-
-
-def select_fused_plan(V: int, dtype=torch.float32, *, clusters: bool = True, B: int | None = None) -> FusedPlan:
-    """The plan for rows of V elements of `dtype` in a batch of B rows (None: a large batch);
-    `clusters=False` is what a device without thread-block clusters (before sm_90) runs."""
-    plan = size_class_plan(V, dtype, clusters)
-    if B is not None and B <= decode_max_b(V, dtype):
-        return SPLIT_PLANS[dtype]
-    return plan
-
-
-# B at which the dispatch changes path for some V (B and B + 1 differ there), over all dtypes:
-# one per cluster class.
-DISPATCH_B_BOUNDARIES = sorted({decode_max_b(v, dt) for dt in FORMATS for v, _ in _ROW_PLANS[dt]} - {0})
 
 
 def slice_length(V: int, parts: int) -> int:
@@ -282,11 +273,11 @@ def fused_parts(plan: FusedPlan, B: int, V: int, sm_count: int) -> int:
     """CTAs per row for a split or loop launch of (B, V) on a GPU of `sm_count` SMs (1 otherwise).
 
     split: as few as hold the row, or, where B is small, enough that the batch has about one
-    CTA per SM (slices no shorter than DECODE_MIN_SLICE). loop: one per SM up to
+    CTA per SM (slices no shorter than SPREAD_MIN_SLICE). loop: one per SM up to
     LOOP_MAX_PARTS, slices no shorter than LOOP_MIN_SLICE. Either way every CTA of a row can be
     resident at once; the launch checks that for split (`split_fits`)."""
     if plan.kind == "split":
-        spread = min(-(-sm_count // max(B, 1)), V // DECODE_MIN_SLICE, SPLIT_MAX_PARTS)
+        spread = min(-(-sm_count // max(B, 1)), V // SPREAD_MIN_SLICE, SPLIT_MAX_PARTS)
         return max(min_parts(plan, V), spread)
     if plan.kind == "loop":
         return max(1, min(LOOP_MAX_PARTS, sm_count, -(-V // LOOP_MIN_SLICE)))
@@ -324,9 +315,9 @@ def fused_plan(B: int, V: int, dtype=torch.float32) -> str:
         raise ValueError(f"fused softmax: V must be >= 1, got {V}")
     if B == 0:
         return "empty(no launch)"
-    return select_fused_plan(V, dtype, B=B).describe()
+    return select_fused_plan(V, dtype).describe()
 
 
 def fused_path(B: int, V: int, dtype=torch.float32) -> str:
     """The path name (one of PATHS) `softmax_fused` takes for a (B, V) input on sm_90."""
-    return select_fused_plan(V, as_dtype(dtype), B=max(B, 1)).kind
+    return select_fused_plan(V, as_dtype(dtype)).kind

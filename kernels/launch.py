@@ -29,7 +29,9 @@ import torch
 
 # CUresult code for success (cuda.h).
 _CUDA_SUCCESS = 0
-# CUfunction_attribute (cuda.h): lets a kernel run in clusters of more than 8 CTAs (sm_90: 16).
+# CUfunction_attribute (cuda.h): the dynamic shared memory a kernel may be launched with (above
+# 48 KB it must be raised first), and whether it may run in clusters of more than 8 CTAs.
+FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
 
 # Argument kinds -> struct codes, each padded to an 8-byte slot so every slot is aligned for
@@ -237,5 +239,6 @@ __all__ = [
     "launch_noop",
     "current_stream",
     "driver",
+    "FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES",
     "FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED",
 ]

@@ -44,7 +44,6 @@ from .cuda_build import (
 )
 from .cuda_plans import (
     ALL_FUSED_PLANS,
-    DISPATCH_B_BOUNDARIES,
     DISPATCH_BOUNDARIES,
     DISPATCH_BOUNDARIES_BY_DTYPE,
     FORMATS,
@@ -52,7 +51,6 @@ from .cuda_plans import (
     PATHS,
     SPLIT_MAX_POLLS,
     FusedPlan,
-    decode_max_b,
     fused_parts,
     fused_path,
     fused_plan,
@@ -61,7 +59,13 @@ from .cuda_plans import (
     slice_length,
     split_fits,
 )
-from .launch import FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, KernelLauncher, current_stream, driver
+from .launch import (
+    FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+    FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+    KernelLauncher,
+    current_stream,
+    driver,
+)
 
 FUSED_DTYPES = tuple(FORMATS)
 _VEC_BYTES = 16
@@ -104,7 +108,9 @@ def _sm_count_and_major(device_index: int) -> tuple[int, int]:
 PORTABLE_CLUSTER_SIZE = 8
 
 
-def _launcher(device_index: int, path, name: str, *, block: int, arg_kinds, cluster: int = 1) -> KernelLauncher:
+def _launcher(
+    device_index: int, path, name: str, *, block: int, arg_kinds, cluster: int = 1, shared: int = 0
+) -> KernelLauncher:
     key = (device_index, name)
     launcher = _launchers.get(key)
     if launcher is not None:
@@ -120,7 +126,9 @@ def _launcher(device_index: int, path, name: str, *, block: int, arg_kinds, clus
         function = mod.get_function(name).kernel.ptr
         if cluster > PORTABLE_CLUSTER_SIZE:
             driver().set_function_attribute(function, FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, name=name)
-    launcher = _launchers[key] = KernelLauncher(name, function, arg_kinds=arg_kinds, block=block)
+        if shared:  # past 48 KB a kernel must ask for its dynamic shared memory first
+            driver().set_function_attribute(function, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared, name=name)
+    launcher = _launchers[key] = KernelLauncher(name, function, arg_kinds=arg_kinds, block=block, shared=shared)
     return launcher
 
 
@@ -183,10 +191,10 @@ class _FusedLaunch(NamedTuple):
         return units * self.cluster
 
 
-def _fused_launch(dev: int, V: int, dtype, plan: FusedPlan | None, B: int | None = None) -> _FusedLaunch:
+def _fused_launch(dev: int, V: int, dtype, plan: FusedPlan | None) -> _FusedLaunch:
     sms, major = _sm_count_and_major(dev)
     if plan is None:
-        plan = select_fused_plan(V, dtype, clusters=major >= 9, B=B)
+        plan = select_fused_plan(V, dtype, clusters=major >= 9)
         if plan.kind == "split" and not split_fits(plan, V, sms):
             plan = LOOP_PLAN  # a small GPU cannot hold all of the row's CTAs at once
     cap = plan.capacity
@@ -197,7 +205,13 @@ def _fused_launch(dev: int, V: int, dtype, plan: FusedPlan | None, B: int | None
     else:
         kinds = _ROWS_ARGS if plan.kind == "warp" else _ROWS_ARGS + ("i32",)
     launcher = _launcher(
-        dev, FUSED_SOURCE, plan.kernel_name(dtype), block=plan.threads, arg_kinds=kinds, cluster=plan.cluster
+        dev,
+        FUSED_SOURCE,
+        plan.kernel_name(dtype),
+        block=plan.threads,
+        arg_kinds=kinds,
+        cluster=plan.cluster,
+        shared=plan.shared_bytes(dtype),
     )
     if plan.kind in ("warp", "warpvec"):
         # Enough blocks to fill every SM several times over; the kernel loops over the rest.
@@ -207,11 +221,11 @@ def _fused_launch(dev: int, V: int, dtype, plan: FusedPlan | None, B: int | None
     return _FusedLaunch(plan, launcher, plan.rows_per_block, limit, plan.cluster, plan.kind != "warp", sms)
 
 
-# (dtype, V, device) -> [decode_max_b(V), launch for B <= it, launch for larger B]: the dispatched
-# plans' launches, each resolved on the first checked call that needs it. A hit in the common
-# call (a contiguous CUDA input, a new output) needs no check beyond B > 0 and contiguity: an
-# entry exists only for what passed every check once. Microseconds of Python per call are the
-# difference between beating F.softmax from Python and losing to it at small shapes.
+# (dtype, V, device) -> the dispatched plan's launch, resolved on the first checked call. A hit
+# in the common call (a contiguous CUDA input, a new output) needs no check beyond B > 0 and
+# contiguity: the entry exists only for what passed every check once. Microseconds of Python
+# per call are the difference between beating F.softmax from Python and losing to it at small
+# shapes.
 _fused_dispatch: dict = {}
 
 # (device, stream) -> the split / loop workspace: 8 int32 words per row, zeroed once and left
@@ -264,24 +278,19 @@ def softmax_fused(
         except (AttributeError, TypeError, ValueError):
             fast = None  # not a 2-D tensor: the checks below say what is wrong
         if fast is not None and B > 0 and x.is_contiguous():
-            entry = fast[1] if B <= fast[0] else fast[2]
-            if entry is not None:
-                y = torch.empty_like(x)
-                _launch_fused(entry, dev, x.data_ptr(), y.data_ptr(), B, V, None, None, None)
-                return y
+            y = torch.empty_like(x)
+            _launch_fused(fast, dev, x.data_ptr(), y.data_ptr(), B, V, None, None, None)
+            return y
     x, y = _prepare(x, out, "fused", FUSED_DTYPES)
     B, V = x.shape
     if B == 0:
         return y
     dev = x.get_device()
     if plan is None:
-        known = _fused_dispatch.get((x.dtype, V, dev))
-        if known is None:
-            known = _fused_dispatch[(x.dtype, V, dev)] = [decode_max_b(V, x.dtype), None, None]
-        slot = 1 if B <= known[0] else 2
-        entry = known[slot]
+        key = (x.dtype, V, dev)
+        entry = _fused_dispatch.get(key)
         if entry is None:
-            entry = known[slot] = _fused_launch(dev, V, x.dtype, None, B)
+            entry = _fused_dispatch[key] = _fused_launch(dev, V, x.dtype, None)
     else:
         entry = _fused_launch(dev, V, x.dtype, plan)
     if parts is not None:
@@ -334,8 +343,6 @@ __all__ = [
     "select_fused_plan",
     "DISPATCH_BOUNDARIES",
     "DISPATCH_BOUNDARIES_BY_DTYPE",
-    "DISPATCH_B_BOUNDARIES",
-    "decode_max_b",
     "fused_parts",
     "slice_length",
     "fused_plans",

@@ -7,8 +7,7 @@ outputs poisoned with NaN first, so an unwritten element shows as NaN and fails 
 
 cuda: every kernel of the registry at each of its dispatch paths and boundaries (V +/- 1), odd
       and even V up to 128256 and past fused's last row class, and B from 1 to past every
-      B-dependent threshold (Triton's rows_min_b, fused's warp grid cap, the B below which
-      fused cuts a row of V over more CTAs than its cluster class) where memory allows.
+      B-dependent threshold (Triton's rows_min_b, fused's warp grid cap) where memory allows.
 cpu:  the Triton paths under the interpreter with launch parameters scaled down so small V
       reaches each of them, the dispatch switch between tile and rows, and the NumPy float64
       reference. (The graph property needs a GPU.)
@@ -339,12 +338,9 @@ def v_boundaries(name: str, dtype) -> list[int]:
     return []
 
 
-def b_thresholds(name: str, V: int, dtype) -> list[int]:
-    """B at which the kernel switches path for rows of V (B and B + 1 run different code)."""
+def b_thresholds(name: str) -> list[int]:
     if name == "triton":
         return [b for key, b in st.DISPATCH_BOUNDARIES.items() if key.endswith("_b")]
-    if name == "fused" and sc.decode_max_b(V, dtype):
-        return [sc.decode_max_b(V, dtype)]
     return []
 
 
@@ -371,7 +367,7 @@ def deterministic_shapes(name, dtype):
 def batch_plan(name, dtype):
     plan = []
     for V in v_values(name, dtype):
-        near = {t + d for t in b_thresholds(name, V, dtype) for d in (-1, 0, 1)}
+        near = {t + d for t in b_thresholds(name) for d in (-1, 0, 1)}
         plan.append((V, tuple(sorted({min(b, b_max(V)) for b in set(COMMON_B) | near}))))
     return plan
 

@@ -20,9 +20,9 @@ FUSED_PATH_SHAPES = {
     "warp": (5, 100),
     "warpvec": (9, 600),
     "row": (3, 4097),
-    "cluster": (9, 50257),
-    "split": (2, 50257),
-    "loop": (2, 2097153),
+    "cluster": (2, 50257),
+    "split": (2, 300007),
+    "loop": (2, 4194305),
 }
 TRITON_PATH_SHAPES = {
     "tile": (5, 600),

@@ -40,11 +40,7 @@ _BOUNDARIES = set(sc.DISPATCH_BOUNDARIES) | {v for k, v in st.DISPATCH_BOUNDARIE
 V_CANDIDATES = sorted(
     {7, 33, 100, 600, 781, 1025, 2049, 5000, 20001, 50257, 140001} | {v + d for v in _BOUNDARIES for d in (-1, 1)}
 )
-B_CANDIDATES = sorted(
-    {5}
-    | {b + 1 for k, b in st.DISPATCH_BOUNDARIES.items() if k.endswith("_b")}
-    | {b + 1 for b in sc.DISPATCH_B_BOUNDARIES}
-)
+B_CANDIDATES = sorted({5} | {b + 1 for k, b in st.DISPATCH_BOUNDARIES.items() if k.endswith("_b")})
 CPU_SHAPE = (3, 37)  # the rows path's block of 4 rows is partly masked; 37 spans several scaled tiles and chunks
 
 

@@ -333,6 +333,13 @@ __device__ __forceinline__ void fused_warp_body(const typename Fmt::T* __restric
     }
 }
 
+// ---- 16-byte copies from global into shared memory that bypass registers (sm_80+) -----------
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem)), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
 // ---- warp, block (C == 1) or cluster (C > 1) per row -----------------------------------------
 // NT threads own a row slice; thread t holds body vectors t, t+NT, t+2NT, ... of it (a warp's
 // load covers 512 consecutive bytes) plus at most one head and one tail element. Capacity:
@@ -353,9 +360,16 @@ __device__ __forceinline__ void fused_warp_body(const typename Fmt::T* __restric
 // SPLIT: P = parts CTAs per row instead of a cluster, meeting through global memory (above).
 // Work item i is part i % P of row i / P; a CTA walks items with the grid's stride.
 //
+// ES > 0: each thread holds ES more elements (ES / VEC more vectors, numbered after its register
+// vectors) in dynamic shared memory, copied there by cp.async without passing through
+// registers, so a CTA holds NT * (E + ES) elements at the occupancy of NT * E. A thread reads
+// back only the vectors it copied itself, so no barrier guards them; they are kept in storage
+// form and widened (and exponentiated) again in each pass, as PACKED does, with the same
+// expressions, so the bits are those of the register classes.
+//
 // out_vec_ok says whether y - x is a multiple of 16 bytes. Then the output slice has the same
 // alignment as the input slice and the body is stored as vectors; otherwise element by element.
-template <class Fmt, int NT, int E, int C, int RPB, bool PACKED, bool SPLIT>
+template <class Fmt, int NT, int E, int C, int RPB, bool PACKED, bool SPLIT, int ES = 0>
 __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict__ x,
                                                typename Fmt::T* __restrict__ y,
                                                long long n_rows, int n_cols, int out_vec_ok,
@@ -371,7 +385,11 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
     static_assert(!SPLIT || (C == 1 && RPB == 1), "split rows meet in global memory, not in a cluster");
     constexpr int NVF = PACKED ? 1 : NV;  // fp32 copies held (a dummy of one when PACKED)
     constexpr int NVR = PACKED ? NV : 1;  // raw vectors held (a dummy of one otherwise)
+    constexpr int NS = ES / VEC;          // vectors per thread in shared memory
+    static_assert(ES % VEC == 0, "shared-memory elements per thread must be whole vectors");
+    static_assert(ES == 0 || RPB == 1, "shared-memory slices only for block rows");
 
+    extern __shared__ uint4 stash[];  // NS * NT vectors when ES > 0: [s * NT + tid]
     __shared__ float red_max[NW];
     __shared__ long long red_sum[NW];
     __shared__ ClusterMeet<C> meet;  // unused when C == 1
@@ -413,7 +431,15 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
         const SliceGeom<VEC, T> g(xs, len);
         const uint4* xv = reinterpret_cast<const uint4*>(xs + g.head);
 
-        // All loads are issued before the first use: E elements per thread in flight at once.
+        // All loads are issued before the first use: E (+ ES) elements per thread in flight.
+        if constexpr (NS > 0) {
+#pragma unroll
+            for (int q = 0; q < NS; ++q) {
+                const int vi = (NV + q) * NT + tid;
+                if (vi < g.nvec) cp_async16(&stash[q * NT + tid], xv + vi);
+            }
+            cp_async_commit();
+        }
         float v[NVF][VEC];
         uint4 r[NVR];
 #pragma unroll
@@ -447,6 +473,18 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
                 for (int k = 0; k < VEC; ++k) m = fmaxf(m, v[j][k]);
             }
         }
+        if constexpr (NS > 0) {
+            cp_async_wait_all();
+#pragma unroll
+            for (int q = 0; q < NS; ++q) {
+                if ((NV + q) * NT + tid < g.nvec) {
+                    float f[VEC];
+                    Fmt::unpack(stash[q * NT + tid], f);
+#pragma unroll
+                    for (int k = 0; k < VEC; ++k) m = fmaxf(m, f[k]);
+                }
+            }
+        }
         m = block_max<NW>(m, red_max);
         if (C > 1) m = meet_max(meet, m, rank, parity);
         if (SPLIT && parts > 1) m = split_meet_max<Fmt, NT>(split, w, m, xr, n_cols, smeet, red_max);
@@ -471,6 +509,15 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
                 }
             }
         }
+#pragma unroll
+        for (int q = 0; q < NS; ++q) {
+            if ((NV + q) * NT + tid < g.nvec) {
+                float f[VEC];
+                Fmt::unpack(stash[q * NT + tid], f);
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) s += to_fixed(fast_exp(f[k] - m), fscale);
+            }
+        }
         s = block_sum_fixed<NW>(s, red_sum);
         if (C > 1) s = meet_sum(meet, s, rank, parity);
         if (SPLIT && parts > 1) s = split_meet_sum<Fmt, NT>(split, w, s, m, fscale, xr, n_cols, smeet, red_sum);
@@ -490,6 +537,23 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
 #pragma unroll
                     for (int k = 0; k < VEC; ++k) o[k] = v[j][k] * scale;
                 }
+                if (out_vec_ok) {
+                    st_once(yv + vi, Fmt::pack(o));
+                } else {
+                    T* yp = ys + g.head + vi * VEC;
+#pragma unroll
+                    for (int k = 0; k < VEC; ++k) Fmt::store1(yp + k, o[k]);
+                }
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < NS; ++q) {
+            const int vi = (NV + q) * NT + tid;
+            if (vi < g.nvec) {
+                float o[VEC];
+                Fmt::unpack(stash[q * NT + tid], o);
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) o[k] = fast_exp(o[k] - m) * scale;
                 if (out_vec_ok) {
                     st_once(yv + vi, Fmt::pack(o));
                 } else {
@@ -647,24 +711,24 @@ __device__ __forceinline__ void fused_loop_body(const typename Fmt::T* __restric
 // and the dispatcher does not ask for them. Clusters of more than 8 CTAs are launched only
 // after cudaFuncAttributeNonPortableClusterSizeAllowed is set on the function (kernels/softmax_cuda.py).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-#define SOFTMAX_FUSED_CLUSTER(NAME, FMT, NT, E, C, PACKED)                                       \
+#define SOFTMAX_FUSED_CLUSTER(NAME, FMT, NT, E, C, PACKED, ES)                                   \
     extern "C" __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(NT, 1024 / (NT))     \
     NAME(const FMT::T* __restrict__ x, FMT::T* __restrict__ y, long long n_rows, int n_cols,   \
          int out_vec_ok) {                                                                       \
-        fused_row_body<FMT, NT, E, C, 1, PACKED, false>(x, y, n_rows, n_cols, out_vec_ok,        \
-                                                        SplitArgs{nullptr, 1, 0});               \
+        fused_row_body<FMT, NT, E, C, 1, PACKED, false, ES>(x, y, n_rows, n_cols, out_vec_ok,    \
+                                                            SplitArgs{nullptr, 1, 0});           \
     }
 #else
-#define SOFTMAX_FUSED_CLUSTER(NAME, FMT, NT, E, C, PACKED)
+#define SOFTMAX_FUSED_CLUSTER(NAME, FMT, NT, E, C, PACKED, ES)
 #endif
 
 // P = parts CTAs per row meeting in global memory: any architecture (no cluster).
-#define SOFTMAX_FUSED_SPLIT(NAME, FMT, NT, E, PACKED)                                            \
+#define SOFTMAX_FUSED_SPLIT(NAME, FMT, NT, E, PACKED, ES)                                        \
     extern "C" __global__ void __launch_bounds__(NT, 1024 / (NT))                                \
     NAME(const FMT::T* __restrict__ x, FMT::T* __restrict__ y, long long n_rows, int n_cols,   \
          int out_vec_ok, unsigned* ws, int parts, int max_polls) {                              \
-        fused_row_body<FMT, NT, E, 1, 1, PACKED, true>(x, y, n_rows, n_cols, out_vec_ok,         \
-                                                       SplitArgs{ws, parts, max_polls});         \
+        fused_row_body<FMT, NT, E, 1, 1, PACKED, true, ES>(x, y, n_rows, n_cols, out_vec_ok,     \
+                                                           SplitArgs{ws, parts, max_polls});     \
     }
 
 #define SOFTMAX_FUSED_LOOP(NAME, FMT, NT, EL)                                                     \
