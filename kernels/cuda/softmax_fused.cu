@@ -13,12 +13,14 @@
 //                 C == 1: the block owns the whole row.
 //                 C  > 1: a thread-block cluster owns the row, each CTA a contiguous slice;
 //                 the CTAs swap their maxima, then their sums, through distributed shared memory.
-//                 Up to 16 CTAs (a non-portable cluster size on sm_90), this keeps rows of up to
-//                 1 MB on chip and spreads a few long rows over many SMs.
-//   fused_split   P CTAs per row, each a slice in registers as above, meeting through a per-row
-//                 workspace in global memory (no cluster needed, so P is not bounded by 16):
-//                 rows past the largest cluster class, and short batches of long rows, which
-//                 it spreads over the whole GPU.
+//                 ES > 0: each thread keeps ES more elements in shared memory (cp.async), so
+//                 8-CTA clusters hold rows of up to 1 MB on chip. (Clusters of up to 16 CTAs,
+//                 a non-portable size on sm_90, compile and launch too; reports/profiles.md
+//                 says why the dispatch table does not use them.)
+//   fused_split   P CTAs per row, each a slice in registers and shared memory as above,
+//                 meeting through a per-row workspace in global memory (no cluster needed, so
+//                 P is not bounded by 16): rows past the largest cluster class; a small batch
+//                 is cut finer, over about one CTA per SM.
 //   fused_loop    rows too long for any of the above: P CTAs per row meet as split does, each
 //                 walking its slice in three passes (max, sum, write); the re-reads are served
 //                 mostly by L2.

@@ -148,7 +148,7 @@ def _fused(**kw):
 
 def large_runs(B, V, dtype):
     runs = {"fused": _fused()}
-    dispatched = sc.select_fused_plan(V, dtype, B=B)
+    dispatched = sc.select_fused_plan(V, dtype)
     for plan in VARIANTS.get((dtype, V), []):
         if plan != dispatched:
             name = "split_regs" if plan.kind == "split" else f"c{plan.cluster}x{plan.threads}"
