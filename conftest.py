@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.suite import gate, gpus, manifest, markers, records
+from tests.suite import coverage, gate, gpus, manifest, markers, records
 
 ROOT = Path(__file__).resolve().parent
 
@@ -21,6 +21,8 @@ if not gpus.visible_gpu_ids():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _collector = records.Collector()
+_coverage = coverage.Tracker()
+_coverage_result = pytest.StashKey[coverage.CoverageResult]()
 _gate_result = pytest.StashKey[gate.GateResult]()
 _baseline_recorded = pytest.StashKey[str]()
 _written = pytest.StashKey[list]()
@@ -137,12 +139,16 @@ def pytest_sessionstart(session):
 def pytest_runtest_logreport(report):
     # Runs in the controller for every worker's report too, so xdist runs lose nothing.
     _collector.add(report)
+    _coverage.add(report)
 
 
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
     if hasattr(config, "workerinput") or config.getoption("collectonly"):
         return  # xdist workers write nothing; the controller gathers their records
+    covered = config.stash[_coverage_result] = _coverage.result()
+    if covered.failed and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     benchmarks = records.benchmark_records(getattr(config, "_benchmarksession", None))
     # Kernel timings name the GPU they ran on, even where this process never touched CUDA itself
     # (the cuda tests ran in xdist workers): nvidia-smi names it then.
@@ -171,6 +177,9 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_terminal_summary(terminalreporter, config):
+    covered = config.stash.get(_coverage_result, None)
+    for line in covered.lines() if covered else ():
+        terminalreporter.write_line(line, red=covered.failed, bold=covered.failed)
     written = config.stash.get(_written, None)
     if written:
         terminalreporter.write_line("reports written: " + ", ".join(str(p) for p in written))
