@@ -158,3 +158,28 @@ def gated_records(factor=None, remeasured=None, *, spread=0.01) -> list[dict]:
                     r["remeasured_ratios"] = {mode: paired_ratios(base / again, 3 * PAIRED_ROUNDS[mode], spread)}
                 records.append(r)
     return records
+
+
+# -- another GPU model ---------------------------------------------------------------------------------
+
+
+def another_model(manifest: dict, model: str, *, seed: int = 0, slower: float = 1.3, spread: float = 0.1) -> dict:
+    """`manifest`'s timings as if measured on another GPU model: every time `slower` times
+    longer, each within +-spread of that (seeded), the copy ceiling 1/slower of it; every ratio
+    derived again. For testing what merges results of several machines."""
+    import random
+
+    from tests.suite.manifest import build_manifest
+    from tests.suite.merge import records_from_manifest
+
+    rng = random.Random(seed)
+    records, ceilings = records_from_manifest(manifest)
+    for r in records:
+        factor = slower * (1 + spread * (2 * rng.random() - 1))
+        for key in ("us_median", "us_min", "us_max"):
+            r[key] *= factor
+    ceilings = {k: v / slower for k, v in ceilings.items()}
+    environment = {**GPU_ENV, "gpu": {"model": model, "compute_capability": "9.0"}}
+    return build_manifest(
+        None, benchmarks=records, recorded={"ceilings": ceilings}, environment=environment, today=manifest.get("date")
+    )
