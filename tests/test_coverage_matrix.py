@@ -114,6 +114,7 @@ def seed_of(*parts) -> int:
 
 
 @pytest.mark.cuda
+@pytest.mark.quick
 @pytest.mark.parametrize("kernel, path, layout, dtype, B, V", CUDA_CASES)
 def test_cuda_path_under_layout(request, kernel, path, layout, dtype, B, V):
     k = SOFTMAX_KERNELS[kernel]
@@ -217,5 +218,6 @@ def test_every_cpu_cell_ran(request):
 
 
 @pytest.mark.cuda
+@pytest.mark.quick
 def test_every_cuda_cell_ran(request):
     _expect_every_cell(request, "cuda", "test_cuda_path_under_layout")
