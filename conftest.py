@@ -162,10 +162,10 @@ def pytest_sessionfinish(session, exitstatus):
             recorded=_collector.combined(),
             environment=environment,
         )
-    if config.getoption("regression_gate"):
+    screen = config.stash.get(gate.SCREEN, None)  # absent when the baselines could not be read
+    if config.getoption("regression_gate") and screen is not None:
         model = (environment.get("gpu") or {}).get("model")
-        baselines = config.stash[gate.SCREEN].baselines
-        baseline, where = baselines.get(model, (None, config.getoption("regression_baseline")))
+        baseline, where = screen.baselines.get(model, (None, config.getoption("regression_baseline")))
         result = gate.evaluate(baseline, benchmarks, model, source=where)
         config.stash[_gate_result] = result
         if result.failed and session.exitstatus == pytest.ExitCode.OK:
