@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.suite import gate, gpus, manifest, markers, records
+from tests.suite import coverage, gate, gpus, manifest, markers, records
 
 ROOT = Path(__file__).resolve().parent
 
@@ -21,8 +21,10 @@ if not gpus.visible_gpu_ids():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _collector = records.Collector()
-_baseline = pytest.StashKey[dict | None]()
+_coverage = coverage.Tracker()
+_coverage_result = pytest.StashKey[coverage.CoverageResult]()
 _gate_result = pytest.StashKey[gate.GateResult]()
+_baseline_recorded = pytest.StashKey[str]()
 _written = pytest.StashKey[list]()
 
 
@@ -42,13 +44,23 @@ def pytest_addoption(parser):
     group.addoption(
         "--regression-gate",
         action="store_true",
-        help="fail the run when fused or triton, relative to F.softmax, is more than 10%% slower than "
-        "in the committed manifest for the same GPU model",
+        help="fail the run when fused or triton fell behind F.softmax, beyond the noise of both runs, "
+        "against the baseline of this GPU model (tests/suite/gate.py)",
     )
     group.addoption(
         "--regression-baseline",
-        default=str(ROOT / "reports" / "manifest.json"),
-        help="the manifest --regression-gate compares with (default: the committed reports/manifest.json)",
+        default=str(gate.DEFAULT_DIR),
+        help="the baselines --regression-gate compares with: a folder of <model>.json files, one such "
+        "file, or a manifest (its figures converted, dispersion unknown) (default: reports/baselines/)",
+    )
+    group.addoption(
+        "--record-baseline",
+        nargs="?",
+        const=str(gate.DEFAULT_DIR),
+        default=None,
+        metavar="DIR",
+        help="write this run's paired measurements as the baseline of its GPU model, DIR/<model>.json "
+        "(default: reports/baselines/), keeping the cases it did not time",
     )
 
 
@@ -115,21 +127,28 @@ def record_manifest(request):
 
 
 def pytest_sessionstart(session):
-    # Read before this run's reports can overwrite the file.
+    # Read before this run can record a new baseline.
     config = session.config
     if config.getoption("regression_gate") and not hasattr(config, "workerinput"):
-        config.stash[_baseline] = manifest.read_manifest(Path(config.getoption("regression_baseline")))
+        try:
+            config.stash[gate.SCREEN] = gate.Screen(gate.load_baselines(Path(config.getoption("regression_baseline"))))
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_runtest_logreport(report):
     # Runs in the controller for every worker's report too, so xdist runs lose nothing.
     _collector.add(report)
+    _coverage.add(report)
 
 
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
     if hasattr(config, "workerinput") or config.getoption("collectonly"):
         return  # xdist workers write nothing; the controller gathers their records
+    covered = config.stash[_coverage_result] = _coverage.result()
+    if covered.failed and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     benchmarks = records.benchmark_records(getattr(config, "_benchmarksession", None))
     # Kernel timings name the GPU they ran on, even where this process never touched CUDA itself
     # (the cuda tests ran in xdist workers): nvidia-smi names it then.
@@ -143,18 +162,30 @@ def pytest_sessionfinish(session, exitstatus):
             recorded=_collector.combined(),
             environment=environment,
         )
-    if config.getoption("regression_gate"):
-        current = manifest.build_manifest(None, benchmarks=benchmarks, recorded={}, environment=environment)
-        result = gate.compare(config.stash.get(_baseline, None), current)
+    screen = config.stash.get(gate.SCREEN, None)  # absent when the baselines could not be read
+    if config.getoption("regression_gate") and screen is not None:
+        model = (environment.get("gpu") or {}).get("model")
+        baseline, where = screen.baselines.get(model, (None, config.getoption("regression_baseline")))
+        result = gate.evaluate(baseline, benchmarks, model, source=where)
         config.stash[_gate_result] = result
         if result.failed and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if config.getoption("record_baseline"):
+        config.stash[_baseline_recorded] = gate.record_baseline(
+            Path(config.getoption("record_baseline")), benchmarks, environment
+        )
 
 
 def pytest_terminal_summary(terminalreporter, config):
+    covered = config.stash.get(_coverage_result, None)
+    for line in covered.lines() if covered else ():
+        terminalreporter.write_line(line, red=covered.failed, bold=covered.failed)
     written = config.stash.get(_written, None)
     if written:
         terminalreporter.write_line("reports written: " + ", ".join(str(p) for p in written))
+    recorded = config.stash.get(_baseline_recorded, None)
+    if recorded:
+        terminalreporter.write_line(recorded)
     result = config.stash.get(_gate_result, None)
     if result is not None:
         for line in result.lines():

@@ -7,6 +7,11 @@ derives every ratio from the whole run when it ends.
     pytest -m cuda --benchmark-only -k lab               # the lab's grid only
     pytest -m cuda --benchmark-only -k "call- or floor-" # per-call and graph modes, launch floors
     pytest -m cuda --benchmark-only --regression-gate    # and fail on a regression (README: GPU CI job)
+    pytest -m "cuda and gated" --benchmark-only --regression-gate   # only the cases the gate reads
+
+The cases of the gated kernels (tests/suite/gate.py: fused, Triton) carry the marker `gated` and
+time their kernel and F.softmax in interleaved rounds, keeping the per-round ratios for the gate;
+the kernel's own times reach pytest-benchmark as in every other case.
 """
 
 import functools
@@ -21,11 +26,17 @@ import triton
 
 from kernels import SOFTMAX_KERNELS, SUPPORTED_DTYPES
 from kernels.reference import softmax_ref
+from tests.suite import gate
 from tests.suite.devicetime import (
+    CALL_ROUNDS,
+    ROUNDS,
     calls_per_round,
     capture_graph,
     device_times_us,
     graph_replay_times_us,
+    interleaved_device_times_us,
+    interleaved_graph_replay_times_us,
+    interleaved_per_call_times_us,
     per_call_times_us,
     report_times_us,
 )
@@ -92,9 +103,15 @@ def call_shapes() -> list[tuple]:
     return shapes + [(B, V, "float32") for B, V in LAB_GRID if (B, V, "float32") not in shapes]
 
 
+def gated_marks(kernel: str) -> tuple:
+    """`gated` on the cases of the kernels the regression gate compares."""
+    return (pytest.mark.gated,) if kernel in gate.GATED_KERNELS else ()
+
+
 def call_kernel_params(kernel: str, B: int, V: int, dtype: str, marks=()) -> list:
-    """The pytest marks of one call-grid case: a skip, with its reason, for the row-serial
-    kernels at long rows."""
+    """The pytest marks of one case: `gated` for the gated kernels, and a skip, with its reason,
+    for the row-serial kernels at long rows."""
+    marks = (*marks, *gated_marks(kernel))
     if kernel in ROW_SERIAL_KERNELS and not is_lab(B, V, dtype) and V > ROW_SERIAL_MAX_V:
         return [
             *marks,
@@ -190,7 +207,7 @@ def test_ceiling_copy_bandwidth(benchmark, copy_times_us, record_manifest):
         "copy_, bytes read + written, CUDA events); fp32_TFLOPS: median of 10 "
         "8192^3 fp32 matrix products (torch.mm, TF32 off, cuBLAS SGEMM, 2n^3 FLOPs)",
     )
-    benchmark.extra_info.update(ceiling="copy", bytes=nbytes, TBps=copy_TBps)
+    benchmark.extra_info.update(ceiling="copy", bytes=nbytes, TBps=copy_TBps, gpu=torch.cuda.get_device_name())
     report_times_us(benchmark, times)
     assert 0.5 < copy_TBps < 10, f"implausible copy bandwidth {copy_TBps:.2f} TB/s"
 
@@ -203,7 +220,7 @@ def test_ceiling_fp32_matmul(benchmark, record_manifest, monkeypatch):
     times = device_times_us(lambda: torch.mm(a, b), flush_l2=False, rounds=10)
     tflops = 2 * n**3 / (np.median(times) * 1e-6) / 1e12
     record_manifest("ceilings", fp32_TFLOPS=tflops)
-    benchmark.extra_info.update(ceiling="fp32", TFLOPS=tflops)
+    benchmark.extra_info.update(ceiling="fp32", TFLOPS=tflops, gpu=torch.cuda.get_device_name())
     report_times_us(benchmark, times)
     assert 5 < tflops < 120, f"implausible fp32 rate {tflops:.1f} TFLOP/s"
 
@@ -235,6 +252,7 @@ def prepared_case(name: str, B: int, V: int, dtype: torch.dtype):
         from kernels import softmax_cuda
 
         info["plan"] = softmax_cuda.fused_plan(B, V, dtype)
+    info["gpu"] = torch.cuda.get_device_name()
     return fn, x, info
 
 
@@ -245,22 +263,69 @@ def time_case(name: str, B: int, V: int, dtype: torch.dtype) -> tuple[list[float
     return device_times_us(lambda: fn(x)), info
 
 
+def graph_pair(name: str, fn, x: torch.Tensor):
+    """The kernel's call and F.softmax's, each captured in a CUDA graph (the kernel's replay
+    checked first), and measure(rounds) timing their replays in interleaved rounds."""
+    graph, out = capture_graph(lambda: fn(x))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    validate_output(f"{name} (graph replay)", x, out)
+    reference = run_kernel(gate.REFERENCE)
+    reference_graph, _ = capture_graph(lambda: reference(x))
+    return lambda rounds: interleaved_graph_replay_times_us([graph, reference_graph], rounds=rounds)
+
+
+CALL_SHAPES = frozenset(call_shapes())
+
+
 @pytest.mark.parametrize("kernel, B, V, dtype", device_cases())
-def test_softmax_speed(benchmark, kernel, B, V, dtype):
-    times, info = time_case(kernel, B, V, DTYPES[dtype])
+def test_softmax_speed(benchmark, request, kernel, B, V, dtype):
+    fn, x, info = prepared_case(kernel, B, V, DTYPES[dtype])
+    if kernel in gate.GATED_KERNELS:
+        reference = run_kernel(gate.REFERENCE)
+        times = gate.measure_paired(
+            request.config,
+            info,
+            "device",
+            lambda rounds: interleaved_device_times_us([lambda: fn(x), lambda: reference(x)], rounds=rounds),
+            rounds=ROUNDS,
+            gpu_model=info["gpu"],
+        )
+        # Where a launch is too short for the device clock, the gate reads graph replay: timed
+        # here for the shapes no call-mode case times.
+        short = info["paired_F_softmax_us"]["device"] < gate.GRAPH_MEASURED_BELOW_US
+        if short and (B, V, dtype) not in CALL_SHAPES:
+            measure = graph_pair(kernel, fn, x)
+            gate.measure_paired(request.config, info, "graph", measure, rounds=CALL_ROUNDS, gpu_model=info["gpu"])
+    else:
+        times = device_times_us(lambda: fn(x))
     benchmark.extra_info.update(mode="device", **info)
     report_times_us(benchmark, times)
 
 
 @pytest.mark.parametrize("mode, kernel, B, V, dtype", call_cases())
-def test_softmax_call_modes(benchmark, mode, kernel, B, V, dtype):
+def test_softmax_call_modes(benchmark, request, mode, kernel, B, V, dtype):
     """per_call: N back-to-back calls from Python, one synchronize; graph: one captured call
-    replayed. Both allocate the output as callers do; the graph's output is checked too."""
+    replayed. Both allocate the output as callers do; the graph's output is checked too. The
+    gated kernels are timed in interleaved rounds with F.softmax, the same way."""
     fn, x, info = prepared_case(kernel, B, V, DTYPES[dtype])
+    gated = kernel in gate.GATED_KERNELS
     if mode == "per_call":
         calls = calls_per_round(lambda: fn(x))
-        times = per_call_times_us(lambda: fn(x), calls=calls)
         info["calls_per_round"] = calls
+        if gated:
+            reference = run_kernel(gate.REFERENCE)
+
+            def measure(rounds):
+                return interleaved_per_call_times_us([lambda: fn(x), lambda: reference(x)], calls=calls, rounds=rounds)
+
+            times = gate.measure_paired(request.config, info, mode, measure, rounds=CALL_ROUNDS, gpu_model=info["gpu"])
+        else:
+            times = per_call_times_us(lambda: fn(x), calls=calls)
+    elif gated:
+        measure = graph_pair(kernel, fn, x)
+        times = gate.measure_paired(request.config, info, mode, measure, rounds=CALL_ROUNDS, gpu_model=info["gpu"])
     else:
         graph, out = capture_graph(lambda: fn(x))
         out.fill_(float("nan"))
@@ -360,7 +425,9 @@ def test_launch_floor(benchmark, name, mode):
     else:
         graph, _ = capture_graph(call)
         times = graph_replay_times_us(graph)
-    benchmark.extra_info.update(floor=name, mode=mode, B=FLOOR_SHAPE[0], V=FLOOR_SHAPE[1], dtype="float32")
+    benchmark.extra_info.update(
+        floor=name, mode=mode, B=FLOOR_SHAPE[0], V=FLOOR_SHAPE[1], dtype="float32", gpu=torch.cuda.get_device_name()
+    )
     report_times_us(benchmark, times)
     assert all(0 < t < MAX_FLOOR_US for t in times), f"{name} {mode}: implausible times {times} us"
 

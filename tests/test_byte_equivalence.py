@@ -445,6 +445,47 @@ def test_graph_invariant(gpu_kernel, record_manifest):
     conclude(record_manifest, name, DTYPE_NAMES[dtype], "graph_invariant", shapes, failures, gated=gated)
 
 
+# -- once per path: the one-minute check (pytest -m "cuda and quick") ------------------------------
+
+
+def quick_path_cases():
+    """(kernel, path, dtype, B, V): every dispatch path of our kernels in every dtype, at the
+    shape the coverage matrix reaches it with (tests/test_coverage_matrix.py `shape_for`)."""
+    from tests.test_coverage_matrix import shape_for
+
+    for name, k in kernels.SOFTMAX_KERNELS.items():
+        if k.baseline:  # measured, not gated: the quick check has nothing to fail on them
+            continue
+        for dtype in k.dtypes:
+            for path in k.paths_for(dtype):
+                shape = shape_for(k, path, dtype)
+                if shape is not None:  # else tests/test_coverage_matrix.py names the missing cell
+                    B, V = shape
+                    yield pytest.param(name, path, dtype, B, V, id=f"{name}-{path}-{DTYPE_NAMES[dtype]}-B{B}-V{V}")
+
+
+@pytest.mark.cuda
+@pytest.mark.quick
+@pytest.mark.parametrize("name, path, dtype, B, V", list(quick_path_cases()))
+def test_every_property_once_per_path(name, path, dtype, B, V):
+    """The five properties at one shape per dispatch path; the tests above measure each over
+    many shapes. Nothing is recorded: the manifest's verdicts and shapes are theirs."""
+    if name in CUPY_KERNELS:
+        pytest.importorskip("cupy", reason="the CUDA C kernels are launched through CuPy")
+    assert kernels.SOFTMAX_KERNELS[name].plan(B, V, dtype) == path
+    run, path_of = runner(name), path_namer(name, dtype)
+    batches = [(V, tuple(sorted({1, max(1, B // 2), B})))]
+    measured = {
+        "deterministic": measure_deterministic(run, [(B, V)], dtype, "cuda", path_of=path_of),
+        "batch_invariant": measure_batch_invariant(run, batches, dtype, "cuda", path_of=path_of),
+        "position_invariant": measure_position_invariant(run, [(B, V)], dtype, "cuda", path_of=path_of),
+        "stride_invariant": measure_stride_invariant(run, [(B, V)], dtype, "cuda", path_of=path_of),
+        "graph_invariant": measure_graph_invariant(run, [(B, V)], dtype, path_of=path_of),
+    }
+    failures = [f"{prop}: {failure}" for prop, (_, found) in measured.items() for failure in found]
+    assert not failures, f"{name} via {path}, {DTYPE_NAMES[dtype]} ({B}, {V}):\n  " + "\n  ".join(failures)
+
+
 @pytest.mark.cpu
 @pytest.mark.parametrize("name", ["fused", "triton"])
 @pytest.mark.parametrize("dtype", list(DTYPE_NAMES), ids=list(DTYPE_NAMES.values()))

@@ -72,6 +72,7 @@ def _path_cases():
 
 
 @pytest.mark.cuda
+@pytest.mark.quick
 @pytest.mark.parametrize("kernel, path, B, V, dtype", list(_path_cases()))
 def test_graph_replay_gives_the_eager_bits(kernel, path, B, V, dtype):
     skip_unless_runnable(SOFTMAX_KERNELS[kernel])
@@ -104,6 +105,7 @@ def test_graph_replay_gives_the_eager_bits(kernel, path, B, V, dtype):
 
 
 @pytest.mark.cuda
+@pytest.mark.quick
 @pytest.mark.parametrize("kernel, path, B, V, dtype", list(_dispatched_path_cases()))
 def test_the_remembered_common_call_gives_the_checked_calls_bits(kernel, path, B, V, dtype):
     """A call without `out` is served, from its second time for a layout on, by a launch

@@ -5,8 +5,10 @@ layouts from tests.helpers.layouts (contiguous, rows with a stride > V, a storag
 every other 16-byte alignment class, elements strided within a row). The cuda cases reach each
 path through the public entry at a shape the kernel's own `plan` sends there; the cpu cases run
 the kernels that work under the Triton interpreter (Triton reaches each path with run_path and
-scaled-down parameters). Each case records the cell it ran; the last tests check that no cell
-is left, so a path added to a kernel fails here until a case covers it.
+scaled-down parameters). Each case records the cell it ran (tests/suite/coverage.py); the last
+tests say which cells the session must run, and the session's end checks them against the cells
+every process ran (xdist workers included), so a path added to a kernel fails the run until a
+case covers it.
 """
 
 import itertools
@@ -28,10 +30,7 @@ from tests.helpers import (
     run_poisoned,
     skip_unless_runnable,
 )
-
-# Under xdist --dist loadgroup (or loadfile) this file stays in one worker, so the final checks
-# see every case.
-pytestmark = pytest.mark.xdist_group("coverage_matrix")
+from tests.suite import coverage
 
 WIDE_V = 16384  # rows longer than this are drawn wide-range (randn * 4): their sums are long
 # Row lengths tried when looking for a shape that takes a path: odd sizes, and one either side
@@ -56,10 +55,7 @@ def cells(kernels, *, dispatched=True) -> set:
     }
 
 
-def missing_cells(expected: set, covered: set) -> str:
-    """'' when covered holds every expected cell, else a line naming each missing one."""
-    missing = sorted(expected - covered)
-    return "".join(f"\n  {kernel} / {path} / {layout} / {dtype}" for kernel, path, layout, dtype in missing)
+missing_cells = coverage.missing_cells
 
 
 def shape_for(kernel, path, dtype):
@@ -107,8 +103,6 @@ def _cpu_cases():
 
 CUDA_CASES = _cuda_cases()
 CPU_CASES = _cpu_cases()
-TAKEN = {"cpu": set(), "cuda": set()}  # cells the cases below ran in this process, per platform
-STARTED: set = set()  # node ids of the cases this process started
 
 
 def seed_of(*parts) -> int:
@@ -120,9 +114,9 @@ def seed_of(*parts) -> int:
 
 
 @pytest.mark.cuda
+@pytest.mark.quick
 @pytest.mark.parametrize("kernel, path, layout, dtype, B, V", CUDA_CASES)
 def test_cuda_path_under_layout(request, kernel, path, layout, dtype, B, V):
-    STARTED.add(request.node.nodeid)
     k = SOFTMAX_KERNELS[kernel]
     skip_unless_runnable(k)
     assert k.plan(B, V, dtype) == path
@@ -136,7 +130,7 @@ def test_cuda_path_under_layout(request, kernel, path, layout, dtype, B, V):
         scale=4.0 if V > WIDE_V else 3.0,
     )
     out = run_poisoned(k, x)
-    TAKEN["cuda"].add((kernel, path, layout, dtype_id(dtype)))
+    coverage.record_cell(request.node, "cuda", (kernel, path, layout, dtype_id(dtype)))
     what = f"{kernel} via {path}, {layout}, ({B}, {V})"
     check_softmax(out, x, what=what)
 
@@ -145,7 +139,6 @@ def test_cuda_path_under_layout(request, kernel, path, layout, dtype, B, V):
 @pytest.mark.skipif(not st.INTERPRET, reason="the kernels run on CPU tensors only under the Triton interpreter")
 @pytest.mark.parametrize("kernel, path, layout, dtype", CPU_CASES)
 def test_cpu_path_under_layout(request, kernel, path, layout, dtype):
-    STARTED.add(request.node.nodeid)
     k = SOFTMAX_KERNELS[kernel]
     B, V = CPU_SHAPE
     x = logits(B, V, seed=seed_of(kernel, path, layout, dtype), dtype=dtype, layout=layout)
@@ -157,7 +150,7 @@ def test_cpu_path_under_layout(request, kernel, path, layout, dtype):
         assert k.plan(B, V, dtype) == path
         fn = k
     out = run_poisoned(fn, x)
-    TAKEN["cpu"].add((kernel, path, layout, dtype_id(dtype)))
+    coverage.record_cell(request.node, "cpu", (kernel, path, layout, dtype_id(dtype)))
     what = f"{kernel} via {path}, {layout}"
     check_softmax(out, x, what=what)
     if kernel == "triton":
@@ -189,35 +182,42 @@ def test_a_missing_cell_is_named():
     assert missing_cells(expected, expected - {dropped}) == "\n  fused / loop / offset:3 / bf16"
 
 
-def _check_taken(request, platform, case_name, expected):
+# -- every expected cell ran: declared here, checked at the session's end (tests/suite/coverage.py) --
+
+
+def expected_cells(platform: str) -> set:
+    """The cells a run of the whole matrix must run on `platform`: on the CPU every path of the
+    interpretable kernels; on a GPU every dispatched path, less the kernels whose backend this
+    machine lacks (their cases skip with that reason)."""
+    if platform == "cpu":
+        return cells((k for k in SOFTMAX_KERNELS.values() if k.interpretable), dispatched=False)
+    from tests.suite.gpus import cupy_unusable_reason
+
+    return cells(k for k in SOFTMAX_KERNELS.values() if not (needs_cupy(k) and cupy_unusable_reason()))
+
+
+def _expect_every_cell(request, platform, case_name):
+    """Where this run selected the whole matrix, tell the session which cells must run; the
+    selected cases must hold each of them."""
     cases = CPU_CASES if platform == "cpu" else CUDA_CASES
-    selected = {item.nodeid for item in request.session.items if getattr(item, "originalname", None) == case_name}
+    selected = [item for item in request.session.items if getattr(item, "originalname", None) == case_name]
     if len(selected) != len(cases):
         pytest.skip("only part of the matrix was selected in this run")
-    if not selected <= STARTED:
-        pytest.skip(
-            "the cases ran in several processes: under xdist keep this file in one worker "
-            "(--dist loadgroup or loadfile)"
-        )
-    gaps = missing_cells(expected, TAKEN[platform])
-    assert not gaps, f"cells no {platform} case ran (failed or skipped before running):{gaps}"
+    expected = expected_cells(platform)
+    coverage.expect(request.node, platform, expected)
+    params = (item.callspec.params for item in selected)
+    selected_cells = {(p["kernel"], p["path"], p["layout"], dtype_id(p["dtype"])) for p in params}
+    gaps = missing_cells(expected, selected_cells)
+    assert not gaps, f"cells no selected {platform} case runs:{gaps}"
 
 
 @pytest.mark.cpu
 @pytest.mark.skipif(not st.INTERPRET, reason="the kernels run on CPU tensors only under the Triton interpreter")
 def test_every_cpu_cell_ran(request):
-    _check_taken(
-        request,
-        "cpu",
-        "test_cpu_path_under_layout",
-        cells((k for k in SOFTMAX_KERNELS.values() if k.interpretable), dispatched=False),
-    )
+    _expect_every_cell(request, "cpu", "test_cpu_path_under_layout")
 
 
 @pytest.mark.cuda
+@pytest.mark.quick
 def test_every_cuda_cell_ran(request):
-    from tests.suite.gpus import cupy_unusable_reason
-
-    # Kernels whose backend this machine lacks were skipped with that reason, not left out.
-    runnable = [k for k in SOFTMAX_KERNELS.values() if not (needs_cupy(k) and cupy_unusable_reason())]
-    _check_taken(request, "cuda", "test_cuda_path_under_layout", cells(runnable))
+    _expect_every_cell(request, "cuda", "test_cuda_path_under_layout")

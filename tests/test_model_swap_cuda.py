@@ -12,7 +12,7 @@ from model.tokenizer import Tokenizer
 from model.torch_minigpt import GrammarMiniGPT, final_softmax
 from tests.helpers import assert_softmax_close, bits, logits
 
-pytestmark = pytest.mark.cuda
+pytestmark = [pytest.mark.cuda, pytest.mark.quick]
 
 CUDA_VS_CPU_ATOL = 1e-3  # different matmul kernels and reduction orders, TF32 off
 TRITON_VS_TORCH_ATOL = 1e-5  # same logits, only the softmax differs

@@ -204,6 +204,7 @@ def test_low_precision_error_is_no_worse_than_torch(kernel, dtype):
 
 
 @pytest.mark.cuda
+@pytest.mark.quick
 @pytest.mark.parametrize("kernel", KERNELS)
 class TestEdges:
     def test_empty_batch(self, kernel):

@@ -85,3 +85,15 @@ def test_the_old_sweep_is_still_timed():
             for B in bench.SWEEP_B:
                 if B * V * itemsize <= bench.MAX_TENSOR_BYTES:
                     assert all((k, B, V, dtype) in device for k in bench.SWEEP_KERNELS)
+
+
+def test_the_gated_kernels_cases_and_only_theirs_carry_the_gated_marker():
+    from tests.suite import gate
+
+    for param in bench.device_cases() + bench.call_cases():
+        kernel = param.values[-4]
+        gated = any(m.name == "gated" for m in param.marks)
+        assert gated == (kernel in gate.GATED_KERNELS), param.id
+    assert {p.values[-4] for p in bench.device_cases() if any(m.name == "gated" for m in p.marks)} == set(
+        gate.GATED_KERNELS
+    )

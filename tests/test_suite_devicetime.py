@@ -59,6 +59,31 @@ def test_slow_calls_get_fewer_calls_per_round(one_call_s, expected):
 
 
 @pytest.mark.cpu
+def test_interleaved_rounds_alternate_the_order_and_keep_each_calls_times():
+    clock, order = StepClock(0.0), []
+
+    def timed(name, seconds):
+        def fn():
+            order.append(name)
+            clock.now += seconds
+
+        return fn
+
+    syncs = []
+    kernel, reference = timed("k", 5e-6), timed("F", 8e-6)
+    times = devicetime.interleaved_per_call_times_us(
+        [kernel, reference], calls=2, rounds=3, warmup=1, synchronize=lambda: syncs.append(len(order)), clock=clock
+    )
+    assert times == [pytest.approx([5.0] * 3), pytest.approx([8.0] * 3)]
+    # Warm-up of each, then per round both, in an order that reverses every round.
+    assert "".join(order) == "kF" + "kkFF" + "FFkk" + "kkFF"
+    assert syncs == [2, 4, 6, 8, 10, 12, 14]  # after the warm-up and after each call's run
+    assert devicetime.paired_ratios([10.0, 9.0], [5.0, 4.5]) == [2.0, 2.0]
+    with pytest.raises(ValueError, match="2 reference times against 1 kernel times"):
+        devicetime.paired_ratios([10.0, 9.0], [5.0])
+
+
+@pytest.mark.cpu
 def test_reported_times_are_pytest_benchmarks_rounds(tmp_path):
     """Times handed to pytest-benchmark become its rounds and statistics. pytest-benchmark is
     off in xdist workers, so this runs in a session of its own, without xdist."""
@@ -92,6 +117,19 @@ def test_a_graph_replay_recomputes_the_captured_output():
     torch.testing.assert_close(out, torch.softmax(x, dim=-1), rtol=0, atol=0)
     times = devicetime.graph_replay_times_us(graph, replays=20, rounds=3)
     assert len(times) == 3 and all(t > 0 for t in times)
+
+
+@pytest.mark.cuda
+def test_interleaved_device_times_keep_each_kernels_own_times():
+    import torch
+
+    big, small = torch.randn(4096, 4096, device="cuda"), torch.randn(8, 8, device="cuda")
+    long_us, short_us = devicetime.interleaved_device_times_us([lambda: big @ big, lambda: small + 1], rounds=6)
+    assert len(long_us) == len(short_us) == 6
+    assert statistics.median(long_us) > 10 * statistics.median(short_us)
+    graphs = [devicetime.capture_graph(lambda: big @ big)[0], devicetime.capture_graph(lambda: small + 1)[0]]
+    long_us, short_us = devicetime.interleaved_graph_replay_times_us(graphs, replays=5, rounds=3)
+    assert statistics.median(long_us) > 10 * statistics.median(short_us)
 
 
 @pytest.mark.cuda

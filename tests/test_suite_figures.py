@@ -1,6 +1,9 @@
 """tests/suite/figures.py from synthetic manifests: each figure is drawn when the manifest has
 its data, nothing when it does not, and an unchanged manifest gives byte-identical PNGs."""
 
+import itertools
+import math
+
 import pytest
 
 from tests.suite import figures, manifest, synthetic
@@ -80,3 +83,57 @@ def test_figures_are_redrawn_from_a_manifest_on_disk(tmp_path, capsys):
     assert capsys.readouterr().out.count("unchanged") == len(figures.FIGURES)
     with pytest.raises(SystemExit):
         figures.main([str(tmp_path / "nowhere")])
+
+
+# -- the figures read right ---------------------------------------------------------------------------------
+
+
+def test_labels_stay_apart_and_near_their_points():
+    ys = [0.0, 0.02, 0.03, 1.0, -2.0]
+    placed = figures.spread_labels(ys, gap=0.1)
+    ordered = sorted(range(len(ys)), key=lambda i: ys[i])
+    for a, b in zip(ordered, ordered[1:], strict=False):
+        assert placed[b] - placed[a] >= 0.1 - 1e-12
+    assert placed[3] == 1.0 and placed[4] == -2.0  # a label with room stays at its point
+    assert abs(sum(placed[:3]) / 3 - sum(ys[:3]) / 3) < 1e-12  # a crowded group is centred on its points
+
+
+def committed():
+    return manifest.read_manifest(manifest.SCHEMA_PATH.parent / "manifest.json")
+
+
+def test_the_roofline_draws_every_kernel_at_the_lab_point_and_none_on_another():
+    m = committed()
+    points = figures.roofline_points(m, m["ceilings"]["hbm_copy_TBps"])
+    lab = {e["kernel"] for e in m["sweep"] if (e["B"], e["V"], e["dtype"]) == manifest.LAB_POINT}
+    assert {p["kernel"] for p in points} == lab and "torch_compile" in lab
+    for p, q in itertools.combinations(points, 2):
+        # Markers are ~8 px: apart by a tenth of an octave sideways or a tenth of a decade up.
+        apart = abs(math.log2(p["x"] / q["x"])) >= 0.1 or abs(math.log10(p["achieved"] / q["achieved"])) >= 0.1
+        assert apart, (p["kernel"], q["kernel"])
+        assert abs(math.log10(p["label"][1] / q["label"][1])) >= 0.1 or p["left"] != q["left"]
+    for p in points:
+        assert abs(math.log2(p["x"] / p["intensity"])) < 0.5  # drawn at its own intensity
+        if p["left"]:  # a label left of its point sits under the roof, where it does not cross it
+            assert p["label"][1] < m["ceilings"]["hbm_copy_TBps"] * p["label"][0] / 2
+
+
+def test_bandwidth_marks_misses_and_unmeasured_cells():
+    cells = figures.bandwidth_cells(committed())
+    fp32, bf16 = cells["float32"], cells["bfloat16"]
+    # No kernel measured fp32 (32768, 128256) (16.8 GB a tensor): all four cells are shown empty.
+    assert (128256, 32768) in fp32["shapes"]
+    assert all((128256, 32768, k) not in fp32["measured"] for k in figures.BANDWIDTH_KERNELS)
+    # bf16 (4096, 4096) moves 67 MB: below the goals' 100 MB, not a cell at all.
+    assert (4096, 4096) not in bf16["shapes"] and (4096, 4096) in fp32["shapes"]
+    assert bf16["measured"][(4096, 32768, "fused")] == pytest.approx(0.944, abs=5e-4)
+    assert figures.misses_goal("fused", 4096, 0.944) and not figures.misses_goal("fused", 4096, 0.954)
+    assert figures.misses_goal("triton", 600, 0.89) and not figures.misses_goal("triton", 600, 0.91)
+    assert not figures.misses_goal("F_softmax", 4096, 0.5)  # the baselines have no goal
+
+
+def test_call_modes_counts_where_warm_replays_beat_cold_launches():
+    entries = committed()["call_modes"]["entries"]
+    below, both = figures.warm_below_cold(entries)
+    assert (below, both) == (144, 150)
+    assert figures.warm_below_cold([{"graph_us": 2.0, "device_us": 3.0}, {"graph_us": 4.0}]) == (1, 1)

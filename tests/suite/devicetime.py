@@ -15,6 +15,12 @@
   replayed N times back to back between two events, per replay = total / N. What the call costs
   when a captured step replaces the host's launches.
 
+Each clock also times several calls in interleaved rounds (`interleaved_*`): every round times
+each call once, in an order that reverses from one round to the next, so whatever drifts during
+a case (clocks, temperature, a neighbour on the host) moves all of them alike. The regression
+gate takes the ratio of F.softmax's time to a kernel's per round (`paired_ratios`); the
+single-call functions are the same loops with one call.
+
 `report_times_us` hands any list of per-round times to pytest-benchmark, so its statistics, its
 JSON and --benchmark-compare are in the clock that was measured.
 """
@@ -40,21 +46,41 @@ MIN_CALLS_PER_ROUND = 10
 
 def device_times_us(fn, *, warmup: int = WARMUP, rounds: int = ROUNDS, flush_l2: bool = True) -> list[float]:
     """Run `fn` `warmup` times, then time `rounds` launches with CUDA events. Microseconds."""
-    for _ in range(warmup):
-        fn()
+    return interleaved_device_times_us([fn], warmup=warmup, rounds=rounds, flush_l2=flush_l2)[0]
+
+
+def round_order(fns: list, round_index: int) -> list[tuple[int, object]]:
+    """(index, fn) in the order round `round_index` times them: as given in even rounds,
+    reversed in odd ones, so neither call always runs first."""
+    order = list(enumerate(fns))
+    return order if round_index % 2 == 0 else order[::-1]
+
+
+def interleaved_device_times_us(
+    fns: list, *, warmup: int = WARMUP, rounds: int = ROUNDS, flush_l2: bool = True
+) -> list[list[float]]:
+    """Device time of each of `fns` in `rounds` interleaved rounds (one launch of each per round,
+    L2 flushed before every launch); one list of times per function, in µs."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
     torch.cuda.synchronize()
     flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda") if flush_l2 else None
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(rounds)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(rounds)]
+    events = [
+        [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(rounds)]
+        for _ in fns
+    ]
     torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
-    for start, end in zip(starts, ends, strict=True):
-        if flush is not None:
-            flush.zero_()
-        start.record()
-        fn()
-        end.record()
+    for r in range(rounds):
+        for i, fn in round_order(fns, r):
+            start, end = events[i][r]
+            if flush is not None:
+                flush.zero_()
+            start.record()
+            fn()
+            end.record()
     torch.cuda.synchronize()
-    return [start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends, strict=True)]
+    return [[start.elapsed_time(end) * 1e3 for start, end in per_fn] for per_fn in events]
 
 
 def calls_per_round(fn, *, warmup: int = WARMUP, synchronize=None, clock=time.perf_counter) -> int:
@@ -86,17 +112,35 @@ def per_call_times_us(
     not wait for it, so the host's launch cost and the GPU's kernel time overlap as they would
     in a model. `synchronize` and `clock` are parameters so the loop can be tested on the CPU.
     """
+    return interleaved_per_call_times_us(
+        [fn], calls=calls, rounds=rounds, warmup=warmup, synchronize=synchronize, clock=clock
+    )[0]
+
+
+def interleaved_per_call_times_us(
+    fns: list,
+    *,
+    calls: int = CALLS_PER_ROUND,
+    rounds: int = CALL_ROUNDS,
+    warmup: int = WARMUP,
+    synchronize=None,
+    clock=time.perf_counter,
+) -> list[list[float]]:
+    """per_call_times_us for each of `fns` in interleaved rounds: every round times `calls`
+    back-to-back calls of each function, each run ending in its own synchronize."""
     synchronize = synchronize or torch.cuda.synchronize
-    for _ in range(warmup):
-        fn()
-    synchronize()
-    times = []
-    for _ in range(rounds):
-        start = clock()
-        for _ in range(calls):
+    for fn in fns:
+        for _ in range(warmup):
             fn()
-        synchronize()
-        times.append((clock() - start) / calls * 1e6)
+    synchronize()
+    times: list[list[float]] = [[] for _ in fns]
+    for r in range(rounds):
+        for i, fn in round_order(fns, r):
+            start = clock()
+            for _ in range(calls):
+                fn()
+            synchronize()
+            times[i].append((clock() - start) / calls * 1e6)
     return times
 
 
@@ -128,19 +172,36 @@ def graph_replay_times_us(graph, *, replays: int = CALLS_PER_ROUND, rounds: int 
     The replays are queued behind a GPU busy-wait, so the host has enqueued them all before the
     start event runs: the figure is the GPU's cost per replay, not the host's replay rate.
     """
-    graph.replay()
+    return interleaved_graph_replay_times_us([graph], replays=replays, rounds=rounds)[0]
+
+
+def interleaved_graph_replay_times_us(
+    graphs: list, *, replays: int = CALLS_PER_ROUND, rounds: int = CALL_ROUNDS
+) -> list[list[float]]:
+    """graph_replay_times_us for each of `graphs` in interleaved rounds."""
+    for graph in graphs:
+        graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / replays)
+    times: list[list[float]] = [[] for _ in graphs]
+    for r in range(rounds):
+        for i, graph in round_order(graphs, r):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
+            start.record()
+            for _ in range(replays):
+                graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            times[i].append(start.elapsed_time(end) * 1e3 / replays)
     return times
+
+
+def paired_ratios(reference_us: list[float], kernel_us: list[float]) -> list[float]:
+    """Per round, the reference's time over the kernel's (above 1: the kernel is faster), from
+    two lists measured in the same interleaved rounds."""
+    if len(reference_us) != len(kernel_us) or not kernel_us:
+        raise ValueError(f"paired rounds: {len(reference_us)} reference times against {len(kernel_us)} kernel times")
+    return [r / k for r, k in zip(reference_us, kernel_us, strict=True)]
 
 
 class FedClock:

@@ -1,87 +1,594 @@
-"""The GPU regression gate: this run's speed of fused and Triton relative to F.softmax, against
-the committed manifest's figures for the same GPU model.
+"""The GPU regression gate: this run's speed of fused and Triton relative to F.softmax against
+a baseline recorded on the same GPU model, judged against the noise of both runs.
 
-Ratios, not absolute times, are compared: F.softmax measured in the same run absorbs what moves
-both (clocks, driver, a busier machine), so a ratio that drops is our kernel getting slower.
-Compared are the device-time sweep (`sweep[].frac_of_F_softmax`) and the per-call mode
-(`call_modes.entries[].x_F_softmax.per_call`); a case counts as regressed when its new ratio is
-more than TOLERANCE below the committed one.
+What is compared. A gated benchmark case times its kernel and F.softmax in interleaved rounds
+(tests/suite/devicetime.py), so whatever drifts during the case moves both, and keeps the
+per-round ratios t(F.softmax) / t(kernel) (above 1: the kernel is faster). A run's figure for a
+case is the median of its per-round ratios; its spread is the distribution-free confidence
+interval of that median (order statistics, CONFIDENCE) and the interquartile range.
+
+Which mode gates which case (`gating_modes`). Device time (one launch, L2 flushed) where
+F.softmax's device time at that shape is at least DEVICE_RELIABLE_US; below that a launch is a
+few microseconds, the device clock's jitter is a tenth of it, and graph replay (200 back-to-back
+replays per round) gates the case instead. Per-call time (wall clock from Python) gates every
+case it was measured for, with its own, larger noise floor.
+
+The rule (`judge`). slowdown = ln(baseline ratio / this run's ratio), noise = the two runs'
+log half-widths added in quadrature, each at least the mode's NOISE_FLOOR (what rounds within
+one run cannot see: the next run's clocks, placement, host). A case is flagged when
+slowdown - noise / 2 exceeds half the THRESHOLD, and a flagged case is measured again with
+REMEASURE_FACTOR times the rounds; it fails when, on the new measurement, slowdown - noise still
+exceeds half the threshold. So a drop the noise explains passes, a slowdown of half the
+threshold or less passes, and a slowdown of the threshold fails wherever the noise is below
+half of it. (Asking for the median itself to be past the threshold would pass a true slowdown
+of exactly the threshold one run in two.) A baseline of unknown dispersion (converted from a
+manifest of single medians) counts with UNKNOWN_NOISE: only large drops fail against it.
+
+Baselines live in reports/baselines/<model-slug>.json, one per GPU model: a run on a model
+without one passes with a note, and `--record-baseline` writes (or refreshes) this model's file.
 """
 
+import argparse
+import datetime
+import json
+import math
+import re
+import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.suite.manifest import write_if_changed
 
 GATED_KERNELS = ("fused", "triton")
-TOLERANCE = 0.10
+REFERENCE = "F_softmax"
+MODES = ("device", "graph", "per_call")
+MODE_NAMES = {"device": "device time", "graph": "graph replay", "per_call": "per call"}
+
+THRESHOLD = 0.10  # the slowdown relative to F.softmax the gate exists to catch
+CONFIDENCE = 0.95  # of the interval around each run's median ratio
+NOISE_FLOOR = {"device": 0.02, "graph": 0.02, "per_call": 0.10}  # per run, relative
+UNKNOWN_NOISE = {"device": 0.10, "graph": 0.10, "per_call": 0.20}  # a baseline without dispersion
+REMEASURE_FACTOR = 3
+DEVICE_RELIABLE_US = 20.0  # F.softmax's device time from which device time gates a shape
+# Shapes whose F.softmax device time is below this are also timed in graph replay where no
+# call-mode case does it, so a shape near DEVICE_RELIABLE_US has both measurements.
+GRAPH_MEASURED_BELOW_US = 2 * DEVICE_RELIABLE_US
+
+BASELINE_FORMAT = 1
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "reports" / "baselines"
 
 
-def speed_ratios(manifest: dict | None) -> dict[tuple, float]:
-    """{(kernel, B, V, dtype, mode): speed relative to F.softmax} for the gated kernels."""
-    ratios = {}
-    for e in (manifest or {}).get("sweep") or []:
-        if e["kernel"] in GATED_KERNELS and e.get("frac_of_F_softmax") is not None:
-            ratios[(e["kernel"], e["B"], e["V"], e["dtype"], "device")] = e["frac_of_F_softmax"]
-    for e in ((manifest or {}).get("call_modes") or {}).get("entries") or []:
-        ratio = (e.get("x_F_softmax") or {}).get("per_call")
-        if e["kernel"] in GATED_KERNELS and ratio is not None:
-            ratios[(e["kernel"], e["B"], e["V"], e["dtype"], "per_call")] = ratio
-    return ratios
+# -- statistics of one run --------------------------------------------------------------------------
+
+
+def median_ci_ranks(n: int, confidence: float = CONFIDENCE) -> tuple[int, int]:
+    """0-based ranks (lo, hi) of the sorted values that bound a distribution-free confidence
+    interval of the median of n values: the largest k with P(Binomial(n, 1/2) < k) <= alpha/2
+    gives ranks k-1 and n-k (the whole range where n is too small for the level)."""
+    if n < 1:
+        raise ValueError("no values")
+    alpha, k, below = 1 - confidence, 0, 0.0
+    while k < n // 2:
+        below_next = below + math.comb(n, k) / 2**n  # P(X <= k)
+        if below_next > alpha / 2:
+            break
+        below, k = below_next, k + 1
+    k = max(k, 1)
+    return k - 1, n - k
+
+
+def summarize(ratios: list[float]) -> dict:
+    """A run's figure for one case: {ratio (median), ci [lo, hi], iqr [q1, q3], rounds}."""
+    values = sorted(float(r) for r in ratios)
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        raise ValueError(f"paired ratios must be finite and positive, got {ratios!r}")
+    lo, hi = median_ci_ranks(len(values))
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
+    return {
+        "ratio": _round(statistics.median(values)),
+        "ci": [_round(values[lo]), _round(values[hi])],
+        "iqr": [_round(q1), _round(q3)],
+        "rounds": len(values),
+    }
+
+
+def _round(x: float) -> float:
+    return float(f"{x:.6g}")
+
+
+def run_noise(summary: dict, mode: str) -> float:
+    """A run's relative noise on its ratio (log half-width of the median's interval), at least
+    the mode's floor; UNKNOWN_NOISE where the run recorded no dispersion."""
+    ci = summary.get("ci")
+    if not ci:
+        return UNKNOWN_NOISE[mode]
+    lo, hi = ci
+    return max((math.log(hi) - math.log(lo)) / 2, NOISE_FLOOR[mode])
+
+
+@dataclass(frozen=True)
+class Judgement:
+    slowdown: float  # ln(old ratio / new ratio): above 0, the kernel fell behind F.softmax
+    noise: float  # both runs' noise, in the same log units
+
+    @property
+    def flagged(self) -> bool:
+        return self.slowdown - self.noise / 2 > math.log1p(THRESHOLD / 2)
+
+    @property
+    def regressed(self) -> bool:
+        return self.slowdown - self.noise > math.log1p(THRESHOLD / 2)
+
+    def describe(self) -> str:
+        change = math.expm1(self.slowdown)
+        moved = f"{change:.1%} slower" if change >= 0 else f"{-change:.1%} faster"
+        return f"{moved}, noise ±{math.expm1(self.noise):.1%}"
+
+
+def judge(old: dict, new: dict, mode: str) -> Judgement:
+    """Compare this run's summary of a case with the baseline's, in one mode."""
+    return Judgement(
+        slowdown=math.log(old["ratio"] / new["ratio"]),
+        noise=math.hypot(run_noise(old, mode), run_noise(new, mode)),
+    )
+
+
+# -- baselines -------------------------------------------------------------------------------------------
+
+
+def model_slug(model: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3': the baseline's file name."""
+    slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")
+    if not slug:
+        raise ValueError(f"GPU model {model!r} has no letters or digits to name a baseline after")
+    return slug
+
+
+def case_key(case: dict) -> tuple:
+    return (case["kernel"], int(case["B"]), int(case["V"]), case["dtype"])
+
+
+def gating_modes(case: dict) -> tuple[str, ...]:
+    """The modes that gate a baseline case: device time where F.softmax's device time there is
+    at least DEVICE_RELIABLE_US (or unknown), else graph replay where the baseline has it, else
+    device time; and per-call time wherever it was measured."""
+    measured = case.get("modes") or {}
+    f_us = case.get("F_softmax_device_us")
+    short = f_us is not None and f_us < DEVICE_RELIABLE_US
+    timed = "graph" if short and "graph" in measured else "device"
+    return tuple(m for m in (timed, "per_call") if m in measured)
+
+
+def _stamp(environment: dict, today: str) -> dict:
+    return {
+        "date": today,
+        "versions": {k: v for k, v in (environment.get("versions") or {}).items() if v is not None},
+        "command": environment.get("command"),
+    }
+
+
+def baseline_document(gpu: dict, cases: list[dict], *, recorded: dict, source: str) -> dict:
+    return {
+        "format": BASELINE_FORMAT,
+        "gpu": {"model": gpu.get("model"), "compute_capability": gpu.get("compute_capability")},
+        "recorded": recorded,
+        "source": source,
+        "rule": RULE_TEXT,
+        "cases": sorted(cases, key=lambda c: (c["dtype"], c["V"], c["B"], c["kernel"])),
+    }
+
+
+RULE_TEXT = (
+    f"gated kernels {', '.join(GATED_KERNELS)}; ratio = t({REFERENCE}) / t(kernel) per interleaved round, "
+    f"median and its {CONFIDENCE:.0%} interval per run; device time gates a shape where {REFERENCE}'s device "
+    f"time is >= {DEVICE_RELIABLE_US:g} us, graph replay below; per-call time gates every shape it was "
+    f"measured at; a case fails when ln(old/new) - noise > ln(1 + {THRESHOLD:g}/2), noise = both runs' "
+    "interval half-widths in quadrature, each at least " + ", ".join(f"{NOISE_FLOOR[m]:g} ({m})" for m in MODES)
+)
+
+
+def baseline_from_manifest(manifest: dict, *, source: str = "manifest") -> dict:
+    """A baseline from a manifest's single medians (`sweep[].frac_of_F_softmax`,
+    `call_modes.entries[].x_F_softmax`): ratios of separately timed cases, dispersion unknown
+    (null), which the gate treats with UNKNOWN_NOISE."""
+    gpu = manifest.get("gpu") or {}
+    if not gpu.get("model"):
+        raise ValueError(f"{source}: the manifest names no GPU model, so its figures are no GPU's baseline")
+    f_device = {case_key(e)[1:]: e["us_median"] for e in manifest.get("sweep") or [] if e["kernel"] == REFERENCE}
+    cases: dict[tuple, dict] = {}
+
+    def case(e):
+        key = case_key(e)
+        if key not in cases:
+            cases[key] = dict(zip(("kernel", "B", "V", "dtype"), key, strict=True))
+            if key[1:] in f_device:
+                cases[key]["F_softmax_device_us"] = _round(f_device[key[1:]])
+            cases[key]["modes"] = {}
+        return cases[key]
+
+    unknown = {"ci": None, "iqr": None, "rounds": None}
+    for e in manifest.get("sweep") or []:
+        if e["kernel"] in GATED_KERNELS and e.get("frac_of_F_softmax"):
+            case(e)["modes"]["device"] = {"ratio": _round(e["frac_of_F_softmax"]), **unknown}
+    for e in (manifest.get("call_modes") or {}).get("entries") or []:
+        ratios = e.get("x_F_softmax") or {}
+        if e["kernel"] in GATED_KERNELS:
+            for mode in ("graph", "per_call"):
+                if ratios.get(mode):
+                    case(e)["modes"][mode] = {"ratio": _round(ratios[mode]), **unknown}
+    stamp = (manifest.get("provenance") or {}).get("sweep") or {}
+    return baseline_document(
+        gpu,
+        list(cases.values()),
+        recorded={"date": stamp.get("date") or manifest.get("date"), "versions": stamp.get("versions") or {}},
+        source=f"converted from {source} of {manifest.get('date')}: ratios of single medians of separately "
+        "timed cases, dispersion unknown (counted as UNKNOWN_NOISE until a baseline is recorded with "
+        "--record-baseline)",
+    )
+
+
+def measurements(records: list[dict]) -> dict[tuple, dict]:
+    """{(kernel, B, V, dtype): {"F_softmax_device_us": .., "modes": {mode: {"first": summary,
+    "remeasured": summary or None}}}} from this run's benchmark records."""
+    found: dict[tuple, dict] = {}
+    for r in records:
+        paired = r.get("paired_ratios") or {}
+        if not paired or "kernel" not in r:
+            continue
+        entry = found.setdefault(case_key(r), {"modes": {}})
+        f_us = (r.get("paired_F_softmax_us") or {}).get("device")
+        if f_us is not None:
+            entry["F_softmax_device_us"] = _round(f_us)
+        for mode, ratios in paired.items():
+            again = (r.get("remeasured_ratios") or {}).get(mode)
+            entry["modes"][mode] = {"first": summarize(ratios), "remeasured": summarize(again) if again else None}
+    return found
+
+
+def baseline_from_records(
+    records: list[dict], environment: dict, *, previous: dict | None = None, today: str | None = None
+) -> dict | None:
+    """This run's paired measurements as a baseline for its GPU model (the re-measured figure
+    where a case has one); cases of `previous` (the same model's) this run did not time are
+    kept. None when the run timed no paired case."""
+    gpu = environment.get("gpu") or {}
+    found = measurements(records)
+    if not found or not gpu.get("model"):
+        return None
+    today = today or datetime.date.today().isoformat()
+    cases = {case_key(c): c for c in (previous or {}).get("cases") or []}
+    for key, entry in found.items():
+        case = dict(zip(("kernel", "B", "V", "dtype"), key, strict=True))
+        if "F_softmax_device_us" in entry:
+            case["F_softmax_device_us"] = entry["F_softmax_device_us"]
+        elif "F_softmax_device_us" in cases.get(key, {}):
+            case["F_softmax_device_us"] = cases[key]["F_softmax_device_us"]
+        modes = dict((cases.get(key) or {}).get("modes") or {})
+        modes.update({m: v["remeasured"] or v["first"] for m, v in entry["modes"].items()})
+        case["modes"] = {m: modes[m] for m in MODES if m in modes}
+        cases[key] = case
+    return baseline_document(
+        gpu,
+        list(cases.values()),
+        recorded=_stamp(environment, today),
+        source="paired rounds (per-round ratios to F.softmax in interleaved rounds)",
+    )
+
+
+def check_baseline(doc, where: str) -> dict:
+    """`doc` if it is a baseline this module can use, else ValueError naming what is wrong."""
+
+    def bad(why):
+        raise ValueError(f"{where}: not a usable gate baseline: {why}")
+
+    if not isinstance(doc, dict) or doc.get("format") != BASELINE_FORMAT:
+        bad(f"expected a JSON object with format {BASELINE_FORMAT}")
+    if not isinstance((doc.get("gpu") or {}).get("model"), str):
+        bad("gpu.model is missing")
+    if not isinstance(doc.get("cases"), list):
+        bad("cases is not a list")
+    for case in doc["cases"]:
+        try:
+            case_key(case)
+            modes = case["modes"]
+        except (KeyError, TypeError, ValueError):
+            bad(f"a case lacks kernel / B / V / dtype / modes: {case!r}")
+        for mode, figure in modes.items():
+            if mode not in MODES:
+                bad(f"{case_key(case)}: unknown mode {mode!r} (one of {', '.join(MODES)})")
+            ratio, ci = figure.get("ratio"), figure.get("ci")
+            if not (isinstance(ratio, int | float) and ratio > 0):
+                bad(f"{case_key(case)} {mode}: ratio {ratio!r} is not a positive number")
+            if ci is not None and not (len(ci) == 2 and 0 < ci[0] <= ratio <= ci[1]):
+                bad(f"{case_key(case)} {mode}: interval {ci!r} does not hold the ratio {ratio}")
+    return doc
+
+
+def read_baseline(path: Path) -> dict:
+    """A baseline file, or a manifest converted into one (dispersion unknown)."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: cannot read a baseline ({exc})") from None
+    if isinstance(doc, dict) and "experiment" in doc and "format" not in doc:
+        return baseline_from_manifest(doc, source=str(path))
+    return check_baseline(doc, str(path))
+
+
+def load_baselines(path: Path) -> dict[str, tuple[dict, str]]:
+    """{GPU model: (baseline, where it came from)} from a folder of <model-slug>.json files, or
+    from one file (a baseline or a manifest)."""
+    path = Path(path)
+    files = sorted(path.glob("*.json")) if path.is_dir() else [path] if path.exists() else []
+    found: dict[str, tuple[dict, str]] = {}
+    for file in files:
+        doc = read_baseline(file)
+        model = doc["gpu"]["model"]
+        if model in found:
+            raise ValueError(f"{file}: a second baseline for {model} (the first is {found[model][1]})")
+        found[model] = (doc, str(file))
+    return found
+
+
+def serialise_baseline(doc: dict) -> bytes:
+    """JSON with one line per case, so a diff of a re-recorded baseline reads case by case."""
+    head = {k: v for k, v in doc.items() if k != "cases"}
+    text = json.dumps(head, indent=1, allow_nan=False)[:-2]
+    cases = ",\n  ".join(json.dumps(c, allow_nan=False) for c in doc["cases"])
+    return f'{text},\n "cases": [\n  {cases}\n ]\n}}\n'.encode()
+
+
+def write_baseline(directory: Path, doc: dict) -> Path | None:
+    """Write `doc` to directory/<model-slug>.json; returns the path if its contents changed."""
+    path = Path(directory) / f"{model_slug(doc['gpu']['model'])}.json"
+    return path if write_if_changed(path, serialise_baseline(doc)) else None
+
+
+def record_baseline(directory: Path, records: list[dict], environment: dict, today: str | None = None) -> str:
+    """Write this run's paired measurements as its GPU model's baseline in `directory`, keeping
+    the cases of the model's earlier baseline this run did not time. Returns what happened."""
+    model = (environment.get("gpu") or {}).get("model")
+    if not model:
+        return "no baseline recorded: this run measured no GPU"
+    path = Path(directory) / f"{model_slug(model)}.json"
+    previous = read_baseline(path) if path.exists() else None
+    doc = baseline_from_records(records, environment, previous=previous, today=today)
+    if doc is None:
+        return f"no baseline recorded for {model}: this run timed no gated case"
+    written = write_baseline(directory, doc)
+    state = "written" if written else "unchanged"
+    return f"baseline for {model} {state}: {path} ({len(doc['cases'])} cases)"
+
+
+# -- in the session: flag and re-measure ------------------------------------------------------------------
+
+
+class Screen:
+    """The session's baselines, read before the run, for the benchmark cases to check their
+    first measurement against (and measure again where it is flagged)."""
+
+    def __init__(self, baselines: dict[str, tuple[dict, str]]):
+        self.baselines = baselines
+        self._cases = {model: {case_key(c): c for c in doc["cases"]} for model, (doc, _) in baselines.items()}
+
+    def baseline_case(self, model: str | None, key: tuple) -> dict | None:
+        return self._cases.get(model, {}).get(tuple(key))
+
+    def flags(self, model: str | None, key: tuple, mode: str, ratios: list[float]) -> bool:
+        case = self.baseline_case(model, key)
+        if case is None or mode not in gating_modes(case):
+            return False
+        return judge(case["modes"][mode], summarize(ratios), mode).flagged
+
+
+SCREEN = pytest.StashKey[Screen]()
+
+
+def screen_of(config) -> Screen | None:
+    """The session's Screen where --regression-gate is on, else None."""
+    return config.stash.get(SCREEN, None)
+
+
+def measure_paired(config, case: dict, mode: str, measure, *, rounds: int, gpu_model: str | None) -> list[float]:
+    """Time a kernel against F.softmax in `rounds` interleaved rounds of `mode`:
+    measure(rounds) -> (kernel times, F.softmax times). The per-round ratios and F.softmax's
+    median go into `case` (a benchmark's extra_info); where this session's gate flags the case
+    against its baseline, it is measured again with REMEASURE_FACTOR times the rounds and those
+    ratios are kept too. Returns the kernel's times of the first measurement."""
+    times, reference = measure(rounds)
+    ratios = [r / k for r, k in zip(reference, times, strict=True)]
+    case.setdefault("paired_ratios", {})[mode] = ratios
+    case.setdefault("paired_F_softmax_us", {})[mode] = statistics.median(reference)
+    screen = screen_of(config)
+    if screen is not None and screen.flags(gpu_model, case_key(case), mode, ratios):
+        again, reference = measure(rounds * REMEASURE_FACTOR)
+        case.setdefault("remeasured_ratios", {})[mode] = [r / k for r, k in zip(reference, again, strict=True)]
+    return times
+
+
+# -- at the end of the session ----------------------------------------------------------------------------
+
+
+def _case_name(key: tuple, mode: str) -> str:
+    kernel, B, V, dtype = key
+    return f"{kernel} B={B} V={V} {dtype} {mode}"
+
+
+def _figure(summary: dict) -> str:
+    ci = summary.get("ci")
+    spread = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else " [spread unknown]"
+    return f"{summary['ratio']:.3f}{spread}"
 
 
 @dataclass
 class GateResult:
     gpu_model: str | None
-    compared: int = 0
-    without_baseline: int = 0
-    regressions: list[dict] = field(default_factory=list)
+    source: str = ""
+    compared: dict = field(default_factory=dict)  # mode -> cases compared
+    flagged: list[dict] = field(default_factory=list)
+    not_measured: int = 0  # gated baseline cases this run did not time
+    largest_unflagged: dict | None = None
     note: str | None = None
+
+    @property
+    def regressions(self) -> list[dict]:
+        return [f for f in self.flagged if f["verdict"] == "regressed"]
 
     @property
     def failed(self) -> bool:
         return bool(self.regressions)
 
     def lines(self) -> list[str]:
-        """What the terminal summary prints: a verdict, then one line per regressed case."""
+        """What the terminal summary prints: the verdict, how cases were gated, and one line
+        per flagged case (old, new, both spreads, what the re-measurement found)."""
         if self.note:
             return [f"regression gate: {self.note}"]
-        head = (
-            f"regression gate ({self.gpu_model}): {self.compared} cases compared with the committed "
-            f"manifest, {len(self.regressions)} regressed by more than {TOLERANCE:.0%} "
-            f"({self.without_baseline} without a committed figure)"
+        total = sum(self.compared.values())
+        by_mode = ", ".join(
+            f"{self.compared[m]} in {MODE_NAMES[m]}"
+            + (f" ({REFERENCE} under {DEVICE_RELIABLE_US:g} us in device time)" if m == "graph" else "")
+            for m in MODES
+            if self.compared.get(m)
         )
-        return [head] + [
-            f"  REGRESSED {r['kernel']} B={r['B']} V={r['V']} {r['dtype']} {r['mode']}: "
-            f"{r['old_ratio']:.3f} -> {r['new_ratio']:.3f} x F.softmax"
-            for r in self.regressions
+        lines = [
+            f"regression gate ({self.gpu_model}; baseline {self.source}): {total} cases compared: {by_mode}",
+            f"  a case fails when its slowdown relative to {REFERENCE}, less both runs' noise, exceeds "
+            f"{THRESHOLD / 2:.0%} (half the {THRESHOLD:.0%} threshold); noise floors per run: "
+            + ", ".join(f"{MODE_NAMES[m]} {NOISE_FLOOR[m]:.0%}" for m in MODES),
+            f"  {len(self.regressions)} regressed; {len(self.flagged)} flagged and re-measured with "
+            f"{REMEASURE_FACTOR}x the rounds"
+            + (f"; {self.not_measured} gated cases not timed in this run" if self.not_measured else ""),
         ]
+        for f in self.flagged:
+            verdict = "REGRESSED   " if f["verdict"] == "regressed" else "within noise"
+            line = (
+                f"  {verdict} {_case_name(f['key'], f['mode'])}: {_figure(f['old'])} -> {_figure(f['new'])} "
+                f"x {REFERENCE}, {f['first'].describe()}"
+            )
+            if f.get("remeasured"):
+                line += f"; re-measured {_figure(f['remeasured'])}, {f['second'].describe()}"
+            else:
+                line += "; not re-measured"
+            lines.append(line)
+        if self.largest_unflagged:
+            u = self.largest_unflagged
+            lines.append(
+                f"  largest slowdown not flagged: {_case_name(u['key'], u['mode'])}, {u['judgement'].describe()}"
+            )
+        return lines
 
 
-def compare(committed: dict | None, current: dict, tolerance: float = TOLERANCE) -> GateResult:
-    """Gate this run's manifest (`current`, built from this run's records alone) against the
-    committed one. A different GPU model (or none committed) is no baseline: noted, not failed."""
-    model = (current.get("gpu") or {}).get("model")
-    if not model:
+def evaluate(baseline: dict | None, records: list[dict], gpu_model: str | None, *, source: str = "") -> GateResult:
+    """Gate this run's paired measurements (from its benchmark records) against the baseline of
+    its GPU model. No GPU, no baseline or nothing timed is a note, not a failure."""
+    if not gpu_model:
         return GateResult(None, note="this run measured no GPU: nothing to compare")
-    committed_model = ((committed or {}).get("gpu") or {}).get("model")
-    if committed_model != model:
+    if baseline is None:
         return GateResult(
-            model, note=f"no baseline for {model} (the committed manifest is for {committed_model or 'no GPU'})"
+            gpu_model,
+            note=f"no baseline for {gpu_model} ({source or 'none found'}): passed without comparing; "
+            "record one with --record-baseline",
         )
-    old, new = speed_ratios(committed), speed_ratios(current)
-    result = GateResult(model, compared=len(new.keys() & old.keys()), without_baseline=len(new.keys() - old.keys()))
-    for key in sorted(new.keys() & old.keys(), key=lambda k: (k[4], k[3], k[2], k[1], k[0])):
-        if new[key] < old[key] * (1 - tolerance):
-            kernel, B, V, dtype, mode = key
-            result.regressions.append(
+    current = measurements(records)
+    result = GateResult(gpu_model, source=describe_source(baseline, source))
+    for case in baseline["cases"]:
+        key = case_key(case)
+        for mode in gating_modes(case):
+            measured = (current.get(key) or {}).get("modes", {}).get(mode)
+            if measured is None:
+                result.not_measured += 1
+                continue
+            result.compared[mode] = result.compared.get(mode, 0) + 1
+            old = case["modes"][mode]
+            first = judge(old, measured["first"], mode)
+            if not first.flagged:
+                top = result.largest_unflagged
+                if top is None or first.slowdown > top["judgement"].slowdown:
+                    result.largest_unflagged = {"key": key, "mode": mode, "judgement": first}
+                continue
+            again = measured["remeasured"]
+            second = judge(old, again, mode) if again else None
+            regressed = second.regressed if second else first.regressed
+            result.flagged.append(
                 {
-                    "kernel": kernel,
-                    "B": B,
-                    "V": V,
-                    "dtype": dtype,
+                    "key": key,
                     "mode": mode,
-                    "old_ratio": old[key],
-                    "new_ratio": new[key],
+                    "old": old,
+                    "new": measured["first"],
+                    "first": first,
+                    "remeasured": again,
+                    "second": second,
+                    "verdict": "regressed" if regressed else "within noise",
                 }
             )
-    if not new:
-        result.note = f"this run timed no fused / triton case on {model}: nothing to compare"
+    if not result.compared:
+        result.note = (
+            f"this run timed none of the {result.not_measured} cases the baseline for {gpu_model} gates "
+            f"({source}): nothing to compare"
+        )
+    result.flagged.sort(key=lambda f: (f["verdict"] != "regressed", MODES.index(f["mode"]), f["key"]))
     return result
+
+
+def describe_source(doc: dict, where: str) -> str:
+    """'<where>, recorded <date>' and whether its dispersion is unknown."""
+    unknown = any(not m.get("ci") for c in doc.get("cases") or [] for m in c["modes"].values())
+    date = (doc.get("recorded") or {}).get("date") or "undated"
+    return f"{where}, recorded {date}" + (
+        ", dispersion unknown: counted as " + ", ".join(f"{MODE_NAMES[m]} ±{UNKNOWN_NOISE[m]:.0%}" for m in MODES)
+        if unknown
+        else ""
+    )
+
+
+# -- python -m tests.suite.gate ----------------------------------------------------------------------------
+
+
+def describe(doc: dict) -> list[str]:
+    """One line per case of a baseline: the mode(s) that gate it, with the figures."""
+    lines = [f"{doc['gpu']['model']}: {len(doc['cases'])} cases; {doc.get('source', '')}"]
+    counts: dict[str, int] = {}
+    for case in doc["cases"]:
+        modes = gating_modes(case)
+        for m in modes:
+            counts[m] = counts.get(m, 0) + 1
+        f_us = case.get("F_softmax_device_us")
+        figures = "; ".join(f"{m} {_figure(case['modes'][m])}" for m in modes)
+        shown = f"{f_us:.1f} us" if f_us is not None else "unknown"
+        lines.append(f"  {_case_name(case_key(case), '').strip():40s} {REFERENCE} device {shown:>10s}: {figures}")
+    lines.append("gated in: " + ", ".join(f"{MODE_NAMES[m]} {counts[m]}" for m in MODES if m in counts))
+    return lines
+
+
+def main(argv=None) -> int:
+    """List which mode gates each case of the baselines in PATH (a folder or one file), or
+    convert a manifest's figures into its GPU model's baseline (--from-manifest)."""
+    parser = argparse.ArgumentParser(prog="python -m tests.suite.gate", description=main.__doc__)
+    parser.add_argument(
+        "path", nargs="?", default=str(DEFAULT_DIR), help="baseline folder or file (default: %(default)s)"
+    )
+    parser.add_argument("--from-manifest", metavar="MANIFEST", help="write MANIFEST's figures as a baseline into PATH")
+    args = parser.parse_args(argv)
+    try:
+        if args.from_manifest:
+            manifest = json.loads(Path(args.from_manifest).read_text())
+            doc = baseline_from_manifest(manifest, source=args.from_manifest)
+            written = write_baseline(Path(args.path), doc)
+            target = Path(args.path) / f"{model_slug(doc['gpu']['model'])}.json"
+            print(f"{target}: {'written' if written else 'unchanged'}")
+            return 0
+        baselines = load_baselines(Path(args.path))
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
+    if not baselines:
+        parser.error(f"no baseline in {args.path}")
+    for doc, _ in baselines.values():
+        print("\n".join(describe(doc)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,6 +1,8 @@
 """Made-up records with the shape of what the cuda benchmarks record, so the manifest, the
 figures and the gate are tested on the CPU. The numbers are invented; only their shape is real."""
 
+import math
+
 from tests.suite.manifest import matrix_bytes
 
 GPU_ENV = {
@@ -120,3 +122,64 @@ def byte_equivalence_records() -> list[tuple]:
                     ("byte_equivalence", {f"{kernel}/{dtype}/{prop}": {"verdict": passed, "shapes": [shape]}})
                 )
     return records
+
+
+# -- paired measurements, as the gated benchmark cases record them -----------------------------------
+
+GATED_BASE_RATIO = {"device": 1.25, "graph": 1.4, "per_call": 0.85}
+PAIRED_ROUNDS = {"device": 100, "graph": 15, "per_call": 15}
+
+
+def paired_ratios(ratio: float, rounds: int, spread: float = 0.01) -> list[float]:
+    """`rounds` made-up per-round ratios around `ratio`, within +-spread (deterministic)."""
+    return [ratio * (1 + spread * math.sin(1.7 * i + 0.3)) for i in range(rounds)]
+
+
+def f_softmax_device_us(B: int, V: int, dtype: str) -> float:
+    """The made-up device time of F_softmax at a call shape (as call_records has it)."""
+    return 2.5 + matrix_bytes(B, V, dtype) / (0.8 * COPY_GBps) / 1e3 * 1.3
+
+
+def gated_records(factor=None, remeasured=None, *, spread=0.01) -> list[dict]:
+    """Paired records of fused and triton at every call shape in the three modes. `factor(kernel,
+    B, V, dtype, mode)` makes a case that many times slower relative to F_softmax (its ratios
+    divided by it); `remeasured(...)`, where given and not None, adds a re-measurement (3x the
+    rounds) at that factor, as a flagged case carries."""
+    records = []
+    for B, V, dtype in CALL_SHAPES:
+        for kernel in ("fused", "triton"):
+            for mode, base in GATED_BASE_RATIO.items():
+                slower = factor(kernel, B, V, dtype, mode) if factor else 1.0
+                r = record(kernel, B, V, dtype, 5.0, mode=mode)
+                r["paired_ratios"] = {mode: paired_ratios(base / slower, PAIRED_ROUNDS[mode], spread)}
+                r["paired_F_softmax_us"] = {mode: f_softmax_device_us(B, V, dtype)}
+                again = remeasured(kernel, B, V, dtype, mode) if remeasured else None
+                if again is not None:
+                    r["remeasured_ratios"] = {mode: paired_ratios(base / again, 3 * PAIRED_ROUNDS[mode], spread)}
+                records.append(r)
+    return records
+
+
+# -- another GPU model ---------------------------------------------------------------------------------
+
+
+def another_model(manifest: dict, model: str, *, seed: int = 0, slower: float = 1.3, spread: float = 0.1) -> dict:
+    """`manifest`'s timings as if measured on another GPU model: every time `slower` times
+    longer, each within +-spread of that (seeded), the copy ceiling 1/slower of it; every ratio
+    derived again. For testing what merges results of several machines."""
+    import random
+
+    from tests.suite.manifest import build_manifest
+    from tests.suite.merge import records_from_manifest
+
+    rng = random.Random(seed)
+    records, ceilings = records_from_manifest(manifest)
+    for r in records:
+        factor = slower * (1 + spread * (2 * rng.random() - 1))
+        for key in ("us_median", "us_min", "us_max"):
+            r[key] *= factor
+    ceilings = {k: v / slower for k, v in ceilings.items()}
+    environment = {**GPU_ENV, "gpu": {"model": model, "compute_capability": "9.0"}}
+    return build_manifest(
+        None, benchmarks=records, recorded={"ceilings": ceilings}, environment=environment, today=manifest.get("date")
+    )
