@@ -44,7 +44,7 @@ import triton
 from . import triton_store as store
 from .checks import FLOAT_DTYPES, check_softmax_input, prepare_output
 from .launch import KernelLauncher, LaunchError, current_stream, driver
-from .shapes import LAB_SHAPES
+from .spec import LAB_SHAPES, SPEC_BY_NAME
 from .triton_kernels import (
     JIT_KERNELS,
     softmax_row_kernel,
@@ -56,7 +56,7 @@ from .triton_kernels import (
 
 KERNEL_NAME = "triton"
 STORED_PATH = store.STORED_PATH
-PATHS = ("tile", "rows", "row", "split", "stream")
+PATHS = SPEC_BY_NAME[KERNEL_NAME].path_names  # the registry's entry names them
 
 # Every config is valid for every V: BLOCK is a tile width, not a bound on V.
 CONFIGS = [triton.Config({"BLOCK": block}, num_warps=warps) for block in (256, 512, 1024, 2048) for warps in (2, 4, 8)]
