@@ -99,6 +99,8 @@ class KernelSpec:
     gated     held to the GPU regression gate and the large-vocabulary targets
     lab_contract  the lab contract's manifest section softmax_kernels requires its lab point
     autotuned reports its autotune choice (autotune_picked) in the manifest
+    custom_op registered as a torch.library custom operator (kernels/ops.py), so torch.compile
+              traces it without a graph break
     grids     the benchmark grids it is timed on (GRIDS)
     bench_max_v   longest row timed outside the lab grid (None: no limit), and why
     lab_gate  (reference kernel, floor): at the lab point its speed must be >= floor x the
@@ -121,6 +123,7 @@ class KernelSpec:
     gated: bool = False
     lab_contract: bool = False
     autotuned: bool = False
+    custom_op: bool = False
     grids: tuple[str, ...] = ("calls",)
     bench_max_v: tuple[int, str] | None = None
     lab_gate: tuple[str, float] | None = None
@@ -206,6 +209,7 @@ SPECS: tuple[KernelSpec, ...] = (
         plan="kernels.cuda_plans:fused_path",
         gated=True,
         lab_contract=True,
+        custom_op=True,
         grids=GRIDS,
         lab_gate=(BASELINE, 0.30),
     ),
@@ -228,6 +232,7 @@ SPECS: tuple[KernelSpec, ...] = (
         gated=True,
         lab_contract=True,
         autotuned=True,
+        custom_op=True,
         grids=GRIDS,
         lab_gate=("fused", 0.80),
     ),

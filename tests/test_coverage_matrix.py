@@ -265,6 +265,8 @@ def test_gpu_shapes_take_their_paths():
                 B, V = k.path(path).gpu
                 assert k.plan(B, V, dtype) == path, f"{k.name}: ({B}, {V}) {dtype} takes {k.plan(B, V, dtype)}"
                 checked += 1
+        dispatched = {path for dtype in k.dtypes for path in k.paths_for(dtype)}
+        assert dispatched == set(k.paths), f"{k.name}: paths no dtype dispatches to: {set(k.paths) - dispatched}"
     assert checked >= len(SOFTMAX_KERNELS)
 
 

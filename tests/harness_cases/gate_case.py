@@ -5,8 +5,8 @@ import os
 
 import pytest
 
+from kernels.spec import matrix_bytes
 from tests.suite.devicetime import report_times_us
-from tests.suite.manifest import matrix_bytes
 
 
 @pytest.mark.cpu

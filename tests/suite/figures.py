@@ -12,17 +12,19 @@ Each `*_png(manifest)` returns PNG bytes, or None when the manifest lacks what t
 import io
 import math
 
+from kernels.spec import BASELINE, LAB_POINT, in_grid, matrix_bytes
 from tests.suite.manifest import (
     FLOPS_PER_ELEMENT,
-    LAB_POINT,
     QUACK_BF16_COPY_FRACTION,
     TARGET_MIN_BYTES,
     copy_goal,
     kernel_rank,
-    matrix_bytes,
 )
 
-BANDWIDTH_KERNELS = ("fused", "triton", "F_softmax", "torch_compile")
+# From the kernels' specs: the roofline draws the kernels of the lab grid, the bandwidth figure
+# those of the large-vocabulary sweep.
+ROOFLINE_KERNELS = in_grid("lab")
+BANDWIDTH_KERNELS = in_grid("sweep")
 DTYPE_ORDER = ("float32", "bfloat16", "float16")
 MODE_MARKERS = {
     "device": ("o", "device time (events, L2 flushed)"),
@@ -69,7 +71,7 @@ def roofline_png(manifest: dict) -> bytes | None:
     points = [
         e
         for e in manifest.get("sweep") or []
-        if (e["B"], e["V"], e["dtype"]) == (B, V, dtype) and e["kernel"] != "torch_compile"
+        if (e["B"], e["V"], e["dtype"]) == (B, V, dtype) and e["kernel"] in ROOFLINE_KERNELS
     ]
     if not (copy_TBps and fp32_TFLOPS and points):
         return None
@@ -227,7 +229,7 @@ def call_modes_png(manifest: dict) -> bytes | None:
                     s=24,
                     color=color,
                     zorder=3,
-                    edgecolors="black" if e["kernel"] == "F_softmax" else "none",
+                    edgecolors="black" if e["kernel"] == BASELINE else "none",
                     linewidths=0.6,
                 )
         lines = sorted(
@@ -264,7 +266,7 @@ def call_modes_png(manifest: dict) -> bytes | None:
         ax.set_title(f"{dtype}: the cost of one softmax by how it is called ({_gpu_name(manifest)})", fontsize=9)
         ax.grid(True, which="major", axis="y", alpha=0.3)
     handles = (
-        [Patch(color=_color(k), label=k + (" (black edge)" if k == "F_softmax" else "")) for k in kernels]
+        [Patch(color=_color(k), label=k + (" (black edge)" if k == BASELINE else "")) for k in kernels]
         + [Line2D([], [], ls="", marker=m, color="black", label=label) for m, label in MODE_MARKERS.values()]
         + [
             Line2D([], [], ls="--", color="grey", label="launch floor, per call"),

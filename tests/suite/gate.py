@@ -1,4 +1,5 @@
-"""The GPU regression gate: this run's speed of fused and Triton relative to F.softmax, against
+"""The GPU regression gate: this run's speed of the gated kernels (fused and Triton, `gated` in
+their specs) relative to F.softmax, against
 the committed manifest's figures for the same GPU model.
 
 Ratios, not absolute times, are compared: F.softmax measured in the same run absorbs what moves
@@ -10,7 +11,9 @@ more than TOLERANCE below the committed one.
 
 from dataclasses import dataclass, field
 
-GATED_KERNELS = ("fused", "triton")
+from kernels.spec import names
+
+GATED_KERNELS = names(lambda s: s.gated)  # from the kernels' specs (kernels/spec.py)
 TOLERANCE = 0.10
 
 
@@ -83,5 +86,5 @@ def compare(committed: dict | None, current: dict, tolerance: float = TOLERANCE)
                 }
             )
     if not new:
-        result.note = f"this run timed no fused / triton case on {model}: nothing to compare"
+        result.note = f"this run timed no {' / '.join(GATED_KERNELS)} case on {model}: nothing to compare"
     return result
