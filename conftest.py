@@ -152,6 +152,11 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_terminal_summary(terminalreporter, config):
+    if markers.selects_cpu(config.getoption("markexpr")) and not config.getoption("collectonly"):
+        from kernels import SOFTMAX_KERNELS
+
+        for line in markers.cpu_coverage_lines(SOFTMAX_KERNELS.values()):
+            terminalreporter.write_line(line, yellow=True)
     written = config.stash.get(_written, None)
     if written:
         terminalreporter.write_line("reports written: " + ", ".join(str(p) for p in written))

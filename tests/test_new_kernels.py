@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from kernels import SOFTMAX_KERNELS
 from kernels.registry import EXTRA_KERNELS_ENV
 from tests.helpers import INTERPRETED, needs_triton
 
@@ -43,13 +44,17 @@ NO_RESCALE = "s = s + tl.sum("
 
 
 def readme_entries() -> str:
-    """The KernelSpec entries of README.md's "Adding a kernel", as the reader copies them."""
+    """The KernelSpec entries of README.md's "Adding a kernel", as the reader copies them into
+    SPECS (the block shows them inside `SPECS = (..., <entries>)`)."""
     text = (REPO / "README.md").read_text()
     section = text[text.index("## Adding a kernel") :]
     section = section[: section.index("\n## ", 1)]
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", section, re.S) if "KernelSpec(" in b]
+    blocks = [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```", section, re.S) if "KernelSpec(" in b]
     assert len(blocks) == 1, "the section should show its entries in one python block"
-    return textwrap.dedent(blocks[0])
+    lines = blocks[0].splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("    KernelSpec("))
+    last = max(i for i, line in enumerate(lines) if line == ")")
+    return textwrap.dedent("\n".join(lines[first:last])) + "\n"
 
 
 def copy_tree(root: Path) -> None:
@@ -125,6 +130,9 @@ def verdicts(tmp_path_factory):
     assert proc.returncode in (0, 1) and report.exists(), (
         f"the run did not complete (status {proc.returncode}):\n{tail}"
     )
+    # The kernels no CPU case can run (CUDA C) are named in the run's summary.
+    cuda_only = ", ".join(k.name for k in SOFTMAX_KERNELS.values() if not (k.baseline or k.interpretable))
+    assert f"verified on CUDA only: {cuda_only}\n" in proc.stdout, tail
     return parse_junit(report, (*CORRECT, *NOT_RESCALED, *corpus)), tail
 
 

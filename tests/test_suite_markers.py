@@ -120,3 +120,31 @@ def test_nothing_escapes_both_runs():
     result = run_pytest("--collect-only", "-q", "-m", "not cpu and not cuda", "--no-reports")
     assert result.returncode == pytest.ExitCode.NO_TESTS_COLLECTED, result.stdout + result.stderr
     assert "deselected" in result.stdout and " selected" not in result.stdout.replace("deselected", "")
+
+
+@pytest.mark.parametrize(
+    "markexpr, expected",
+    [("", True), ("cpu", True), ("cpu and not slow", True), ("cpu or cuda", True), ("cuda", False), ("not cpu", False)],
+)
+def test_selects_cpu(markexpr, expected):
+    assert markers.selects_cpu(markexpr) is expected
+
+
+def test_a_cpu_run_names_the_kernels_it_could_not_run():
+    def kernel(name, *, baseline=False, interpretable=False, missing=None):
+        return SimpleNamespace(
+            name=name, baseline=baseline, interpretable=interpretable, unavailable_reason=lambda: missing
+        )
+
+    kernels = [
+        kernel("cuda_c"),
+        kernel("interpreted", interpretable=True),
+        kernel("baseline_on_gpu", baseline=True),
+        kernel("other_cuda_c"),
+        kernel("no_package", interpretable=True, missing="needs Triton"),
+    ]
+    assert markers.cpu_coverage_lines(kernels) == [
+        "verified on CUDA only: cuda_c, other_cuda_c",
+        "not verified on this machine: no_package (needs Triton)",
+    ]
+    assert markers.cpu_coverage_lines(kernels[1:3]) == []
