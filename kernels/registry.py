@@ -80,7 +80,6 @@ class Kernel:
         self.paths = spec.path_names
         self.fn = _lazy(spec.fn, "fn")
         self._plan = _lazy(spec.plan, "plan")
-        self._dtype_paths = _lazy(spec.dtype_paths, "dtype_paths")
         self._run_path = _lazy(spec.run_path, "run_path")
 
     backend = property(lambda self: self.spec.backend)
@@ -102,8 +101,8 @@ class Kernel:
         return self.paths[0] if self._plan is None else self._plan(B, V, dtype)
 
     def paths_for(self, dtype: torch.dtype) -> tuple:
-        """The paths the dispatch takes for some input of `dtype` (all of `paths` by default)."""
-        return self.paths if self._dtype_paths is None else tuple(self._dtype_paths(dtype))
+        """The paths the dispatch takes for some input of `dtype` (its spec's Path.dtypes)."""
+        return self.spec.paths_for(dtype)
 
     def run_path(self, x, path: str, *, out=None, **params):
         """softmax(x) through the named path with launch parameters `params`. A kernel without

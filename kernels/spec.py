@@ -70,11 +70,14 @@ class Path:
     cpu: launch parameters for the kernel's `run_path(x, name, **cpu)` under the Triton
         interpreter, scaled down so that the CPU cases' short rows (tens of elements) span
         several tiles, chunks or programs of this path: the path's real loop runs on the CPU.
+    dtypes: the dtype names whose dispatch takes this path (None: every dtype of the kernel);
+        `run_path` reaches every path in every dtype.
     """
 
     name: str
     gpu: tuple[int, int]
     cpu: Mapping = field(default_factory=dict)
+    dtypes: tuple[str, ...] | None = None
 
 
 Ref = str | Callable  # "package.module:attribute", resolved on first use, or the object itself
@@ -90,7 +93,6 @@ class KernelSpec:
     dtypes    dtype names the kernel accepts
     backend   what launches it: "cupy" (CUDA C), "triton" or "torch"
     plan      plan(B, V, dtype) -> the path name a call takes on the GPU (None: the one path)
-    dtype_paths  dtype_paths(dtype) -> the paths the dispatch takes for that dtype (None: all)
     run_path  run_path(x, path, *, out=None, **params): one named path, with launch parameters
               (needed by an interpretable kernel of several paths: the CPU cases force each)
     interpretable  runs on CPU tensors under TRITON_INTERPRET=1, so `pytest -m cpu` checks it
@@ -116,7 +118,6 @@ class KernelSpec:
     dtypes: tuple[str, ...] = ("float32",)
     backend: str = "torch"
     plan: Ref | None = None
-    dtype_paths: Ref | None = None
     run_path: Ref | None = None
     interpretable: bool = False
     baseline: bool = False
@@ -148,6 +149,8 @@ class KernelSpec:
             problems.append("a kernel with several paths needs plan(B, V, dtype)")
         if self.interpretable and len(self.paths) > 1 and self.run_path is None:
             problems.append("an interpretable kernel with several paths needs run_path, so the CPU cases reach each")
+        if any(p.dtypes is not None and not set(p.dtypes) <= set(self.dtypes) for p in self.paths):
+            problems.append("a path's dtypes must be dtypes of the kernel")
         if any(d not in DTYPE_NAMES for d in self.tolerances):
             problems.append(f"tolerances are keyed on dtype names from {DTYPE_NAMES}")
         if problems:
@@ -156,6 +159,11 @@ class KernelSpec:
     @property
     def path_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.paths)
+
+    def paths_for(self, dtype) -> tuple[str, ...]:
+        """The paths the dispatch takes for some input of `dtype` (a name, id or torch dtype)."""
+        name = dtype_name(dtype)
+        return tuple(p.name for p in self.paths if p.dtypes is None or name in p.dtypes)
 
     def path(self, name: str) -> Path:
         for p in self.paths:
@@ -220,13 +228,17 @@ SPECS: tuple[KernelSpec, ...] = (
             Path("tile", gpu=(5, 100), cpu={"config": {"BLOCK": 16, "num_warps": 2}}),  # V > BLOCK: the loop
             Path("rows", gpu=(8193, 100), cpu={"ROWS": 4, "num_warps": 2}),  # 3 rows: a partly masked block
             Path("row", gpu=(5, 2049), cpu={"num_warps": 4}),
-            Path("split", gpu=(5, 32769), cpu={"CHUNK": 16, "num_warps": 2}),  # cdiv(V + head, 16) programs
-            Path("stream", gpu=(5, 32769), cpu={"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1}),
+            Path("split", gpu=(5, 32769), cpu={"CHUNK": 16, "num_warps": 2}, dtypes=("float32",)),
+            Path(
+                "stream",
+                gpu=(5, 32769),
+                cpu={"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1},  # tiles of 16, rows walked by 2 programs
+                dtypes=("bfloat16", "float16"),
+            ),
         ),
         _ALL,
         backend="triton",
         plan="kernels.softmax_triton:plan",
-        dtype_paths="kernels.softmax_triton:paths_for",
         run_path="kernels.softmax_triton:run_path",
         interpretable=True,
         gated=True,
