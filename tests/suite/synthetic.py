@@ -111,10 +111,13 @@ def call_records() -> list[dict]:
     return records
 
 
+BYTE_EQUIVALENCE_CASES = (("fused", "float32"), ("triton", "bfloat16"), ("F_softmax", "float32"))
+
+
 def byte_equivalence_records() -> list[tuple]:
     """(section, values) as tests record them through `record_manifest`, several per key."""
     records = []
-    for kernel, dtype in (("fused", "float32"), ("triton", "bfloat16"), ("F_softmax", "float32")):
+    for kernel, dtype in BYTE_EQUIVALENCE_CASES:
         for prop in ("deterministic", "batch_invariant", "position_invariant", "stride_invariant", "graph_invariant"):
             passed = "not gated: passed" if SPEC_BY_NAME[kernel].baseline else "passed"
             for shape in ([1, 600], [64, 50257]):
