@@ -180,6 +180,11 @@ def pytest_terminal_summary(terminalreporter, config):
     covered = config.stash.get(_coverage_result, None)
     for line in covered.lines() if covered else ():
         terminalreporter.write_line(line, red=covered.failed, bold=covered.failed)
+    if markers.selects_cpu(config.getoption("markexpr")) and not config.getoption("collectonly"):
+        from kernels import SOFTMAX_KERNELS
+
+        for line in markers.cpu_coverage_lines(SOFTMAX_KERNELS.values()):
+            terminalreporter.write_line(line, yellow=True)
     written = config.stash.get(_written, None)
     if written:
         terminalreporter.write_line("reports written: " + ", ".join(str(p) for p in written))

@@ -13,7 +13,8 @@ import sys
 
 import torch
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from .checks import torch_dtype
+from .spec import DTYPE_NAMES
 
 
 def _shape(text: str):
@@ -32,14 +33,14 @@ def main(argv=None) -> int:
         default=list(st.LAB_SHAPES),
         help="BxV shapes to tune on (default: %(default)s)",
     )
-    parser.add_argument("--dtypes", nargs="+", choices=sorted(_DTYPES), default=["float32"])
+    parser.add_argument("--dtypes", nargs="+", choices=DTYPE_NAMES, default=["float32"])
     parser.add_argument("--path", default=str(st.STORED_PATH), help="file to store the choices in")
     args = parser.parse_args(argv)
 
     if st.INTERPRET or not torch.cuda.is_available():
         print("kernels.autotune: needs a CUDA GPU with TRITON_INTERPRET unset", file=sys.stderr)
         return 2
-    record = st.run_autotune(args.shapes, dtypes=[_DTYPES[d] for d in args.dtypes], path=args.path)
+    record = st.run_autotune(args.shapes, dtypes=[torch_dtype(d) for d in args.dtypes], path=args.path)
     print(f"GPU {record['gpu']}  fingerprint {record['fingerprint']}  -> {record['path']}")
     for key, choice in sorted(record["choices"].items()):
         print(

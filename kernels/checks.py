@@ -3,7 +3,16 @@ message instead of deep inside a kernel."""
 
 import torch
 
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+from .spec import DTYPE_NAMES, dtype_name
+
+
+def torch_dtype(dtype) -> torch.dtype:
+    """The torch dtype of a name ("bfloat16"), an id ("bf16") or a torch dtype; TypeError for
+    any dtype the suite does not know."""
+    return getattr(torch, dtype_name(dtype))
+
+
+FLOAT_DTYPES = tuple(torch_dtype(name) for name in DTYPE_NAMES)
 
 
 def check_softmax_input(x, *, kernel: str, dtypes=FLOAT_DTYPES, device_type: str = "cuda"):

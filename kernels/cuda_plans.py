@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .checks import torch_dtype
+
 FORMATS = {  # torch dtype -> (kernel name suffix, C++ format struct)
     torch.float32: ("f32", "FmtF32"),
     torch.bfloat16: ("bf16", "FmtBF16"),
@@ -290,19 +292,12 @@ def split_fits(plan: FusedPlan, V: int, sm_count: int) -> bool:
     return min_parts(plan, V) <= sm_count * (1024 // plan.threads)
 
 
-_DTYPE_NAMES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
-
-
 def as_dtype(dtype) -> torch.dtype:
     """A torch dtype from a dtype or a name such as "bf16"; TypeError when fused lacks it."""
-    dtype = _DTYPE_NAMES.get(dtype, dtype) if isinstance(dtype, str) else dtype
+    try:
+        dtype = torch_dtype(dtype)
+    except TypeError:
+        pass
     if dtype not in FORMATS:
         raise TypeError(f"fused softmax: dtype {dtype} is not supported")
     return dtype

@@ -55,7 +55,9 @@ def _define(name: str):
     return op
 
 
-fused = _define("fused")
-triton = _define("triton")
+# One operator per kernel whose spec asks for it (kernels/spec.py, custom_op).
+OPS = {k.name: _define(k.name) for k in SOFTMAX_KERNELS.values() if k.spec.custom_op}
+fused = OPS["fused"]
+triton = OPS["triton"]
 
-__all__ = ["fused", "triton", "NAMESPACE"]
+__all__ = ["OPS", "fused", "triton", "NAMESPACE"]

@@ -44,7 +44,7 @@ import triton
 from . import triton_store as store
 from .checks import FLOAT_DTYPES, check_softmax_input, prepare_output
 from .launch import KernelLauncher, LaunchError, current_stream, driver
-from .shapes import LAB_SHAPES
+from .spec import LAB_SHAPES, SPEC_BY_NAME
 from .triton_kernels import (
     JIT_KERNELS,
     softmax_row_kernel,
@@ -56,7 +56,7 @@ from .triton_kernels import (
 
 KERNEL_NAME = "triton"
 STORED_PATH = store.STORED_PATH
-PATHS = ("tile", "rows", "row", "split", "stream")
+PATHS = SPEC_BY_NAME[KERNEL_NAME].path_names  # the registry's entry names them
 
 # Every config is valid for every V: BLOCK is a tile width, not a bound on V.
 CONFIGS = [triton.Config({"BLOCK": block}, num_warps=warps) for block in (256, 512, 1024, 2048) for warps in (2, 4, 8)]
@@ -244,8 +244,9 @@ def long_row_path(dtype: torch.dtype) -> str:
 
 
 def paths_for(dtype: torch.dtype) -> tuple:
-    """The paths softmax() takes for some input of `dtype` (run_path reaches all of PATHS)."""
-    return ("tile", "rows", "row", long_row_path(dtype))
+    """The paths softmax() takes for some input of `dtype` (run_path reaches all of PATHS), as
+    the registry's entry lists them (tests hold `plan` to it)."""
+    return SPEC_BY_NAME[KERNEL_NAME].paths_for(dtype)
 
 
 def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict:

@@ -17,8 +17,10 @@ import subprocess
 import sys
 import tempfile
 
-import torch
 import triton
+
+from .checks import torch_dtype
+from .spec import DTYPE_IDS, ITEMSIZE
 
 TARGET_CAPABILITY = 90
 # Pointers 16-byte aligned, as Triton specialises torch allocations.
@@ -93,8 +95,9 @@ def build_all() -> list[dict]:
         build("tile fp32", K["tile"], "fp32", {"BLOCK": cfg.kwargs["BLOCK"], "ALIGN": 4}, cfg.num_warps, cfg.num_stages)
         for cfg in st.CONFIGS
     ]
-    for dtype, tdtype, es in (("fp32", torch.float32, 4), ("bf16", torch.bfloat16, 2)):
-        a = 16 // es
+    for name in ("float32", "bfloat16"):
+        dtype, tdtype = DTYPE_IDS[name], torch_dtype(name)  # Triton's type names are the suite's ids
+        a = 16 // ITEMSIZE[name]
         for V in (4096, 8192, 16384, 32768):
             p = st.launch_params("row", V, tdtype)
             rows.append(build(f"row {dtype}", K["row"], dtype, {"BLOCK": p["BLOCK"], "ALIGN": a}, p["num_warps"]))

@@ -9,20 +9,25 @@ comparison with the float64 reference and one tolerance table.
 
 from __future__ import annotations
 
+import importlib
 import math
+import os
 
 import numpy as np
+import pytest
 import torch
 
 from kernels.reference import softmax_ref
+from kernels.registry import triton_missing
+from kernels.spec import DTYPE_IDS, dtype_name
 
-DTYPE_IDS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 FP32_EPS = torch.finfo(torch.float32).eps
 VECTOR_BYTES = 16  # the widest vector access of the kernels: alignment classes are counted in it
 
 
 def dtype_id(dtype) -> str:
-    return DTYPE_IDS[dtype]
+    """ "fp32" / "bf16" / "fp16": the dtype as test ids name it."""
+    return DTYPE_IDS[dtype_name(dtype)]
 
 
 # -- inputs ------------------------------------------------------------------------------------
@@ -54,6 +59,7 @@ def logits(
     neg_inf: bool = True,
     scale: float = 3.0,
     neg_inf_rows=(),
+    on_device: bool = False,
 ) -> torch.Tensor:
     """A (B, V) tensor of randn * scale drawn in float64 from a generator of its own, then cast.
 
@@ -65,20 +71,27 @@ def logits(
     layout: see `layouts`; storage outside the view (padding, gaps, the bytes before an
         offset view) holds NaN, so a kernel that reads past its row poisons its own output.
     The same seed gives the same values in every layout, dtype and device.
+    on_device: draw on `device` itself, in float32 with a generator of that device, instead of
+        in float64 on the host: the same recipe for shapes too large to draw on the host (the
+        benchmarks, the GPU byte cases); the values then differ from one device to another.
     """
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(B, V, generator=g, dtype=torch.float64) * scale
+    where = torch.device(device) if on_device else torch.device("cpu")
+    wide = torch.float32 if on_device else torch.float64
+    g = torch.Generator(device=where).manual_seed(seed)
+
+    def randint(high, n):
+        return torch.randint(0, high, (n,), generator=g, device=where)
+
+    x = torch.randn(B, V, generator=g, dtype=wide, device=where) * scale
     if B and V >= 3 and outliers:
-        rows = torch.arange(B)
-        x[rows, torch.randint(0, V, (B,), generator=g)] = -OUTLIER
-        x[rows[::2], torch.randint(0, V, (len(rows[::2]),), generator=g)] = OUTLIER
+        rows = torch.arange(B, device=where)
+        x[rows, randint(V, B)] = -OUTLIER
+        x[rows[::2], randint(V, len(rows[::2]))] = OUTLIER
     if B and V >= 2 and neg_inf:
         n = max(1, B * V // NEG_INF_DENSITY)
-        x[torch.randint(0, B, (n,), generator=g), torch.randint(0, V, (n,), generator=g)] = -math.inf
+        x[randint(B, n), randint(V, n)] = -math.inf
         lost = torch.isneginf(x).all(dim=1).nonzero().flatten()  # short rows may lose every entry
-        x[lost, torch.randint(0, V, (len(lost),), generator=g)] = (
-            torch.randn(len(lost), generator=g, dtype=torch.float64) * scale
-        )
+        x[lost, randint(V, len(lost))] = torch.randn(len(lost), generator=g, dtype=wide, device=where) * scale
     for row in neg_inf_rows:
         x[row] = -math.inf
     return _place(x.to(dtype), layout, torch.device(device))
@@ -172,14 +185,23 @@ def _where(mask: np.ndarray, got: np.ndarray, ref: np.ndarray | None = None) -> 
     return "; ".join(parts) + more
 
 
-def assert_softmax_close(got: torch.Tensor, x: torch.Tensor, *, dtype=None, what: str = "", record=None) -> float:
-    """`got` against the float64 softmax of `x` (over the last axis) within TOLERANCES[dtype]
-    (dtype: got's by default). NaN is expected exactly where the reference has it (all -inf
+def tolerance(dtype, kernel=None) -> tuple[float, float]:
+    """(atol, rtol) for an output of `dtype`: TOLERANCES, unless the registry kernel's spec
+    sets its own for that dtype."""
+    override = kernel.tolerance(dtype) if kernel is not None else None
+    return override or TOLERANCES[dtype]
+
+
+def assert_softmax_close(
+    got: torch.Tensor, x: torch.Tensor, *, dtype=None, what: str = "", record=None, kernel=None
+) -> float:
+    """`got` against the float64 softmax of `x` (over the last axis) within tolerance(dtype,
+    kernel) (dtype: got's by default). NaN is expected exactly where the reference has it (all -inf
     rows); NaN elsewhere, numbers where NaN belongs, and ±inf are reported apart from plain
     mismatches, each with a count and the first indices. Returns the largest absolute error
     over the elements both hold finite, for the manifest."""
     dtype = got.dtype if dtype is None else dtype
-    atol, rtol = TOLERANCES[dtype]
+    atol, rtol = tolerance(dtype, kernel)
     g = got.detach().to("cpu", torch.float64).numpy()
     r = softmax_ref(x.detach().to("cpu", torch.float64).numpy())
     assert g.shape == r.shape, f"{what}: shape {g.shape}, expected {r.shape}"
@@ -256,10 +278,11 @@ def assert_rows_sum_to_one(got: torch.Tensor, *, dtype=None, what: str = "", sla
         )
 
 
-def check_softmax(got: torch.Tensor, x: torch.Tensor, *, what: str = "", record=None) -> float:
+def check_softmax(got: torch.Tensor, x: torch.Tensor, *, what: str = "", record=None, kernel=None) -> float:
     """The whole contract of a softmax output: assert_softmax_close to the reference (NaN exactly
-    in the rows of x that are all -inf) and assert_rows_sum_to_one for every other row."""
-    err = assert_softmax_close(got, x, what=what, record=record)
+    in the rows of x that are all -inf; the registry `kernel`'s own tolerance where its spec sets
+    one) and assert_rows_sum_to_one for every other row."""
+    err = assert_softmax_close(got, x, what=what, record=record, kernel=kernel)
     defined = ~torch.isneginf(x).all(dim=-1)
     ref = softmax_ref(x[defined].detach().to("cpu", torch.float64).numpy())
     assert_rows_sum_to_one(got[defined], dtype=got.dtype, what=what, slack=storage_rounding(ref, got.dtype))
@@ -268,16 +291,37 @@ def check_softmax(got: torch.Tensor, x: torch.Tensor, *, what: str = "", record=
 
 # -- which machine a kernel needs --------------------------------------------------------------
 
+# Whether the kernels run on CPU tensors through Triton's interpreter (the conftest sets the
+# variable where no GPU is visible, before any kernel module is imported).
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# Why Triton cannot be used on this machine (it publishes Linux wheels only), or None. Every test
+# that needs it skips with this one reason.
+TRITON_MISSING = triton_missing()
+needs_triton = pytest.mark.skipif(TRITON_MISSING is not None, reason=TRITON_MISSING or "")
+
+
+def triton_module():
+    """kernels.softmax_triton, or None where Triton is missing (its tests skip: needs_triton)."""
+    return None if TRITON_MISSING else importlib.import_module("kernels.softmax_triton")
+
 
 def needs_cupy(kernel) -> bool:
     """Whether a registry kernel is one of the CUDA C kernels, compiled through CuPy."""
     return kernel.backend == "cupy"
 
 
-def skip_unless_runnable(kernel) -> None:
-    """Skip (with the reason) a cuda test whose kernel's backend cannot run on this machine."""
-    import pytest
+def skip_if_unavailable(kernel) -> None:
+    """Skip (with the reason) a test whose kernel's backend package is missing here (Triton
+    off Linux): what even its plan and its CPU cases need."""
+    reason = kernel.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
 
+
+def skip_unless_runnable(kernel) -> None:
+    """Skip (with the reason) a test whose kernel cannot run on this machine: its backend's
+    package is missing, or it is launched through CuPy and CuPy cannot be used."""
+    skip_if_unavailable(kernel)
     if needs_cupy(kernel):
         from tests.suite.gpus import cupy_unusable_reason
 
@@ -286,14 +330,21 @@ def skip_unless_runnable(kernel) -> None:
             pytest.skip(reason)
 
 
-# -- Triton paths at small shapes -----------------------------------------------------------------
+# -- one path of a kernel ------------------------------------------------------------------------
 
-# kernels.softmax_triton.run_path parameters that scale each path's thresholds down, so the
-# interpreter (and a GPU at small V) runs every path's real code on rows of tens of elements.
-SCALED_TRITON_PARAMS = {
-    "tile": {"config": {"BLOCK": 16, "num_warps": 2}},  # V > BLOCK: the multi-pass loop
-    "row": {"num_warps": 4},
-    "rows": {"ROWS": 4, "num_warps": 2},
-    "split": {"CHUNK": 16, "num_warps": 2},  # P = cdiv(V + head, 16) programs a row
-    "stream": {"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1},  # tiles of 16, rows walked by 2 programs
-}
+
+def path_runner(kernel, path: str, **params):
+    """fn(x, *, out) that runs a registry kernel through the named path with launch parameters
+    `params` (kernel.run_path), in run_poisoned's calling convention."""
+
+    def run(x, *, out=None):
+        return kernel.run_path(x, path, out=out, **params)
+
+    run.__name__ = f"{kernel.name} via {path}"
+    return run
+
+
+def cpu_path_runner(kernel, path: str):
+    """path_runner with the launch parameters the kernel's spec gives the path for the CPU (the
+    Triton interpreter): scaled down so that rows of tens of elements span several tiles."""
+    return path_runner(kernel, path, **kernel.path(path).cpu)

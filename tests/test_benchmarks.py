@@ -21,11 +21,11 @@ import warnings
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
-import triton
 
-from kernels import SOFTMAX_KERNELS, SUPPORTED_DTYPES
-from kernels.reference import softmax_ref
+from kernels import SOFTMAX_KERNELS
+from kernels.checks import torch_dtype
+from kernels.spec import LAB_POINT, LAB_SHAPES, in_grid, matrix_bytes
+from tests.helpers import assert_softmax_close, logits
 from tests.suite import gate
 from tests.suite.devicetime import (
     CALL_ROUNDS,
@@ -41,15 +41,16 @@ from tests.suite.devicetime import (
     report_times_us,
 )
 from tests.suite.gpus import cupy_unusable_reason
-from tests.suite.manifest import matrix_bytes
 
 pytestmark = pytest.mark.cuda
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-LAB_GRID = [(64, 600), (512, 600), (4096, 600)]
+# Which kernels each grid times, how many passes over the matrix each makes by design (the
+# roofline places each kernel at its own intensity) and the longest rows a kernel is timed at,
+# are facts of the kernels' specs (kernels/spec.py).
+DTYPES = ("float32", "bfloat16")
+LAB_GRID = list(LAB_SHAPES)
 SWEEP_B = (64, 512, 4096, 32768)
 SWEEP_V = (600, 4096, 32000, 50257, 128256)
-SWEEP_KERNELS = ("F_softmax", "fused", "triton", "torch_compile")
 MAX_TENSOR_BYTES = 16e9  # (32768, 128256) in fp32 is 16.8 GB per tensor: skipped
 
 # Shapes at which every kernel is also timed per call and as a graph replay: from one row (a
@@ -58,39 +59,9 @@ CALL_B = (1, 8, 64, 512)
 CALL_V = (600, 32000, 50257, 128256)
 CALL_MODES = ("per_call", "graph")
 
-# naive gives each row one thread that walks it three times, serially; smem reads it three
-# times. Past V = 32000 a call takes milliseconds (naive) and neither is a kernel anyone would
-# call there, so both stay at the lab's grid and V <= 32000.
-ROW_SERIAL_KERNELS = ("naive", "smem")
-ROW_SERIAL_MAX_V = 32000
-
-# How many times each kernel moves the matrix through device memory by design, at rows that fit
-# on chip (V = 600): naive reads it three times (max, sum, normalise) and writes it once; smem
-# does the same with a block per row; the fused kernels, Triton and PyTorch's warp softmax
-# read once and write once. The roofline places each kernel at its own intensity from these.
-MATRIX_PASSES = {"naive": 4, "smem": 4, "fused": 2, "triton": 2, "F_softmax": 2, "torch_compile": 2}
-
-
-@functools.cache
-def compiled_softmax():
-    return torch.compile(lambda x: F.softmax(x, dim=-1))
-
-
-def run_kernel(name: str):
-    if name in SOFTMAX_KERNELS:
-        return SOFTMAX_KERNELS[name]
-    if name == "torch_compile":  # until the registry carries it
-        compiled = compiled_softmax()
-        return lambda x, out=None: compiled(x) if out is None else out.copy_(compiled(x))
-    raise KeyError(name)
-
-
-# Every registered kernel, plus torch.compile(F.softmax) where the registry does not have it.
-ALL_KERNELS = tuple(SOFTMAX_KERNELS) + (() if "torch_compile" in SOFTMAX_KERNELS else ("torch_compile",))
-
 
 def supports(kernel: str, dtype: str) -> bool:
-    return kernel not in SUPPORTED_DTYPES or DTYPES[dtype] in SUPPORTED_DTYPES[kernel]
+    return torch_dtype(dtype) in SOFTMAX_KERNELS[kernel].dtypes
 
 
 def is_lab(B: int, V: int, dtype: str) -> bool:
@@ -110,36 +81,33 @@ def gated_marks(kernel: str) -> tuple:
 
 def call_kernel_params(kernel: str, B: int, V: int, dtype: str, marks=()) -> list:
     """The pytest marks of one case: `gated` for the gated kernels, and a skip, with its reason,
-    for the row-serial kernels at long rows."""
+    past the longest rows the kernel's spec has it timed at (bench_max_v; the lab grid is always
+    timed)."""
     marks = (*marks, *gated_marks(kernel))
-    if kernel in ROW_SERIAL_KERNELS and not is_lab(B, V, dtype) and V > ROW_SERIAL_MAX_V:
-        return [
-            *marks,
-            pytest.mark.skip(
-                reason=f"{kernel} is timed at the lab's grid and V <= {ROW_SERIAL_MAX_V} "
-                f"only: it reads each row three times (naive with one thread "
-                f"per row), so a call at V = {V} takes far too long for "
-                f"loops of back-to-back calls"
-            ),
-        ]
+    limit = SOFTMAX_KERNELS[kernel].spec.bench_max_v
+    if limit is not None and not is_lab(B, V, dtype) and V > limit[0]:
+        reason = f"{kernel} is timed at the lab's grid and V <= {limit[0]} only, at V = {V}: {limit[1]}"
+        return [*marks, pytest.mark.skip(reason=reason)]
     return list(marks)
 
 
 def device_cases():
-    """(kernel, B, V, dtype): the lab grid (every kernel), the large-vocabulary sweep, and the
-    call-mode shapes, so every call-mode entry has a device time beside it."""
+    """(kernel, B, V, dtype): the lab grid, the large-vocabulary sweep, and the call-mode
+    shapes, so every call-mode entry has a device time beside it."""
     seen = []
     for B, V in LAB_GRID:
-        for kernel in ("F_softmax", "naive", "smem", "fused", "triton"):
+        for kernel in in_grid("lab"):
             seen.append((kernel, B, V, "float32"))
     for dtype in DTYPES:
         for V in SWEEP_V:
             for B in SWEEP_B:
-                if B * V * DTYPES[dtype].itemsize > MAX_TENSOR_BYTES:
+                if matrix_bytes(B, V, dtype, passes=1) > MAX_TENSOR_BYTES:
                     continue
-                seen += [(k, B, V, dtype) for k in SWEEP_KERNELS if supports(k, dtype) and (k, B, V, dtype) not in seen]
+                seen += [
+                    (k, B, V, dtype) for k in in_grid("sweep") if supports(k, dtype) and (k, B, V, dtype) not in seen
+                ]
     for B, V, dtype in call_shapes():
-        seen += [(k, B, V, dtype) for k in ALL_KERNELS if supports(k, dtype) and (k, B, V, dtype) not in seen]
+        seen += [(k, B, V, dtype) for k in in_grid("calls") if supports(k, dtype) and (k, B, V, dtype) not in seen]
     return [
         pytest.param(
             *c, id=f"{'lab' if is_lab(*c[1:]) else 'sweep'}-{c[0]}-B{c[1]}-V{c[2]}-{c[3]}", marks=call_kernel_params(*c)
@@ -161,29 +129,26 @@ def call_cases():
             marks=call_kernel_params(kernel, B, V, dtype),
         )
         for B, V, dtype in call_shapes()
-        for kernel in ALL_KERNELS
+        for kernel in in_grid("calls")
         if supports(kernel, dtype)
         for mode in CALL_MODES
     ]
 
 
 def make_logits(B: int, V: int, dtype: torch.dtype) -> torch.Tensor:
-    """randn·3 with a few large outliers per row, so a wrong max-subtraction shows."""
-    x = torch.randn(B, V, device="cuda") * 3
-    cols = torch.randint(0, V, (B, 2), device="cuda")
-    x.scatter_(1, cols, torch.tensor([30.0, -30.0], device="cuda").expand(B, 2).contiguous())
-    return x.to(dtype)
+    """The suite's logits (randn·3, a ±30 outlier per row so a wrong max subtraction shows),
+    drawn on the GPU: the large shapes would take minutes to draw on the host."""
+    return logits(B, V, seed=B * 100003 + V, dtype=dtype, device="cuda", neg_inf=False, on_device=True)
 
 
-def validate_output(name: str, x: torch.Tensor, out: torch.Tensor) -> None:
-    """Every element written and finite; a sample of rows equal to the float64 reference."""
-    assert torch.isfinite(out).all(), f"{name}: output has NaN/inf (an element was not written?)"
+def validate_output(name: str, x: torch.Tensor, out: torch.Tensor, how: str = "") -> None:
+    """Every element written and finite; a sample of rows equal to the float64 reference within
+    the kernel's tolerance (tests.helpers)."""
+    what = f"{name}{how}"
+    assert torch.isfinite(out).all(), f"{what}: output has NaN/inf (an element was not written?)"
     B = x.shape[0]
-    rows = torch.unique(torch.tensor([0, B - 1, *np.random.randint(0, B, 14)]))
-    ref = softmax_ref(x[rows].float().cpu().numpy())
-    got = out[rows].float().cpu().numpy()
-    atol, rtol = (1e-6, 1e-4) if x.dtype == torch.float32 else (2e-3, 1.6e-2)
-    np.testing.assert_allclose(got, ref, atol=atol, rtol=rtol, err_msg=f"{name} on rows {rows.tolist()}")
+    rows = torch.unique(torch.tensor([0, B - 1, *np.random.randint(0, B, 14)])).to(x.device)
+    assert_softmax_close(out[rows], x[rows], what=f"{what} on rows {rows.tolist()}", kernel=SOFTMAX_KERNELS[name])
 
 
 # -- ceilings, measured in the same run ------------------------------------------------------------
@@ -230,7 +195,7 @@ def test_ceiling_fp32_matmul(benchmark, record_manifest, monkeypatch):
 
 def prepared_case(name: str, B: int, V: int, dtype: torch.dtype):
     """The kernel, a validated input, and the raw facts of the case for extra_info."""
-    fn = run_kernel(name)
+    fn = SOFTMAX_KERNELS[name]
     x = make_logits(B, V, dtype)
     out = torch.full_like(x, float("nan"))
     validate_output(name, x, fn(x, out=out))
@@ -240,7 +205,7 @@ def prepared_case(name: str, B: int, V: int, dtype: torch.dtype):
         "B": B,
         "V": V,
         "dtype": str(dtype).removeprefix("torch."),
-        "bytes": matrix_bytes(B, V, dtype, passes=MATRIX_PASSES.get(name, 2)),
+        "bytes": matrix_bytes(B, V, dtype, passes=fn.spec.passes),
     }
     # After the first call: that is when Triton has picked (or loaded) its config.
     if name == "triton":
@@ -271,7 +236,7 @@ def graph_pair(name: str, fn, x: torch.Tensor):
     graph.replay()
     torch.cuda.synchronize()
     validate_output(f"{name} (graph replay)", x, out)
-    reference = run_kernel(gate.REFERENCE)
+    reference = SOFTMAX_KERNELS[gate.REFERENCE]
     reference_graph, _ = capture_graph(lambda: reference(x))
     return lambda rounds: interleaved_graph_replay_times_us([graph, reference_graph], rounds=rounds)
 
@@ -281,9 +246,9 @@ CALL_SHAPES = frozenset(call_shapes())
 
 @pytest.mark.parametrize("kernel, B, V, dtype", device_cases())
 def test_softmax_speed(benchmark, request, kernel, B, V, dtype):
-    fn, x, info = prepared_case(kernel, B, V, DTYPES[dtype])
+    fn, x, info = prepared_case(kernel, B, V, torch_dtype(dtype))
     if kernel in gate.GATED_KERNELS:
-        reference = run_kernel(gate.REFERENCE)
+        reference = SOFTMAX_KERNELS[gate.REFERENCE]
         times = gate.measure_paired(
             request.config,
             info,
@@ -309,13 +274,13 @@ def test_softmax_call_modes(benchmark, request, mode, kernel, B, V, dtype):
     """per_call: N back-to-back calls from Python, one synchronize; graph: one captured call
     replayed. Both allocate the output as callers do; the graph's output is checked too. The
     gated kernels are timed in interleaved rounds with F.softmax, the same way."""
-    fn, x, info = prepared_case(kernel, B, V, DTYPES[dtype])
+    fn, x, info = prepared_case(kernel, B, V, torch_dtype(dtype))
     gated = kernel in gate.GATED_KERNELS
     if mode == "per_call":
         calls = calls_per_round(lambda: fn(x))
         info["calls_per_round"] = calls
         if gated:
-            reference = run_kernel(gate.REFERENCE)
+            reference = SOFTMAX_KERNELS[gate.REFERENCE]
 
             def measure(rounds):
                 return interleaved_per_call_times_us([lambda: fn(x), lambda: reference(x)], calls=calls, rounds=rounds)
@@ -331,7 +296,7 @@ def test_softmax_call_modes(benchmark, request, mode, kernel, B, V, dtype):
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        validate_output(f"{kernel} (graph replay)", x, out)
+        validate_output(kernel, x, out, " (graph replay)")
         times = graph_replay_times_us(graph)
     benchmark.extra_info.update(mode=mode, **info)
     report_times_us(benchmark, times)
@@ -345,9 +310,15 @@ MAX_FLOOR_US = 1000.0
 EMPTY_CUDA_SOURCE = 'extern "C" __global__ void empty_kernel() {}'
 
 
-@triton.jit
-def _empty_triton_kernel(X):
-    pass
+@functools.cache
+def _empty_triton_kernel():
+    import triton  # here: this file is collected (and its cases listed) where Triton is missing
+
+    @triton.jit
+    def empty_kernel(X):
+        pass
+
+    return empty_kernel
 
 
 @functools.cache
@@ -379,7 +350,8 @@ def floor_call(name: str, x: torch.Tensor):
     if name == "empty_like":
         return lambda: torch.empty_like(x)
     if name == "triton_empty":
-        return lambda: _empty_triton_kernel[(1,)](x)
+        kernel = _empty_triton_kernel()
+        return lambda: kernel[(1,)](x)
     if name == "cupy_empty":
         reason = cupy_unusable_reason()
         if reason:
@@ -435,15 +407,21 @@ def test_launch_floor(benchmark, name, mode):
 # -- the lab's gates: ratios measured in the same test ---------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "kernel, reference, floor",
-    [("fused", "F_softmax", 0.30), ("triton", "fused", 0.80)],
-    ids=["lab-gate-fused-vs-F_softmax", "lab-gate-triton-vs-fused"],
-)
+def lab_gate_cases():
+    """(kernel, reference, floor) for every kernel whose spec sets a lab gate."""
+    return [
+        pytest.param(k.name, *k.spec.lab_gate, id=f"lab-gate-{k.name}-vs-{k.spec.lab_gate[0]}")
+        for k in SOFTMAX_KERNELS.values()
+        if k.spec.lab_gate
+    ]
+
+
+@pytest.mark.parametrize("kernel, reference, floor", lab_gate_cases())
 def test_lab_gate(benchmark, kernel, reference, floor):
-    """At (512, 600) fp32: speed(kernel) >= floor x speed(reference), timed back to back."""
-    times, _ = time_case(kernel, 512, 600, torch.float32)
-    reference_times, _ = time_case(reference, 512, 600, torch.float32)
+    """At the lab point: speed(kernel) >= floor x speed(reference), timed back to back."""
+    B, V, dtype = LAB_POINT
+    times, _ = time_case(kernel, B, V, torch_dtype(dtype))
+    reference_times, _ = time_case(reference, B, V, torch_dtype(dtype))
     ratio = float(np.median(reference_times) / np.median(times))
     benchmark.extra_info.update(gate=f"{kernel} >= {floor} x {reference}", speed_ratio=ratio)
     report_times_us(benchmark, times)

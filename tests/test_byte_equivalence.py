@@ -20,27 +20,27 @@ recorded as "not gated: ..." and the test passes.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 import kernels
-from kernels import softmax_cuda as sc
-from kernels import softmax_triton as st
 from kernels.reference import softmax_ref
-from tests.helpers import SCALED_TRITON_PARAMS
+from kernels.spec import dtype_name
+from tests.helpers import (
+    INTERPRETED,
+    VECTOR_BYTES,
+    cpu_path_runner,
+    needs_triton,
+    skip_if_unavailable,
+    skip_unless_runnable,
+    triton_module,
+)
 from tests.helpers import logits as seeded_logits
 
 SECTION = "byte_equivalence"
 REPEATS = 20
-BASELINES = ("F_softmax", "torch_compile")
-CUPY_KERNELS = ("naive", "smem", "fused")
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 BIT_VIEWS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-VECTOR_BYTES = 16  # the alignment classes of a row start: offsets 0 .. 16 / itemsize - 1
 
 # V every kernel is measured at: odd and even, small, the lab's 600, both sides of F.softmax's
 # own 1024 switch and of 2048, and the large vocabularies.
@@ -97,18 +97,9 @@ def poisoned(B, V, dtype, device, *, offset=0):
 
 
 def make_logits(B, V, dtype, device, *, seed):
-    """Logits for the byte cases. On the CPU the suite's seeded_logits; on a GPU the same recipe
-    drawn there (randn x 3, about 1% of entries +30, 1% -inf, column 0 always finite), since
-    the large shapes here would take seconds to draw on the host."""
-    if torch.device(device).type == "cpu":
-        return seeded_logits(B, V, seed=seed, dtype=dtype)
-    g = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randn(B, V, generator=g, device=device) * 3
-    u = torch.rand(B, V, generator=g, device=device)
-    x = torch.where(u < 0.01, 30.0, x)
-    x = torch.where(u > 0.99, -float("inf"), x)
-    x[:, 0] = torch.where(torch.isinf(x[:, 0]), 1.0, x[:, 0])
-    return x.to(dtype)
+    """The suite's seeded logits; on a GPU drawn there (the large shapes here would take
+    seconds to draw on the host). No row is all -inf."""
+    return seeded_logits(B, V, seed=seed, dtype=dtype, device=device, on_device=torch.device(device).type != "cpu")
 
 
 def conclude(record_manifest, kernel: str, dtype_name: str, prop: str, shapes, failures, *, gated: bool):
@@ -276,35 +267,13 @@ def measure_graph_invariant(run, shapes, dtype, *, path_of, seed=4):
 # -- the registry on a GPU ---------------------------------------------------------------------
 
 
-def kernel_dtypes(name: str):
-    return tuple(getattr(kernels.SOFTMAX_KERNELS.get(name), "dtypes", None) or kernels.SUPPORTED_DTYPES[name])
-
-
-def is_baseline(name: str) -> bool:
-    return bool(getattr(kernels.SOFTMAX_KERNELS.get(name), "baseline", name in BASELINES))
-
-
-@functools.cache
-def _compiled_softmax():
-    return torch.compile(lambda x: F.softmax(x, dim=-1))
-
-
-def registry_names():
-    """The registry, plus the torch.compile baseline where the registry does not list it."""
-    names = list(kernels.SOFTMAX_KERNELS)
-    return names if "torch_compile" in names else names + ["torch_compile"]
-
-
 def runner(name: str):
-    """run(x, out) -> out for a registry kernel, or the torch.compile baseline. It returns the
-    `out` it was given, not what the kernel returns: a result written elsewhere leaves NaN."""
-    fn = kernels.SOFTMAX_KERNELS.get(name)
+    """run(x, out) -> out for a registry kernel. It returns the `out` it was given, not what the
+    kernel returns: a result written elsewhere leaves NaN."""
+    fn = kernels.SOFTMAX_KERNELS[name]
 
     def run(x, out):
-        if fn is None:
-            out.copy_(_compiled_softmax()(x))
-        else:
-            fn(x, out=out)
+        fn(x, out=out)
         return out
 
     return run
@@ -312,13 +281,7 @@ def runner(name: str):
 
 def path_namer(name: str, dtype):
     """path_of(B, V): the dispatch path the kernel takes, for failure messages."""
-    plan = getattr(kernels.SOFTMAX_KERNELS.get(name), "plan", None)
-    if plan is None and name == "triton":
-        plan = st.plan
-    if plan is None and name == "fused":
-        plan = sc.fused_plan
-    if plan is None:
-        return lambda B, V: "one path"
+    plan = kernels.SOFTMAX_KERNELS[name].plan
 
     def path_of(B, V):
         try:
@@ -332,15 +295,17 @@ def path_namer(name: str, dtype):
 def v_boundaries(name: str, dtype) -> list[int]:
     """V at which the kernel switches path (V and V + 1 run different code)."""
     if name == "fused":
-        return list(sc.DISPATCH_BOUNDARIES_BY_DTYPE[dtype])
+        from kernels import cuda_plans
+
+        return list(cuda_plans.DISPATCH_BOUNDARIES_BY_DTYPE[dtype])
     if name == "triton":
-        return [v for key, v in st.DISPATCH_BOUNDARIES.items() if not key.endswith("_b")]
+        return [v for key, v in triton_module().DISPATCH_BOUNDARIES.items() if not key.endswith("_b")]
     return []
 
 
 def b_thresholds(name: str) -> list[int]:
     if name == "triton":
-        return [b for key, b in st.DISPATCH_BOUNDARIES.items() if key.endswith("_b")]
+        return [b for key, b in triton_module().DISPATCH_BOUNDARIES.items() if key.endswith("_b")]
     return []
 
 
@@ -384,19 +349,18 @@ def every_shape(name, dtype):
 
 
 def registry_cases():
-    for name in registry_names():
-        dtypes = kernel_dtypes(name) if name in kernels.SOFTMAX_KERNELS else kernels.SUPPORTED_DTYPES["F_softmax"]
-        for dtype in dtypes:
-            yield pytest.param(name, dtype, id=f"{name}-{DTYPE_NAMES[dtype]}")
+    for name, k in kernels.SOFTMAX_KERNELS.items():
+        for dtype in k.dtypes:
+            yield pytest.param(name, dtype, id=f"{name}-{dtype_name(dtype)}")
 
 
 @pytest.fixture
 def gpu_kernel(request):
     """(name, dtype, run, path_of, gated) for a registry case on the GPU."""
     name, dtype = request.param
-    if name in CUPY_KERNELS:
-        pytest.importorskip("cupy", reason="the CUDA C kernels are launched through CuPy")
-    return name, dtype, runner(name), path_namer(name, dtype), not is_baseline(name)
+    k = kernels.SOFTMAX_KERNELS[name]
+    skip_unless_runnable(k)
+    return name, dtype, runner(name), path_namer(name, dtype), not k.baseline
 
 
 def _gpu_cases():
@@ -410,7 +374,7 @@ def _gpu_cases():
 def test_deterministic(gpu_kernel, record_manifest):
     name, dtype, run, path_of, gated = gpu_kernel
     shapes, failures = measure_deterministic(run, deterministic_shapes(name, dtype), dtype, "cuda", path_of=path_of)
-    conclude(record_manifest, name, DTYPE_NAMES[dtype], "deterministic", shapes, failures, gated=gated)
+    conclude(record_manifest, name, dtype_name(dtype), "deterministic", shapes, failures, gated=gated)
 
 
 @pytest.mark.cuda
@@ -418,7 +382,7 @@ def test_deterministic(gpu_kernel, record_manifest):
 def test_batch_invariant(gpu_kernel, record_manifest):
     name, dtype, run, path_of, gated = gpu_kernel
     shapes, failures = measure_batch_invariant(run, batch_plan(name, dtype), dtype, "cuda", path_of=path_of)
-    conclude(record_manifest, name, DTYPE_NAMES[dtype], "batch_invariant", shapes, failures, gated=gated)
+    conclude(record_manifest, name, dtype_name(dtype), "batch_invariant", shapes, failures, gated=gated)
 
 
 @pytest.mark.cuda
@@ -426,7 +390,7 @@ def test_batch_invariant(gpu_kernel, record_manifest):
 def test_position_invariant(gpu_kernel, record_manifest):
     name, dtype, run, path_of, gated = gpu_kernel
     shapes, failures = measure_position_invariant(run, position_cases(name, dtype), dtype, "cuda", path_of=path_of)
-    conclude(record_manifest, name, DTYPE_NAMES[dtype], "position_invariant", shapes, failures, gated=gated)
+    conclude(record_manifest, name, dtype_name(dtype), "position_invariant", shapes, failures, gated=gated)
 
 
 @pytest.mark.cuda
@@ -434,7 +398,7 @@ def test_position_invariant(gpu_kernel, record_manifest):
 def test_stride_invariant(gpu_kernel, record_manifest):
     name, dtype, run, path_of, gated = gpu_kernel
     shapes, failures = measure_stride_invariant(run, position_cases(name, dtype), dtype, "cuda", path_of=path_of)
-    conclude(record_manifest, name, DTYPE_NAMES[dtype], "stride_invariant", shapes, failures, gated=gated)
+    conclude(record_manifest, name, dtype_name(dtype), "stride_invariant", shapes, failures, gated=gated)
 
 
 @pytest.mark.cuda
@@ -442,7 +406,7 @@ def test_stride_invariant(gpu_kernel, record_manifest):
 def test_graph_invariant(gpu_kernel, record_manifest):
     name, dtype, run, path_of, gated = gpu_kernel
     shapes, failures = measure_graph_invariant(run, deterministic_shapes(name, dtype), dtype, path_of=path_of)
-    conclude(record_manifest, name, DTYPE_NAMES[dtype], "graph_invariant", shapes, failures, gated=gated)
+    conclude(record_manifest, name, dtype_name(dtype), "graph_invariant", shapes, failures, gated=gated)
 
 
 # -- once per path: the one-minute check (pytest -m "cuda and quick") ------------------------------
@@ -450,18 +414,14 @@ def test_graph_invariant(gpu_kernel, record_manifest):
 
 def quick_path_cases():
     """(kernel, path, dtype, B, V): every dispatch path of our kernels in every dtype, at the
-    shape the coverage matrix reaches it with (tests/test_coverage_matrix.py `shape_for`)."""
-    from tests.test_coverage_matrix import shape_for
-
+    shape its spec gives the path (`Path.gpu`, which the coverage matrix runs too)."""
     for name, k in kernels.SOFTMAX_KERNELS.items():
         if k.baseline:  # measured, not gated: the quick check has nothing to fail on them
             continue
         for dtype in k.dtypes:
             for path in k.paths_for(dtype):
-                shape = shape_for(k, path, dtype)
-                if shape is not None:  # else tests/test_coverage_matrix.py names the missing cell
-                    B, V = shape
-                    yield pytest.param(name, path, dtype, B, V, id=f"{name}-{path}-{DTYPE_NAMES[dtype]}-B{B}-V{V}")
+                B, V = k.path(path).gpu
+                yield pytest.param(name, path, dtype, B, V, id=f"{name}-{path}-{dtype_name(dtype)}-B{B}-V{V}")
 
 
 @pytest.mark.cuda
@@ -470,7 +430,7 @@ def quick_path_cases():
 def test_every_property_once_per_path(name, path, dtype, B, V):
     """The five properties at one shape per dispatch path; the tests above measure each over
     many shapes. Nothing is recorded: the manifest's verdicts and shapes are theirs."""
-    if name in CUPY_KERNELS:
+    if kernels.SOFTMAX_KERNELS[name].backend == "cupy":
         pytest.importorskip("cupy", reason="the CUDA C kernels are launched through CuPy")
     assert kernels.SOFTMAX_KERNELS[name].plan(B, V, dtype) == path
     run, path_of = runner(name), path_namer(name, dtype)
@@ -483,46 +443,47 @@ def test_every_property_once_per_path(name, path, dtype, B, V):
         "graph_invariant": measure_graph_invariant(run, [(B, V)], dtype, path_of=path_of),
     }
     failures = [f"{prop}: {failure}" for prop, (_, found) in measured.items() for failure in found]
-    assert not failures, f"{name} via {path}, {DTYPE_NAMES[dtype]} ({B}, {V}):\n  " + "\n  ".join(failures)
+    assert not failures, f"{name} via {path}, {dtype_name(dtype)} ({B}, {V}):\n  " + "\n  ".join(failures)
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("name", ["fused", "triton"])
-@pytest.mark.parametrize("dtype", list(DTYPE_NAMES), ids=list(DTYPE_NAMES.values()))
+@pytest.mark.parametrize(
+    "name, dtype",
+    [p for p in registry_cases() if len(kernels.SOFTMAX_KERNELS[p.values[0]].paths) > 1],
+)
 def test_gpu_shapes_reach_every_dispatch_path(name, dtype):
     # The GPU cases above are only as good as their shapes: every path of the kernel's dispatch
     # must be taken by some measured shape, for every property.
-    if name == "fused":
-        plan, paths = sc.fused_plan, {p.describe() for p in sc.fused_plans(dtype)}
-    else:
-        plan, paths = st.plan, {st.plan(B, V, dtype) for B in (1, 1 << 20) for V in (1, 1 << 20, 2048, 32768)}
-    fn = kernels.SOFTMAX_KERNELS[name]
-    if getattr(fn, "paths", None) is not None and getattr(fn, "plan", None) is not None:
-        plan, paths = fn.plan, set(fn.paths_for(dtype))
+    k = kernels.SOFTMAX_KERNELS[name]
+    skip_if_unavailable(k)
+    paths = set(k.paths_for(dtype))
     for what, shapes in (
         ("deterministic", deterministic_shapes(name, dtype)),
         ("batch", [(b, V) for V, bs in batch_plan(name, dtype) for b in bs]),
         ("position/stride", position_cases(name, dtype)),
     ):
-        reached = {plan(B, V, dtype) for B, V in shapes}
+        reached = {k.plan(B, V, dtype) for B, V in shapes}
         assert paths <= reached, f"{name} {dtype}: the {what} shapes miss paths {sorted(paths - reached)}"
     assert max(V for _, V in every_shape(name, dtype)) >= 128256
 
 
 # -- Triton under the interpreter --------------------------------------------------------------
 
+st = triton_module()
 interpreted = pytest.mark.skipif(
-    not st.INTERPRET,
+    not INTERPRETED,
     reason="the Triton kernels run compiled in this process (a GPU "
     "is visible); the cuda cases of this file hold them to the same properties",
 )
 
-# Launch parameters scaled down so that small V reaches each path's real code (tests.helpers):
-# tile with V > BLOCK takes the multi-pass loop; split with CHUNK 16 spreads a row over
-# P = cdiv(V + h, 16) programs, whose last one combines the published partials while the others,
-# under the interpreter's one-after-another programs, take the streaming fallback; stream walks
-# the rows with two programs, in tiles of 16.
-INTERPRETER_PATHS = SCALED_TRITON_PARAMS
+# Each path of the Triton kernel under its launch parameters for the CPU (the registry entry's
+# `Path.cpu`, scaled down so that small V reaches each path's real code): tile with V > BLOCK
+# takes the multi-pass loop; split with CHUNK 16 spreads a row over P = cdiv(V + h, 16)
+# programs, whose last one combines the published partials while the others, under the
+# interpreter's one-after-another programs, take the streaming fallback; stream walks the rows
+# with two programs, in tiles of 16. (tests/test_coverage_matrix.py holds every interpretable
+# kernel to the same bits through each path; these cases probe Triton's paths further.)
+TRITON = kernels.SOFTMAX_KERNELS["triton"]
 # Per path: V (in registers and looping for tile; one and several split chunks), the batch for
 # the position / stride cases and the batches compared for batch invariance. A reordered float32
 # sum of a dozen terms often rounds to the same bits, so each case holds several rows (rows: 12,
@@ -537,23 +498,23 @@ INTERPRETER_BATCHES = {
     "split": (1, 2, 3),
     "stream": (1, 2, 3, 5),
 }
-INTERPRETER_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+INTERPRETER_DTYPES = TRITON.dtypes
 
 
 def interpreter_run(path):
-    params = INTERPRETER_PATHS[path]
+    run_path = cpu_path_runner(TRITON, path)
 
     def run(x, out):
-        st.run_path(x, path, out=out, **params)
+        run_path(x, out=out)
         return out
 
     return run
 
 
 def interpreter_cases():
-    for path in INTERPRETER_PATHS:
+    for path in TRITON.paths:
         for dtype in INTERPRETER_DTYPES:
-            yield pytest.param(path, dtype, id=f"{path}-{DTYPE_NAMES[dtype]}")
+            yield pytest.param(path, dtype, id=f"{path}-{dtype_name(dtype)}")
 
 
 def _interpreter_key(path):
@@ -565,50 +526,55 @@ def _fixed_path(path):
 
 
 @pytest.mark.cpu
+@needs_triton
 @interpreted
 @pytest.mark.parametrize("path,dtype", list(interpreter_cases()))
 def test_interpreter_deterministic(path, dtype, record_manifest):
     shapes = [(1 if path == "split" else 2, V) for V in INTERPRETER_V[path]]
     shapes, failures = measure_deterministic(interpreter_run(path), shapes, dtype, "cpu", path_of=_fixed_path(path))
-    conclude(record_manifest, _interpreter_key(path), DTYPE_NAMES[dtype], "deterministic", shapes, failures, gated=True)
+    conclude(record_manifest, _interpreter_key(path), dtype_name(dtype), "deterministic", shapes, failures, gated=True)
 
 
 @pytest.mark.cpu
+@needs_triton
 @interpreted
 @pytest.mark.parametrize("path,dtype", list(interpreter_cases()))
 def test_interpreter_batch_invariant(path, dtype, record_manifest):
     batches = [(V, INTERPRETER_BATCHES[path]) for V in INTERPRETER_V[path]]
     shapes, failures = measure_batch_invariant(interpreter_run(path), batches, dtype, "cpu", path_of=_fixed_path(path))
     conclude(
-        record_manifest, _interpreter_key(path), DTYPE_NAMES[dtype], "batch_invariant", shapes, failures, gated=True
+        record_manifest, _interpreter_key(path), dtype_name(dtype), "batch_invariant", shapes, failures, gated=True
     )
 
 
 @pytest.mark.cpu
+@needs_triton
 @interpreted
 @pytest.mark.parametrize("path,dtype", list(interpreter_cases()))
 def test_interpreter_position_invariant(path, dtype, record_manifest):
     cases = [(INTERPRETER_B[path], V) for V in INTERPRETER_V[path]]
     shapes, failures = measure_position_invariant(interpreter_run(path), cases, dtype, "cpu", path_of=_fixed_path(path))
     conclude(
-        record_manifest, _interpreter_key(path), DTYPE_NAMES[dtype], "position_invariant", shapes, failures, gated=True
+        record_manifest, _interpreter_key(path), dtype_name(dtype), "position_invariant", shapes, failures, gated=True
     )
 
 
 @pytest.mark.cpu
+@needs_triton
 @interpreted
 @pytest.mark.parametrize("path,dtype", list(interpreter_cases()))
 def test_interpreter_stride_invariant(path, dtype, record_manifest):
     cases = [(INTERPRETER_B[path], V) for V in INTERPRETER_V[path]]
     shapes, failures = measure_stride_invariant(interpreter_run(path), cases, dtype, "cpu", path_of=_fixed_path(path))
     conclude(
-        record_manifest, _interpreter_key(path), DTYPE_NAMES[dtype], "stride_invariant", shapes, failures, gated=True
+        record_manifest, _interpreter_key(path), dtype_name(dtype), "stride_invariant", shapes, failures, gated=True
     )
 
 
 @pytest.mark.cpu
+@needs_triton
 @interpreted
-@pytest.mark.parametrize("dtype", INTERPRETER_DTYPES, ids=[DTYPE_NAMES[d] for d in INTERPRETER_DTYPES])
+@pytest.mark.parametrize("dtype", INTERPRETER_DTYPES, ids=[dtype_name(d) for d in INTERPRETER_DTYPES])
 def test_interpreter_dispatch_batch_invariant(dtype, record_manifest):
     """softmax() sends rows of V <= tile_max_v to the tile kernel below rows_min_b rows and to
     the multi-row kernel from there on, each with its own launch parameters taken from V and the
@@ -629,9 +595,7 @@ def test_interpreter_dispatch_batch_invariant(dtype, record_manifest):
         diff = bit_difference(got, want)
         if diff:
             failures.append(f"V={V}: rows through {paths[1]} (B >= {above}) vs {paths[0]} (B = {below}): {diff}")
-    conclude(
-        record_manifest, "triton[interpreter]", DTYPE_NAMES[dtype], "batch_invariant", shapes, failures, gated=True
-    )
+    conclude(record_manifest, "triton[interpreter]", dtype_name(dtype), "batch_invariant", shapes, failures, gated=True)
 
 
 # -- the NumPy reference (float64) -------------------------------------------------------------

@@ -11,35 +11,27 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from kernels import SOFTMAX_KERNELS, softmax_cuda, softmax_triton
+from kernels import SOFTMAX_KERNELS
 from kernels.reference import softmax_ref
-from tests.helpers import bits, check_softmax, layouts, logits, run_poisoned, skip_unless_runnable
+from kernels.spec import BACKENDS, names
+from tests.helpers import (
+    INTERPRETED,
+    bits,
+    check_softmax,
+    layouts,
+    logits,
+    needs_triton,
+    run_poisoned,
+    skip_unless_runnable,
+)
 
-# Shapes that reach each path of the two kernels with many paths (default parameters).
-FUSED_PATH_SHAPES = {
-    "warp": (5, 100),
-    "warpvec": (9, 600),
-    "row": (3, 4097),
-    "cluster": (2, 50257),
-    "split": (2, 300007),
-    "loop": (2, 4194305),
-}
-TRITON_PATH_SHAPES = {
-    "tile": (5, 600),
-    "rows": (8192, 700),
-    "row": (3, 4097),
-    "split": (2, 50257),
-    "stream": (2, 50257),
-}
-PATH_SHAPES = {"fused": FUSED_PATH_SHAPES, "triton": TRITON_PATH_SHAPES}
 DTYPES = (torch.float32, torch.bfloat16)
+OPS = names(lambda s: s.custom_op)  # the kernels kernels/ops.py registers as custom operators
+interpreted = pytest.mark.skipif(not INTERPRETED, reason="the Triton op runs on CPU tensors only interpreted")
 
 
 def _logits(B, V, dtype, device):
-    g = torch.Generator().manual_seed(B * 31 + V)
-    x = torch.randn(B, V, generator=g) * 4
-    x[:, 0] = 30.0
-    return x.to(device=device, dtype=dtype)
+    return logits(B, V, seed=B * 31 + V, dtype=dtype, device=device, scale=4.0, neg_inf=False)
 
 
 def _graph_of(fn, x):
@@ -56,19 +48,21 @@ def _graph_of(fn, x):
     return graph, y
 
 
-def _dispatched_path_cases():
-    """(kernel, path, B, V, dtype) for every path fused and Triton dispatch to, in each dtype."""
-    for kernel, shapes in PATH_SHAPES.items():
+def _path_cases(kernels=None):
+    """(kernel, path, B, V, dtype) for every path each kernel dispatches to, in each dtype of
+    DTYPES it supports, at the shape its spec gives the path."""
+    for kernel in kernels or SOFTMAX_KERNELS:
+        k = SOFTMAX_KERNELS[kernel]
         for dtype in DTYPES:
-            for path in SOFTMAX_KERNELS[kernel].paths_for(dtype):
-                B, V = shapes[path]
-                yield pytest.param(kernel, path, B, V, dtype, id=f"{kernel}-{path}-{str(dtype)[6:]}")
+            if dtype in k.dtypes:
+                for path in k.paths_for(dtype):
+                    B, V = k.path(path).gpu
+                    yield pytest.param(kernel, path, B, V, dtype, id=f"{kernel}-{path}-{str(dtype)[6:]}")
 
 
-def _path_cases():
-    yield from _dispatched_path_cases()
-    for name in ("naive", "smem", "F_softmax", "torch_compile"):
-        yield pytest.param(name, SOFTMAX_KERNELS[name].paths[0], 7, 781, torch.float32, id=f"{name}")
+def _dispatched_path_cases():
+    """The kernels with several paths, which remember their launches per layout."""
+    return _path_cases([name for name, k in SOFTMAX_KERNELS.items() if len(k.paths) > 1])
 
 
 @pytest.mark.cuda
@@ -131,7 +125,8 @@ def test_the_remembered_common_call_gives_the_checked_calls_bits(kernel, path, B
 
 
 @pytest.mark.cpu
-@pytest.mark.skipif(not softmax_triton.INTERPRET, reason="the Triton op runs on CPU tensors only interpreted")
+@needs_triton
+@interpreted
 def test_triton_op_passes_opcheck_in_the_interpreter():
     from kernels import ops
 
@@ -144,7 +139,8 @@ def test_triton_op_passes_opcheck_in_the_interpreter():
 
 
 @pytest.mark.cpu
-@pytest.mark.skipif(not softmax_triton.INTERPRET, reason="the Triton op runs on CPU tensors only interpreted")
+@needs_triton
+@interpreted
 def test_triton_op_gradient_is_the_softmax_gradient():
     from kernels import ops
 
@@ -157,7 +153,8 @@ def test_triton_op_gradient_is_the_softmax_gradient():
 
 
 @pytest.mark.cpu
-@pytest.mark.skipif(not softmax_triton.INTERPRET, reason="the Triton op runs on CPU tensors only interpreted")
+@needs_triton
+@interpreted
 def test_model_traces_without_a_graph_break_through_the_triton_op():
     """Dynamo's own account of the LM head's softmax as our custom op: one graph, no break."""
     from model.torch_minigpt import GrammarMiniGPT
@@ -174,7 +171,7 @@ def test_model_traces_without_a_graph_break_through_the_triton_op():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", ["fused", "triton"])
+@pytest.mark.parametrize("name", OPS)
 def test_custom_ops_pass_opcheck_on_cuda(name):
     from kernels import ops
 
@@ -187,7 +184,7 @@ def test_custom_ops_pass_opcheck_on_cuda(name):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", ["fused", "triton"])
+@pytest.mark.parametrize("name", OPS)
 def test_compiled_function_keeps_the_op_without_breaks(name):
     from kernels import ops
 
@@ -267,9 +264,17 @@ def test_registry_marks_baselines_and_describes_every_kernel():
     assert set(kernels.OUR_KERNELS) == {k for k, v in SOFTMAX_KERNELS.items() if not v.baseline}
     for name, k in SOFTMAX_KERNELS.items():
         assert k.name == name and k.paths and torch.float32 in k.dtypes
+        assert k.backend in BACKENDS
+        if k.unavailable_reason():
+            continue
         for B, V in ((1, 7), (512, 600), (8192, 600), (3, 50257), (2, 300007)):
             assert k.plan(B, V, torch.float32) in k.paths, (name, B, V)
-    assert SOFTMAX_KERNELS["fused"].plan(2, 50257, torch.bfloat16) == softmax_cuda.fused_path(2, 50257, "bf16")
-    assert SOFTMAX_KERNELS["fused"].paths == softmax_cuda.PATHS
-    assert SOFTMAX_KERNELS["triton"].paths == softmax_triton.PATHS
-    assert {k.backend for k in SOFTMAX_KERNELS.values()} == {"cupy", "triton", "torch"}
+
+
+@pytest.mark.cpu
+def test_every_custom_operator_is_a_registered_kernel():
+    from kernels import ops
+
+    assert set(ops.OPS) == set(OPS) and set(OPS) <= set(SOFTMAX_KERNELS)
+    for name in ops.OPS:
+        assert callable(getattr(getattr(torch.ops, ops.NAMESPACE), name)), name

@@ -1,46 +1,63 @@
-"""Every dispatch path of every registered kernel, under every input layout, in every dtype.
+"""Every dispatch path of every registered kernel, under every input layout, in every dtype:
+the registry-wide verification, one hook for every kernel.
 
 A cell is (kernel, path, layout, dtype): the paths come from the registry (`Kernel.paths`), the
 layouts from tests.helpers.layouts (contiguous, rows with a stride > V, a storage offset in
-every other 16-byte alignment class, elements strided within a row). The cuda cases reach each
-path through the public entry at a shape the kernel's own `plan` sends there; the cpu cases run
-the kernels that work under the Triton interpreter (Triton reaches each path with run_path and
-scaled-down parameters). Each case records the cell it ran (tests/suite/coverage.py); the last
-tests say which cells the session must run, and the session's end checks them against the cells
-every process ran (xdist workers included), so a path added to a kernel fails the run until a
-case covers it.
-"""
+every other 16-byte alignment class, elements strided within a row).
 
-import itertools
+cuda: each path through the public entry at the (B, V) its spec gives (`Path.gpu`, which the
+      kernel's own `plan` must send down that path), under every layout.
+cpu:  every kernel that runs under the Triton interpreter (`interpretable`), each path forced
+      through `Kernel.run_path` with the launch parameters its spec scales down for the CPU
+      (`Path.cpu`), at rows of CPU_V elements (odd and even, several tiles long), under every
+      layout and dtype: the full contract (values against the float64 reference, NaN exactly in
+      all -inf rows, row sums) and, for kernels of ours, the bits of the first path on a
+      contiguous copy (a row's bits depend only on its values and V: not on the path or the
+      layout). Per path and dtype also: a row's bits alone and in a
+      batch, and the edges (±1e30, -inf entries, an all -inf row); per kernel and dtype the
+      public entry at long rows (LONG_CPU_V) and at V = 1.
+
+Each cell case records the cell it ran (tests/suite/coverage.py); the last tests say which cells
+the session must run, and the session's end checks them against the cells every process ran
+(xdist workers included), so a path added to a kernel fails the run until a case covers it.
+Kernels of ours that no CPU case can run are named in the terminal summary of a cpu run
+("verified on CUDA only").
+"""
 
 import pytest
 import torch
 
 from kernels import SOFTMAX_KERNELS
-from kernels import softmax_cuda as sc
-from kernels import softmax_triton as st
 from tests.helpers import (
-    SCALED_TRITON_PARAMS,
+    INTERPRETED,
     bits,
     check_softmax,
+    cpu_path_runner,
     dtype_id,
     layouts,
     logits,
     needs_cupy,
     run_poisoned,
+    skip_if_unavailable,
     skip_unless_runnable,
 )
 from tests.suite import coverage
 
 WIDE_V = 16384  # rows longer than this are drawn wide-range (randn * 4): their sums are long
-# Row lengths tried when looking for a shape that takes a path: odd sizes, and one either side
-# of every boundary the kernels publish.
-_BOUNDARIES = set(sc.DISPATCH_BOUNDARIES) | {v for k, v in st.DISPATCH_BOUNDARIES.items() if k.endswith("_v")}
-V_CANDIDATES = sorted(
-    {7, 33, 100, 600, 781, 1025, 2049, 5000, 20001, 50257, 140001} | {v + d for v in _BOUNDARIES for d in (-1, 1)}
+# The CPU rows: odd and even, each several tiles, chunks or programs long at the scaled-down
+# launch parameters of every path (tiles of 16). The interpreter runs a launch's programs one
+# after another in Python, so its cost grows with B and the tiles per row.
+CPU_B = 3
+CPU_V = (37, 64)
+# The public entry at its own launch parameters: rows several of its GPU tiles long.
+LONG_CPU_V = (1030, 2049)
+interpreted = pytest.mark.skipif(
+    not INTERPRETED, reason="the kernels run on CPU tensors only under the Triton interpreter (TRITON_INTERPRET=1)"
 )
-B_CANDIDATES = sorted({5} | {b + 1 for k, b in st.DISPATCH_BOUNDARIES.items() if k.endswith("_b")})
-CPU_SHAPE = (3, 37)  # the rows path's block of 4 rows is partly masked; 37 spans several scaled tiles and chunks
+
+
+def interpretable_kernels():
+    return [k for k in SOFTMAX_KERNELS.values() if k.interpretable]
 
 
 def cells(kernels, *, dispatched=True) -> set:
@@ -58,46 +75,39 @@ def cells(kernels, *, dispatched=True) -> set:
 missing_cells = coverage.missing_cells
 
 
-def shape_for(kernel, path, dtype):
-    """The smallest (B, V) of the candidates that `kernel.plan` sends down `path` (rows of at
-    least 100 first, long enough for vector accesses and their head / tail peel), or None."""
-    candidates = itertools.product(B_CANDIDATES, V_CANDIDATES)
-    for B, V in sorted(candidates, key=lambda s: (s[1] < 100, s[0] * s[1], s)):
-        if kernel.plan(B, V, dtype) == path:
-            return B, V
-    return None
-
-
 def _cuda_cases():
     cases = []
     for k in SOFTMAX_KERNELS.values():
         for dtype in k.dtypes:
             for path in k.paths_for(dtype):
-                shape = shape_for(k, path, dtype)
-                if shape is None:
-                    continue  # test_every_cell_has_a_case names it
+                B, V = k.path(path).gpu
                 for layout in layouts(dtype):
-                    cases.append(
-                        pytest.param(
-                            k.name,
-                            path,
-                            layout,
-                            dtype,
-                            *shape,
-                            id=f"{k.name}-{path}-{layout}-{dtype_id(dtype)}-B{shape[0]}-V{shape[1]}",
-                        )
-                    )
+                    case_id = f"{k.name}-{path}-{layout}-{dtype_id(dtype)}-B{B}-V{V}"
+                    cases.append(pytest.param(k.name, path, layout, dtype, B, V, id=case_id))
     return cases
 
 
 def _cpu_cases():
+    """(kernel, path, layout, dtype, V): the layouts of a path and dtype take the row lengths of
+    CPU_V in turn, so each path meets every length in every dtype at a cell's cost of one."""
     return [
-        pytest.param(k.name, path, layout, dtype, id=f"{k.name}-{path}-{layout}-{dtype_id(dtype)}")
-        for k in SOFTMAX_KERNELS.values()
-        if k.interpretable
+        pytest.param(
+            k.name, path, layout, dtype, CPU_V[i % len(CPU_V)], id=f"{k.name}-{path}-{layout}-{dtype_id(dtype)}"
+        )
+        for k in interpretable_kernels()
         for path in k.paths
         for dtype in k.dtypes
-        for layout in layouts(dtype)
+        for i, layout in enumerate(layouts(dtype))
+    ]
+
+
+def _cpu_path_cases(*, ours=False):
+    return [
+        pytest.param(k.name, path, dtype, id=f"{k.name}-{path}-{dtype_id(dtype)}")
+        for k in interpretable_kernels()
+        if not (ours and k.baseline)
+        for path in k.paths
+        for dtype in k.dtypes
     ]
 
 
@@ -108,6 +118,32 @@ CPU_CASES = _cpu_cases()
 def seed_of(*parts) -> int:
     # A seed from the cell's names, the same in every process (str hashes are salted per process).
     return sum((i + 1) * ord(c) for i, c in enumerate("/".join(map(str, parts))))
+
+
+def cpu_logits(kernel, dtype, B, V, layout="contiguous"):
+    """The values every path and layout of `kernel` gets at (B, V): one seed per kernel, dtype
+    and shape, so outputs can be compared bit for bit across paths and layouts."""
+    return logits(B, V, seed=seed_of(kernel, dtype_id(dtype), B, V), dtype=dtype, layout=layout)
+
+
+_reference_bits: dict = {}
+
+
+def reference_bits(k, dtype, B, V) -> torch.Tensor:
+    """The bits of cpu_logits(k, dtype, B, V) through the kernel's first path at its CPU launch
+    parameters, contiguous: what every path and layout must give (once per process)."""
+    key = (k.name, dtype, B, V)
+    if key not in _reference_bits:
+        x = cpu_logits(k.name, dtype, B, V)
+        _reference_bits[key] = bits(run_poisoned(cpu_path_runner(k, k.paths[0]), x)).clone()
+    return _reference_bits[key]
+
+
+def assert_same_bits(got, want, what):
+    differ = bits(got) != want
+    if differ.any():
+        first = differ.nonzero()[:4].tolist()
+        raise AssertionError(f"{what}: {int(differ.sum())} of {differ.numel()} elements differ in bits, first {first}")
 
 
 # -- the cases ---------------------------------------------------------------------------------------
@@ -132,32 +168,103 @@ def test_cuda_path_under_layout(request, kernel, path, layout, dtype, B, V):
     out = run_poisoned(k, x)
     coverage.record_cell(request.node, "cuda", (kernel, path, layout, dtype_id(dtype)))
     what = f"{kernel} via {path}, {layout}, ({B}, {V})"
-    check_softmax(out, x, what=what)
+    check_softmax(out, x, what=what, kernel=k)
 
 
 @pytest.mark.cpu
-@pytest.mark.skipif(not st.INTERPRET, reason="the kernels run on CPU tensors only under the Triton interpreter")
-@pytest.mark.parametrize("kernel, path, layout, dtype", CPU_CASES)
-def test_cpu_path_under_layout(request, kernel, path, layout, dtype):
+@interpreted
+@pytest.mark.parametrize("kernel, path, layout, dtype, V", CPU_CASES)
+def test_cpu_path_under_layout(request, kernel, path, layout, dtype, V):
     k = SOFTMAX_KERNELS[kernel]
-    B, V = CPU_SHAPE
-    x = logits(B, V, seed=seed_of(kernel, path, layout, dtype), dtype=dtype, layout=layout)
-    if kernel == "triton":
-
-        def fn(x, *, out):
-            return st.run_path(x, path, out=out, **SCALED_TRITON_PARAMS[path])
-    else:
-        assert k.plan(B, V, dtype) == path
-        fn = k
-    out = run_poisoned(fn, x)
+    skip_if_unavailable(k)
+    x = cpu_logits(kernel, dtype, CPU_B, V, layout)
+    out = run_poisoned(cpu_path_runner(k, path), x)
+    what = f"{kernel} via {path}, {layout}, ({CPU_B}, {V})"
+    check_softmax(out, x, what=what, kernel=k)
+    if not k.baseline:
+        # Ours are bit-for-bit: neither the path nor the layout changes a row's bits.
+        first = k.paths[0]
+        assert_same_bits(out, reference_bits(k, dtype, CPU_B, V), f"{what} vs {first} on a contiguous copy")
     coverage.record_cell(request.node, "cpu", (kernel, path, layout, dtype_id(dtype)))
-    what = f"{kernel} via {path}, {layout}"
-    check_softmax(out, x, what=what)
-    if kernel == "triton":
-        # The kernels' sums are order-free: a row's bits depend on its values and V alone, not
-        # on the path or the layout.
-        expected = st.run_path(x.contiguous(), "tile")
-        assert torch.equal(bits(out), bits(expected)), f"{what}: bits differ from the tile path on a contiguous copy"
+
+
+@pytest.mark.cpu
+@interpreted
+@pytest.mark.parametrize("kernel, path, dtype", _cpu_path_cases(ours=True))
+def test_cpu_path_batch_invariant(kernel, path, dtype):
+    """A row's bits do not depend on the batch around it: each row alone (at program 0, in a
+    batch of one) gives the bits it gets in the batch, and so do the first rows as a batch."""
+    k = SOFTMAX_KERNELS[kernel]
+    skip_if_unavailable(k)
+    run = cpu_path_runner(k, path)
+    B, V = 4, CPU_V[0]
+    x = cpu_logits(kernel, dtype, B, V)
+    full = run_poisoned(run, x)
+    check_softmax(full, x, what=f"{kernel} via {path}, ({B}, {V})", kernel=k)
+    assert_same_bits(run_poisoned(run, x[:2]), bits(full[:2]), f"{kernel} via {path}: rows 0-1 as a batch of 2")
+    for r in range(1, B):
+        alone = run_poisoned(run, x[r : r + 1].clone())
+        assert_same_bits(alone, bits(full[r : r + 1]), f"{kernel} via {path}: row {r} alone vs in a batch of {B}")
+
+
+@pytest.mark.cpu
+@interpreted
+@pytest.mark.parametrize("kernel, path, dtype", _cpu_path_cases())
+def test_cpu_path_edges(kernel, path, dtype):
+    """Huge magnitudes do not overflow, -inf entries get probability 0, an all -inf row gives
+    NaN (as F.softmax does), two tied maxima get half each."""
+    k = SOFTMAX_KERNELS[kernel]
+    skip_if_unavailable(k)
+    V = CPU_V[0]
+    x = logits(5, V, seed=seed_of(kernel, path, dtype), dtype=dtype, neg_inf=False, neg_inf_rows=[1])
+    huge = min(1e30, torch.finfo(dtype).max)
+    x[0, 3], x[0, V - 1], x[0, 5] = huge, huge, -huge  # tied huge maxima, the second in the last tile
+    x[2, ::3] = -float("inf")
+    x[3, :7] = huge
+    x[4] = x[4] + 1000.0  # far beyond exp's range unless the max is subtracted
+    out = run_poisoned(cpu_path_runner(k, path), x)
+    check_softmax(out, x, what=f"{kernel} via {path} with ±1e30, -inf and +1000 rows", kernel=k)
+    assert out[0, 3].item() == 0.5 and out[0, V - 1].item() == 0.5, f"{kernel} via {path}: tied maxima"
+    assert (out[2, ::3] == 0).all(), f"{kernel} via {path}: -inf entries must get probability 0"
+
+
+@pytest.mark.cpu
+@interpreted
+@pytest.mark.parametrize(
+    "kernel, dtype",
+    [pytest.param(k.name, d, id=f"{k.name}-{dtype_id(d)}") for k in interpretable_kernels() for d in k.dtypes],
+)
+def test_cpu_public_entry_long_rows_and_one_column(kernel, dtype):
+    """The public entry with its own launch parameters at rows several of its tiles long, and at
+    V = 1, which gives exactly 1."""
+    k = SOFTMAX_KERNELS[kernel]
+    skip_if_unavailable(k)
+    for V in LONG_CPU_V:
+        x = cpu_logits(kernel, dtype, 2, V)
+        check_softmax(run_poisoned(k, x), x, what=f"{kernel} at (2, {V}) via {k.plan(2, V, dtype)}", kernel=k)
+    x = logits(5, 1, seed=1, dtype=dtype, scale=100.0)
+    assert torch.equal(bits(run_poisoned(k, x)), bits(torch.ones_like(x))), f"{kernel}: softmax of one element is 1"
+
+
+@pytest.mark.cpu
+def test_gpu_shapes_take_their_paths():
+    """Each path's spec shape is one the kernel's own plan sends down that path, in every dtype
+    whose dispatch has it (what the cuda cases above rely on)."""
+    checked = 0
+    for k in SOFTMAX_KERNELS.values():
+        if k.unavailable_reason():
+            continue
+        for dtype in k.dtypes:
+            for path in k.paths_for(dtype):
+                B, V = k.path(path).gpu
+                assert k.plan(B, V, dtype) == path, f"{k.name}: ({B}, {V}) {dtype} takes {k.plan(B, V, dtype)}"
+                checked += 1
+            for path in k.paths:  # and no shape of another dtype's path goes there
+                B, V = k.path(path).gpu
+                assert k.plan(B, V, dtype) in k.paths_for(dtype), f"{k.name}: ({B}, {V}) {dtype}"
+        dispatched = {path for dtype in k.dtypes for path in k.paths_for(dtype)}
+        assert dispatched == set(k.paths), f"{k.name}: paths no dtype dispatches to: {set(k.paths) - dispatched}"
+    assert checked >= len(SOFTMAX_KERNELS)
 
 
 # -- the matrix is complete --------------------------------------------------------------------------
@@ -167,19 +274,18 @@ def test_cpu_path_under_layout(request, kernel, path, layout, dtype):
 def test_every_cell_has_a_case():
     cuda_cells = {(c.values[0], c.values[1], c.values[2], dtype_id(c.values[3])) for c in CUDA_CASES}
     gaps = missing_cells(cells(SOFTMAX_KERNELS.values()), cuda_cells)
-    assert not gaps, f"cells no cuda case covers (no candidate shape takes the path?):{gaps}"
+    assert not gaps, f"cells no cuda case covers:{gaps}"
     cpu_cells = {(c.values[0], c.values[1], c.values[2], dtype_id(c.values[3])) for c in CPU_CASES}
-    gaps = missing_cells(cells((k for k in SOFTMAX_KERNELS.values() if k.interpretable), dispatched=False), cpu_cells)
+    gaps = missing_cells(cells(interpretable_kernels(), dispatched=False), cpu_cells)
     assert not gaps, f"cells no cpu case covers:{gaps}"
 
 
 @pytest.mark.cpu
 def test_a_missing_cell_is_named():
     expected = cells(SOFTMAX_KERNELS.values())
-    dropped = ("fused", "loop", "offset:3", "bf16")
-    assert dropped in expected
+    dropped = max(expected)
     assert missing_cells(expected, expected) == ""
-    assert missing_cells(expected, expected - {dropped}) == "\n  fused / loop / offset:3 / bf16"
+    assert missing_cells(expected, expected - {dropped}) == "\n  " + " / ".join(dropped)
 
 
 # -- every expected cell ran: declared here, checked at the session's end (tests/suite/coverage.py) --
@@ -189,11 +295,16 @@ def expected_cells(platform: str) -> set:
     """The cells a run of the whole matrix must run on `platform`: on the CPU every path of the
     interpretable kernels; on a GPU every dispatched path, less the kernels whose backend this
     machine lacks (their cases skip with that reason)."""
+    # Kernels whose backend's package or machine is missing skip with that reason, not left out.
     if platform == "cpu":
-        return cells((k for k in SOFTMAX_KERNELS.values() if k.interpretable), dispatched=False)
+        return cells((k for k in interpretable_kernels() if not k.unavailable_reason()), dispatched=False)
     from tests.suite.gpus import cupy_unusable_reason
 
-    return cells(k for k in SOFTMAX_KERNELS.values() if not (needs_cupy(k) and cupy_unusable_reason()))
+    return cells(
+        k
+        for k in SOFTMAX_KERNELS.values()
+        if not (k.unavailable_reason() or (needs_cupy(k) and cupy_unusable_reason()))
+    )
 
 
 def _expect_every_cell(request, platform, case_name):
@@ -212,7 +323,7 @@ def _expect_every_cell(request, platform, case_name):
 
 
 @pytest.mark.cpu
-@pytest.mark.skipif(not st.INTERPRET, reason="the kernels run on CPU tensors only under the Triton interpreter")
+@interpreted
 def test_every_cpu_cell_ran(request):
     _expect_every_cell(request, "cpu", "test_cpu_path_under_layout")
 

@@ -8,6 +8,7 @@ test_coverage_matrix.py; this file holds what all kernels share.
 """
 
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -17,6 +18,8 @@ import torch.nn.functional as F
 import kernels
 from kernels import SOFTMAX_KERNELS, SUPPORTED_DTYPES
 from kernels.reference import softmax_ref
+from kernels.registry import EXTRA_KERNELS_ENV, KernelSpec, build, extra_specs
+from kernels.spec import BASELINE, LAB_SHAPES, SPECS, Path
 from tests.helpers import (
     TOLERANCES,
     assert_rows_sum_to_one,
@@ -25,11 +28,12 @@ from tests.helpers import (
     logits,
     row_sum_tolerance,
     run_poisoned,
+    skip_if_unavailable,
     skip_unless_runnable,
 )
 
 KERNELS = list(SOFTMAX_KERNELS)
-LAB_SHAPES = [(64, 600), (512, 600), (4096, 600)]
+LAB_SHAPES = list(LAB_SHAPES)
 IRREGULAR_SHAPES = [(1, 1), (3, 7), (1, 255), (64, 781), (7, 1025), (5, 2049), (3, 5000), (2, 50257), (2, 128256)]
 LONG_ROWS = (50257, 128256)
 # randn * 4 with outliers and -inf, four rows: the odd rows' mass is spread over many entries.
@@ -72,20 +76,84 @@ class TestReference:
 
 
 @pytest.mark.cpu
-def test_registry_is_complete_and_uniform():
-    assert set(SOFTMAX_KERNELS) == {"naive", "smem", "fused", "triton", "F_softmax", "torch_compile"}
-    assert kernels.BASELINE == "F_softmax" and SOFTMAX_KERNELS[kernels.BASELINE].baseline
-    assert {n for n, k in SOFTMAX_KERNELS.items() if k.baseline} == {"F_softmax", "torch_compile"}
-    assert {n for n, k in SOFTMAX_KERNELS.items() if k.interpretable} == {"triton", "F_softmax"}
-    for name, k in SOFTMAX_KERNELS.items():
-        assert k.name == name and callable(k), name
-        assert SUPPORTED_DTYPES[name] == k.dtypes and torch.float32 in k.dtypes, name
-        assert k.paths and len(set(k.paths)) == len(k.paths), name
-        for dtype in k.dtypes:
-            assert set(k.paths_for(dtype)) <= set(k.paths), (name, dtype)
+def test_registry_is_the_specs_and_nothing_else():
+    """The registry holds exactly the kernels of kernels/spec.py, then those the environment
+    adds (SOFTMAX_SUITE_EXTRA_KERNELS), each built from its own spec."""
+    specs = (*SPECS, *extra_specs(os.environ.get(EXTRA_KERNELS_ENV)))
+    assert [k.spec for k in SOFTMAX_KERNELS.values()] == list(specs)
+    assert kernels.BASELINE == BASELINE and SOFTMAX_KERNELS[BASELINE].baseline
+    assert kernels.OUR_KERNELS == tuple(s.name for s in specs if not s.baseline)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_every_kernel_is_uniform(kernel):
+    k = SOFTMAX_KERNELS[kernel]
+    assert k.name == kernel and callable(k)
+    assert SUPPORTED_DTYPES[kernel] == k.dtypes and torch.float32 in k.dtypes
+    assert k.paths == tuple(p.name for p in k.spec.paths) and len(set(k.paths)) == len(k.paths)
+    if k.spec.lab_gate:
+        assert k.spec.lab_gate[0] in SOFTMAX_KERNELS, f"{kernel}'s lab gate names an unknown kernel"
+    skip_if_unavailable(k)
+    for dtype in k.dtypes:
+        assert set(k.paths_for(dtype)) <= set(k.paths), dtype
         for B, V in LAB_SHAPES + IRREGULAR_SHAPES:
-            for dtype in k.dtypes:
-                assert k.plan(B, V, dtype) in k.paths_for(dtype), (name, B, V, dtype)
+            assert k.plan(B, V, dtype) in k.paths_for(dtype), (B, V, dtype)
+
+
+@pytest.mark.cpu
+def test_extra_kernels_are_named_module_and_attribute(tmp_path, monkeypatch):
+    """The environment's kernels: 'module:attr' of a KernelSpec or a sequence of them; anything
+    else is an error that names the entry."""
+    (tmp_path / "extra_softmax_specs.py").write_text(
+        "from kernels.spec import KernelSpec, Path\n"
+        "ONE = KernelSpec('extra_one', 'kernels.registry:torch_softmax', (Path('torch', gpu=(5, 100)),))\n"
+        "TWO = [KernelSpec(f'extra_{i}', 'kernels.registry:torch_softmax', (Path('torch', gpu=(5, 100)),))"
+        " for i in (2, 3)]\n"
+        "NOT_A_SPEC = 42\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = extra_specs(" extra_softmax_specs:ONE, extra_softmax_specs:TWO,")
+    assert [s.name for s in found] == ["extra_one", "extra_2", "extra_3"]
+    registry = build((*SPECS, *found))
+    assert list(registry)[-3:] == ["extra_one", "extra_2", "extra_3"]
+    x = logits(3, 50, seed=3)
+    check_softmax(run_poisoned(registry["extra_2"], x), x)
+    assert extra_specs("") == [] and extra_specs(None) == []
+    with pytest.raises(TypeError, match="NOT_A_SPEC"):
+        extra_specs("extra_softmax_specs:NOT_A_SPEC")
+    with pytest.raises(ImportError, match="no_such_module_here"):
+        extra_specs("no_such_module_here:SPEC")
+    with pytest.raises(ImportError, match="extra_softmax_specs:MISSING"):
+        extra_specs("extra_softmax_specs:MISSING")
+    with pytest.raises(ImportError, match="not 'package.module:attribute'"):
+        extra_specs("extra_softmax_specs")
+    with pytest.raises(ValueError, match="registered twice"):
+        build((*SPECS, found[0], found[0]))
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"name": "two words"}, "identifier"),
+        ({"paths": ()}, "paths"),
+        ({"paths": (Path("a", gpu=(1, 1)), Path("a", gpu=(1, 1)))}, "distinct"),
+        ({"dtypes": ("float64",)}, "dtypes"),
+        ({"backend": "opencl"}, "backend"),
+        ({"grids": ("everything",)}, "grids"),
+        ({"paths": (Path("a", gpu=(1, 1)), Path("b", gpu=(1, 2)))}, "plan"),
+        (
+            {"paths": (Path("a", gpu=(1, 1)), Path("b", gpu=(1, 2))), "plan": "m:p", "interpretable": True},
+            "run_path",
+        ),
+        ({"tolerances": {"fp32": (1e-6, 1e-4)}}, "tolerances"),
+    ],
+)
+def test_a_spec_that_cannot_be_verified_is_refused(bad, message):
+    fields = {"name": "k", "fn": "m:f", "paths": (Path("a", gpu=(1, 1)),), **bad}
+    with pytest.raises(ValueError, match=message):
+        KernelSpec(**fields)
 
 
 @pytest.mark.cpu
@@ -104,6 +172,7 @@ def test_registry_is_complete_and_uniform():
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_bad_input_is_rejected_before_any_kernel_runs(kernel, bad, error, message):
     # Shape and dtype are checked before the device, so these need no GPU.
+    skip_if_unavailable(SOFTMAX_KERNELS[kernel])
     with pytest.raises(error, match=message):
         SOFTMAX_KERNELS[kernel](bad())
 
@@ -111,17 +180,17 @@ def test_bad_input_is_rejected_before_any_kernel_runs(kernel, bad, error, messag
 @pytest.mark.cpu
 def test_baseline_entry_on_cpu_writes_into_out():
     x = logits(3, 781, seed=1)
-    out = run_poisoned(SOFTMAX_KERNELS["F_softmax"], x)
+    out = run_poisoned(SOFTMAX_KERNELS[BASELINE], x)
     check_softmax(out, x)
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("dtype", SUPPORTED_DTYPES["F_softmax"], ids=dtype_id)
+@pytest.mark.parametrize("dtype", SUPPORTED_DTYPES[BASELINE], ids=dtype_id)
 @pytest.mark.parametrize("V", LONG_ROWS)
 def test_long_rows_sum_to_one_on_cpu(V, dtype):
     x = logits(4, V, seed=V, dtype=dtype, scale=WIDE_SCALE)
-    out = run_poisoned(SOFTMAX_KERNELS["F_softmax"], x)
-    check_softmax(out, x, what=f"F_softmax V={V}")
+    out = run_poisoned(SOFTMAX_KERNELS[BASELINE], x)
+    check_softmax(out, x, what=f"{BASELINE} V={V}")
 
 
 @pytest.mark.cpu

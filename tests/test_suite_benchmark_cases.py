@@ -5,6 +5,7 @@ import collections
 
 import pytest
 
+from kernels.spec import SPEC_BY_NAME, in_grid, matrix_bytes
 from tests import test_benchmarks as bench
 
 pytestmark = pytest.mark.cpu
@@ -34,29 +35,40 @@ def test_every_call_mode_case_has_a_device_time_case():
 
 def test_the_call_grid_covers_every_kernel_shape_and_dtype():
     calls = {c[1:] for c in values(bench.call_cases())}
-    for B in (1, 8, 64, 512):
-        for V in (600, 32000, 50257, 128256):
-            for kernel in ("fused", "triton", "F_softmax", "torch_compile"):
+    for kernel in in_grid("calls"):
+        for B in (1, 8, 64, 512):
+            for V in (600, 32000, 50257, 128256):
                 for dtype in ("float32", "bfloat16"):
-                    assert (kernel, B, V, dtype) in calls
-    for B, V in bench.LAB_GRID:
-        for kernel in bench.ALL_KERNELS:
+                    if bench.supports(kernel, dtype):
+                        assert (kernel, B, V, dtype) in calls
+        for B, V in bench.LAB_GRID:
             assert (kernel, B, V, "float32") in calls
-    assert bench.ALL_KERNELS.count("torch_compile") == 1
-    assert set(bench.SOFTMAX_KERNELS) <= set(bench.ALL_KERNELS)
+    assert set(in_grid("calls")) == {k for k, _, _, _ in calls}
+
+
+def test_each_grid_times_the_kernels_its_specs_name():
+    device = values(bench.device_cases())
+    assert {k for k, B, V, dtype in device if bench.is_lab(B, V, dtype)} >= set(in_grid("lab"))
+    assert {k for k, B, V, dtype in device} == set(in_grid("lab")) | set(in_grid("sweep")) | set(in_grid("calls"))
+    for kernel in in_grid("sweep"):
+        assert (kernel, 32768, 50257, "bfloat16") in device, kernel
 
 
 def test_kernels_are_only_timed_in_the_dtypes_they_support():
     for kernel, _, _, dtype in values(bench.device_cases()):
         assert bench.supports(kernel, dtype), (kernel, dtype)
-    assert ("naive", 8, 600, "bfloat16") not in {c[1:] for c in values(bench.call_cases())}
+    fp32_only = [k for k in in_grid("calls") if not bench.supports(k, "bfloat16")]
+    assert fp32_only, "some kernel of the call grid is float32 only"
+    calls = {c[1:] for c in values(bench.call_cases())}
+    assert not any((k, 8, 600, "bfloat16") in calls for k in fp32_only)
 
 
 def test_row_serial_kernels_skip_long_rows_with_a_reason():
     for param in bench.device_cases() + bench.call_cases():
         kernel, B, V, dtype = param.values[-4:]
         reason = skip_reason(param)
-        if kernel in bench.ROW_SERIAL_KERNELS and V > bench.ROW_SERIAL_MAX_V:
+        limit = SPEC_BY_NAME[kernel].bench_max_v
+        if limit is not None and V > limit[0] and not bench.is_lab(B, V, dtype):
             assert reason and kernel in reason and f"V = {V}" in reason, param.id
         else:
             assert reason is None, param.id
@@ -80,11 +92,11 @@ def test_ids_name_mode_kernel_and_shape():
 
 def test_the_old_sweep_is_still_timed():
     device = set(values(bench.device_cases()))
-    for dtype, itemsize in (("float32", 4), ("bfloat16", 2)):
+    for dtype in bench.DTYPES:
         for V in bench.SWEEP_V:
             for B in bench.SWEEP_B:
-                if B * V * itemsize <= bench.MAX_TENSOR_BYTES:
-                    assert all((k, B, V, dtype) in device for k in bench.SWEEP_KERNELS)
+                if matrix_bytes(B, V, dtype, passes=1) <= bench.MAX_TENSOR_BYTES:
+                    assert all((k, B, V, dtype) in device for k in in_grid("sweep") if bench.supports(k, dtype))
 
 
 def test_the_gated_kernels_cases_and_only_theirs_carry_the_gated_marker():

@@ -3,10 +3,13 @@ valid, complete, consistent with its own numbers, and left alone by a run that m
 
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from kernels import spec
 from tests.suite import manifest, records, synthetic
 from tests.suite.synthetic import CEILINGS, CPU_ENV, GPU_ENV
 
@@ -32,10 +35,37 @@ def gpu_manifest(benchmarks=None, previous=None, today="2026-11-29", **recorded)
 
 
 def test_matrix_bytes_is_one_read_and_one_write_by_default():
-    assert manifest.matrix_bytes(512, 600, "float32") == 2 * 512 * 600 * 4
-    assert manifest.matrix_bytes(3, 5, "bfloat16", passes=4) == 4 * 3 * 5 * 2
+    assert spec.matrix_bytes(512, 600, "float32") == 2 * 512 * 600 * 4
+    assert spec.matrix_bytes(3, 5, "bfloat16", passes=4) == 4 * 3 * 5 * 2
+    assert spec.matrix_bytes(3, 5, "bf16", passes=1) == 3 * 5 * 2
     torch = pytest.importorskip("torch")
-    assert manifest.matrix_bytes(7, 11, torch.float16) == manifest.matrix_bytes(7, 11, "float16")
+    assert spec.matrix_bytes(7, 11, torch.float16) == spec.matrix_bytes(7, 11, "float16")
+    with pytest.raises(TypeError, match="float64"):
+        spec.matrix_bytes(7, 11, torch.float64)
+
+
+def test_the_harness_reads_the_kernel_specs_without_torch():
+    """tests/suite and kernels.spec import no torch: the manifest, the gate and the figures
+    take their kernel lists from the specs on any machine."""
+    code = (
+        "import sys; from tests.suite import figures, gate, manifest; import kernels.spec; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], check=True)
+
+
+def test_the_schemas_kernel_lists_are_the_specs():
+    """reports/manifest.schema.json lists, under softmax_kernels, the kernels the specs mark as
+    the lab contract's (required), each autotuned one with its autotune choice."""
+    section = schema()["properties"]["softmax_kernels"]
+    assert tuple(section["required"]) == manifest.REQUIRED_KERNELS
+    assert set(manifest.REQUIRED_KERNELS) <= set(section["properties"])
+    for name in manifest.AUTOTUNED_KERNELS:
+        assert "autotune_picked" in section["properties"][name]["required"], name
+    for name, prop in section["properties"].items():
+        assert name in spec.SPEC_BY_NAME, f"the schema describes {name!r}, which no spec names"
+        if "required" in prop:
+            assert ("autotune_picked" in prop["required"]) == (name in manifest.AUTOTUNED_KERNELS), name
 
 
 def test_manifest_from_synthetic_records_validates_against_the_schema():
@@ -91,7 +121,7 @@ def test_targets_name_the_cases_that_miss():
 def test_targets_list_bf16_cases_below_the_quack_anchor():
     B, V = 32768, 4096
     at = {
-        fraction: manifest.matrix_bytes(B, V, "bfloat16") / (fraction * synthetic.COPY_GBps) / 1e3
+        fraction: spec.matrix_bytes(B, V, "bfloat16") / (fraction * synthetic.COPY_GBps) / 1e3
         for fraction in (0.97, 0.90, 0.85)
     }
     sweep = [
@@ -228,7 +258,7 @@ def test_byte_equivalence_records_combine_nest_and_validate():
     built = gpu_manifest(**recorded)
     jsonschema.validate(built, schema())
     section = built["byte_equivalence"]
-    assert set(section) == {"fused", "triton", "F_softmax"}
+    assert set(section) == {kernel for kernel, _ in synthetic.BYTE_EQUIVALENCE_CASES}
     assert section["fused"]["float32"]["deterministic"] == {"verdict": "passed", "shapes": [[1, 600], [64, 50257]]}
     assert section["triton"]["bfloat16"]["batch_invariant"] == {
         "verdict": "failed",
@@ -296,7 +326,7 @@ def test_committed_manifest_validates(committed):
 
 def test_committed_manifest_is_complete(committed):
     assert list(nulls(committed)) == []
-    for kernel in ("naive", "smem", "fused", "triton", "F_softmax"):
+    for kernel in (*manifest.REQUIRED_KERNELS, manifest.BASELINE):
         assert kernel in committed["softmax_kernels"], kernel
     assert committed["gpu"]["model"] and committed["ceilings"]["hbm_copy_TBps"] > 0
     for section in ("softmax_kernels", "sweep", "ceilings", "gpu"):
@@ -305,16 +335,16 @@ def test_committed_manifest_is_complete(committed):
 
 def test_committed_ratios_are_the_ratios_of_the_recorded_times(committed):
     kernels = committed["softmax_kernels"]
-    base = kernels["F_softmax"]["us_at_B512"]
+    base = kernels[manifest.BASELINE]["us_at_B512"]
     for name, point in kernels.items():
         assert point["frac_of_F_softmax"] == pytest.approx(base / point["us_at_B512"], rel=1e-9), name
     times = {manifest.case_key(e): e["us_median"] for e in committed["sweep"]}
     copy_GBps = committed["ceilings"]["hbm_copy_TBps"] * 1e3
     for e in committed["sweep"]:
-        key = ("F_softmax", e["B"], e["V"], e["dtype"])
+        key = (manifest.BASELINE, e["B"], e["V"], e["dtype"])
         assert e["frac_of_F_softmax"] == pytest.approx(times[key] / e["us_median"], rel=1e-9)
         assert e["GBps"] == pytest.approx(
-            manifest.matrix_bytes(e["B"], e["V"], e["dtype"]) / e["us_median"] / 1e3, rel=1e-9
+            spec.matrix_bytes(e["B"], e["V"], e["dtype"]) / e["us_median"] / 1e3, rel=1e-9
         )
         assert e["frac_of_copy_bw"] == pytest.approx(e["GBps"] / copy_GBps, rel=1e-9)
         assert e["us_min"] <= e["us_median"] <= e["us_max"]
@@ -325,7 +355,7 @@ def test_committed_ratios_are_the_ratios_of_the_recorded_times(committed):
         assert point["us_at_B512"] == lab[name], name
     for e in (committed.get("call_modes") or {}).get("entries", []):
         for mode, ratio in (e.get("x_F_softmax") or {}).items():
-            key = ("F_softmax", e["B"], e["V"], e["dtype"])
+            key = (manifest.BASELINE, e["B"], e["V"], e["dtype"])
             baseline = [c for c in committed["call_modes"]["entries"] if manifest.case_key(c) == key][0]
             assert ratio == pytest.approx(baseline[f"{mode}_us"] / e[f"{mode}_us"], rel=1e-9), (e, mode)
 

@@ -1,6 +1,8 @@
 """tests/suite/markers.py: the one-platform-marker rule, benchmarks under xdist, and what a run
 does with cuda tests when the GPU cannot be used; the rules are checked in pytest subprocesses."""
 
+import os
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -120,3 +122,49 @@ def test_nothing_escapes_both_runs():
     result = run_pytest("--collect-only", "-q", "-m", "not cpu and not cuda", "--no-reports")
     assert result.returncode == pytest.ExitCode.NO_TESTS_COLLECTED, result.stdout + result.stderr
     assert "deselected" in result.stdout and " selected" not in result.stdout.replace("deselected", "")
+
+
+@pytest.mark.parametrize(
+    "markexpr, expected",
+    [("", True), ("cpu", True), ("cpu and not slow", True), ("cpu or cuda", True), ("cuda", False), ("not cpu", False)],
+)
+def test_selects_cpu(markexpr, expected):
+    assert markers.selects_cpu(markexpr) is expected
+
+
+def test_a_cpu_run_names_the_kernels_it_could_not_run():
+    def kernel(name, *, baseline=False, interpretable=False, missing=None):
+        return SimpleNamespace(
+            name=name, baseline=baseline, interpretable=interpretable, unavailable_reason=lambda: missing
+        )
+
+    kernels = [
+        kernel("cuda_c"),
+        kernel("interpreted", interpretable=True),
+        kernel("baseline_on_gpu", baseline=True),
+        kernel("other_cuda_c"),
+        kernel("no_package", interpretable=True, missing="needs Triton"),
+    ]
+    assert markers.cpu_coverage_lines(kernels) == [
+        "verified on CUDA only: cuda_c, other_cuda_c",
+        "not verified on this machine: no_package (needs Triton)",
+    ]
+    assert markers.cpu_coverage_lines(kernels[1:3]) == []
+
+
+def test_without_triton_what_needs_it_skips_with_one_reason(tmp_path):
+    """Triton publishes Linux wheels only. With triton not importable (hidden as a missing package
+    is, in every process of the run) every test module still imports, the tests that need Triton
+    skip with one reason, the rest run, and the summary says what was not verified."""
+    (tmp_path / "sitecustomize.py").write_text("import sys\n\nsys.modules['triton'] = None  # import triton fails\n")
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    selection = "contiguous-fp32 and (triton-tile or F_softmax-torch)"
+    result = run_pytest(
+        "-m", "cpu", "-p", "no:xdist", "--no-reports", "-q", "-rs", "-k", selection, env={"PYTHONPATH": path}
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == pytest.ExitCode.OK, out[-3000:]
+    reasons = set(re.findall(r"^SKIPPED \[\d+\] \S+: (.*)$", result.stdout, re.M))
+    assert len(reasons) == 1 and "needs Triton" in reasons.pop(), reasons
+    assert re.search(r"\b1 passed", result.stdout), out[-3000:]  # F.softmax's cell ran
+    assert "not verified on this machine: triton (needs Triton" in result.stdout

@@ -17,7 +17,7 @@ from model.torch_minigpt import (
     final_softmax,
     load_numpy_weights,
 )
-from tests.helpers import assert_softmax_close, bits, logits
+from tests.helpers import INTERPRETED, assert_softmax_close, bits, logits, needs_triton
 
 pytestmark = pytest.mark.cpu
 
@@ -386,10 +386,8 @@ def test_final_softmax_on_cpu_is_f_softmax():
         GrammarMiniGPT(MiniGPTConfig(vocab_size=RANDOM_VOCAB), softmax_impl="fast")
 
 
-@pytest.mark.skipif(
-    __import__("os").environ.get("TRITON_INTERPRET") != "1",
-    reason="the Triton branch runs on CPU tensors only under the Triton interpreter",
-)
+@needs_triton
+@pytest.mark.skipif(not INTERPRETED, reason="the Triton branch runs on CPU tensors only under the Triton interpreter")
 def test_final_softmax_triton_branch_in_interpreter():
     """The CUDA branch's reshaping, exercised through the Triton interpreter on CPU tensors:
     transposed and sliced views must come back with their own shape and F.softmax's values."""

@@ -22,12 +22,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from kernels import SOFTMAX_KERNELS
-from kernels import softmax_triton as st
-from tests.helpers import (
-    SCALED_TRITON_PARAMS,
+from tests.helpers import TRITON_MISSING
+
+if TRITON_MISSING:  # Triton publishes Linux wheels only: every test here needs it
+    pytest.skip(TRITON_MISSING, allow_module_level=True)
+
+from kernels import softmax_triton as st  # noqa: E402
+from tests.helpers import (  # noqa: E402
     bits,
     check_softmax,
     dtype_id,
@@ -38,14 +41,17 @@ from tests.helpers import (
 
 pytestmark = pytest.mark.cpu
 
+# Each path's launch parameters for the CPU, from the registry's entry (kernels/spec.py): scaled
+# down so that rows of tens of elements take the path's real loop.
+SCALED = {path.name: dict(path.cpu) for path in SOFTMAX_KERNELS[st.KERNEL_NAME].spec.paths}
+
 REPO = Path(__file__).resolve().parents[1]
 interpreted = pytest.mark.skipif(
     not st.INTERPRET, reason="needs the interpreted module; test_interpreter_tests_in_a_subprocess runs it"
 )
 
 V_SHAPES = (1, 7, 255, 600, 781, 1025, 2049, 5000)
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-LOW_PRECISION = (torch.bfloat16, torch.float16)
+DTYPES = SOFTMAX_KERNELS[st.KERNEL_NAME].dtypes
 SM90_SHARED_LIMIT = 232448  # bytes of shared memory one block may use on sm_90
 
 
@@ -109,7 +115,7 @@ PATH_SHAPES = [(1, 1), (3, 7), (5, 16), (2, 17), (9, 33), (4, 100), (3, 600)]
 
 
 @interpreted
-@pytest.mark.parametrize("path", sorted(SCALED_TRITON_PARAMS))
+@pytest.mark.parametrize("path", sorted(SCALED))
 @pytest.mark.parametrize("B,V", PATH_SHAPES)
 def test_each_path_matches_reference(path, B, V):
     if path == "split" and V >= 600:
@@ -117,7 +123,7 @@ def test_each_path_matches_reference(path, B, V):
         # with B * P^2, so the longest row runs alone (B > 1 is covered at V <= 100).
         B = 1
     x = logits(B, V, seed=7 * B + V)
-    out = run_poisoned(run_path(path, **SCALED_TRITON_PARAMS[path]), x)
+    out = run_poisoned(run_path(path, **SCALED[path]), x)
     check_softmax(out, x, what=f"{path} ({B}, {V})")
 
 
@@ -126,7 +132,7 @@ def test_each_path_matches_reference(path, B, V):
 def test_vector_alignment_hint_keeps_results(align):
     # V = 64 and strides divisible by 4: every hint the wrapper might pass is true here.
     x = logits(6, 64, seed=align)
-    for path, params in SCALED_TRITON_PARAMS.items():
+    for path, params in SCALED.items():
         check_softmax(run_poisoned(run_path(path, align=align, **params), x), x, what=f"{path} align {align}")
 
 
@@ -139,18 +145,6 @@ def test_split_combines_published_partials_and_falls_back():
     x[1, 16:32] = -float("inf")
     out = run_poisoned(run_path("split", CHUNK=16, num_warps=2, max_spins=0), x)
     check_softmax(out, x)
-
-
-@interpreted
-@pytest.mark.parametrize("path", sorted(SCALED_TRITON_PARAMS))
-def test_a_rows_bits_do_not_depend_on_the_batch(path):
-    # The kernels' sums are order-free: a row alone gives the bits it gives inside a batch.
-    x = logits(5, 45, seed=45)
-    params = SCALED_TRITON_PARAMS[path]
-    full = run_poisoned(run_path(path, **params), x)
-    for row in (0, 3):
-        alone = run_poisoned(run_path(path, **params), x[row : row + 1].clone())
-        assert torch.equal(bits(alone), bits(full[row : row + 1])), f"{path}: row {row} alone differs"
 
 
 # Split at any row offset: (head, pad) place rows `head` elements into a buffer with row stride
@@ -222,16 +216,6 @@ def test_aligned_base_view_points_at_a_group_boundary():
         assert view.data_ptr() + h * 4 == flat[head:].data_ptr()
 
 
-@interpreted
-@pytest.mark.parametrize("path", sorted(SCALED_TRITON_PARAMS))
-@pytest.mark.parametrize("dtype", LOW_PRECISION, ids=dtype_id)
-def test_each_path_low_precision(path, dtype):
-    x = logits(3, 70, seed=11, dtype=dtype)
-    out = run_poisoned(run_path(path, **SCALED_TRITON_PARAMS[path]), x)
-    assert out.dtype == dtype
-    check_softmax(out, x, what=f"{path} {dtype_id(dtype)}")
-
-
 def test_plan_changes_at_each_boundary():
     b = st.DISPATCH_BOUNDARIES
     assert st.plan(64, b["tile_max_v"]) == "tile"
@@ -276,35 +260,6 @@ def test_public_softmax(B, V, dtype):
     out = run_poisoned(SOFTMAX_KERNELS["triton"], x)
     what = f"triton ({B}, {V}) via {st.plan(B, V, dtype)}"
     check_softmax(out, x, what=what)
-
-
-@interpreted
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_v_equal_one_gives_ones(dtype):
-    x = logits(5, 1, seed=1, dtype=dtype)
-    assert torch.equal(bits(st.softmax(x)), bits(torch.ones_like(x))), "softmax of one element is exactly 1"
-
-
-@interpreted
-@pytest.mark.parametrize("path", sorted(SCALED_TRITON_PARAMS))
-def test_all_minus_inf_row_is_nan_like_torch(path):
-    x = logits(3, 40, seed=5, neg_inf_rows=[1])
-    out = run_poisoned(run_path(path, **SCALED_TRITON_PARAMS[path]), x)
-    assert torch.isnan(F.softmax(x, dim=-1)[1]).all()
-    assert torch.isnan(out[1]).all()
-    check_softmax(out, x, what=f"{path} with an all -inf row")
-
-
-@interpreted
-@pytest.mark.parametrize("path", sorted(SCALED_TRITON_PARAMS))
-def test_huge_logits_do_not_overflow(path):
-    x = logits(3, 40, seed=9)
-    x[0, 3], x[0, 5], x[1, 7], x[2, 0] = 1e30, -1e30, -1e30, 1e30
-    x[2, 39] = 1e30  # a tie between two huge entries: 1/2 each
-    out = run_poisoned(run_path(path, **SCALED_TRITON_PARAMS[path]), x)
-    assert torch.isfinite(out).all()
-    check_softmax(out, x, what=f"{path} with ±1e30")
-    assert out[2, 0].item() == pytest.approx(0.5) and out[2, 39].item() == pytest.approx(0.5)
 
 
 @interpreted

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
+from kernels.spec import matrix_bytes
 from tests.suite import gate, gpus
 from tests.suite.devicetime import report_times_us
-from tests.suite.manifest import matrix_bytes
 
 SPREAD = (0.99, 0.995, 1.0, 1.005, 1.01)
 

@@ -14,18 +14,19 @@ Each `*_png(manifest)` returns PNG bytes, or None when the manifest lacks what t
 import io
 import math
 
+from kernels.spec import BASELINE, LAB_POINT, in_grid, matrix_bytes
 from tests.suite.manifest import (
     FLOPS_PER_ELEMENT,
-    LAB_POINT,
     QUACK_BF16_COPY_FRACTION,
     TARGET_KERNELS,
     TARGET_MIN_BYTES,
     copy_goal,
     kernel_rank,
-    matrix_bytes,
 )
 
-BANDWIDTH_KERNELS = ("fused", "triton", "F_softmax", "torch_compile")
+# From the kernels' specs: the bandwidth figure draws the kernels of the large-vocabulary sweep;
+# the roofline every kernel measured at the lab point.
+BANDWIDTH_KERNELS = in_grid("sweep")
 UNMEASURED_HEIGHT = 0.3  # the dashed outline standing in for a bar no run measured
 DTYPE_ORDER = ("float32", "bfloat16", "float16")
 MODE_MARKERS = {
@@ -345,7 +346,7 @@ def call_modes_png(manifest: dict) -> bytes | None:
                     s=24,
                     color=color,
                     zorder=3,
-                    edgecolors="black" if e["kernel"] == "F_softmax" else "none",
+                    edgecolors="black" if e["kernel"] == BASELINE else "none",
                     linewidths=0.6,
                 )
         lines = sorted(
@@ -382,7 +383,7 @@ def call_modes_png(manifest: dict) -> bytes | None:
         ax.set_title(f"{dtype}: the cost of one softmax by how it is called ({_gpu_name(manifest)})", fontsize=9)
         ax.grid(True, which="major", axis="y", alpha=0.3)
     handles = (
-        [Patch(color=_color(k), label=k + (" (black edge)" if k == "F_softmax" else "")) for k in kernels]
+        [Patch(color=_color(k), label=k + (" (black edge)" if k == BASELINE else "")) for k in kernels]
         + [Line2D([], [], ls="", marker=m, color="black", label=label) for m, label in MODE_MARKERS.values()]
         + [
             Line2D([], [], ls="--", color="grey", label="launch floor, per call"),

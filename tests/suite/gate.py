@@ -1,5 +1,6 @@
-"""The GPU regression gate: this run's speed of fused and Triton relative to F.softmax against
-a baseline recorded on the same GPU model, judged against the noise of both runs.
+"""The GPU regression gate: this run's speed of the gated kernels (fused and Triton, `gated` in
+their specs) relative to F.softmax against a baseline recorded on the same GPU model, judged
+against the noise of both runs.
 
 What is compared. A gated benchmark case times its kernel and F.softmax in interleaved rounds
 (tests/suite/devicetime.py), so whatever drifts during the case moves both, and keeps the
@@ -39,10 +40,11 @@ from pathlib import Path
 
 import pytest
 
+from kernels.spec import BASELINE, names
 from tests.suite.manifest import write_if_changed
 
-GATED_KERNELS = ("fused", "triton")
-REFERENCE = "F_softmax"
+GATED_KERNELS = names(lambda s: s.gated)  # from the kernels' specs (kernels/spec.py)
+REFERENCE = BASELINE
 MODES = ("device", "graph", "per_call")
 MODE_NAMES = {"device": "device time", "graph": "graph replay", "per_call": "per call"}
 

@@ -37,6 +37,31 @@ def selects_cuda(markexpr: str) -> bool:
     )
 
 
+def selects_cpu(markexpr: str) -> bool:
+    """Whether a -m expression lets cpu tests run (no expression: every test runs)."""
+    markexpr = (markexpr or "").strip()
+    if not markexpr:
+        return True
+    return re.search(r"(?<![\w-])cpu(?![\w-])", markexpr) is not None and not re.search(r"not\s+cpu(?![\w-])", markexpr)
+
+
+def cpu_coverage_lines(kernels) -> list[str]:
+    """What a CPU run leaves to the GPU, for its summary: the kernels of ours that no CPU case
+    runs (they do not run under Triton's interpreter), and those whose backend is missing."""
+    lines = []
+    cuda_only = [k.name for k in kernels if not k.baseline and not k.interpretable]
+    if cuda_only:
+        lines.append("verified on CUDA only: " + ", ".join(cuda_only))
+    missing: dict[str, list[str]] = {}
+    for k in kernels:
+        reason = k.unavailable_reason() if k.interpretable else None
+        if reason:
+            missing.setdefault(reason, []).append(k.name)
+    for reason, names in missing.items():
+        lines.append(f"not verified on this machine: {', '.join(names)} ({reason})")
+    return lines
+
+
 def skip_benchmarks(items) -> None:
     """Under xdist pytest-benchmark would silently run each case once; say so instead."""
     skip = pytest.mark.skip(reason=XDIST_BENCHMARK_SKIP)

@@ -3,7 +3,7 @@ figures and the gate are tested on the CPU. The numbers are invented; only their
 
 import math
 
-from tests.suite.manifest import matrix_bytes
+from kernels.spec import BASELINE, SPEC_BY_NAME, matrix_bytes
 
 GPU_ENV = {
     "gpu": {"model": "NVIDIA H200", "compute_capability": "9.0"},
@@ -19,7 +19,10 @@ CEILINGS = {"hbm_copy_TBps": 4.28, "fp32_TFLOPS": 50.0, "how_measured": "synthet
 COPY_GBps = CEILINGS["hbm_copy_TBps"] * 1e3
 
 
-def record(kernel, B, V, dtype, us, *, mode="device", passes=2, **extra) -> dict:
+def record(kernel, B, V, dtype, us, *, mode="device", passes=None, **extra) -> dict:
+    """A benchmark record; bytes by design from the kernel's passes in its spec (2 for others)."""
+    if passes is None:
+        passes = SPEC_BY_NAME[kernel].passes if kernel in SPEC_BY_NAME else 2
     return {
         "kernel": kernel,
         "B": B,
@@ -34,19 +37,21 @@ def record(kernel, B, V, dtype, us, *, mode="device", passes=2, **extra) -> dict
     }
 
 
+# Invented device times (µs) at the lab's V = 600 and B = 4096 / 2, per kernel of the lab grid.
+LAB_US = {"naive": 40.0, "smem": 9.0, "fused": 4.0, "triton": 4.5, "F_softmax": 5.0}
+PICKED = {"autotune_picked": {"BLOCK": 1024, "num_warps": 4}}  # what an autotuned kernel records
+
+
+def _picked(kernel) -> dict:
+    return PICKED if kernel in SPEC_BY_NAME and SPEC_BY_NAME[kernel].autotuned else {}
+
+
 def lab_records() -> list[dict]:
     """The lab grid, fp32, V = 600: every kernel, device time."""
     records = []
-    for kernel, us, passes in (
-        ("naive", 40.0, 4),
-        ("smem", 9.0, 4),
-        ("fused", 4.0, 2),
-        ("triton", 4.5, 2),
-        ("F_softmax", 5.0, 2),
-    ):
+    for kernel, us in LAB_US.items():
         for B in (64, 512, 4096):
-            extra = {"autotune_picked": {"BLOCK": 1024, "num_warps": 4}} if kernel == "triton" else {}
-            records.append(record(kernel, B, 600, "float32", us * (1 + B / 4096), passes=passes, **extra))
+            records.append(record(kernel, B, 600, "float32", us * (1 + B / 4096), **_picked(kernel)))
     return records
 
 
@@ -84,11 +89,8 @@ def call_records() -> list[dict]:
     records = []
     for B, V, dtype in CALL_SHAPES:
         for kernel, launch_us in LAUNCH_US.items():
-            device_us = 2.5 + matrix_bytes(B, V, dtype) / (0.8 * COPY_GBps) / 1e3 * (
-                1.3 if kernel == "F_softmax" else 1
-            )
-            picked = {"autotune_picked": {"BLOCK": 1024, "num_warps": 4}} if kernel == "triton" else {}
-            records.append(record(kernel, B, V, dtype, device_us, **picked))
+            device_us = 2.5 + matrix_bytes(B, V, dtype) / (0.8 * COPY_GBps) / 1e3 * (1.3 if kernel == BASELINE else 1)
+            records.append(record(kernel, B, V, dtype, device_us, **_picked(kernel)))
             records.append(
                 record(kernel, B, V, dtype, max(launch_us, device_us) + 0.5, mode="per_call", calls_per_round=200)
             )
@@ -111,12 +113,15 @@ def call_records() -> list[dict]:
     return records
 
 
+BYTE_EQUIVALENCE_CASES = (("fused", "float32"), ("triton", "bfloat16"), ("F_softmax", "float32"))
+
+
 def byte_equivalence_records() -> list[tuple]:
     """(section, values) as tests record them through `record_manifest`, several per key."""
     records = []
-    for kernel, dtype in (("fused", "float32"), ("triton", "bfloat16"), ("F_softmax", "float32")):
+    for kernel, dtype in BYTE_EQUIVALENCE_CASES:
         for prop in ("deterministic", "batch_invariant", "position_invariant", "stride_invariant", "graph_invariant"):
-            passed = "not gated: passed" if kernel == "F_softmax" else "passed"
+            passed = "not gated: passed" if SPEC_BY_NAME[kernel].baseline else "passed"
             for shape in ([1, 600], [64, 50257]):
                 records.append(
                     ("byte_equivalence", {f"{kernel}/{dtype}/{prop}": {"verdict": passed, "shapes": [shape]}})

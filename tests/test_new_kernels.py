@@ -1,0 +1,213 @@
+"""What the suite says about kernels it has never seen.
+
+In a copy of the tree, the example of README.md's "Adding a kernel" is added exactly as the
+README says (tests/examples/online_softmax.py as kernels/online_softmax.py, the README's two
+`KernelSpec` entries appended to SPECS), together with the same module whose running sum is not
+rescaled (entries renamed toy_norescale*), and the deliberately broken kernels of
+tests/broken_kernels.py are registered through SOFTMAX_SUITE_EXTRA_KERNELS. One `pytest -m cpu`
+in that copy runs every registry-wide case of the whole suite on these kernels (-k on their
+names): the correct ones must pass all of them, every wrong one must fail some, and the cases
+that caught each are named.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from kernels import SOFTMAX_KERNELS
+from kernels.registry import EXTRA_KERNELS_ENV
+from tests.helpers import INTERPRETED, needs_triton
+
+interpreted = pytest.mark.skipif(
+    not INTERPRETED, reason="the kernels run on CPU tensors only under the Triton interpreter"
+)
+
+
+def on_cpu(test):
+    return pytest.mark.cpu(needs_triton(interpreted(test)))
+
+
+REPO = Path(__file__).resolve().parents[1]
+COPIED = ("kernels", "model", "tests", "conftest.py", "pytest.ini", "pyproject.toml")
+EXAMPLE = REPO / "tests" / "examples" / "online_softmax.py"
+CORRECT = ("toy_online", "toy_online_row")
+NOT_RESCALED = ("toy_norescale", "toy_norescale_row")
+RESCALE = "s = s * tl.exp(m - safe) + tl.sum("  # the example's running sum, rescaled
+NO_RESCALE = "s = s + tl.sum("
+
+
+def readme_entries() -> str:
+    """The KernelSpec entries of README.md's "Adding a kernel", as the reader copies them into
+    SPECS (the block shows them inside `SPECS = (..., <entries>)`)."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Adding a kernel") :]
+    section = section[: section.index("\n## ", 1)]
+    blocks = [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```", section, re.S) if "KernelSpec(" in b]
+    assert len(blocks) == 1, "the section should show its entries in one python block"
+    lines = blocks[0].splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("    KernelSpec("))
+    last = max(i for i, line in enumerate(lines) if line == ")")
+    return textwrap.dedent("\n".join(lines[first:last])) + "\n"
+
+
+def copy_tree(root: Path) -> None:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+    for name in COPIED:
+        source = REPO / name
+        if source.is_dir():
+            shutil.copytree(source, root / name, ignore=ignore)
+        else:
+            shutil.copy2(source, root / name)
+
+
+def add_kernels_as_the_readme_says(root: Path) -> None:
+    example = EXAMPLE.read_text()
+    assert example.count(RESCALE) == 1, "the example's rescale line moved: update RESCALE"
+    (root / "kernels" / "online_softmax.py").write_text(example)
+    (root / "kernels" / "online_softmax_no_rescale.py").write_text(example.replace(RESCALE, NO_RESCALE))
+    entries = readme_entries()
+    assert [f'"{n}"' in entries for n in CORRECT] == [True, True], entries
+    broken = entries.replace("kernels.online_softmax:", "kernels.online_softmax_no_rescale:")
+    broken = broken.replace('"toy_online', '"toy_norescale')
+    spec = root / "kernels" / "spec.py"
+    text = spec.read_text()
+    end_of_specs = "\n)\n\nSPEC_BY_NAME"
+    assert text.count(end_of_specs) == 1, "kernels/spec.py: SPECS should end with a line holding ')'"
+    spec.write_text(text.replace(end_of_specs, "\n" + textwrap.indent(entries + broken, "    ") + end_of_specs))
+
+
+def parse_junit(path: Path, kernels) -> dict:
+    """{kernel: {"passed" | "failed" | "skipped": [test names]}} for the cases whose parameter id
+    starts with the kernel's name."""
+    verdicts = {k: {"passed": [], "failed": [], "skipped": []} for k in kernels}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = case.get("name", "")
+        if "[" not in name:
+            continue
+        kernel = name[name.index("[") + 1 :].split("-")[0].rstrip("]")
+        if kernel not in verdicts:
+            continue
+        tags = {child.tag for child in case}
+        outcome = "failed" if tags & {"failure", "error"} else "skipped" if "skipped" in tags else "passed"
+        verdicts[kernel][outcome].append(name)
+    return verdicts
+
+
+@pytest.fixture(scope="module")
+def verdicts(tmp_path_factory):
+    from tests import broken_kernels
+
+    root = tmp_path_factory.mktemp("tree")
+    copy_tree(root)
+    add_kernels_as_the_readme_says(root)
+    report = root / "junit.xml"
+    corpus = [spec.name for spec in broken_kernels.CORPUS]
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", TRITON_INTERPRET="1")
+    env[EXTRA_KERNELS_ENV] = "tests.broken_kernels:CORPUS"
+    # Every registry-wide cpu case of the suite on these kernels; the kernels without the rescale
+    # in float32 only (to fail, one dtype is enough); not this file, which would recurse.
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests",
+        "-m",
+        "cpu",
+        "-k",
+        "toy_online or broken_ or toy_norescale and fp32",
+    ]
+    cmd += ["--ignore", f"tests/{Path(__file__).name}", "-p", "no:xdist", "-p", "no:cacheprovider", "--no-reports"]
+    cmd += ["-q", "-o", "junit_family=xunit1", f"--junitxml={report}"]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900, check=False)
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode in (0, 1) and report.exists(), (
+        f"the run did not complete (status {proc.returncode}):\n{tail}"
+    )
+    # The kernels no CPU case can run (CUDA C) are named in the run's summary.
+    cuda_only = ", ".join(k.name for k in SOFTMAX_KERNELS.values() if not (k.baseline or k.interpretable))
+    assert f"verified on CUDA only: {cuda_only}\n" in proc.stdout, tail
+    return parse_junit(report, (*CORRECT, *NOT_RESCALED, *corpus)), tail
+
+
+def caught_by(tests) -> dict:
+    """{test function: how many of its cases failed}."""
+    counts: dict = {}
+    for name in tests:
+        function = name.split("[")[0]
+        counts[function] = counts.get(function, 0) + 1
+    return counts
+
+
+@on_cpu
+def test_a_kernel_added_as_the_readme_says_passes_every_registry_wide_case(verdicts):
+    results, tail = verdicts
+    for kernel in CORRECT:
+        got = results[kernel]
+        assert not got["failed"], f"{kernel} failed {got['failed'][:5]}\n{tail}"
+        assert not got["skipped"], f"{kernel} was skipped in {got['skipped'][:5]}"
+        assert got["passed"], f"no case ran {kernel}: it was not registered\n{tail}"
+    # Every path x layout x dtype cell: 2 paths, and 1, under 6 + 10 + 10 layouts.
+    cells = {k: sum(n.startswith("test_cpu_path_under_layout[") for n in results[k]["passed"]) for k in CORRECT}
+    assert cells == {"toy_online": 52, "toy_online_row": 26}, cells
+    for needed in ("test_cpu_path_batch_invariant", "test_cpu_path_edges", "test_cpu_public_entry_long_rows"):
+        assert any(n.startswith(needed) for n in results["toy_online"]["passed"]), needed
+
+
+@on_cpu
+def test_the_same_kernel_without_the_rescale_fails(verdicts):
+    results, tail = verdicts
+    for kernel in NOT_RESCALED:
+        assert results[kernel]["failed"], f"{kernel} (running sum not rescaled) passed everything\n{tail}"
+    # Two paths forced onto tiles of 16: the layout cells see it. One path at its own tile of
+    # 256: only rows several tiles long do.
+    assert "test_cpu_path_under_layout" in caught_by(results["toy_norescale"]["failed"])
+    assert "test_cpu_public_entry_long_rows_and_one_column" in caught_by(results["toy_norescale_row"]["failed"])
+    print()
+    for kernel in NOT_RESCALED:
+        print(f"  {kernel}: caught by {caught_by(results[kernel]['failed'])}")
+
+
+@on_cpu
+def test_every_broken_kernel_is_rejected(verdicts):
+    from tests import broken_kernels
+
+    results, tail = verdicts
+    lines, missed = [], []
+    for spec in broken_kernels.CORPUS:
+        got = results[spec.name]
+        assert got["passed"] or got["failed"], f"no case ran {spec.name}: it was not registered\n{tail}"
+        caught = caught_by(got["failed"])
+        lines.append(f"  {spec.name}: caught by {caught or 'nothing on the CPU'}")
+        if spec.name in broken_kernels.CUDA_ONLY:
+            continue  # wrong only past sizes the interpreter can run: test_cuda_rejects_the_cuda_only_ones
+        if not caught:
+            missed.append(spec.name)
+        for expected in broken_kernels.CAUGHT_BY[spec.name]:
+            assert expected in caught, f"{spec.name}: {expected} did not catch it (caught by {caught})"
+    print("\n" + "\n".join(lines))
+    assert not missed, f"broken kernels the CPU suite accepts: {missed}\n" + "\n".join(lines)
+
+
+@pytest.mark.cuda
+@needs_triton
+def test_cuda_rejects_the_cuda_only_ones():
+    """The broken kernels no CPU case can catch are rejected by the registry-wide cuda cases."""
+    from tests import broken_kernels
+
+    names = " or ".join(broken_kernels.CUDA_ONLY)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env[EXTRA_KERNELS_ENV] = "tests.broken_kernels:CORPUS"
+    cmd = [sys.executable, "-m", "pytest", "tests/test_byte_equivalence.py", "-m", "cuda", "-k", names]
+    cmd += ["-p", "no:xdist", "-p", "no:cacheprovider", "--no-reports", "-q", "-rf"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800, check=False)
+    assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
+    for name in broken_kernels.CUDA_ONLY:
+        for expected in broken_kernels.CAUGHT_BY[name]:
+            assert re.search(rf"FAILED \S+::{expected}\[{name}-", proc.stdout), (expected, proc.stdout[-3000:])
