@@ -85,7 +85,11 @@ _TABLES = {
 }
 
 _KINDS = {  # kind -> (kernel name, description, instantiation macro)
-    "warp": ("{op}_warp_{sfx}_e{elems}", "warp(rows/block={rows}, elems/lane={elems})", "WARP({name}, {fmt}, {elems}, {rows})"),
+    "warp": (
+        "{op}_warp_{sfx}_e{elems}",
+        "warp(rows/block={rows}, elems/lane={elems})",
+        "WARP({name}, {fmt}, {elems}, {rows})",
+    ),
     "warpvec": (
         "{op}_warpvec_{sfx}_e{elems}_r{rows}",
         "warp(rows/block={rows}, elems/lane={elems}, 16-byte vectors)",
@@ -176,9 +180,7 @@ def _table(op: str, dtype) -> list[tuple[int, TrainingPlan]]:
     warp_threads = 32 * WARP_ROWS_PER_BLOCK
     plans = [(v, TrainingPlan(op, "warp", warp_threads, e)) for v, e in _WARP_CLASSES]
     plans += [(v, TrainingPlan(op, "warpvec", 32 * WARPVEC_ROWS_PER_BLOCK, e)) for v, e in warpvec]
-    plans += [
-        (v, TrainingPlan(op, "cluster" if c > 1 else "row", t, e, c, pk)) for v, t, e, c, pk in rows
-    ]
+    plans += [(v, TrainingPlan(op, "cluster" if c > 1 else "row", t, e, c, pk)) for v, t, e, c, pk in rows]
     return plans
 
 

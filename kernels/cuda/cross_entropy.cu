@@ -174,12 +174,11 @@ __device__ __forceinline__ void ce_warp_body(CE_PARAMS(typename Fmt::T)) {
         const CeSums z = ce_sums(m, s, smooth ? fq.finish(q) : 0.0f, fscale);
         const float gt = owner ? ce_target(t, xt, r, z, weight, params, eps, n_cols, fscale, loss + row) : 0.0f;
         if (lane == 0) ce_row_outputs(r, z, loss + row, lse + row);
-        const bool wgrad = smooth && weight != nullptr;
+        const float* wg = smooth ? weight : nullptr;  // per-column weights in the gradient, if any
 #pragma unroll
         for (int i = 0; i < EW; ++i) {
             const int c = i * 32 + lane;
-            if (c < n_cols)
-                Fmt::store1(gr + c, fmaf(v[i] * z.pscale, r.ga, -(r.gc * (wgrad ? __ldg(weight + c) : 1.0f))));
+            if (c < n_cols) Fmt::store1(gr + c, fmaf(v[i] * z.pscale, r.ga, -(r.gc * class_weight(wg, c))));
         }
         if (owner) Fmt::store1(gr + t, gt);
     }
@@ -217,7 +216,7 @@ __device__ __forceinline__ void ce_row_body(CE_PARAMS(typename Fmt::T)) {
     const unsigned zero_b = static_cast<unsigned>(n_rows >> 63);
     const unsigned zero_c = static_cast<unsigned>(x_stride >> 63);
     const bool smooth = eps > 0.0f;
-    const bool wgrad = smooth && weight != nullptr;  // per-column weights in the gradient
+    const float* wg = smooth ? weight : nullptr;  // per-column weights in the gradient, if any
 
     if (C > 1) meet_init(meet);
     unsigned parity = 0;
@@ -294,31 +293,31 @@ __device__ __forceinline__ void ce_row_body(CE_PARAMS(typename Fmt::T)) {
         // the exp sum.
         long long q = 0;
         const FreeSum fq = smoothing_sum(params, m, mn, n_cols);
-        if (smooth) {
-            auto q_pass = [&](auto term) {
-                long long acc = 0;
-                if (tid < g.head) acc += term(class_weight(weight, start + tid) * (hv - m));
-                if (tid < g.tail) acc += term(class_weight(weight, start + g.tail0 + tid) * (tv - m));
+        if (smooth && fq.finite()) {
+            if (tid < g.head) q += fq.fixed(class_weight(weight, start + tid) * (hv - m));
+            if (tid < g.tail) q += fq.fixed(class_weight(weight, start + g.tail0 + tid) * (tv - m));
 #pragma unroll
-                for (int j = 0; j < NV; ++j) {
-                    const int vi = j * NT + tid;
-                    if (vi < g.nvec) {
-                        float f[VEC];
-                        if constexpr (PACKED) {
-                            Fmt::unpack(xor_words(r[j], zero_c), f);
-                        } else {
+            for (int j = 0; j < NV; ++j) {
+                const int vi = j * NT + tid;
+                if (vi < g.nvec) {
+                    float f[VEC];
+                    if constexpr (PACKED) {
+                        Fmt::unpack(xor_words(r[j], zero_c), f);
+                    } else {
 #pragma unroll
-                            for (int kk = 0; kk < VEC; ++kk) f[kk] = v[j][kk];
-                        }
-                        const int c0 = start + g.head + vi * VEC;
-#pragma unroll
-                        for (int kk = 0; kk < VEC; ++kk) acc += term(class_weight(weight, c0 + kk) * (f[kk] - m));
+                        for (int kk = 0; kk < VEC; ++kk) f[kk] = v[j][kk];
                     }
+                    const int c0 = start + g.head + vi * VEC;
+#pragma unroll
+                    for (int kk = 0; kk < VEC; ++kk) q += fq.fixed(class_weight(weight, c0 + kk) * (f[kk] - m));
                 }
-                return acc;
-            };
-            q = fq.finite() ? q_pass([&](float t) { return fq.fixed(t); })
-                            : q_pass([](float t) { return FreeSum::count(t); });
+            }
+        } else if (smooth) {
+            // Infinite terms (-inf logits, or an overflowing range): counted from memory,
+            // element by element, rare enough not to need a second unrolled copy. No store to
+            // this row has happened yet, so this reads the logits even when writing over them.
+            for (int i = tid; i < len; i += NT)
+                q += FreeSum::count(class_weight(weight, start + i) * (Fmt::load1(xs + i) - m));
         }
         hv = fast_exp(hv - m);
         tv = fast_exp(tv - m);
@@ -369,14 +368,9 @@ __device__ __forceinline__ void ce_row_body(CE_PARAMS(typename Fmt::T)) {
 #pragma unroll
                     for (int kk = 0; kk < VEC; ++kk) o[kk] = v[j][kk] * z.pscale;
                 }
-                if (wgrad) {
-                    const int c0 = start + g.head + vi * VEC;
+                const int c0 = start + g.head + vi * VEC;
 #pragma unroll
-                    for (int kk = 0; kk < VEC; ++kk) o[kk] = fmaf(o[kk], rw.ga, -(rw.gc * __ldg(weight + c0 + kk)));
-                } else {
-#pragma unroll
-                    for (int kk = 0; kk < VEC; ++kk) o[kk] = fmaf(o[kk], rw.ga, -rw.gc);
-                }
+                for (int kk = 0; kk < VEC; ++kk) o[kk] = fmaf(o[kk], rw.ga, -(rw.gc * class_weight(wg, c0 + kk)));
                 if (o_vec) {
                     st_once(reinterpret_cast<uint4*>(gb) + vi, Fmt::pack(o));
                 } else {
@@ -386,10 +380,10 @@ __device__ __forceinline__ void ce_row_body(CE_PARAMS(typename Fmt::T)) {
             }
         }
         if (tid < g.head)
-            Fmt::store1(gs + tid, fmaf(hv * z.pscale, rw.ga, -(rw.gc * (wgrad ? __ldg(weight + start + tid) : 1.0f))));
+            Fmt::store1(gs + tid, fmaf(hv * z.pscale, rw.ga, -(rw.gc * class_weight(wg, start + tid))));
         if (tid < g.tail)
             Fmt::store1(gs + g.tail0 + tid,
-                        fmaf(tv * z.pscale, rw.ga, -(rw.gc * (wgrad ? __ldg(weight + start + g.tail0 + tid) : 1.0f))));
+                        fmaf(tv * z.pscale, rw.ga, -(rw.gc * class_weight(wg, start + g.tail0 + tid))));
         if (owner) Fmt::store1(gs + l, gt);  // after this thread's bulk store of the same element
     }
 }
@@ -415,7 +409,7 @@ __device__ __forceinline__ void ce_online_body(CE_PARAMS(typename Fmt::T)) {
     const int len = min(n_cols - start, chunk);
     const float fscale = fixed_point_scale(n_cols);
     const bool smooth = eps > 0.0f;
-    const bool wgrad = smooth && weight != nullptr;
+    const float* wg = smooth ? weight : nullptr;  // per-column weights in the gradient, if any
 
     if (C > 1) meet_init(meet);
     unsigned parity = 0;
@@ -435,22 +429,18 @@ __device__ __forceinline__ void ce_online_body(CE_PARAMS(typename Fmt::T)) {
         const bool owner = own == tid;
         const float xt = owner ? Fmt::load1(xs + l) : 0.0f;
 
-        // Runs f(a, vi0) on every U-vector step of the slice: a the fp32 logits (-inf past the
-        // slice), vector u having index vi0 + u * NT.
+        // Runs f(ra, vi0) on every U-vector step of the slice: ra the raw vectors (-inf words
+        // past the slice; widened by f one vector at a time), vector u having index vi0 + u * NT.
         auto walk = [&](auto f, bool cached) {
+            const unsigned ninf = Fmt::NEG_INF_WORD;
             for (int base = 0; base < g.nvec; base += U * NT) {
-                float a[U][VEC];
+                uint4 ra[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const int vi = base + u * NT + tid;
-                    if (vi < g.nvec) {
-                        Fmt::unpack(cached ? __ldg(xv + vi) : ld_once(xv + vi), a[u]);
-                    } else {
-#pragma unroll
-                        for (int kk = 0; kk < VEC; ++kk) a[u][kk] = SOFTMAX_NEG_INF;
-                    }
+                    ra[u] = vi < g.nvec ? (cached ? __ldg(xv + vi) : ld_once(xv + vi)) : make_uint4(ninf, ninf, ninf, ninf);
                 }
-                f(a, base + tid);
+                f(ra, base + tid);
             }
         };
 
@@ -461,14 +451,16 @@ __device__ __forceinline__ void ce_online_body(CE_PARAMS(typename Fmt::T)) {
             if (tid < g.tail) mn = fmin_nan(mn, tx);
         }
         walk(
-            [&](const float (&a)[U][VEC], int vi0) {
+            [&](const uint4 (&ra)[U], int vi0) {
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
+                    float a[VEC];
+                    Fmt::unpack(ra[u], a);
 #pragma unroll
-                    for (int kk = 0; kk < VEC; ++kk) m = fmax_nan(m, a[u][kk]);
+                    for (int kk = 0; kk < VEC; ++kk) m = fmax_nan(m, a[kk]);
                     if (smooth && vi0 + u * NT < g.nvec) {
 #pragma unroll
-                        for (int kk = 0; kk < VEC; ++kk) mn = fmin_nan(mn, a[u][kk]);
+                        for (int kk = 0; kk < VEC; ++kk) mn = fmin_nan(mn, a[kk]);
                     }
                 }
             },
@@ -485,23 +477,29 @@ __device__ __forceinline__ void ce_online_body(CE_PARAMS(typename Fmt::T)) {
         }
 
         const FreeSum fq = smoothing_sum(params, m, mn, n_cols);
+        const bool q_fixed = smooth && fq.finite();  // else counted below (see ce_row_body)
         long long s = to_fixed(fast_exp(hx - m), fscale) + to_fixed(fast_exp(tx - m), fscale);
         long long q = 0;
-        if (smooth) {
-            if (tid < g.head) q += fq.term(class_weight(weight, start + tid) * (hx - m));
-            if (tid < g.tail) q += fq.term(class_weight(weight, start + g.tail0 + tid) * (tx - m));
+        if (q_fixed) {
+            if (tid < g.head) q += fq.fixed(class_weight(weight, start + tid) * (hx - m));
+            if (tid < g.tail) q += fq.fixed(class_weight(weight, start + g.tail0 + tid) * (tx - m));
+        } else if (smooth) {
+            for (int i = tid; i < len; i += NT)
+                q += FreeSum::count(class_weight(weight, start + i) * (Fmt::load1_cached(xs + i) - m));
         }
         walk(
-            [&](const float (&a)[U][VEC], int vi0) {
+            [&](const uint4 (&ra)[U], int vi0) {
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
+                    float a[VEC];
+                    Fmt::unpack(ra[u], a);
 #pragma unroll
-                    for (int kk = 0; kk < VEC; ++kk) s += to_fixed(fast_exp(a[u][kk] - m), fscale);
+                    for (int kk = 0; kk < VEC; ++kk) s += to_fixed(fast_exp(a[kk] - m), fscale);
                     const int vi = vi0 + u * NT;
-                    if (smooth && vi < g.nvec) {
+                    if (q_fixed && vi < g.nvec) {
                         const int c0 = start + g.head + vi * VEC;
 #pragma unroll
-                        for (int kk = 0; kk < VEC; ++kk) q += fq.term(class_weight(weight, c0 + kk) * (a[u][kk] - m));
+                        for (int kk = 0; kk < VEC; ++kk) q += fq.fixed(class_weight(weight, c0 + kk) * (a[kk] - m));
                     }
                 }
             },
@@ -523,23 +521,24 @@ __device__ __forceinline__ void ce_online_body(CE_PARAMS(typename Fmt::T)) {
 
         if (tid < g.head)
             Fmt::store1(gs + tid, fmaf(fast_exp(hx - m) * z.pscale, rw.ga,
-                                       -(rw.gc * (wgrad ? __ldg(weight + start + tid) : 1.0f))));
+                                       -(rw.gc * class_weight(wg, start + tid))));
         if (tid < g.tail)
             Fmt::store1(gs + g.tail0 + tid, fmaf(fast_exp(tx - m) * z.pscale, rw.ga,
-                                                 -(rw.gc * (wgrad ? __ldg(weight + start + g.tail0 + tid) : 1.0f))));
+                                                 -(rw.gc * class_weight(wg, start + g.tail0 + tid))));
         T* gb = gs + g.head;
         walk(
-            [&](const float (&a)[U][VEC], int vi0) {
+            [&](const uint4 (&ra)[U], int vi0) {
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const int vi = vi0 + u * NT;
                     if (vi < g.nvec) {
                         const int c0 = start + g.head + vi * VEC;
                         float o[VEC];
+                        Fmt::unpack(ra[u], o);
 #pragma unroll
                         for (int kk = 0; kk < VEC; ++kk)
-                            o[kk] = fmaf(fast_exp(a[u][kk] - m) * z.pscale, rw.ga,
-                                         -(rw.gc * (wgrad ? __ldg(weight + c0 + kk) : 1.0f)));
+                            o[kk] = fmaf(fast_exp(o[kk] - m) * z.pscale, rw.ga,
+                                         -(rw.gc * class_weight(wg, c0 + kk)));
                         if (o_vec) {
                             st_once(reinterpret_cast<uint4*>(gb) + vi, Fmt::pack(o));
                         } else {

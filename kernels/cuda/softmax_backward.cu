@@ -162,9 +162,12 @@ __device__ __forceinline__ void bwd_row_body(const typename Fmt::T* __restrict__
         }
         const FreeSum fs(bound, n_cols);
 
-        // Pass 2: the products again (the same expressions, so the same values), in fixed point.
-        auto sum_pass = [&](auto term) {
-            long long s = term(hy * hd) + term(ty * td);
+        // Pass 2: the products again (the same expressions, so the same values), in fixed
+        // point. Infinite products (a row of overflowing values) are counted instead, from
+        // memory, element by element: rare enough not to need a second unrolled copy.
+        long long s = 0;
+        if (fs.finite()) {
+            s = fs.fixed(hy * hd) + fs.fixed(ty * td);
 #pragma unroll
             for (int j = 0; j < NV; ++j) {
                 float a[VEC], b[VEC];
@@ -176,12 +179,11 @@ __device__ __forceinline__ void bwd_row_body(const typename Fmt::T* __restrict__
                     for (int k = 0; k < VEC; ++k) a[k] = fy[j][k], b[k] = xor_float(fd[j][k], zero_a);
                 }
 #pragma unroll
-                for (int k = 0; k < VEC; ++k) s += term(a[k] * b[k]);
+                for (int k = 0; k < VEC; ++k) s += fs.fixed(a[k] * b[k]);
             }
-            return s;
-        };
-        long long s = fs.finite() ? sum_pass([&](float t) { return fs.fixed(t); })
-                                  : sum_pass([](float t) { return FreeSum::count(t); });
+        } else {
+            for (int i = tid; i < len; i += NT) s += FreeSum::count(Fmt::load1(ys + i) * Fmt::load1(ds + i));
+        }
         s = block_sum_fixed<NW>(s, red_s);
         if constexpr (C > 1) {
             const long long w[1] = {s};
@@ -260,33 +262,35 @@ __device__ __forceinline__ void bwd_online_body(const typename Fmt::T* __restric
         const float ty = tid < g.tail ? Fmt::load1_cached(ys + g.tail0 + tid) : 0.0f;
         const float td = tid < g.tail ? Fmt::load1_cached(ds + g.tail0 + tid) : 0.0f;
 
-        // Runs f(a, b, vi) on every U-vector step of the slice: a, b the fp32 values of y and
-        // dy (zeros past the slice), vi the first vector's index (vector u is vi + u * NT).
+        // Runs f(ra, rb, vi0) on every U-vector step of the slice: ra, rb the raw vectors of y
+        // and dy (zero words past the slice; widened by f one vector at a time, which keeps the
+        // registers of 16-bit storage at half those of fp32 values), vector u having index
+        // vi0 + u * NT.
         auto walk = [&](auto f, bool cached) {
             for (int base = 0; base < g.nvec; base += U * NT) {
-                float a[U][VEC], b[U][VEC];
+                uint4 ra[U], rb[U];
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const int vi = base + u * NT + tid;
-                    if (vi < g.nvec) {
-                        Fmt::unpack(cached ? __ldg(yv + vi) : ld_once(yv + vi), a[u]);
-                        Fmt::unpack(load_vec_any<Fmt>(db + vi * VEC, d_vec), b[u]);
-                    } else {
-#pragma unroll
-                        for (int k = 0; k < VEC; ++k) a[u][k] = b[u][k] = 0.0f;
-                    }
+                    const bool in = vi < g.nvec;
+                    ra[u] = in ? (cached ? __ldg(yv + vi) : ld_once(yv + vi)) : make_uint4(0u, 0u, 0u, 0u);
+                    rb[u] = in ? load_vec_any<Fmt>(db + vi * VEC, d_vec) : make_uint4(0u, 0u, 0u, 0u);
                 }
-                f(a, b, base + tid);
+                f(ra, rb, base + tid);
             }
         };
 
         unsigned bound = max(abs_bits(hy * hd), abs_bits(ty * td));
         walk(
-            [&](const float (&a)[U][VEC], const float (&b)[U][VEC], int) {
+            [&](const uint4 (&ra)[U], const uint4 (&rb)[U], int) {
 #pragma unroll
-                for (int u = 0; u < U; ++u)
+                for (int u = 0; u < U; ++u) {
+                    float a[VEC], b[VEC];
+                    Fmt::unpack(ra[u], a);
+                    Fmt::unpack(rb[u], b);
 #pragma unroll
-                    for (int k = 0; k < VEC; ++k) bound = max(bound, abs_bits(a[u][k] * b[u][k]));
+                    for (int k = 0; k < VEC; ++k) bound = max(bound, abs_bits(a[k] * b[k]));
+                }
             },
             true);
         bound = block_umax<NW>(bound, red_a);
@@ -298,21 +302,24 @@ __device__ __forceinline__ void bwd_online_body(const typename Fmt::T* __restric
         }
         const FreeSum fs(bound, n_cols);
 
-        long long s = fs.term(hy * hd) + fs.term(ty * td);
-        auto sum_steps = [&](auto term) {
+        long long s = 0;
+        if (fs.finite()) {
+            s = fs.fixed(hy * hd) + fs.fixed(ty * td);
             walk(
-                [&](const float (&a)[U][VEC], const float (&b)[U][VEC], int) {
+                [&](const uint4 (&ra)[U], const uint4 (&rb)[U], int) {
 #pragma unroll
-                    for (int u = 0; u < U; ++u)
+                    for (int u = 0; u < U; ++u) {
+                        float a[VEC], b[VEC];
+                        Fmt::unpack(ra[u], a);
+                        Fmt::unpack(rb[u], b);
 #pragma unroll
-                        for (int k = 0; k < VEC; ++k) s += term(a[u][k] * b[u][k]);
+                        for (int k = 0; k < VEC; ++k) s += fs.fixed(a[k] * b[k]);
+                    }
                 },
                 true);
-        };
-        if (fs.finite())
-            sum_steps([&](float t) { return fs.fixed(t); });
-        else
-            sum_steps([](float t) { return FreeSum::count(t); });
+        } else {  // infinite products: counted element by element (see bwd_row_body)
+            for (int i = tid; i < len; i += NT) s += FreeSum::count(Fmt::load1(ys + i) * Fmt::load1(ds + i));
+        }
         s = block_sum_fixed<NW>(s, red_s);
         if constexpr (C > 1) {
             const long long w[1] = {s};
@@ -327,14 +334,16 @@ __device__ __forceinline__ void bwd_online_body(const typename Fmt::T* __restric
         if (tid < g.tail) Fmt::store1(xs + g.tail0 + tid, ty * (td - S));
         T* xb = xs + g.head;
         walk(
-            [&](const float (&a)[U][VEC], const float (&b)[U][VEC], int vi0) {
+            [&](const uint4 (&ra)[U], const uint4 (&rb)[U], int vi0) {
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const int vi = vi0 + u * NT;
                     if (vi < g.nvec) {
-                        float o[VEC];
+                        float a[VEC], b[VEC], o[VEC];
+                        Fmt::unpack(ra[u], a);
+                        Fmt::unpack(rb[u], b);
 #pragma unroll
-                        for (int k = 0; k < VEC; ++k) o[k] = a[u][k] * (b[u][k] - S);
+                        for (int k = 0; k < VEC; ++k) o[k] = a[k] * (b[k] - S);
                         if (o_vec) {
                             st_once(reinterpret_cast<uint4*>(xb) + vi, Fmt::pack(o));
                         } else {
