@@ -34,7 +34,8 @@ def softmax_backward_ref(y, dy) -> np.ndarray:
     softmax's input, given its output y and the gradient dy of that output."""
     y = np.asarray(y, dtype=np.float64)
     dy = np.asarray(dy, dtype=np.float64)
-    return y * (dy - (y * dy).sum(axis=-1, keepdims=True))
+    with np.errstate(invalid="ignore", over="ignore"):  # infinite gradients give inf / NaN, as in torch
+        return y * (dy - (y * dy).sum(axis=-1, keepdims=True))
 
 
 def cross_entropy_ref(logits, target, *, weight=None, ignore_index=-100, label_smoothing=0.0):

@@ -15,10 +15,12 @@
 // Precision where it matters:
 //   * every sum is order-free, so a row's bits depend only on its values, its target and V:
 //     the exp sum as in the forward (64-bit fixed point relative to the max, whose own term
-//     is exactly 2^K); the smoothing sum sum_j w_j (x_j - max) in the FreeSum fixed point of
-//     training_common.cuh, bounded by max|w| * (max - min) (exact max and min of the row);
+//     is exactly 2^K; each term rounded rather than truncated, see to_fixed_rn); the smoothing
+//     sum sum_j w_j (x_j - max) in the FreeSum fixed point of training_common.cuh, bounded by
+//     max|w| * (max - min) (exact max and min of the row);
 //   * lse - x_t = (max - x_t) + log1p((s - 2^K) / 2^K), with s - 2^K exact in integers: a
-//     confident row (p_t near 1) keeps its loss's digits instead of losing them to lse - x_t;
+//     confident row (p_t near 1) keeps its loss's digits instead of losing them to lse - x_t,
+//     down to the fixed point's unit 2^-K (K = 62 - ceil(log2 V): 2^-45 at V = 128256);
 //   * p_t - 1 at the target = (e_t 2^K - s) / s, e_t 2^K being the very term summed: again an
 //     exact integer difference, so the gradient of a confident row keeps its digits.
 //
@@ -103,7 +105,7 @@ __device__ __forceinline__ float ce_target(long long t, float xt, const CeRow& r
     const float et = fast_exp(xt - z.m);  // the same expression as the bulk's: the same value
     const float pt = et * z.pscale;
     const float pm1 = z.pscale == z.pscale
-                          ? static_cast<float>(to_fixed(et, fscale) - z.s) / static_cast<float>(z.s)
+                          ? static_cast<float>(to_fixed_rn(et, fscale) - z.s) / static_cast<float>(z.s)
                           : SOFTMAX_NAN;
     const float w_t = weight != nullptr ? __ldg(weight + t) : 1.0f;
     const float alpha = (1.0f - eps) * w_t;
@@ -168,7 +170,7 @@ __device__ __forceinline__ void ce_warp_body(CE_PARAMS(typename Fmt::T)) {
 #pragma unroll
         for (int i = 0; i < EW; ++i) {
             v[i] = fast_exp(v[i] - m);
-            s += to_fixed(v[i], fscale);
+            s += to_fixed_rn(v[i], fscale);
         }
         block_sum_fixed2<1>(s, q, nullptr);
         const CeSums z = ce_sums(m, s, smooth ? fq.finish(q) : 0.0f, fscale);
@@ -321,19 +323,19 @@ __device__ __forceinline__ void ce_row_body(CE_PARAMS(typename Fmt::T)) {
         }
         hv = fast_exp(hv - m);
         tv = fast_exp(tv - m);
-        long long s = to_fixed(hv, fscale) + to_fixed(tv, fscale);
+        long long s = to_fixed_rn(hv, fscale) + to_fixed_rn(tv, fscale);
 #pragma unroll
         for (int j = 0; j < NV; ++j) {
             if constexpr (PACKED) {
                 float f[VEC];
                 Fmt::unpack(xor_words(r[j], zero_a), f);
 #pragma unroll
-                for (int kk = 0; kk < VEC; ++kk) s += to_fixed(fast_exp(f[kk] - m), fscale);
+                for (int kk = 0; kk < VEC; ++kk) s += to_fixed_rn(fast_exp(f[kk] - m), fscale);
             } else {
 #pragma unroll
                 for (int kk = 0; kk < VEC; ++kk) {
                     v[j][kk] = fast_exp(v[j][kk] - m);
-                    s += to_fixed(v[j][kk], fscale);
+                    s += to_fixed_rn(v[j][kk], fscale);
                 }
             }
         }
@@ -478,7 +480,7 @@ __device__ __forceinline__ void ce_online_body(CE_PARAMS(typename Fmt::T)) {
 
         const FreeSum fq = smoothing_sum(params, m, mn, n_cols);
         const bool q_fixed = smooth && fq.finite();  // else counted below (see ce_row_body)
-        long long s = to_fixed(fast_exp(hx - m), fscale) + to_fixed(fast_exp(tx - m), fscale);
+        long long s = to_fixed_rn(fast_exp(hx - m), fscale) + to_fixed_rn(fast_exp(tx - m), fscale);
         long long q = 0;
         if (q_fixed) {
             if (tid < g.head) q += fq.fixed(class_weight(weight, start + tid) * (hx - m));
@@ -494,7 +496,7 @@ __device__ __forceinline__ void ce_online_body(CE_PARAMS(typename Fmt::T)) {
                     float a[VEC];
                     Fmt::unpack(ra[u], a);
 #pragma unroll
-                    for (int kk = 0; kk < VEC; ++kk) s += to_fixed(fast_exp(a[kk] - m), fscale);
+                    for (int kk = 0; kk < VEC; ++kk) s += to_fixed_rn(fast_exp(a[kk] - m), fscale);
                     const int vi = vi0 + u * NT;
                     if (q_fixed && vi < g.nvec) {
                         const int c0 = start + g.head + vi * VEC;

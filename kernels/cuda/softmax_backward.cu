@@ -8,8 +8,8 @@
 // summed in any order. So dx's bits depend only on the row's values and V: not on B, on the
 // row's position or alignment, on the strides of y and dy, or on the size class. The bound is
 // the products' own max, not max|dy| (y is the forward's output, but nothing checks that it
-// lies in [0, 1]); the truncation then costs at most 2^-27 of it at V = 2^17, and the float
-// sum PyTorch takes is no more exact than that.
+// lies in [0, 1]); rounding each term to the fixed point then costs at most 2^-28 of it at
+// V = 2^17, and the float sum PyTorch takes is no more exact than that.
 //
 // Size classes, chosen by kernels/cuda_training_plans.py as for the forward, each holding two
 // values per element (y and dy), so half the forward's elements per thread:

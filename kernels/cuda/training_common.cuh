@@ -126,6 +126,14 @@ __device__ __forceinline__ float xor_float(float v, unsigned z) {
     return __uint_as_float(__float_as_uint(v) ^ z);
 }
 
+// ---- the exponentials' fixed point, rounded ------------------------------------------------
+// As to_fixed of softmax_common.cuh (the row's exp(x - max) in units of 2^-K, the max's own term
+// exactly 2^K), but rounded to the nearest unit instead of truncated: no term exceeds 2^K either
+// way, and V rounded terms err by at most V / 2 units, in practice about sqrt(V) / 3, where
+// truncation loses up to V and V / 2 on average. That bias is what a confident row's loss
+// log1p(sum of the others) would otherwise show at large V.
+__device__ __forceinline__ long long to_fixed_rn(float e, float scale) { return __float2ll_rn(e * scale); }
+
 // ---- NaN-propagating max / min (PTX max.NaN, sm_80+) ----------------------------------------
 // fmaxf drops a NaN operand; a row holding a NaN must come out NaN, as torch's does.
 __device__ __forceinline__ float fmax_nan(float a, float b) {
@@ -198,10 +206,11 @@ __device__ __forceinline__ void block_sum_fixed2(long long& a, long long& b, lon
 // is itself order-free: the exact max of |term|, or a product of exact maxima. Then, with
 // 2^e > M and n terms (2^bits >= n), each term is scaled by 2^(62 - bits - e) and truncated:
 // |term| < 2^(62 - bits) units, so n of them stay below 2^62 in magnitude and the int64 sum is
-// exact, associative and the same however the terms were grouped. A term loses less than one
-// unit, 2^(e + bits - 62) < 4 M n 2^-62 in all: about 2^-27 M at n = 2^17, far below the fp32
-// rounding of M itself. The scale is applied as two power-of-two factors, each exact, since
-// 2^(62 - bits - e) reaches 2^188 for the smallest normal M.
+// exact, associative and the same however the terms were grouped. Each term is rounded to the
+// nearest unit: at most half a unit, 2^(e + bits - 63) < 2 M n 2^-62, off in all (about 2^-28 M
+// at n = 2^17, below the fp32 rounding of M itself), and far less in practice since the
+// roundings of many terms cancel. The scale is applied as two power-of-two factors, each exact,
+// since 2^(62 - bits - e) reaches 2^188 for the smallest normal M.
 //
 // Non-finite terms cannot be scaled. If M is +inf the sum is +inf, -inf or NaN according to
 // which infinities occur, so each term is counted instead: +inf adds 1, -inf adds 2^32, NaN
@@ -224,10 +233,11 @@ struct FreeSum {
         scale_exp = 62 - bits - e;                                                 // -128 ... 188
     }
     __device__ __forceinline__ bool finite() const { return bound < 0x7f800000u; }
-    // One term in fixed point (finite() only).
+    // One term in fixed point (finite() only), rounded to nearest: still at most 2^(62 - bits)
+    // units, and the rounding errors of many terms cancel instead of adding up as truncation's do.
     __device__ __forceinline__ long long fixed(float t) const {
         const int e1 = scale_exp >> 1;
-        return __float2ll_rz(t * pow2f(e1) * pow2f(scale_exp - e1));
+        return __float2ll_rn(t * pow2f(e1) * pow2f(scale_exp - e1));
     }
     // One term as infinity counts (!finite() only).
     static __device__ __forceinline__ long long count(float t) {
