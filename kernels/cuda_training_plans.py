@@ -216,8 +216,15 @@ def all_boundaries(op: str) -> list[int]:
 # -- what a shape takes ---------------------------------------------------------------------------
 
 
+def _dtype(dtype, what: str) -> torch.dtype:
+    try:
+        return as_dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{what}: dtype {dtype} is not supported (float32, bfloat16, float16)") from None
+
+
 def _plan_for(op: str, what: str, B: int, V: int, dtype) -> TrainingPlan | None:
-    dtype = as_dtype(dtype)
+    dtype = _dtype(dtype, what)
     if V < 1:
         raise ValueError(f"{what}: V must be >= 1, got {V}")
     return None if B == 0 else select_plan(op, V, dtype)
@@ -231,7 +238,7 @@ def backward_plan(B: int, V: int, dtype=torch.float32) -> str:
 
 def backward_path(B: int, V: int, dtype=torch.float32) -> str:
     """The path name (one of PATHS) the fused softmax backward takes for (B, V) on sm_90."""
-    return select_plan("bwd", V, as_dtype(dtype)).kind
+    return select_plan("bwd", V, _dtype(dtype, "fused softmax backward")).kind
 
 
 def cross_entropy_plan(B: int, V: int, dtype=torch.float32) -> str:
@@ -242,7 +249,7 @@ def cross_entropy_plan(B: int, V: int, dtype=torch.float32) -> str:
 
 def cross_entropy_path(B: int, V: int, dtype=torch.float32) -> str:
     """The path name (one of PATHS) the fused cross-entropy takes for (N, V) on sm_90."""
-    return select_plan("ce", V, as_dtype(dtype)).kind
+    return select_plan("ce", V, _dtype(dtype, "fused cross-entropy")).kind
 
 
 # -- translation units ----------------------------------------------------------------------------

@@ -22,6 +22,13 @@ from kernels import cuda_build as cb
 from kernels import cuda_training as ct
 from kernels import cuda_training_plans as tp
 from kernels.reference import cross_entropy_ref, softmax_backward_ref
+from tests.helpers import (
+    assert_backward_close,
+    assert_cross_entropy_close,
+    cross_entropy_expected,
+    cross_entropy_inputs,
+    softmax_and_grad,
+)
 
 pytestmark = pytest.mark.cpu
 
@@ -160,8 +167,10 @@ def test_plan_names(dtype):
 
 
 def test_plan_functions_reject_bad_arguments():
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="softmax backward: dtype torch.float64"):
         ct.backward_plan(4, 8, torch.float64)
+    with pytest.raises(TypeError, match="cross-entropy: dtype int8"):
+        ct.cross_entropy_path(4, 8, "int8")
     with pytest.raises(ValueError):
         ct.cross_entropy_plan(4, 0)
 
@@ -379,3 +388,70 @@ def test_cross_entropy_ref_keeps_confident_digits_and_rejects_bad_targets():
         cross_entropy_ref(x, np.array([3]))
     with pytest.raises(ValueError, match="outside"):
         cross_entropy_ref(x, np.array([-1]))
+
+
+# -- the comparisons the cuda tests use can fail ----------------------------------------------------
+# A float64 result rounded once into the output dtype is what a perfect kernel would give: it
+# passes. Each corruption below is a bug a kernel could have: it must be rejected.
+
+
+def _rounded(a: np.ndarray, dtype) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(a)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_backward_comparison_accepts_rounding_and_rejects_bugs(dtype):
+    y, dy = softmax_and_grad(6, 301, seed=3, dtype=dtype)
+    yd, dyd = y.double().numpy(), dy.double().numpy()
+    ref = softmax_backward_ref(y=yd, dy=dyd)
+    assert_backward_close(_rounded(ref, dtype), y, dy, what="rounded reference")
+    lost = yd * (dyd - (yd * dyd)[:, :-1].sum(axis=1, keepdims=True))  # the sum misses the last element
+    bugs = {
+        "a term lost from the sum": lost,
+        "no sum at all": yd * dyd,
+        "one element not written": np.where(np.arange(301) == 17, np.nan, ref),
+        "rows swapped": ref[[1, 0, 2, 3, 4, 5]],
+    }
+    for name, bad in bugs.items():
+        with pytest.raises(AssertionError):
+            assert_backward_close(_rounded(bad, dtype), y, dy, what=name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_cross_entropy_comparison_accepts_rounding_and_rejects_bugs(dtype, reduction):
+    x, t = cross_entropy_inputs(9, 301, seed=4, dtype=dtype, neg_inf=False)  # -inf would make the loss inf
+    w = torch.rand(301, generator=torch.Generator().manual_seed(5)) + 0.5
+    opts = {"weight": w, "label_smoothing": 0.1, "reduction": reduction}
+    exp = cross_entropy_expected(x, t, **opts)
+    good = (_rounded(exp["loss"], dtype), _rounded(exp["grad"], dtype), _rounded(exp["lse"], torch.float32))
+    assert_cross_entropy_close(good, x, t, what="rounded reference", **opts)
+    rows = np.arange(9)
+    tt = t.numpy()
+    valid = tt != -100
+    no_target = exp["grad"].copy()
+    no_target[rows[valid], tt[valid]] += (
+        0.9 * w.numpy()[tt[valid]] / (1.0 if reduction == "none" else w.numpy()[tt[valid]].sum())
+    )
+    ignored_row = int(np.flatnonzero(~valid)[0])
+    leaky = exp["grad"].copy()
+    leaky[ignored_row] = exp["grad"][0]  # an ignored row given a gradient
+    unscaled = exp["grad"] * (1.0 if reduction == "none" else w.numpy()[tt[valid]].sum())
+    lse_bad = exp["lse"].copy()
+    lse_bad[3] = x.double().numpy()[3].max()  # the max alone
+    bugs = {
+        "the target's -1 missing": (exp["loss"], no_target, exp["lse"]),
+        "an ignored row's gradient": (exp["loss"], leaky, exp["lse"]),
+        "a lost lse term": (exp["loss"], exp["grad"], lse_bad),
+        "the loss 1e-3 off": (
+            exp["loss"] * (1 + 1e-2 if dtype != torch.float32 else 1 + 1e-3),
+            exp["grad"],
+            exp["lse"],
+        ),
+    }
+    if reduction == "mean":
+        bugs["the mean's 1 / W missing"] = (exp["loss"], unscaled, exp["lse"])
+    for name, (lo, gr, ls) in bugs.items():
+        bad = (_rounded(lo, dtype), _rounded(gr, dtype), _rounded(ls, torch.float32))
+        with pytest.raises(AssertionError):
+            assert_cross_entropy_close(bad, x, t, what=name, **opts)
