@@ -51,6 +51,7 @@ def _build(path, arch):
 
 
 @needs_nvcc
+@pytest.mark.slow
 @pytest.mark.parametrize("path", tp.TRAINING_SOURCES, ids=SOURCE_IDS)
 def test_builds_for_sm90_without_spills(path):
     report = _build(path, cb.TARGET_ARCH)
@@ -69,6 +70,7 @@ def test_builds_for_sm90_without_spills(path):
 
 
 @needs_nvcc
+@pytest.mark.slow
 @pytest.mark.parametrize("path", tp.TRAINING_SOURCES, ids=SOURCE_IDS)
 def test_builds_for_gpus_without_clusters(path):
     # Before sm_90 the cluster entry points (the online cluster ones too) are left out, and
