@@ -444,7 +444,9 @@ def test_ce_all_targets_ignored(V):
             loss, grad, lse = run_cross_entropy(x, t, reduction=reduction, label_smoothing=eps)
             assert (math.isnan(want) and torch.isnan(loss)) or loss.item() == want, (reduction, loss)
             assert (grad == 0).all(), "ignored rows have a zero gradient, even when the mean divides by 0"
-            torch.testing.assert_close(lse, torch.logsumexp(x.float(), -1), rtol=4 * FP32_EPS, atol=0)
+            assert_cross_entropy_close(
+                (loss, grad, lse), x, t, what=f"all ignored, {reduction}", reduction=reduction, label_smoothing=eps
+            )
     ref = F.cross_entropy(x, t, reduction="mean")
     assert torch.isnan(ref), "the reference semantics: PyTorch's mean over no rows is NaN"
 
@@ -505,7 +507,11 @@ def test_ce_reductions_are_consistent():
     counted = w[t[t != -100]].double().sum()
     torch.testing.assert_close(total.double(), rows.double().sum(), rtol=4 * FP32_EPS, atol=0)
     torch.testing.assert_close(mean.double(), total.double() / counted, rtol=4 * FP32_EPS, atol=0)
-    torch.testing.assert_close(g_mean.double(), g_sum.double() / counted, rtol=4 * FP32_EPS, atol=1e-30)
+    # Where p_j * ga and gc * w_j nearly cancel, the two scalings round differently: absolute slack.
+    scale = g_sum.double().abs().max()
+    torch.testing.assert_close(
+        g_mean.double() * counted, g_sum.double(), rtol=16 * FP32_EPS, atol=16 * FP32_EPS * scale
+    )
 
 
 @pytest.mark.parametrize("inplace", [False, True])
