@@ -103,15 +103,16 @@ def parse_ptxas_report(text: str) -> dict[str, dict[str, int]]:
 
 
 def compile_offline(
-    path: Path, *, arch: str = TARGET_ARCH, nvcc: str | None = None, extra=()
+    path: Path, *, arch: str = TARGET_ARCH, nvcc: str | None = None, extra=(), source: str | None = None
 ) -> subprocess.CompletedProcess:
-    """nvcc -cubin the translation unit for `path` with the runtime options plus ptxas checks."""
+    """nvcc -cubin the translation unit for `path` (or the given `source` text, compiled under
+    `path`'s name) with the runtime options plus ptxas checks."""
     nvcc = nvcc or shutil.which("nvcc")
     if nvcc is None:
         raise FileNotFoundError("nvcc not found on PATH")
     with tempfile.TemporaryDirectory() as tmp:
         cu = Path(tmp) / Path(path).name
-        cu.write_text(module_source(path))
+        cu.write_text(module_source(path) if source is None else source)
         cmd = [
             nvcc,
             f"-arch={arch}",

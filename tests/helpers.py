@@ -348,3 +348,239 @@ def cpu_path_runner(kernel, path: str):
     """path_runner with the launch parameters the kernel's spec gives the path for the CPU (the
     Triton interpreter): scaled down so that rows of tens of elements span several tiles."""
     return path_runner(kernel, path, **kernel.path(path).cpu)
+
+
+# -- training: the softmax backward and cross-entropy ------------------------------------------------
+# The tolerances below are derived from the float32 arithmetic the kernels do (u = 2^-24 is one
+# rounding): each bound scales with the magnitudes that enter the result, so a correct kernel
+# passes at any value range and a wrong sum, a lost element or a wrong coefficient does not.
+
+UNIT_ROUNDOFF = FP32_EPS / 2
+
+
+def softmax_and_grad(
+    B: int,
+    V: int,
+    *,
+    seed: int,
+    dtype=torch.float32,
+    device="cpu",
+    layout_y: str = "contiguous",
+    layout_dy: str = "contiguous",
+    dy_scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, dy) for a softmax backward: y the float64 softmax of logits(B, V, seed=seed) cast to
+    dtype (-inf logits give exact zeros, the +30 outliers nearly one-hot rows), dy randn *
+    dy_scale from seed + 1. Each is placed in its own layout (see `layouts`), so y and dy can
+    differ in alignment and stride."""
+    y = torch.softmax(logits(B, V, seed=seed, dtype=torch.float64), dim=-1).to(dtype)
+    g = torch.Generator().manual_seed(seed + 1)
+    dy = (torch.randn(B, V, generator=g, dtype=torch.float64) * dy_scale).to(dtype)
+    return _place(y, layout_y, torch.device(device)), _place(dy, layout_dy, torch.device(device))
+
+
+def _storage(dtype) -> tuple[float, float]:
+    """(relative error of one rounding into dtype, absolute floor below which values may be
+    flushed or lose their digits) for a float32 computation stored in dtype."""
+    if dtype == torch.float32:
+        return FP32_EPS, torch.finfo(torch.float32).tiny
+    return TOLERANCES[dtype][1], TOLERANCES[dtype][0]
+
+
+def _assert_within(got: np.ndarray, ref: np.ndarray, tol: np.ndarray, what: str) -> float:
+    """NaN exactly where ref is NaN, the same infinities where ref has them, and |got - ref| <= tol
+    elsewhere; returns the largest error over the finite elements."""
+    problems = []
+    nan_g, nan_r = np.isnan(got), np.isnan(ref)
+    if (nan_g != nan_r).any():
+        problems.append(
+            f"{int((nan_g & ~nan_r).sum())} NaN where the reference is not, {int((nan_r & ~nan_g).sum())} "
+            "numbers where it is NaN: " + _where(nan_g != nan_r, got, ref)
+        )
+    inf_g, inf_r = np.isinf(got), np.isinf(ref)
+    if ((inf_g | inf_r) & ~(nan_g | nan_r)).any():
+        bad_inf = (inf_g | inf_r) & ~(nan_g | nan_r) & ~(inf_g & inf_r & (np.sign(got) == np.sign(ref)))
+        if bad_inf.any():
+            problems.append(f"{int(bad_inf.sum())} infinities differ: " + _where(bad_inf, got, ref))
+    both = np.isfinite(got) & np.isfinite(ref)
+    err = np.abs(np.where(both, got, 0.0) - np.where(both, ref, 0.0))
+    off = both & ~(err <= tol)
+    if off.any():
+        ratio = np.max(err[off] / np.maximum(tol[off], np.finfo(np.float64).tiny))
+        problems.append(
+            f"{int(off.sum())} of {got.size} beyond tolerance (worst {ratio:.3g}x it): " + _where(off, got, ref)
+        )
+    if problems:
+        raise AssertionError(f"{what}:\n  " + "\n  ".join(problems))
+    return float(err.max(initial=0.0))
+
+
+def backward_tolerance(y, dy, dtype) -> np.ndarray:
+    """Per element, how far a correct float32 softmax backward stored in dtype may be from the
+    float64 dx: the product y * dy (one rounding), the row sum S (rounded once, plus the
+    fixed-point truncation of at most 2^(2 ceil(log2 V) - 61) times the largest product), the
+    difference dy - S and the product with y (one rounding each), then the rounding into dtype."""
+    y = np.asarray(y, dtype=np.float64)
+    dy = np.asarray(dy, dtype=np.float64)
+    V = y.shape[-1]
+    bits = math.ceil(math.log2(V)) if V > 1 else 0
+    with np.errstate(invalid="ignore", over="ignore"):
+        S = (y * dy).sum(axis=-1, keepdims=True)
+        A = np.abs(y * dy).sum(axis=-1, keepdims=True)
+        ref = y * (dy - S)
+        rel, floor = _storage(dtype)
+        arith = np.abs(y) * (8 * UNIT_ROUNDOFF * (np.abs(dy) + np.abs(S) + A) + 2.0 ** (2 * bits - 60) * A)
+        return rel * np.abs(ref) + arith + floor * (1 + np.abs(dy) + np.abs(S))
+
+
+def assert_backward_close(got: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, *, what: str = "") -> float:
+    """`got` against softmax_backward_ref(y, dy) within backward_tolerance (NaN and infinities
+    exactly where the reference has them). Returns the largest absolute error."""
+    from kernels.reference import softmax_backward_ref
+
+    yd = y.detach().to("cpu", torch.float64).numpy()
+    dyd = dy.detach().to("cpu", torch.float64).numpy()
+    ref = softmax_backward_ref(y=yd, dy=dyd)
+    g = got.detach().to("cpu", torch.float64).numpy()
+    assert g.shape == ref.shape, f"{what}: shape {g.shape}, expected {ref.shape}"
+    tol = backward_tolerance(yd, dyd, got.dtype)
+    return _assert_within(g, ref, tol, f"{what or 'softmax backward'} ({dtype_id(got.dtype)}, shape {g.shape})")
+
+
+def cross_entropy_inputs(
+    N: int,
+    V: int,
+    *,
+    seed: int,
+    dtype=torch.float32,
+    device="cpu",
+    layout: str = "contiguous",
+    ignore_index: int = -100,
+    ignored: int = 3,
+    neg_inf: bool = True,
+    scale: float = 3.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, target): logits(N, V, seed=seed, neg_inf=False, scale=scale) in `layout`, with
+    (neg_inf) about one -inf in NEG_INF_DENSITY entries in rows 0, 3, 6, ... only, so that the
+    other rows keep a finite smoothing loss; int64 targets uniform over [0, V), rows 2,
+    2 + ignored, ... set to ignore_index (ignored=0: none), and rows 1, 6, 11, ... made
+    confident: their target logit raised 25 above the row's max (p_t >= 0.99999). Targets never
+    point at a -inf logit unless the caller puts one there."""
+    x = logits(N, V, seed=seed, dtype=torch.float64, neg_inf=False, scale=scale)
+    g = torch.Generator().manual_seed(seed + 2)
+    t = torch.randint(0, V, (N,), generator=g)
+    if neg_inf and N and V >= 2:
+        rows = torch.arange(0, N, 3)
+        hit = torch.rand(len(rows), V, generator=g) < 1.0 / NEG_INF_DENSITY
+        x[rows] = x[rows].masked_fill(hit, -math.inf)
+    if N:
+        finite = torch.isfinite(x[torch.arange(N), t])
+        x[torch.arange(N)[~finite], t[~finite]] = 0.0
+        confident = torch.arange(1, N, 5)
+        x[confident, t[confident]] = x[confident].max(dim=1).values + 25.0
+        if ignored:
+            t[2::ignored] = ignore_index
+    return _place(x.to(dtype), layout, torch.device(device)), t.to(device)
+
+
+def cross_entropy_expected(
+    logits_, target, *, weight=None, ignore_index=-100, label_smoothing=0.0, reduction="none"
+) -> dict:
+    """The float64 reference of everything cross_entropy_fused returns, and the tolerances a
+    correct float32 kernel meets, derived from its arithmetic: keys loss, grad, lse and
+    loss_tol, grad_tol, lse_tol (float64 arrays; the loss a 0-d array for "mean" / "sum").
+
+    Per row, with m the max, L = lse - m, E = sum_j p_j |x_j - m| (the exponentials' argument
+    rounding costs up to 1.5 u |x_j - m| each), alpha = (1 - e) w_t, beta = e W / V and the
+    gradient scale g (1 / sum of the counted w_t for "mean"):
+      lse   u (4 |lse| + 4 E + 12)
+      loss  16 u (alpha (|m - x_t| + |L| + E + 2) + e / V (W (|L| + E + 2) + |q|)) plus the
+            smoothing sum's truncation, q = sum_j w_j (x_j - m); then one rounding into dtype
+      grad  16 u (|g| (alpha + beta) p_j (|x_j - m| + E + 4) + |g| e w_j / V) at every j, plus at
+            the target 16 u |g| alpha |p_t - 1| (E_t + E + 2), E_t the mean distance of the other
+            classes' mass (which p_t - 1 is), and the exp sum's truncation; then one rounding into
+            dtype.
+    "mean" / "sum" add the order-free sum over the rows (its truncation and one rounding).
+    """
+    from kernels.reference import cross_entropy_ref
+
+    x = logits_.detach().to("cpu", torch.float64).numpy()
+    t = target.detach().to("cpu", torch.int64).numpy()
+    w = None if weight is None else weight.detach().to("cpu", torch.float32).to(torch.float64).numpy()
+    loss, grad, lse = cross_entropy_ref(x, t, weight=w, ignore_index=ignore_index, label_smoothing=label_smoothing)
+    N, V = x.shape
+    wv = np.ones(V) if w is None else w
+    e = float(np.float32(label_smoothing))
+    u = UNIT_ROUNDOFF
+    bits = math.ceil(math.log2(V)) if V > 1 else 0
+    ignored = t == ignore_index
+    ts = np.where(ignored, 0, t)
+    rows = np.arange(N)
+    rel, floor = _storage(logits_.dtype)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        m = x.max(axis=1, initial=-np.inf)
+        fin = np.isfinite(m)
+        d = np.where(fin[:, None], np.abs(x - np.where(fin, m, 0.0)[:, None]), 0.0)
+        d = np.where(np.isfinite(d), d, 0.0)
+        p = np.exp(-d) * np.isfinite(x) / np.where(fin, np.exp(lse - m), 1.0)[:, None]
+        E = (p * d).sum(axis=1)
+        L = np.where(fin, lse - m, 0.0)
+        w_t = np.where(ignored, 0.0, wv[ts])
+        alpha = (1 - e) * w_t
+        W = wv.sum()
+        beta = np.where(ignored, 0.0, e * W / V)
+        gam = np.where(ignored, 0.0, e / V)
+        q = np.where(np.isfinite(x), wv[None, :] * (x - np.where(fin, m, 0.0)[:, None]), 0.0).sum(axis=1)
+        mn = np.where(np.isfinite(x), x, np.inf).min(axis=1)
+        q_trunc = 2.0 ** (2 * bits - 58) * np.abs(wv).max() * np.where(fin, m - mn, 0.0)
+        x_t = np.where(ignored, 0.0, x[rows, ts])
+        loss_scale = alpha * (np.abs(np.where(fin, m - x_t, 0.0)) + np.abs(L) + E + 2) + gam * (
+            W * (np.abs(L) + E + 2) + np.abs(q)
+        )
+        loss_arith = 16 * u * loss_scale + gam * q_trunc  # the float32 row loss, before any rounding into dtype
+        loss_tol = rel * np.abs(loss) + loss_arith
+        counted = np.where(ignored, 0.0, w_t).sum()
+        # The gradient scale per row: an ignored row stays 0 (or NaN) even where g is inf.
+        g = np.where(ignored, 0.0, 1.0 / counted if reduction == "mean" else 1.0)
+        grad = np.where(ignored[:, None], grad, grad * g[:, None])
+        coef = np.abs(g) * (np.abs(alpha) + np.abs(beta))
+        grad_tol = (
+            16 * u * (coef[:, None] * p * (d + E[:, None] + 4) + (np.abs(g) * gam)[:, None] * np.abs(wv)[None, :])
+        )
+        # p_t - 1 = -(the other classes' mass): its error follows their mean distance to the max.
+        others = p.sum(axis=1) - p[rows, ts]
+        E_t = np.where(others > 0, (E - p[rows, ts] * d[rows, ts]) / np.where(others > 0, others, 1.0), 0.0)
+        target_extra = 16 * u * np.abs(g) * np.abs(alpha) * np.abs(np.expm1(-(lse - x_t))) * (E_t + E + 2)
+        target_extra += np.abs(g) * np.abs(alpha) * 2.0 ** (2 * bits - 60)
+        grad_tol[rows, ts] += np.where(ignored, 0.0, target_extra)
+        grad_tol = rel * np.abs(grad) + grad_tol + floor * (1 + coef[:, None])
+        lse_tol = u * (4 * np.abs(lse) + 4 * E + 12)
+        if reduction != "none":
+            bits_n = math.ceil(math.log2(N)) if N > 1 else 0
+            total = loss.sum()
+            total_tol = (
+                loss_arith.sum() + 4 * u * np.abs(total) + 2.0 ** (2 * bits_n - 60) * np.abs(loss).max(initial=0)
+            )
+            if reduction == "mean":
+                total, total_tol = total / counted, total_tol / abs(counted) + 2 * u * abs(total / counted)
+            loss, loss_tol = np.asarray(total), np.asarray(rel * abs(total) + total_tol)
+    return {"loss": loss, "grad": grad, "lse": lse, "loss_tol": loss_tol, "grad_tol": grad_tol, "lse_tol": lse_tol}
+
+
+def assert_cross_entropy_close(result, logits_, target, *, what: str = "", **options) -> dict:
+    """(loss, grad, lse) from a cross-entropy against cross_entropy_expected(logits_, target,
+    **options): every value within its tolerance, NaN and infinities exactly where the reference
+    has them. Returns the largest error of each, by name."""
+    loss, grad, lse = result
+    exp = cross_entropy_expected(logits_, target, **options)
+    label = f"{what or 'cross-entropy'} ({dtype_id(logits_.dtype)}, shape {tuple(logits_.shape)})"
+    assert loss.dtype == logits_.dtype, f"{label}: loss is {loss.dtype}"
+    assert lse.dtype == torch.float32 and grad.dtype == logits_.dtype, f"{label}: lse {lse.dtype}, grad {grad.dtype}"
+    out = {}
+    for name, got in (("loss", loss), ("grad", grad), ("lse", lse)):
+        g = got.detach().to("cpu", torch.float64).numpy()
+        assert g.shape == exp[name].shape, f"{label}: {name} shape {g.shape}, expected {exp[name].shape}"
+        out[name] = _assert_within(
+            np.atleast_1d(g), np.atleast_1d(exp[name]), np.atleast_1d(exp[f"{name}_tol"]), f"{label} {name}"
+        )
+    return out

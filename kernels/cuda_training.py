@@ -1,0 +1,438 @@
+"""CUDA C training kernels, compiled at run time through CuPy and launched through
+`kernels.launch`, like the forward's (`kernels.softmax_cuda`):
+
+  softmax_backward_fused(y, dy, *, out=None) -> dx
+      dx = y * (dy - sum(y * dy, -1)) for (B, V) tensors: y the softmax's output, dy the gradient
+      of it. One kernel, two reads and one write per element (kernels/cuda/softmax_backward.cu).
+  cross_entropy_fused(logits, target, *, weight=None, ignore_index=-100, label_smoothing=0.0,
+                      reduction="mean", inplace=False, out=None) -> (loss, grad_logits, lse)
+      F.cross_entropy with class-index targets, and in the same pass over the logits the
+      gradient of the loss with respect to them (kernels/cuda/cross_entropy.cu): one read and
+      one write per element, the write over the logits themselves with inplace=True.
+
+Both take float32 / bfloat16 / float16 on a CUDA device and compute in float32. Rows may have
+any stride (a tensor whose elements are strided within a row is copied first); outputs are
+new contiguous tensors unless `out` is given. Each row's result is bitwise independent of the
+batch, of the row's position and alignment, of the strides and of the size class, because
+every row sum is taken in 64-bit fixed point (see the .cu files). Which size class a shape
+takes: `backward_plan` / `backward_path` and `cross_entropy_plan` / `cross_entropy_path`.
+
+Cross-entropy runs three kernels: a one-block prologue over the targets (which counts and
+weighs the rows and finds any target out of range), the fused pass, and for "mean" / "sum" a
+one-block reduction of the per-row losses, order-free as well. A target outside [0, V) that is
+not ignore_index raises ValueError from here, never a device assert: the wrapper reads the
+prologue's finding back (a synchronisation), after the fused pass, or before it when the
+gradient is to be written over the logits. Inside a CUDA graph capture that read is skipped
+and such a row's loss and gradient come out NaN.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import NamedTuple
+
+import torch
+
+from .checks import FLOAT_DTYPES
+from .cuda_build import NVCC_OPTIONS
+from .cuda_training_plans import (
+    BACKWARD_SOURCE,
+    CROSS_ENTROPY_SOURCE,
+    PATHS,
+    TrainingPlan,
+    backward_path,
+    backward_plan,
+    cross_entropy_path,
+    cross_entropy_plan,
+    module_source,
+    plans,
+    select_plan,
+)
+from .launch import KernelLauncher
+
+TRAINING_DTYPES = FLOAT_DTYPES
+REDUCTIONS = ("mean", "sum", "none")
+TARGET_DTYPES = (torch.int64, torch.int32)
+MAX_V = 2**31 - 2**20  # the kernels index columns with 32-bit ints
+WARP_BLOCKS_PER_SM = 32  # the warp kinds' grid; rows past it are looped over in the kernel
+HELPER_THREADS = 1024  # CE_HELPER_THREADS of cross_entropy.cu
+_MAX_GRID_X = 2**31 - 1
+_BWD = "fused softmax backward"
+_CE = "fused cross-entropy"
+
+_BWD_ARGS = ("ptr", "i64", "ptr", "i64", "ptr", "i64", "i32")
+_CE_ARGS = ("ptr", "i64", "ptr", "i64", "ptr", "i64", "i32", "i64", "ptr", "ptr", "f32", "ptr", "ptr")
+_PROLOGUE_ARGS = ("ptr", "i64", "i32", "i64", "ptr", "i32", "ptr", "ptr")
+_REDUCE_ARGS = ("ptr", "i64", "ptr", "i32", "ptr")
+_SOURCES = {"bwd": BACKWARD_SOURCE, "ce": CROSS_ENTROPY_SOURCE}
+
+# -- compiled kernels, one launcher per (device, kernel) ------------------------------------------
+
+_modules: dict = {}  # (device index, source sha256) -> cupy.RawModule
+_launchers: dict = {}  # (device index, kernel name) -> KernelLauncher
+_device_info: dict = {}  # device index -> (SM count, compute capability major)
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError as e:  # pragma: no cover - depends on the machine
+        raise ImportError(
+            "the CUDA C training kernels need CuPy: pip install cupy-cuda13x "
+            "(or the cupy-cuda12x wheel matching the installed CUDA driver)"
+        ) from e
+    return cupy
+
+
+def _sm_count_and_major(device_index: int) -> tuple[int, int]:
+    info = _device_info.get(device_index)
+    if info is None:
+        props = torch.cuda.get_device_properties(device_index)
+        info = _device_info[device_index] = (props.multi_processor_count, props.major)
+    return info
+
+
+def _launcher(device_index: int, op: str, name: str, *, block: int, arg_kinds) -> KernelLauncher:
+    launcher = _launchers.get((device_index, name))
+    if launcher is not None:
+        return launcher
+    cp = _cupy()
+    src = module_source(_SOURCES[op])
+    mkey = (device_index, hashlib.sha256(src.encode()).hexdigest())
+    with cp.cuda.Device(device_index):
+        mod = _modules.get(mkey)
+        if mod is None:
+            backend = "nvcc" if cp.cuda.get_nvcc_path() else "nvrtc"  # the source needs no headers
+            mod = _modules[mkey] = cp.RawModule(code=src, options=NVCC_OPTIONS, backend=backend)
+        function = mod.get_function(name).kernel.ptr
+    launcher = _launchers[(device_index, name)] = KernelLauncher(name, function, arg_kinds=arg_kinds, block=block)
+    return launcher
+
+
+class _Launch(NamedTuple):
+    """A plan resolved for one device and dtype: its launcher and the grid arithmetic."""
+
+    plan: TrainingPlan
+    launcher: KernelLauncher
+    grid_limit: int  # in row units: blocks for the warp kinds, CTA groups (clusters) otherwise
+
+    def grid(self, B: int, grid_cap: int | None = None) -> int:
+        units = min(-(-B // self.plan.rows_per_block), self.grid_limit)
+        if grid_cap is not None:
+            units = max(1, min(units, grid_cap // self.plan.cluster))
+        return units * self.plan.cluster
+
+
+_dispatch: dict = {}  # (op, dtype, V, device) -> the dispatched plan's _Launch
+
+
+def _resolve(op: str, what: str, dev: int, V: int, dtype, plan: TrainingPlan | None) -> _Launch:
+    if plan is None:
+        key = (op, dtype, V, dev)
+        entry = _dispatch.get(key)
+        if entry is None:
+            chosen = select_plan(op, V, dtype, clusters=_sm_count_and_major(dev)[1] >= 9)
+            entry = _dispatch[key] = _make_launch(op, dev, dtype, chosen)
+        return entry
+    if plan not in plans(op, dtype):
+        raise ValueError(f"{what}: {plan} is not a plan of this kernel for {dtype}")
+    if plan.capacity is not None and V > plan.capacity:
+        raise ValueError(f"{what}: V = {V} does not fit {plan.describe()}")
+    if plan.cluster > 1 and _sm_count_and_major(dev)[1] < 9:
+        raise ValueError(f"{what}: {plan.describe()} needs thread-block clusters (sm_90 or newer)")
+    return _make_launch(op, dev, dtype, plan)
+
+
+def _make_launch(op: str, dev: int, dtype, plan: TrainingPlan) -> _Launch:
+    kinds = _BWD_ARGS if op == "bwd" else _CE_ARGS
+    launcher = _launcher(dev, op, plan.kernel_name(dtype), block=plan.threads, arg_kinds=kinds)
+    if plan.kind in ("warp", "warpvec"):
+        limit = _sm_count_and_major(dev)[0] * WARP_BLOCKS_PER_SM
+    else:
+        limit = _MAX_GRID_X // plan.cluster
+    return _Launch(plan, launcher, limit)
+
+
+# -- input checks --------------------------------------------------------------------------------
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _check_rows(t, name: str, what: str) -> None:
+    """A 2-D floating tensor of a supported dtype with V >= 1 (the device is checked last, by
+    _check_cuda, so that every other problem is reported the same on any machine)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 2:
+        raise ValueError(f"{what}: {name} must be a 2-D (B, V) tensor, got shape {tuple(t.shape)}")
+    if t.dtype not in TRAINING_DTYPES:
+        names = ", ".join(_dtype_name(d) for d in TRAINING_DTYPES)
+        raise TypeError(f"{what}: {name} dtype {_dtype_name(t.dtype)} is not supported (supported: {names})")
+    if t.shape[1] == 0:
+        raise ValueError(f"{what}: V = 0, a row of no classes")
+    if t.shape[1] >= MAX_V:
+        raise ValueError(f"{what}: V = {t.shape[1]} exceeds the kernels' 32-bit column index")
+
+
+def _check_cuda(t: torch.Tensor, name: str, what: str) -> None:
+    if not t.is_cuda:
+        raise ValueError(f"{what}: {name} must be a cuda tensor, got one on {t.device}")
+
+
+def _unit_rows(t: torch.Tensor) -> torch.Tensor:
+    """`t` itself when its rows are unit-stride (any row stride), else a contiguous copy."""
+    return t if t.shape[1] == 1 or t.stride(1) == 1 else t.contiguous()
+
+
+def _check_out(out, like: torch.Tensor, what: str, *, contiguous: bool) -> None:
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{what}: out must be a torch.Tensor, got {type(out).__name__}")
+    if out.shape != like.shape or out.dtype != like.dtype or out.device != like.device:
+        raise ValueError(
+            f"{what}: out is {tuple(out.shape)} {out.dtype} on {out.device}, "
+            f"expected {tuple(like.shape)} {like.dtype} on {like.device}"
+        )
+    if contiguous and not out.is_contiguous():
+        raise ValueError(f"{what}: out must be contiguous")
+    if not contiguous and out.shape[1] > 1 and out.stride(1) != 1:
+        raise ValueError(f"{what}: out must have unit stride within its rows")
+
+
+# -- softmax backward ----------------------------------------------------------------------------
+
+
+def softmax_backward_fused(
+    y: torch.Tensor,
+    dy: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    plan: TrainingPlan | None = None,
+    grid_cap: int | None = None,
+) -> torch.Tensor:
+    """dx = y * (dy - sum(y * dy, -1)) over rows of (B, V) tensors y (the softmax's output) and
+    dy (the gradient of it); float32 / bfloat16 / float16, y and dy of one dtype.
+
+    `out`, if given, receives dx (contiguous, y's shape and dtype). `plan` forces a size class
+    (one of `kernels.cuda_training_plans.plans("bwd", dtype)`; ValueError if the row does not
+    fit it), `grid_cap` caps the grid at that many CTAs so that CTAs loop over rows: both for
+    tests that reach every path and loop at small shapes.
+    """
+    _check_rows(y, "y", _BWD)
+    _check_rows(dy, "dy", _BWD)
+    if dy.shape != y.shape:
+        raise ValueError(f"{_BWD}: y is {tuple(y.shape)} and dy {tuple(dy.shape)}; they must have one shape")
+    if dy.dtype != y.dtype:
+        raise TypeError(f"{_BWD}: y is {_dtype_name(y.dtype)} and dy {_dtype_name(dy.dtype)}; they must share a dtype")
+    if dy.device != y.device:
+        raise ValueError(f"{_BWD}: y is on {y.device} and dy on {dy.device}")
+    if out is not None:
+        _check_out(out, y, _BWD, contiguous=True)
+    _check_cuda(y, "y", _BWD)
+    y, dy = _unit_rows(y), _unit_rows(dy)
+    dx = torch.empty(y.shape, dtype=y.dtype, device=y.device) if out is None else out
+    B, V = y.shape
+    if B == 0:
+        return dx
+    dev = y.get_device()
+    entry = _resolve("bwd", _BWD, dev, V, y.dtype, plan)
+    entry.launcher(
+        dev, entry.grid(B, grid_cap), y.data_ptr(), y.stride(0), dy.data_ptr(), dy.stride(0), dx.data_ptr(), B, V
+    )
+    return dx
+
+
+# -- cross-entropy -------------------------------------------------------------------------------
+
+
+class TargetError(ValueError):
+    """A target that is neither ignore_index nor a class index in [0, V)."""
+
+
+def _check_cross_entropy(logits, target, weight, ignore_index, label_smoothing, reduction, inplace, out):
+    _check_rows(logits, "logits", _CE)
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"{_CE}: target must be a torch.Tensor, got {type(target).__name__}")
+    if target.dim() != 1 or target.shape[0] != logits.shape[0]:
+        raise ValueError(
+            f"{_CE}: target must be 1-D with one class index per row of logits ({logits.shape[0]}), "
+            f"got shape {tuple(target.shape)}"
+        )
+    if target.dtype not in TARGET_DTYPES:
+        raise TypeError(f"{_CE}: target must hold int64 (or int32) class indices, got {_dtype_name(target.dtype)}")
+    if target.device != logits.device:
+        raise ValueError(f"{_CE}: target is on {target.device} and logits on {logits.device}")
+    if weight is not None:
+        if not isinstance(weight, torch.Tensor):
+            raise TypeError(f"{_CE}: weight must be a torch.Tensor or None, got {type(weight).__name__}")
+        if weight.shape != (logits.shape[1],):
+            raise ValueError(f"{_CE}: weight must have shape ({logits.shape[1]},), got {tuple(weight.shape)}")
+        if weight.dtype not in TRAINING_DTYPES:
+            raise TypeError(f"{_CE}: weight dtype {_dtype_name(weight.dtype)} is not supported")
+        if weight.device != logits.device:
+            raise ValueError(f"{_CE}: weight is on {weight.device} and logits on {logits.device}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"{_CE}: ignore_index must be an int, got {type(ignore_index).__name__}")
+    if not -(2**63) <= ignore_index < 2**63:
+        raise ValueError(f"{_CE}: ignore_index {ignore_index} does not fit int64")
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)):
+        raise TypeError(f"{_CE}: label_smoothing must be a number, got {type(label_smoothing).__name__}")
+    if not 0.0 <= float(label_smoothing) <= 1.0:
+        raise ValueError(f"{_CE}: label_smoothing must lie in [0, 1], got {label_smoothing}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"{_CE}: reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
+    if inplace:
+        if out is not None:
+            raise ValueError(f"{_CE}: inplace=True writes the gradient over the logits; out must be None")
+        if logits.shape[1] > 1 and logits.stride(1) != 1:
+            raise ValueError(f"{_CE}: inplace=True needs logits with unit stride within rows")
+        if logits.requires_grad:
+            raise ValueError(f"{_CE}: inplace=True would overwrite logits that require grad")
+    elif out is not None:
+        _check_out(out, logits, _CE, contiguous=False)
+    _check_cuda(logits, "logits", _CE)
+
+
+def _raise_for_targets(stats: torch.Tensor, target: torch.Tensor, V: int, ignore_index: int) -> None:
+    """The prologue's finding, read back (a synchronisation); TargetError naming the first bad row."""
+    if torch.cuda.is_current_stream_capturing():
+        return  # no read-back inside a graph capture: such rows come out NaN
+    row = int(stats[0].item())
+    if row < target.shape[0]:
+        value = int(target[row].item())
+        raise TargetError(
+            f"{_CE}: target {value} at row {row} is out of range: class indices lie in [0, {V}) "
+            f"(or equal ignore_index = {ignore_index})"
+        )
+
+
+def cross_entropy_fused(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    weight: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    reduction: str = "mean",
+    inplace: bool = False,
+    out: torch.Tensor | None = None,
+    plan: TrainingPlan | None = None,
+    grid_cap: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """F.cross_entropy(logits, target, weight=, ignore_index=, label_smoothing=, reduction=) and
+    its gradient with respect to the logits, in one pass: returns (loss, grad_logits, lse).
+
+    loss: logits' dtype; a 0-d tensor for "mean" / "sum" (the weighted mean divides by the sum
+        of the non-ignored rows' target weights, NaN when there are none, as PyTorch), shape (N,)
+        for "none" (0 for ignored rows).
+    grad_logits: d loss / d logits for "mean" / "sum"; for "none", the gradient of loss.sum()
+        (multiply row i by the upstream gradient of loss[i] for another). In logits' dtype; the
+        logits tensor itself with inplace=True (its values are then gone), `out` if given (unit
+        stride within rows), else a new contiguous tensor. An upstream gradient other than 1
+        for "mean" / "sum" is the caller's to apply.
+    lse: float32 (N,), log(sum(exp(logits), -1)) per row, as torch.logsumexp (ignored rows too).
+
+    weight: optional per-class weights (V,) of any float dtype (used in float32). A target
+    neither equal to ignore_index nor in [0, V) raises TargetError (a ValueError).
+    """
+    _check_cross_entropy(logits, target, weight, ignore_index, label_smoothing, reduction, inplace, out)
+    x = logits if inplace else _unit_rows(logits)
+    N, V = x.shape
+    dev = x.get_device()
+    t = target.to(torch.int64).contiguous()
+    w = None if weight is None else weight.to(torch.float32).contiguous()
+    grad = x if inplace else (torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out)
+    loss_rows = torch.empty(N, dtype=torch.float32, device=x.device)
+    lse = torch.empty(N, dtype=torch.float32, device=x.device)
+    if N == 0:
+        if reduction == "none":
+            return loss_rows.to(x.dtype), grad, lse
+        return torch.full((), math.nan if reduction == "mean" else 0.0, dtype=x.dtype, device=x.device), grad, lse
+
+    mean = int(reduction == "mean")
+    params = torch.empty(4, dtype=torch.float32, device=x.device)
+    stats = torch.empty(2, dtype=torch.int64, device=x.device)
+    w_ptr = 0 if w is None else w.data_ptr()
+    prologue = _launcher(dev, "ce", "ce_prologue", block=HELPER_THREADS, arg_kinds=_PROLOGUE_ARGS)
+    prologue(dev, 1, t.data_ptr(), N, V, ignore_index, w_ptr, mean, params.data_ptr(), stats.data_ptr())
+    if inplace:  # the logits are about to be overwritten: no launch on a bad target
+        _raise_for_targets(stats, t, V, ignore_index)
+
+    entry = _resolve("ce", _CE, dev, V, x.dtype, plan)
+    entry.launcher(
+        dev,
+        entry.grid(N, grid_cap),
+        x.data_ptr(),
+        x.stride(0),
+        grad.data_ptr(),
+        grad.stride(0),
+        t.data_ptr(),
+        N,
+        V,
+        ignore_index,
+        w_ptr,
+        params.data_ptr(),
+        float(label_smoothing),
+        loss_rows.data_ptr(),
+        lse.data_ptr(),
+    )
+    if reduction == "none":
+        loss = loss_rows
+    else:
+        loss = torch.empty((), dtype=torch.float32, device=x.device)
+        reduce = _launcher(dev, "ce", "ce_reduce", block=HELPER_THREADS, arg_kinds=_REDUCE_ARGS)
+        reduce(dev, 1, loss_rows.data_ptr(), N, params.data_ptr(), mean, loss.data_ptr())
+    if not inplace:
+        _raise_for_targets(stats, t, V, ignore_index)
+    return (loss if loss.dtype == x.dtype else loss.to(x.dtype)), grad, lse
+
+
+# -- the registry's calling conventions ------------------------------------------------------------
+# kernels.SOFTMAX_BACKWARD_KERNELS and kernels.CROSS_ENTROPY_KERNELS call their entries as
+# fn(dy, y, *, out=None) and fn(logits, targets, *, weight, ignore_index, label_smoothing,
+# reduction, out=None) -> (loss, lse, grad); these adapt the two wrappers to that.
+
+
+def registry_softmax_backward(dy: torch.Tensor, y: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    return softmax_backward_fused(y, dy, out=out)
+
+
+def registry_cross_entropy(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    weight: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    reduction: str = "mean",
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    loss, grad, lse = cross_entropy_fused(
+        logits,
+        targets,
+        weight=weight,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+        reduction=reduction,
+        out=out,
+    )
+    return loss, lse, grad
+
+
+__all__ = [
+    "softmax_backward_fused",
+    "cross_entropy_fused",
+    "registry_softmax_backward",
+    "registry_cross_entropy",
+    "backward_plan",
+    "backward_path",
+    "cross_entropy_plan",
+    "cross_entropy_path",
+    "PATHS",
+    "REDUCTIONS",
+    "TRAINING_DTYPES",
+    "TargetError",
+    "TrainingPlan",
+]

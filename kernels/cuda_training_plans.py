@@ -1,0 +1,326 @@
+"""Size classes of the CUDA C training kernels: the softmax backward (kernels/cuda/softmax_backward.cu)
+and the fused cross-entropy (kernels/cuda/cross_entropy.cu).
+
+As `kernels.cuda_plans` does for the forward, each table is the single source of the kernels
+compiled (`module_source` instantiates exactly these), of the dispatch (`select_plan`, used by
+`kernels.cuda_training`) and of the boundaries the tests probe. V counts elements.
+
+  warp      one warp per row, lane l holding elements l, l + 32, ... (element-wise loads)
+  warpvec   one warp per row, 16-byte vectors with a head / tail peel, several rows a block
+  row       one block per row, the row held in registers
+  cluster   a thread-block cluster per row (sm_90), each CTA holding a slice in registers
+  online    rows past every class: passes that re-read the row, by a cluster of
+            ONLINE_CLUSTER CTAs on sm_90 (so each SM re-reads an eighth of a row and the
+            re-reads stay in L2) or by one block before sm_90
+
+Both ops share one table (below), with half the forward's elements per thread; the vectorised
+warp rows stop at 256 (16 elements a lane need more than the 64 registers a warp row's launch
+bounds allow) and a two-warp block takes rows up to 512. Long rows use clusters of 4 and 8
+CTAs (2, 4 and 8 for 16-bit storage); the forward's seven-CTA class is left out.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .cuda_build import CUDA_DIR
+from .cuda_plans import FORMATS, as_dtype
+
+BACKWARD_SOURCE = CUDA_DIR / "softmax_backward.cu"
+CROSS_ENTROPY_SOURCE = CUDA_DIR / "cross_entropy.cu"
+TRAINING_SOURCES = (BACKWARD_SOURCE, CROSS_ENTROPY_SOURCE)
+
+OPS = ("bwd", "ce")  # kernel name prefixes: softmax backward, cross-entropy
+PATHS = ("warp", "warpvec", "row", "cluster", "online")
+WARP_ROWS_PER_BLOCK = 4
+WARPVEC_ROWS_PER_BLOCK = 8
+ONLINE_THREADS = 1024
+ONLINE_VECTORS = 2  # 16-byte vectors of each operand per thread in flight per step of the online passes
+ONLINE_CLUSTER = 8  # CTAs sharing a row on the online path where clusters exist
+
+# (max V, elements per lane): lane-strided warp rows, the same for every op and dtype.
+_WARP_CLASSES = ((32, 1), (64, 2), (128, 4))
+
+# Per storage width: (max V, elements per lane) of the vectorised warp rows, then (max V,
+# threads per CTA, elements per thread, CTAs per cluster, packed) of the block and cluster rows.
+# "packed": the row is held as the loaded 16-bit pairs and widened in each pass. Both ops use
+# one table: the backward holds two values per element (y and dy), cross-entropy one (the
+# logits) but some 20 more registers of row state (the target, its owner, the gradient's
+# coefficients, the smoothing sum), so either fits in 64 registers with half the elements per
+# thread of the forward's classes (16 fp32, 32 packed 16-bit; 8 for a warp row) and reaches the
+# same lengths with twice the threads or CTAs.
+_TABLES = {
+    4: (
+        ((256, 8),),
+        (
+            (512, 64, 8, 1, False),
+            (1024, 128, 8, 1, False),
+            (2048, 128, 16, 1, False),
+            (4096, 256, 16, 1, False),
+            (8192, 512, 16, 1, False),
+            (16384, 1024, 16, 1, False),
+            (32768, 512, 16, 4, False),
+            (65536, 512, 16, 8, False),
+            (131072, 1024, 16, 8, False),
+        ),
+    ),
+    2: (
+        ((256, 8),),
+        (
+            (512, 64, 8, 1, False),
+            (1024, 128, 8, 1, False),
+            (2048, 128, 16, 1, True),
+            (4096, 128, 32, 1, True),
+            (8192, 256, 32, 1, True),
+            (16384, 512, 32, 1, True),
+            (32768, 512, 32, 2, True),
+            (65536, 512, 32, 4, True),
+            (131072, 512, 32, 8, True),
+        ),
+    ),
+}
+
+_KINDS = {  # kind -> (kernel name, description, instantiation macro)
+    "warp": (
+        "{op}_warp_{sfx}_e{elems}",
+        "warp(rows/block={rows}, elems/lane={elems})",
+        "WARP({name}, {fmt}, {elems}, {rows})",
+    ),
+    "warpvec": (
+        "{op}_warpvec_{sfx}_e{elems}_r{rows}",
+        "warp(rows/block={rows}, elems/lane={elems}, 16-byte vectors)",
+        "WARPVEC({name}, {fmt}, {elems}, {rows})",
+    ),
+    "row": (
+        "{op}_row_{sfx}_t{threads}_e{elems}_c1{p}",
+        "row(cluster=1, threads={threads}, elems/thread={elems}{packed})",
+        "ROW({name}, {fmt}, {threads}, {elems}, {pk})",
+    ),
+    "cluster": (
+        "{op}_cluster_{sfx}_t{threads}_e{elems}_c{cluster}{p}",
+        "cluster(cluster={cluster}, threads={threads}, elems/thread={elems}{packed})",
+        "CLUSTER({name}, {fmt}, {threads}, {elems}, {cluster}, {pk})",
+    ),
+    "online": (
+        "{op}_online_{sfx}_t{threads}_c{cluster}",
+        "online(cluster={cluster}, threads={threads}, three passes)",
+        "ONLINE{cl}({name}, {fmt}, {threads}, {online_elems}{cluster_arg})",
+    ),
+}
+_MACRO_PREFIX = {"bwd": "SOFTMAX_BWD_", "ce": "CROSS_ENTROPY_"}
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    op: str  # one of OPS
+    kind: str  # one of PATHS
+    threads: int  # per CTA
+    elems: int  # per thread (warp kinds: per lane); 0 for online (loops)
+    cluster: int = 1
+    packed: bool = False
+
+    @property
+    def row_threads(self) -> int:
+        """Threads that share one row slice."""
+        return 32 if self.kind in ("warp", "warpvec") else self.threads
+
+    @property
+    def rows_per_block(self) -> int:
+        return self.threads // 32 if self.kind in ("warp", "warpvec") else 1
+
+    @property
+    def capacity(self) -> int | None:
+        """Largest V this plan holds on chip (None: any V)."""
+        if self.kind == "online":
+            return None
+        return self.row_threads * self.elems * self.cluster
+
+    def _fields(self, dtype) -> dict:
+        sfx, fmt = FORMATS[dtype]
+        return {
+            "op": self.op,
+            "sfx": sfx,
+            "fmt": fmt,
+            "elems": self.elems,
+            "rows": self.rows_per_block,
+            "threads": self.threads,
+            "cluster": self.cluster,
+            "p": "_p" if self.packed else "",
+            "packed": ", packed 16-bit" if self.packed else "",
+            "pk": "true" if self.packed else "false",
+            "online_elems": ONLINE_VECTORS * 16 // torch.tensor([], dtype=dtype).element_size(),
+            "cl": "_CLUSTER" if self.cluster > 1 else "",
+            "cluster_arg": f", {self.cluster}" if self.cluster > 1 else "",
+        }
+
+    def kernel_name(self, dtype: torch.dtype) -> str:
+        return _KINDS[self.kind][0].format(**self._fields(dtype))
+
+    def describe(self) -> str:
+        return _KINDS[self.kind][1].format(**self._fields(torch.float32))
+
+    def instantiation(self, dtype: torch.dtype) -> str:
+        if self.packed and dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"{self.describe()} is for 16-bit storage, not {dtype}")
+        fields = self._fields(dtype)
+        return _MACRO_PREFIX[self.op] + _KINDS[self.kind][2].format(name=self.kernel_name(dtype), **fields)
+
+
+def _width(dtype) -> int:
+    return 4 if dtype == torch.float32 else 2
+
+
+def _table(op: str, dtype) -> list[tuple[int, TrainingPlan]]:
+    """(max V, plan) of every on-chip class of `op` for `dtype`, shortest rows first."""
+    warpvec, rows = _TABLES[_width(dtype)]
+    warp_threads = 32 * WARP_ROWS_PER_BLOCK
+    plans = [(v, TrainingPlan(op, "warp", warp_threads, e)) for v, e in _WARP_CLASSES]
+    plans += [(v, TrainingPlan(op, "warpvec", 32 * WARPVEC_ROWS_PER_BLOCK, e)) for v, e in warpvec]
+    plans += [(v, TrainingPlan(op, "cluster" if c > 1 else "row", t, e, c, pk)) for v, t, e, c, pk in rows]
+    return plans
+
+
+def online_plan(op: str, *, clusters: bool = True) -> TrainingPlan:
+    return TrainingPlan(op, "online", ONLINE_THREADS, 0, ONLINE_CLUSTER if clusters else 1)
+
+
+def plans(op: str, dtype) -> list[TrainingPlan]:
+    """Every plan of `op` that can be launched for `dtype`, the two online plans last (the
+    cluster one, then the one-block one)."""
+    return [p for _, p in _table(op, dtype)] + [online_plan(op), online_plan(op, clusters=False)]
+
+
+def select_plan(op: str, V: int, dtype=torch.float32, *, clusters: bool = True) -> TrainingPlan:
+    """The plan for rows of V elements of `dtype`; `clusters=False` is what a device without
+    thread-block clusters (before sm_90) runs."""
+    for vmax, plan in _table(op, dtype):
+        if V <= vmax and (clusters or plan.cluster == 1):
+            return plan
+    return online_plan(op, clusters=clusters)
+
+
+def boundaries(op: str, dtype) -> list[int]:
+    """V values at which `op` changes path for `dtype`: V and V + 1 use different kernels."""
+    return [v for v, _ in _table(op, dtype)]
+
+
+def all_boundaries(op: str) -> list[int]:
+    """The union over dtypes: every dtype is tested at all of these."""
+    return sorted({v for dt in FORMATS for v in boundaries(op, dt)})
+
+
+# -- what a shape takes ---------------------------------------------------------------------------
+
+
+def _dtype(dtype, what: str) -> torch.dtype:
+    try:
+        return as_dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{what}: dtype {dtype} is not supported (float32, bfloat16, float16)") from None
+
+
+def _plan_for(op: str, what: str, B: int, V: int, dtype) -> TrainingPlan | None:
+    dtype = _dtype(dtype, what)
+    if V < 1:
+        raise ValueError(f"{what}: V must be >= 1, got {V}")
+    return None if B == 0 else select_plan(op, V, dtype)
+
+
+def backward_plan(B: int, V: int, dtype=torch.float32) -> str:
+    """Description of the path the fused softmax backward takes for (B, V) rows on sm_90."""
+    plan = _plan_for("bwd", "fused softmax backward", B, V, dtype)
+    return "empty(no launch)" if plan is None else plan.describe()
+
+
+def backward_path(B: int, V: int, dtype=torch.float32) -> str:
+    """The path name (one of PATHS) the fused softmax backward takes for (B, V) on sm_90."""
+    return select_plan("bwd", V, _dtype(dtype, "fused softmax backward")).kind
+
+
+def cross_entropy_plan(B: int, V: int, dtype=torch.float32) -> str:
+    """Description of the path the fused cross-entropy takes for (N, V) logits on sm_90."""
+    plan = _plan_for("ce", "fused cross-entropy", B, V, dtype)
+    return "empty(no launch)" if plan is None else plan.describe()
+
+
+def cross_entropy_path(B: int, V: int, dtype=torch.float32) -> str:
+    """The path name (one of PATHS) the fused cross-entropy takes for (N, V) on sm_90."""
+    return select_plan("ce", V, _dtype(dtype, "fused cross-entropy")).kind
+
+
+# -- translation units ----------------------------------------------------------------------------
+
+_INCLUDE_RE = re.compile(r'^#include "([\w.]+\.cuh)"$', re.MULTILINE)
+# Kernels every cross-entropy module holds besides the size classes: the prologue (target
+# checks, weight sums, the gradient scale) and the reduction of the per-row losses.
+CROSS_ENTROPY_HELPERS = ("ce_prologue", "ce_reduce")
+
+
+def expand_includes(path: Path) -> str:
+    """The .cu text with each `#include "X.cuh"` of kernels/cuda replaced by that file's text,
+    so the compile cache (keyed on the source text) sees header edits too."""
+    text = Path(path).read_text()
+
+    def paste(m: re.Match) -> str:
+        header = CUDA_DIR / m.group(1)
+        if not header.is_file():
+            raise RuntimeError(f"{path}: included header {m.group(1)} is not in {CUDA_DIR}")
+        return header.read_text()
+
+    return _INCLUDE_RE.sub(paste, text)
+
+
+def _op_of(path: Path) -> str:
+    name = Path(path).name
+    if name == BACKWARD_SOURCE.name:
+        return "bwd"
+    if name == CROSS_ENTROPY_SOURCE.name:
+        return "ce"
+    raise ValueError(f"{name} is not a training kernel source ({', '.join(p.name for p in TRAINING_SOURCES)})")
+
+
+def module_source(path: Path) -> str:
+    """The full translation unit for a training source: headers inlined, every plan of its op
+    instantiated for every dtype."""
+    op = _op_of(path)
+    lines = [p.instantiation(dt) for dt in FORMATS for p in plans(op, dt)]
+    return (
+        expand_includes(path)
+        + "\n// ---- instantiations generated from the dispatch table ----\n"
+        + "\n".join(lines)
+        + "\n"
+    )
+
+
+def expected_kernels(path: Path) -> list[str]:
+    """Entry points the translation unit for `path` defines (on sm_90)."""
+    op = _op_of(path)
+    names = [p.kernel_name(dt) for dt in FORMATS for p in plans(op, dt)]
+    return names + list(CROSS_ENTROPY_HELPERS) if op == "ce" else names
+
+
+__all__ = [
+    "OPS",
+    "PATHS",
+    "TrainingPlan",
+    "TRAINING_SOURCES",
+    "BACKWARD_SOURCE",
+    "CROSS_ENTROPY_SOURCE",
+    "CROSS_ENTROPY_HELPERS",
+    "plans",
+    "select_plan",
+    "online_plan",
+    "boundaries",
+    "all_boundaries",
+    "backward_plan",
+    "backward_path",
+    "cross_entropy_plan",
+    "cross_entropy_path",
+    "module_source",
+    "expected_kernels",
+    "expand_includes",
+]
