@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import triton
 
 from kernels import SOFTMAX_KERNELS, SUPPORTED_DTYPES
-from kernels.reference import softmax_ref
+from tests.helpers import accuracy_gated, check_softmax
 from tests.suite.devicetime import (
     calls_per_round,
     capture_graph,
@@ -159,14 +159,15 @@ def make_logits(B: int, V: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def validate_output(name: str, x: torch.Tensor, out: torch.Tensor) -> None:
-    """Every element written and finite; a sample of rows equal to the float64 reference."""
+    """Every element written and finite; a sample of rows within tests.helpers.TOLERANCES of
+    the float64 reference (for the baselines the suite does not gate, their placement of NaN and
+    ±inf only: accuracy_gated)."""
     assert torch.isfinite(out).all(), f"{name}: output has NaN/inf (an element was not written?)"
     B = x.shape[0]
-    rows = torch.unique(torch.tensor([0, B - 1, *np.random.randint(0, B, 14)]))
-    ref = softmax_ref(x[rows].float().cpu().numpy())
-    got = out[rows].float().cpu().numpy()
-    atol, rtol = (1e-6, 1e-4) if x.dtype == torch.float32 else (2e-3, 1.6e-2)
-    np.testing.assert_allclose(got, ref, atol=atol, rtol=rtol, err_msg=f"{name} on rows {rows.tolist()}")
+    rows = torch.unique(torch.tensor([0, B - 1, *np.random.randint(0, B, 14)])).to(x.device)
+    kernel = SOFTMAX_KERNELS.get(name.split()[0])
+    gated = kernel is not None and accuracy_gated(kernel)
+    check_softmax(out[rows], x[rows], what=f"{name} on rows {rows.tolist()}", gated=gated)
 
 
 # -- ceilings, measured in the same run ------------------------------------------------------------
