@@ -64,24 +64,21 @@ def _exp(x, m, OUT: tl.constexpr):
 
 @triton.jit
 def _row_scale(S, SCALE):
-    # A row's normaliser from its fixed-point sum S: S / SCALE as hi + lo (lo: what rounding S
-    # to float left over), and 1 / hi rounded once. SCALE is a power of two: its reciprocal,
-    # built from the exponent bits, scales hi and lo exactly.
+    # A row's normaliser from its fixed-point sum S: hi = S / SCALE rounded to float (SCALE is a
+    # power of two: its reciprocal, built from the exponent bits, scales exactly) and 1 / hi
+    # rounded once.
     hi = S.to(tl.float32)
-    lo = (S - hi.to(tl.int64)).to(tl.float32)
     unit = ((254 << 23) - tl.cast(SCALE, tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
-    return hi * unit, lo * unit, tl.div_rn(SCALE, hi)
+    return hi * unit, tl.div_rn(SCALE, hi)
 
 
 @triton.jit
-def _normalise(e, hi, lo, inv, OUT: tl.constexpr):
-    # e / (hi + lo) for an output of dtype OUT: float32 rounds the quotient once (one correction
-    # step after the product with inv); 16-bit storage takes the product.
+def _normalise(e, hi, inv, OUT: tl.constexpr):
+    # e / hi for an output of dtype OUT: float32 rounds the quotient once (one correction step
+    # after the product with inv); 16-bit storage takes the product.
     q = e * inv
     if OUT == tl.float32:
-        res = tl.fma(-q, hi, e)
-        res = tl.fma(-q, lo, res)
-        q = tl.fma(res, inv, q)
+        q = tl.fma(tl.fma(-q, hi, e), inv, q)
     return q
 
 
@@ -112,8 +109,8 @@ def softmax_tile_kernel(X, Y, V, stride_x, stride_y, SCALE, BLOCK: tl.constexpr,
         mask = (cols // ALIGN) < V_A  # == cols < V, constant over ALIGN-groups
         x = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
         e = _exp(x, tl.max(x, axis=0), Y.dtype.element_ty)
-        hi, lo, inv = _row_scale(tl.sum(_fixed(e, SCALE), axis=0), SCALE)
-        tl.store(y_row + cols, _normalise(e, hi, lo, inv, Y.dtype.element_ty).to(Y.dtype.element_ty), mask=mask)
+        hi, inv = _row_scale(tl.sum(_fixed(e, SCALE), axis=0), SCALE)
+        tl.store(y_row + cols, _normalise(e, hi, inv, Y.dtype.element_ty).to(Y.dtype.element_ty), mask=mask)
     else:
         # Three passes over tiles (max, fixed-point sum, write); the re-reads of a row of at
         # most a few KB are served by L2. Per-lane partials: no cross-warp reduction in a loop.
@@ -134,13 +131,13 @@ def softmax_tile_kernel(X, Y, V, stride_x, stride_y, SCALE, BLOCK: tl.constexpr,
             x = tl.load(x_row + idx, mask=(idx // ALIGN) < V_A, other=-float("inf")).to(tl.float32)
             s_lane += _fixed(_exp(x, m, Y.dtype.element_ty), SCALE)
             start += BLOCK
-        hi, lo, inv = _row_scale(tl.sum(s_lane, axis=0), SCALE)
+        hi, inv = _row_scale(tl.sum(s_lane, axis=0), SCALE)
         start = 0
         while start < V:
             idx = tl.multiple_of(start, BLOCK) + cols
             mask = (idx // ALIGN) < V_A
             x = tl.load(x_row + idx, mask=mask, other=-float("inf")).to(tl.float32)
-            y = _normalise(_exp(x, m, Y.dtype.element_ty), hi, lo, inv, Y.dtype.element_ty)
+            y = _normalise(_exp(x, m, Y.dtype.element_ty), hi, inv, Y.dtype.element_ty)
             tl.store(y_row + idx, y.to(Y.dtype.element_ty), mask=mask)
             start += BLOCK
 
@@ -153,8 +150,8 @@ def softmax_row_kernel(X, Y, V, stride_x, stride_y, SCALE, BLOCK: tl.constexpr, 
     mask = (cols // ALIGN) < V // ALIGN  # == cols < V, constant over ALIGN-groups
     x = tl.load(X + tl.multiple_of(row * stride_x, ALIGN) + cols, mask=mask, other=-float("inf")).to(tl.float32)
     e = _exp(x, tl.max(x, axis=0), Y.dtype.element_ty)
-    hi, lo, inv = _row_scale(tl.sum(_fixed(e, SCALE), axis=0), SCALE)
-    y = _normalise(e, hi, lo, inv, Y.dtype.element_ty)
+    hi, inv = _row_scale(tl.sum(_fixed(e, SCALE), axis=0), SCALE)
+    y = _normalise(e, hi, inv, Y.dtype.element_ty)
     tl.store(Y + tl.multiple_of(row * stride_y, ALIGN) + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -170,8 +167,8 @@ def softmax_rows_kernel(X, Y, B, V, stride_x, stride_y, SCALE, ROWS: tl.constexp
     # Rows past B load -inf throughout and turn to NaN, but are never stored.
     x = tl.load(X + x_off[:, None] + cols[None, :], mask=mask, other=-float("inf")).to(tl.float32)
     e = _exp(x, tl.max(x, axis=1)[:, None], Y.dtype.element_ty)
-    hi, lo, inv = _row_scale(tl.sum(_fixed(e, SCALE), axis=1), SCALE)
-    y = _normalise(e, hi[:, None], lo[:, None], inv[:, None], Y.dtype.element_ty)
+    hi, inv = _row_scale(tl.sum(_fixed(e, SCALE), axis=1), SCALE)
+    y = _normalise(e, hi[:, None], inv[:, None], Y.dtype.element_ty)
     tl.store(Y + y_off[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -284,12 +281,12 @@ def softmax_split_kernel(X, Y, WS, CNT, V, P, stride_x, stride_y, x_off, y_off, 
         tl.atomic_xchg(cnt_row + 1, 0, sem="relaxed")
         tl.atomic_xchg(cnt_row + 2, 0, sem="relaxed")
 
-    hi, lo, inv = _row_scale(s, SCALE)
+    hi, inv = _row_scale(s, SCALE)
     # Output element of input offset o sits at Y + o + shift.
     shift = tl.multiple_of(y_off + row * stride_y - xs, Y_ALIGN)
-    yx = _normalise(ex, hi, lo, inv, Y.dtype.element_ty)
+    yx = _normalise(ex, hi, inv, Y.dtype.element_ty)
     tl.store(Y + shift + c_start + cols, yx.to(Y.dtype.element_ty), mask=mask)
-    tl.store(Y + shift + pos, _normalise(ee, hi, lo, inv, Y.dtype.element_ty).to(Y.dtype.element_ty), mask=e_mask)
+    tl.store(Y + shift + pos, _normalise(ee, hi, inv, Y.dtype.element_ty).to(Y.dtype.element_ty), mask=e_mask)
 
 
 @_no_value_specialisation
@@ -336,17 +333,17 @@ def softmax_stream_kernel(X, Y, B, V, stride_x, stride_y, x_off, y_off, SCALE,
             s_lane += _fixed(_exp(x.to(tl.float32), m, Y.dtype.element_ty), SCALE)
             start += BLOCK
         s = tl.sum(s_lane, axis=0) + tl.sum(_fixed(ee, SCALE), axis=0)
-        hi, lo, inv = _row_scale(s, SCALE)
+        hi, inv = _row_scale(s, SCALE)
 
         # Output element of input offset o sits at Y + o + shift.
         shift = tl.multiple_of(y_off + row * stride_y - xs, Y_ALIGN)
-        tl.store(Y + shift + pos, _normalise(ee, hi, lo, inv, Y.dtype.element_ty).to(Y.dtype.element_ty), mask=e_mask)
+        tl.store(Y + shift + pos, _normalise(ee, hi, inv, Y.dtype.element_ty).to(Y.dtype.element_ty), mask=e_mask)
         start = base
         while start < end:
             mask = _group_mask(grp, start, g_lo, g_hi, ALIGN)
             off = tl.multiple_of(start, ALIGN) + cols
             x = tl.load(X + off, mask=mask, other=-float("inf"), eviction_policy="evict_first")
-            y = _normalise(_exp(x.to(tl.float32), m, Y.dtype.element_ty), hi, lo, inv, Y.dtype.element_ty)
+            y = _normalise(_exp(x.to(tl.float32), m, Y.dtype.element_ty), hi, inv, Y.dtype.element_ty)
             tl.store(Y + shift + off, y.to(Y.dtype.element_ty), mask=mask)
             start += BLOCK
         row += tl.num_programs(0)

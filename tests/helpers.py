@@ -251,11 +251,11 @@ def run_poisoned(fn, x: torch.Tensor, *, out_offset: int = 0, **kwargs) -> torch
 # library they replace. Where F.softmax happens to be nearly exact (short rows near their max)
 # the comparison is against a floor instead: RATIO_FLOOR_ULPS eps for float32, what the
 # suite's kernels may err by anywhere (2 ulps of ex2, half an ulp of the fma that corrects it,
-# up to one of the quotient where underflow loses its correction, 1/8 of the truncated
-# fixed-point sum at V = 2^18: 3.6, rounded up). Rows whose max is large against their spread
-# (x - m exact by Sterbenz's lemma, as in the overflow recipe) leave F.softmax with no more
-# error than that. For 16-bit storage the floor is the 17/16-ulp bound itself: both round
-# once, and the rule adds nothing to the absolute one.
+# half of the quotient or one where underflow loses its correction, half for the row's sum
+# rounded to float, 1/8 for the truncated fixed-point terms at V = 2^18: 4.1, rounded up).
+# Rows whose max is large against their spread (x - m exact by Sterbenz's lemma, as in the
+# overflow recipe) leave F.softmax with no more error than that. For 16-bit storage the floor
+# is the 17/16-ulp bound itself: both round once, and the rule adds nothing to the absolute one.
 
 
 @dataclass(frozen=True)
@@ -297,7 +297,7 @@ FP32_TINY = torch.finfo(torch.float32).smallest_normal
 EXP_ULPS = 3.0
 PER_NAT = 0.5
 RATIO_K = 1.0
-RATIO_FLOOR_ULPS = 4.0
+RATIO_FLOOR_ULPS = 5.0
 STORE_ULPS = 17 / 16
 
 TOLERANCES = {

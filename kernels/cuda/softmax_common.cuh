@@ -89,36 +89,32 @@ __device__ __forceinline__ float softmax_exp(float x, float m) {
     }
 }
 
-// A row's normaliser: its sum of exponentials as hi + lo (lo: what rounding the sum to float
-// left over), and inv = 1 / hi rounded once.
+// A row's normaliser: its sum of exponentials rounded to float (hi), and inv = 1 / hi rounded
+// once. (Carrying the sum's rounding error as well would save half an ulp, common to the whole
+// row, at a register per thread that the largest Triton row class does not have.)
 struct RowScale {
-    float hi, lo, inv;
+    float hi, inv;
 };
 
-// From a fixed-point sum (scale = 2^K, see below): hi and lo are scaled exactly.
+// From a fixed-point sum (scale = 2^K, see below): scaled exactly.
 __device__ __forceinline__ RowScale row_scale(long long s, float fscale) {
     const float hi = static_cast<float>(s);
-    const float lo = static_cast<float>(s - static_cast<long long>(hi));
     const float unit = __int_as_float((127 + 127) * (1 << 23) - __float_as_int(fscale));  // 1 / fscale, exactly
-    return {hi * unit, lo * unit, fscale / hi};
+    return {hi * unit, fscale / hi};
 }
 __device__ __forceinline__ RowScale row_scale(double s) {
     const float hi = static_cast<float>(s);
-    return {hi, static_cast<float>(s - static_cast<double>(hi)), 1.0f / hi};
+    return {hi, 1.0f / hi};
 }
-__device__ __forceinline__ RowScale row_scale(float s) { return {s, 0.0f, 1.0f / s}; }
+__device__ __forceinline__ RowScale row_scale(float s) { return {s, 1.0f / s}; }
 
-// e / (hi + lo) for an output of format Fmt. fp32: the quotient rounded once (up to a residual
-// that only underflow loses), from the product with inv and one correction step; 16-bit: the
+// e / hi for an output of format Fmt. fp32: the quotient rounded once (up to a residual that
+// only underflow loses), from the product with inv and one correction step; 16-bit: the
 // product with inv (two roundings, far below the storage rounding).
 template <class Fmt>
 __device__ __forceinline__ float softmax_normalise(float e, const RowScale& r) {
     float q = e * r.inv;
-    if constexpr (Fmt::ACCURATE) {
-        float res = fmaf(-q, r.hi, e);
-        res = fmaf(-q, r.lo, res);
-        q = fmaf(res, r.inv, q);
-    }
+    if constexpr (Fmt::ACCURATE) q = fmaf(fmaf(-q, r.hi, e), r.inv, q);
     return q;
 }
 
