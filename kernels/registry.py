@@ -113,8 +113,8 @@ class Kernel:
             raise ValueError(f"{self.name} has no run_path: only its path {self.paths[0]!r}, without parameters")
         return self.fn(x, out=out)
 
-    def tolerance(self, dtype) -> tuple[float, float] | None:
-        """(atol, rtol) this kernel's spec sets for `dtype`, or None: the suite's own."""
+    def tolerance(self, dtype) -> dict | None:
+        """The tolerance fields this kernel's spec overrides for `dtype`, or None: the suite's own."""
         return self.spec.tolerances.get(dtype_name(dtype))
 
     def unavailable_reason(self) -> str | None:

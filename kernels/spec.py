@@ -109,7 +109,8 @@ class KernelSpec:
               reference's, timed back to back
     passes    times it moves the (B, V) matrix through device memory by design, at rows that
               fit on chip (the roofline places it at its own intensity)
-    tolerances  dtype name -> (atol, rtol) replacing the suite's tolerance for that dtype
+    tolerances  dtype name -> {field: value} replacing fields of the suite's tolerance for that
+              dtype (tests/helpers.py Tolerance, e.g. {"k": 2.0}); empty for every kernel of ours
     """
 
     name: str

@@ -4,9 +4,15 @@
 Every kernel computes, for a row x of V elements,
 
     m = max(x)                      exact, whatever the order of comparisons
-    e = exp(x - m)                  elementwise
+    e = exp(x - m)                  elementwise (_exp)
     S = sum(int64(e * SCALE))       exact: integer addition does not depend on the order
-    y = e * (SCALE / float(S))
+    y = e / (S / SCALE)             (_row_scale, _normalise)
+
+For float32 outputs, _exp and _normalise carry the rounding errors of x - m, of the argument of
+exp2 and of the quotient along, so an output is within a few ulps of the exact softmax however
+far below the max it lies (the analysis is beside the tolerance table in tests/helpers.py); for
+16-bit outputs the one rounding to storage swamps those errors and the fast forms stay.
+kernels/cuda/softmax_common.cuh computes the same way.
 
 SCALE = 2^(62 - ceil(log2 V)) (from the wrapper), so S <= V * SCALE <= 2^62 never overflows,
 and truncating each term costs less than V / SCALE relative to S >= SCALE (the maximum's term
@@ -30,6 +36,50 @@ _INTS = ["V", "B", "P", "stride_x", "stride_y", "x_off", "y_off"]
 def _no_value_specialisation(fn):
     names = [n for n in _INTS if n in fn.__code__.co_varnames[:fn.__code__.co_argcount]]
     return triton.jit(do_not_specialize=names)(fn)
+
+
+@triton.jit
+def _exp(x, m, OUT: tl.constexpr):
+    # exp(x - m) for an output of dtype OUT. float32: the fast form, 2^(s * L) with s = x - m
+    # and L = log2(e) rounded, makes three errors, each computed exactly and put back to first
+    # order through 2^t * (1 + c): the rounding of s (2Sum), of t = s * L (an fma) and L's own.
+    # An infinite s makes c NaN and 2^t 0: c is taken to 1 and the result to 0. A NaN s (an all
+    # -inf row) gives NaN through 2^t.
+    s = x - m
+    if OUT == tl.float32:
+        xs = s + m
+        ms = s - xs
+        err = (x - xs) - (m + ms)
+        t = s * 1.4426950408889634
+        t_err = tl.fma(s, 1.4426950408889634, -t)
+        c = tl.fma(s, 1.3349758171622139e-8, err)  # (log2(e) - L) * ln(2)
+        c = tl.fma(t_err, 0.6931471805599453, c)
+        c = tl.where(c < 1.0, c, 1.0)
+        p = tl.exp2(t)
+        e = tl.fma(p, c, p)
+    else:
+        e = tl.exp(s)
+    return e
+
+
+@triton.jit
+def _row_scale(S, SCALE):
+    # A row's normaliser from its fixed-point sum S: hi = S / SCALE rounded to float (SCALE is a
+    # power of two: its reciprocal, built from the exponent bits, scales exactly) and 1 / hi
+    # rounded once.
+    hi = S.to(tl.float32)
+    unit = ((254 << 23) - tl.cast(SCALE, tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
+    return hi * unit, tl.div_rn(SCALE, hi)
+
+
+@triton.jit
+def _normalise(e, hi, inv, OUT: tl.constexpr):
+    # e / hi for an output of dtype OUT: float32 rounds the quotient once (one correction step
+    # after the product with inv); 16-bit storage takes the product.
+    q = e * inv
+    if OUT == tl.float32:
+        q = tl.fma(tl.fma(-q, hi, e), inv, q)
+    return q
 
 
 @triton.jit
@@ -58,9 +108,9 @@ def softmax_tile_kernel(X, Y, V, stride_x, stride_y, SCALE, BLOCK: tl.constexpr,
         # The row fits one tile: one read, one write.
         mask = (cols // ALIGN) < V_A  # == cols < V, constant over ALIGN-groups
         x = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
-        e = tl.exp(x - tl.max(x, axis=0))
-        inv = SCALE / tl.sum(_fixed(e, SCALE), axis=0).to(tl.float32)
-        tl.store(y_row + cols, (e * inv).to(Y.dtype.element_ty), mask=mask)
+        e = _exp(x, tl.max(x, axis=0), Y.dtype.element_ty)
+        hi, inv = _row_scale(tl.sum(_fixed(e, SCALE), axis=0), SCALE)
+        tl.store(y_row + cols, _normalise(e, hi, inv, Y.dtype.element_ty).to(Y.dtype.element_ty), mask=mask)
     else:
         # Three passes over tiles (max, fixed-point sum, write); the re-reads of a row of at
         # most a few KB are served by L2. Per-lane partials: no cross-warp reduction in a loop.
@@ -79,15 +129,16 @@ def softmax_tile_kernel(X, Y, V, stride_x, stride_y, SCALE, BLOCK: tl.constexpr,
         while start < V:
             idx = tl.multiple_of(start, BLOCK) + cols
             x = tl.load(x_row + idx, mask=(idx // ALIGN) < V_A, other=-float("inf")).to(tl.float32)
-            s_lane += _fixed(tl.exp(x - m), SCALE)
+            s_lane += _fixed(_exp(x, m, Y.dtype.element_ty), SCALE)
             start += BLOCK
-        inv = SCALE / tl.sum(s_lane, axis=0).to(tl.float32)
+        hi, inv = _row_scale(tl.sum(s_lane, axis=0), SCALE)
         start = 0
         while start < V:
             idx = tl.multiple_of(start, BLOCK) + cols
             mask = (idx // ALIGN) < V_A
             x = tl.load(x_row + idx, mask=mask, other=-float("inf")).to(tl.float32)
-            tl.store(y_row + idx, (tl.exp(x - m) * inv).to(Y.dtype.element_ty), mask=mask)
+            y = _normalise(_exp(x, m, Y.dtype.element_ty), hi, inv, Y.dtype.element_ty)
+            tl.store(y_row + idx, y.to(Y.dtype.element_ty), mask=mask)
             start += BLOCK
 
 
@@ -98,9 +149,10 @@ def softmax_row_kernel(X, Y, V, stride_x, stride_y, SCALE, BLOCK: tl.constexpr, 
     cols = tl.arange(0, BLOCK)
     mask = (cols // ALIGN) < V // ALIGN  # == cols < V, constant over ALIGN-groups
     x = tl.load(X + tl.multiple_of(row * stride_x, ALIGN) + cols, mask=mask, other=-float("inf")).to(tl.float32)
-    e = tl.exp(x - tl.max(x, axis=0))
-    inv = SCALE / tl.sum(_fixed(e, SCALE), axis=0).to(tl.float32)
-    tl.store(Y + tl.multiple_of(row * stride_y, ALIGN) + cols, (e * inv).to(Y.dtype.element_ty), mask=mask)
+    e = _exp(x, tl.max(x, axis=0), Y.dtype.element_ty)
+    hi, inv = _row_scale(tl.sum(_fixed(e, SCALE), axis=0), SCALE)
+    y = _normalise(e, hi, inv, Y.dtype.element_ty)
+    tl.store(Y + tl.multiple_of(row * stride_y, ALIGN) + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
 @_no_value_specialisation
@@ -114,9 +166,10 @@ def softmax_rows_kernel(X, Y, B, V, stride_x, stride_y, SCALE, ROWS: tl.constexp
     y_off = tl.multiple_of(rows * stride_y, ALIGN)
     # Rows past B load -inf throughout and turn to NaN, but are never stored.
     x = tl.load(X + x_off[:, None] + cols[None, :], mask=mask, other=-float("inf")).to(tl.float32)
-    e = tl.exp(x - tl.max(x, axis=1)[:, None])
-    inv = SCALE / tl.sum(_fixed(e, SCALE), axis=1).to(tl.float32)
-    tl.store(Y + y_off[:, None] + cols[None, :], (e * inv[:, None]).to(Y.dtype.element_ty), mask=mask)
+    e = _exp(x, tl.max(x, axis=1)[:, None], Y.dtype.element_ty)
+    hi, inv = _row_scale(tl.sum(_fixed(e, SCALE), axis=1), SCALE)
+    y = _normalise(e, hi[:, None], inv[:, None], Y.dtype.element_ty)
+    tl.store(Y + y_off[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -205,8 +258,8 @@ def softmax_split_kernel(X, Y, WS, CNT, V, P, stride_x, stride_y, x_off, y_off, 
         m = tl.max(m_run, axis=0)
 
     # Meeting 2: the row's fixed-point sum, every chunk relative to the same m.
-    ex = tl.exp(x - m)
-    ee = tl.exp(xe - m)
+    ex = _exp(x, m, Y.dtype.element_ty)
+    ee = _exp(xe, m, Y.dtype.element_ty)
     s_c = tl.sum(_fixed(ex, SCALE), axis=0) + tl.sum(_fixed(ee, SCALE), axis=0)
     tl.atomic_xchg(ws_row + P + chunk, s_c, sem="relaxed")
     tl.atomic_add(cnt_row + 1, 1, sem="release")
@@ -218,7 +271,7 @@ def softmax_split_kernel(X, Y, WS, CNT, V, P, stride_x, stride_y, x_off, y_off, 
         while start < V:
             idx = start + fcols
             t = tl.load(x_row + idx, mask=idx < V, other=-float("inf")).to(tl.float32)
-            s_run += _fixed(tl.exp(t - m), SCALE)
+            s_run += _fixed(_exp(t, m, Y.dtype.element_ty), SCALE)
             start += FALLBACK_BLOCK
         s = tl.sum(s_run, axis=0)
 
@@ -228,11 +281,12 @@ def softmax_split_kernel(X, Y, WS, CNT, V, P, stride_x, stride_y, x_off, y_off, 
         tl.atomic_xchg(cnt_row + 1, 0, sem="relaxed")
         tl.atomic_xchg(cnt_row + 2, 0, sem="relaxed")
 
-    inv = SCALE / s.to(tl.float32)
+    hi, inv = _row_scale(s, SCALE)
     # Output element of input offset o sits at Y + o + shift.
     shift = tl.multiple_of(y_off + row * stride_y - xs, Y_ALIGN)
-    tl.store(Y + shift + c_start + cols, (ex * inv).to(Y.dtype.element_ty), mask=mask)
-    tl.store(Y + shift + pos, (ee * inv).to(Y.dtype.element_ty), mask=e_mask)
+    yx = _normalise(ex, hi, inv, Y.dtype.element_ty)
+    tl.store(Y + shift + c_start + cols, yx.to(Y.dtype.element_ty), mask=mask)
+    tl.store(Y + shift + pos, _normalise(ee, hi, inv, Y.dtype.element_ty).to(Y.dtype.element_ty), mask=e_mask)
 
 
 @_no_value_specialisation
@@ -270,26 +324,26 @@ def softmax_stream_kernel(X, Y, B, V, stride_x, stride_y, x_off, y_off, SCALE,
             start += BLOCK
         m = tl.maximum(tl.max(m_lane, axis=0), tl.max(xe, axis=0))
 
-        ee = tl.exp(xe - m)
+        ee = _exp(xe, m, Y.dtype.element_ty)
         s_lane = tl.zeros([BLOCK], tl.int64)
         start = base
         while start < end:
             mask = _group_mask(grp, start, g_lo, g_hi, ALIGN)
             x = tl.load(X + tl.multiple_of(start, ALIGN) + cols, mask=mask, other=-float("inf"))
-            s_lane += _fixed(tl.exp(x.to(tl.float32) - m), SCALE)
+            s_lane += _fixed(_exp(x.to(tl.float32), m, Y.dtype.element_ty), SCALE)
             start += BLOCK
         s = tl.sum(s_lane, axis=0) + tl.sum(_fixed(ee, SCALE), axis=0)
-        inv = SCALE / s.to(tl.float32)
+        hi, inv = _row_scale(s, SCALE)
 
         # Output element of input offset o sits at Y + o + shift.
         shift = tl.multiple_of(y_off + row * stride_y - xs, Y_ALIGN)
-        tl.store(Y + shift + pos, (ee * inv).to(Y.dtype.element_ty), mask=e_mask)
+        tl.store(Y + shift + pos, _normalise(ee, hi, inv, Y.dtype.element_ty).to(Y.dtype.element_ty), mask=e_mask)
         start = base
         while start < end:
             mask = _group_mask(grp, start, g_lo, g_hi, ALIGN)
             off = tl.multiple_of(start, ALIGN) + cols
             x = tl.load(X + off, mask=mask, other=-float("inf"), eviction_policy="evict_first")
-            y = tl.exp(x.to(tl.float32) - m) * inv
+            y = _normalise(_exp(x.to(tl.float32), m, Y.dtype.element_ty), hi, inv, Y.dtype.element_ty)
             tl.store(Y + shift + off, y.to(Y.dtype.element_ty), mask=mask)
             start += BLOCK
         row += tl.num_programs(0)

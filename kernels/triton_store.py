@@ -18,6 +18,9 @@ import triton
 
 STORED_PATH = Path(__file__).with_name("triton_autotune.json")
 STORED_FORMAT = 1
+# Fields of an entry whose choices were carried over, unmeasured, from an earlier tile kernel
+# source (its sha256 and why): the next write_stored for that fingerprint removes them.
+CARRIED_OVER_FIELDS = ("choices_measured_with_kernel_source_sha256", "note")
 
 # Bumped by every write, so memos of what the file said know they are stale.
 generation = 0
@@ -91,6 +94,9 @@ def write_stored(choices: dict, gpu_name: str, *, source_hash: str, config_hash:
     key = fingerprint(gpu_name, source_hash=source_hash, config_hash=config_hash)
     entries = {k: v for k, v in data.get("entries", {}).items() if v.get("gpu") != gpu_name or k == key}
     entry = entries.setdefault(key, {})
+    # A choice carried over from an earlier kernel source says so; measuring replaces that.
+    for carried in CARRIED_OVER_FIELDS:
+        entry.pop(carried, None)
     entry.update(
         {
             "gpu": gpu_name,

@@ -25,7 +25,7 @@ import torch
 from kernels import SOFTMAX_KERNELS
 from kernels.checks import torch_dtype
 from kernels.spec import LAB_POINT, LAB_SHAPES, in_grid, matrix_bytes
-from tests.helpers import assert_softmax_close, logits
+from tests.helpers import check_softmax, logits
 from tests.suite import gate
 from tests.suite.devicetime import (
     CALL_ROUNDS,
@@ -142,13 +142,14 @@ def make_logits(B: int, V: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def validate_output(name: str, x: torch.Tensor, out: torch.Tensor, how: str = "") -> None:
-    """Every element written and finite; a sample of rows equal to the float64 reference within
-    the kernel's tolerance (tests.helpers)."""
+    """Every element written and finite; a sample of rows held to the float64 reference as
+    tests.helpers holds the registry kernel (TOLERANCES for the kernels the accuracy rule gates,
+    the placement of NaN and ±inf only for the others: accuracy_gated)."""
     what = f"{name}{how}"
     assert torch.isfinite(out).all(), f"{what}: output has NaN/inf (an element was not written?)"
     B = x.shape[0]
     rows = torch.unique(torch.tensor([0, B - 1, *np.random.randint(0, B, 14)])).to(x.device)
-    assert_softmax_close(out[rows], x[rows], what=f"{what} on rows {rows.tolist()}", kernel=SOFTMAX_KERNELS[name])
+    check_softmax(out[rows], x[rows], what=f"{what} on rows {rows.tolist()}", kernel=SOFTMAX_KERNELS[name])
 
 
 # -- ceilings, measured in the same run ------------------------------------------------------------
@@ -235,7 +236,7 @@ def graph_pair(name: str, fn, x: torch.Tensor):
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    validate_output(f"{name} (graph replay)", x, out)
+    validate_output(name, x, out, " (graph replay)")
     reference = SOFTMAX_KERNELS[gate.REFERENCE]
     reference_graph, _ = capture_graph(lambda: reference(x))
     return lambda rounds: interleaved_graph_replay_times_us([graph, reference_graph], rounds=rounds)

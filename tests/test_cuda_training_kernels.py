@@ -26,7 +26,6 @@ from kernels.reference import cross_entropy_ref, softmax_backward_ref
 from tests.helpers import (
     FP32_EPS,
     GUARD_BYTES,
-    TOLERANCES,
     assert_backward_close,
     assert_cross_entropy_close,
     bits,
@@ -35,6 +34,7 @@ from tests.helpers import (
     dtype_id,
     layouts,
     softmax_and_grad,
+    storage_bounds,
 )
 
 pytestmark = pytest.mark.cuda
@@ -426,7 +426,7 @@ def test_ce_confident_rows_keep_their_digits(V, dtype):
     u = FP32_EPS / 2
     bits_v = math.ceil(math.log2(V))
     # One rounding into dtype: relative, and absolute where fp16 turns subnormal.
-    storage, floor = (0.0, 0.0) if dtype == torch.float32 else TOLERANCES[dtype][::-1]
+    storage, floor = (0.0, 0.0) if dtype == torch.float32 else storage_bounds(dtype)
     loss_err = np.abs(loss.double().cpu().numpy() - loss_ref)
     pm1_err = np.abs(grad[rows, t.cuda()].double().cpu().numpy() - pm1_ref)
     loss_bound = (16 * u * (E_t + 2) + storage) * loss_ref + 2.0 ** (2 * bits_v - 62) + floor

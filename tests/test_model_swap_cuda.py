@@ -10,12 +10,11 @@ import torch
 from model.grammar import TENSE_PROMPTS
 from model.tokenizer import Tokenizer
 from model.torch_minigpt import GrammarMiniGPT, final_softmax
-from tests.helpers import assert_softmax_close, bits, logits
+from tests.helpers import assert_outputs_agree, assert_softmax_close, bits, logits
 
 pytestmark = [pytest.mark.cuda, pytest.mark.quick]
 
 CUDA_VS_CPU_ATOL = 1e-3  # different matmul kernels and reduction orders, TF32 off
-TRITON_VS_TORCH_ATOL = 1e-5  # same logits, only the softmax differs
 
 # Every tense of the grammar: past, habitual (time phrase or adverb), future, and now.
 PROMPTS = TENSE_PROMPTS  # every tense of the grammar: past, habitual, future, now
@@ -138,13 +137,7 @@ def test_triton_softmax_matches_f_softmax_on_cuda(runs, record_manifest):
     print(f"\nTriton vs F.softmax on CUDA, same logits: worst max |diff| on probs {worst:.3e}")
 
     for label, r in runs.items():
-        torch.testing.assert_close(
-            r["cuda_probs"],
-            r["cuda_torch_probs"],
-            atol=TRITON_VS_TORCH_ATOL,
-            rtol=0,
-            msg=lambda m, label=label: f"{label}: {m}",
-        )
+        assert_outputs_agree(r["cuda_probs"], r["cuda_torch_probs"], r["cuda_logits"], what=label)
     margins = {text: top2_margin(runs[text]["cuda_logits"]) for text in top1_changed}
     assert not top1_changed, f"next token differs between Triton and F.softmax after (top-2 logit gap): {margins}"
 

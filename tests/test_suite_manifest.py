@@ -282,6 +282,51 @@ def test_malformed_byte_equivalence_records_are_refused(key, value):
         manifest.validate(gpu_manifest(byte_equivalence={key: value}))
 
 
+def test_accuracy_records_nest_by_device_kernel_and_dtype_and_validate():
+    built = gpu_manifest(**records.combine_recorded(synthetic.accuracy_records()))
+    jsonschema.validate(built, schema())
+    fused = built["accuracy"]["cuda"]["fused"]["float32"]
+    assert [(e["recipe"], e["scale"], e["V"]) for e in fused] == [("randn", 4.0, 600), ("span", 1.0, 600)]
+    assert fused[0]["x_F_softmax"] == pytest.approx(0.1) and fused[0]["B"] == 64
+    assert built["accuracy"]["cuda"]["triton"]["float32"][0]["V"] == 262144
+    assert built["provenance"]["accuracy.cuda.fused.float32"]["device"] == "NVIDIA H200"
+
+
+def test_a_cpu_run_keeps_the_gpu_accuracy_and_adds_its_own_beside_it():
+    """The interpreter's figures for the same kernel, dtype and case go under "cpu": the GPU's
+    under "cuda" keep their values and provenance."""
+    before = gpu_manifest(**records.combine_recorded(synthetic.accuracy_records("cuda")))
+    cpu = records.combine_recorded(synthetic.accuracy_records("cpu"))
+    cpu["accuracy"] = {k: {**v, "max_rel_err": 9e-7} for k, v in cpu["accuracy"].items()}
+    after = manifest.build_manifest(
+        json.loads(json.dumps(before)), benchmarks=[], recorded=cpu, environment=CPU_ENV, today="2026-12-05"
+    )
+    jsonschema.validate(after, schema())
+    assert after["accuracy"]["cuda"] == before["accuracy"]["cuda"]
+    assert after["provenance"]["accuracy.cuda.fused.float32"] == before["provenance"]["accuracy.cuda.fused.float32"]
+    assert after["accuracy"]["cpu"]["fused"]["float32"][0]["max_rel_err"] == 9e-7
+    assert after["provenance"]["accuracy.cpu.fused.float32"]["device"] == "cpu"
+    assert after["gpu"] == before["gpu"]
+
+
+def test_a_partial_accuracy_run_keeps_the_other_cases():
+    before = gpu_manifest(**records.combine_recorded(synthetic.accuracy_records()))
+    one = {"accuracy": {"cuda/fused/float32/span x1/600": synthetic.accuracy_figures(5e-7, 0.5)}}
+    after = gpu_manifest(previous=json.loads(json.dumps(before)), today="2026-12-06", **one)
+    fused = after["accuracy"]["cuda"]["fused"]["float32"]
+    assert [e["max_rel_err"] for e in fused] == [before["accuracy"]["cuda"]["fused"]["float32"][0]["max_rel_err"], 5e-7]
+    assert after["accuracy"]["cuda"]["triton"] == before["accuracy"]["cuda"]["triton"]
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["fused/float32/randn x4/600", "gpu/fused/float32/randn x4/600", "cuda/fused/float32/randn/600", "cuda//a/b x1/2"],
+)
+def test_malformed_accuracy_records_are_refused(key):
+    with pytest.raises(ValueError, match="accuracy key"):
+        gpu_manifest(accuracy={key: synthetic.accuracy_figures(1e-7, 0.1)})
+
+
 def test_write_reports_writes_figures_atomically_and_nothing_for_an_empty_run(tmp_path):
     assert manifest.write_reports(tmp_path, benchmarks=[], recorded={}, environment=CPU_ENV) == []
     assert list(tmp_path.iterdir()) == []

@@ -429,6 +429,19 @@ def test_stored_choice_round_trip(tmp_path):
     assert entry["configs_sha256"] == st.configs_hash()
 
 
+def test_measuring_again_drops_a_carried_over_note(tmp_path):
+    path = tmp_path / "tune.json"
+    st.write_stored({"600|float32": {"BLOCK": 1024, "num_warps": 4}}, GPU, path=path)
+    data = json.loads(path.read_text())
+    (entry,) = data["entries"].values()
+    entry.update(choices_measured_with_kernel_source_sha256="0" * 64, note="carried over")
+    path.write_text(json.dumps(data))
+    st.write_stored({"600|float32": {"BLOCK": 512, "num_warps": 4}}, GPU, path=path)
+    (entry,) = json.loads(path.read_text())["entries"].values()
+    assert not set(entry) & {"choices_measured_with_kernel_source_sha256", "note"}
+    assert entry["choices"]["600|float32"]["BLOCK"] == 512
+
+
 def test_changed_source_configs_or_gpu_invalidate_the_stored_choice(tmp_path, monkeypatch):
     path = tmp_path / "tune.json"
     st.write_stored({"600|float32": {"BLOCK": 1024, "num_warps": 8}}, GPU, path=path)

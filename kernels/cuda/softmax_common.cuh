@@ -37,12 +37,85 @@ __device__ __forceinline__ void st_once(P* p, P v) {
 #endif
 }
 
-// exp(a) as a single MUFU op. Its relative error (~2^-22 plus the rounding of a*log2(e)) is far
-// below the fp32 test tolerance; the precise expf costs ~10 instructions per element.
-__device__ __forceinline__ float fast_exp(float a) {
+// ---- exp(x - max) and the normalisation: every kernel calls these two -----------------------
+// fp32 outputs (Fmt::ACCURATE) get at most a few ulps of error whatever |x - max| is; 16-bit
+// outputs keep the fast forms, whose error (below 2e-5 relative) the one rounding to storage
+// (2^-9 relative for bf16, 2^-12 for fp16) swamps. The analysis behind the numbers is written
+// out next to the tolerance table, tests/helpers.py.
+#define SOFTMAX_LOG2E 1.4426950408889634f         // log2(e) rounded to float: L
+#define SOFTMAX_LOG2E_REST 1.3349758171622139e-8f  // (log2(e) - L) * ln(2)
+#define SOFTMAX_LN2 0.6931471805599453f
+
+__device__ __forceinline__ float ex2_approx(float t) {
     float r;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a * 1.4426950408889634f));
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(t));
     return r;
+}
+
+// exp(a) as one multiply and one MUFU op: 2 ulps from ex2 plus the rounding of a * L (half an
+// ulp of a * L, i.e. |a| * 2^-24 relative) and L's own error (|a| * 1.3e-8): ~1.1 ulps per unit
+// of |a| in all. The 16-bit outputs' exp.
+__device__ __forceinline__ float fast_exp(float a) { return ex2_approx(a * SOFTMAX_LOG2E); }
+
+// exp(x - m) to ex2's 2 ulps plus half an ulp, however far x lies below m. Three errors of the
+// fast form are carried along exactly and put back through exp(s + c) = 2^t * (1 + c):
+//   s = x - m rounded:   err = (x - m) - s, exact by 2Sum (F.softmax keeps this one: half an
+//                        ulp of s, i.e. |x - m| * 2^-24 relative);
+//   t = s * L rounded:   s * L - t, exact by an fma;
+//   L != log2(e):        s * (log2(e) - L).
+// |c| < 1e-5 where the result is not 0, so the first order is all it needs. An infinite s
+// (x = -inf, or x - m overflowing) makes c NaN and p 0: fminf takes c to 1, the result to 0. A
+// NaN s (an all -inf row) stays NaN through p.
+__device__ __forceinline__ float exp_accurate(float x, float m) {
+    const float s = x - m;
+    const float xs = s + m;  // 2Sum of x and -m
+    const float ms = s - xs;
+    const float err = (x - xs) - (m + ms);
+    const float t = s * SOFTMAX_LOG2E;
+    const float t_err = fmaf(s, SOFTMAX_LOG2E, -t);
+    float c = fmaf(s, SOFTMAX_LOG2E_REST, err);
+    c = fminf(fmaf(t_err, SOFTMAX_LN2, c), 1.0f);
+    const float p = ex2_approx(t);
+    return fmaf(p, c, p);
+}
+
+// exp(x - m) for an output of format Fmt.
+template <class Fmt>
+__device__ __forceinline__ float softmax_exp(float x, float m) {
+    if constexpr (Fmt::ACCURATE) {
+        return exp_accurate(x, m);
+    } else {
+        return fast_exp(x - m);
+    }
+}
+
+// A row's normaliser: its sum of exponentials rounded to float (hi), and inv = 1 / hi rounded
+// once. (Carrying the sum's rounding error as well would save half an ulp, common to the whole
+// row, at a register per thread that the largest Triton row class does not have.)
+struct RowScale {
+    float hi, inv;
+};
+
+// From a fixed-point sum (scale = 2^K, see below): scaled exactly.
+__device__ __forceinline__ RowScale row_scale(long long s, float fscale) {
+    const float hi = static_cast<float>(s);
+    const float unit = __int_as_float((127 + 127) * (1 << 23) - __float_as_int(fscale));  // 1 / fscale, exactly
+    return {hi * unit, fscale / hi};
+}
+__device__ __forceinline__ RowScale row_scale(double s) {
+    const float hi = static_cast<float>(s);
+    return {hi, 1.0f / hi};
+}
+__device__ __forceinline__ RowScale row_scale(float s) { return {s, 1.0f / s}; }
+
+// e / hi for an output of format Fmt. fp32: the quotient rounded once (up to a residual that
+// only underflow loses), from the product with inv and one correction step; 16-bit: the
+// product with inv (two roundings, far below the storage rounding).
+template <class Fmt>
+__device__ __forceinline__ float softmax_normalise(float e, const RowScale& r) {
+    float q = e * r.inv;
+    if constexpr (Fmt::ACCURATE) q = fmaf(fmaf(-q, r.hi, e), r.inv, q);
+    return q;
 }
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -120,6 +193,7 @@ __device__ __forceinline__ long long block_sum_fixed(long long v, long long* red
 struct FmtF32 {
     typedef float T;
     static constexpr int VEC = 4;
+    static constexpr bool ACCURATE = true;  // softmax_exp / softmax_normalise to a few ulps
     static constexpr unsigned NEG_INF_WORD = 0xff800000u;  // a 32-bit word of -inf elements
     static __device__ __forceinline__ float load1(const T* p) { return ld_once(p); }
     static __device__ __forceinline__ float load1_cached(const T* p) { return __ldg(p); }
@@ -142,6 +216,7 @@ template <class Fmt>
 struct Fmt16 {
     typedef unsigned short T;
     static constexpr int VEC = 8;
+    static constexpr bool ACCURATE = false;  // the storage rounding swamps the fast forms' error
     static __device__ __forceinline__ float load1(const T* p) { return Fmt::to_f(ld_once(p)); }
     static __device__ __forceinline__ float load1_cached(const T* p) { return Fmt::to_f(__ldg(p)); }
     static __device__ __forceinline__ void store1(T* p, float v) { st_once(p, Fmt::from_f(v)); }

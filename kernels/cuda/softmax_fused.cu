@@ -240,7 +240,7 @@ template <class Fmt, int NT>
 __device__ __forceinline__ long long streamed_sum(const typename Fmt::T* xr, int n_cols, float m, float fscale,
                                                long long* red) {
     long long s = 0;
-    for (int i = threadIdx.x; i < n_cols; i += NT) s += to_fixed(fast_exp(Fmt::load1_cached(xr + i) - m), fscale);
+    for (int i = threadIdx.x; i < n_cols; i += NT) s += to_fixed(softmax_exp<Fmt>(Fmt::load1_cached(xr + i), m), fscale);
     return block_sum_fixed<NT / 32>(s, red);
 }
 
@@ -323,14 +323,14 @@ __device__ __forceinline__ void fused_warp_body(const typename Fmt::T* __restric
         long long s = 0;
 #pragma unroll
         for (int i = 0; i < EW; ++i) {
-            v[i] = fast_exp(v[i] - m);
+            v[i] = softmax_exp<Fmt>(v[i], m);
             s += to_fixed(v[i], fscale);
         }
-        const float inv = fscale / static_cast<float>(warp_sum_fixed(s));
+        const RowScale rs = row_scale(warp_sum_fixed(s), fscale);
 #pragma unroll
         for (int i = 0; i < EW; ++i) {
             const int c = i * 32 + lane;
-            if (c < n_cols) Fmt::store1(yr + c, v[i] * inv);
+            if (c < n_cols) Fmt::store1(yr + c, softmax_normalise<Fmt>(v[i], rs));
         }
     }
 }
@@ -491,10 +491,10 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
         if (C > 1) m = meet_max(meet, m, rank, parity);
         if (SPLIT && parts > 1) m = split_meet_max<Fmt, NT>(split, w, m, xr, n_cols, smeet, red_max);
 
-        // exp(x - row max), kept in place: one MUFU op per element. An all -inf row gives
+        // exp(x - row max), kept in place (softmax_common.cuh). An all -inf row gives
         // NaN throughout, as torch does; -inf elements of any other row give 0.
-        hv = fast_exp(hv - m);
-        tv = fast_exp(tv - m);
+        hv = softmax_exp<Fmt>(hv, m);
+        tv = softmax_exp<Fmt>(tv, m);
         long long s = to_fixed(hv, fscale) + to_fixed(tv, fscale);
 #pragma unroll
         for (int j = 0; j < NV; ++j) {
@@ -502,11 +502,11 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
                 float f[VEC];
                 Fmt::unpack(xor_words(r[j], zero_a), f);
 #pragma unroll
-                for (int k = 0; k < VEC; ++k) s += to_fixed(fast_exp(f[k] - m), fscale);
+                for (int k = 0; k < VEC; ++k) s += to_fixed(softmax_exp<Fmt>(f[k], m), fscale);
             } else {
 #pragma unroll
                 for (int k = 0; k < VEC; ++k) {
-                    v[j][k] = fast_exp(v[j][k] - m);
+                    v[j][k] = softmax_exp<Fmt>(v[j][k], m);
                     s += to_fixed(v[j][k], fscale);
                 }
             }
@@ -517,13 +517,13 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
                 float f[VEC];
                 Fmt::unpack(stash[q * NT + tid], f);
 #pragma unroll
-                for (int k = 0; k < VEC; ++k) s += to_fixed(fast_exp(f[k] - m), fscale);
+                for (int k = 0; k < VEC; ++k) s += to_fixed(softmax_exp<Fmt>(f[k], m), fscale);
             }
         }
         s = block_sum_fixed<NW>(s, red_sum);
         if (C > 1) s = meet_sum(meet, s, rank, parity);
         if (SPLIT && parts > 1) s = split_meet_sum<Fmt, NT>(split, w, s, m, fscale, xr, n_cols, smeet, red_sum);
-        const float scale = fscale / static_cast<float>(s);
+        const RowScale rs = row_scale(s, fscale);
 
         uint4* yv = reinterpret_cast<uint4*>(ys + g.head);
 #pragma unroll
@@ -534,10 +534,10 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
                 if constexpr (PACKED) {
                     Fmt::unpack(xor_words(r[j], zero_b), o);
 #pragma unroll
-                    for (int k = 0; k < VEC; ++k) o[k] = fast_exp(o[k] - m) * scale;
+                    for (int k = 0; k < VEC; ++k) o[k] = softmax_normalise<Fmt>(softmax_exp<Fmt>(o[k], m), rs);
                 } else {
 #pragma unroll
-                    for (int k = 0; k < VEC; ++k) o[k] = v[j][k] * scale;
+                    for (int k = 0; k < VEC; ++k) o[k] = softmax_normalise<Fmt>(v[j][k], rs);
                 }
                 if (out_vec_ok) {
                     st_once(yv + vi, Fmt::pack(o));
@@ -555,7 +555,7 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
                 float o[VEC];
                 Fmt::unpack(stash[q * NT + tid], o);
 #pragma unroll
-                for (int k = 0; k < VEC; ++k) o[k] = fast_exp(o[k] - m) * scale;
+                for (int k = 0; k < VEC; ++k) o[k] = softmax_normalise<Fmt>(softmax_exp<Fmt>(o[k], m), rs);
                 if (out_vec_ok) {
                     st_once(yv + vi, Fmt::pack(o));
                 } else {
@@ -565,8 +565,8 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
                 }
             }
         }
-        if (tid < g.head) Fmt::store1(ys + tid, hv * scale);
-        if (tid < g.tail) Fmt::store1(ys + g.tail0 + tid, tv * scale);
+        if (tid < g.head) Fmt::store1(ys + tid, softmax_normalise<Fmt>(hv, rs));
+        if (tid < g.tail) Fmt::store1(ys + g.tail0 + tid, softmax_normalise<Fmt>(tv, rs));
         // (red_max / red_sum need no barrier before the next row: each is rewritten only after
         // the other reduction's barrier, which every thread passes after reading it.)
     }
@@ -631,7 +631,7 @@ __device__ __forceinline__ void fused_loop_body(const typename Fmt::T* __restric
         m = block_max<NW>(m, red_m);
         if (parts > 1) m = split_meet_max<Fmt, NT>(split, w, m, xr, n_cols, smeet, red_m);
 
-        long long s = to_fixed(fast_exp(hx - m), fscale) + to_fixed(fast_exp(tx - m), fscale);
+        long long s = to_fixed(softmax_exp<Fmt>(hx, m), fscale) + to_fixed(softmax_exp<Fmt>(tx, m), fscale);
         for (int base = 0; base < g.nvec; base += U * NT) {
             float f[U][VEC];
 #pragma unroll
@@ -647,14 +647,14 @@ __device__ __forceinline__ void fused_loop_body(const typename Fmt::T* __restric
 #pragma unroll
             for (int u = 0; u < U; ++u)
 #pragma unroll
-                for (int k = 0; k < VEC; ++k) s += to_fixed(fast_exp(f[u][k] - m), fscale);
+                for (int k = 0; k < VEC; ++k) s += to_fixed(softmax_exp<Fmt>(f[u][k], m), fscale);
         }
         s = block_sum_fixed<NW>(s, red_s);
         if (parts > 1) s = split_meet_sum<Fmt, NT>(split, w, s, m, fscale, xr, n_cols, smeet, red_s);
-        const float inv = fscale / static_cast<float>(s);
+        const RowScale rs = row_scale(s, fscale);
 
-        if (tid < g.head) Fmt::store1(ys + tid, fast_exp(hx - m) * inv);
-        if (tid < g.tail) Fmt::store1(ys + g.tail0 + tid, fast_exp(tx - m) * inv);
+        if (tid < g.head) Fmt::store1(ys + tid, softmax_normalise<Fmt>(softmax_exp<Fmt>(hx, m), rs));
+        if (tid < g.tail) Fmt::store1(ys + g.tail0 + tid, softmax_normalise<Fmt>(softmax_exp<Fmt>(tx, m), rs));
         uint4* yv = reinterpret_cast<uint4*>(ys + g.head);
         for (int base = 0; base < g.nvec; base += U * NT) {
             float f[U][VEC];
@@ -668,7 +668,7 @@ __device__ __forceinline__ void fused_loop_body(const typename Fmt::T* __restric
                 const int vi = base + u * NT + tid;
                 if (vi < g.nvec) {
 #pragma unroll
-                    for (int k = 0; k < VEC; ++k) f[u][k] = fast_exp(f[u][k] - m) * inv;
+                    for (int k = 0; k < VEC; ++k) f[u][k] = softmax_normalise<Fmt>(softmax_exp<Fmt>(f[u][k], m), rs);
                     if (out_vec_ok) {
                         st_once(yv + vi, Fmt::pack(f[u]));
                     } else {

@@ -15,7 +15,7 @@ softmax_naive_f32(const float* __restrict__ x, float* __restrict__ y, long long 
     // An all -inf row gives -inf - -inf = NaN here, matching torch.softmax. The serial sum is
     // accumulated in double: in float, 128K terms added one by one drift by ~1e-4.
     double s = 0.0;
-    for (int c = 0; c < n_cols; ++c) s += expf(xr[c] - m);
-    const float inv = static_cast<float>(1.0 / s);
-    for (int c = 0; c < n_cols; ++c) yr[c] = expf(xr[c] - m) * inv;
+    for (int c = 0; c < n_cols; ++c) s += softmax_exp<FmtF32>(xr[c], m);
+    const RowScale rs = row_scale(s);
+    for (int c = 0; c < n_cols; ++c) yr[c] = softmax_normalise<FmtF32>(softmax_exp<FmtF32>(xr[c], m), rs);
 }

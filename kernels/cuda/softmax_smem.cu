@@ -26,16 +26,17 @@ softmax_smem_f32(const float* __restrict__ x, float* __restrict__ y, long long n
         __syncthreads();  // buf[0] is read by all before buf is reused for the sum
 
         float s = 0.0f;
-        for (int c = tid; c < n_cols; c += SMEM_THREADS) s += expf(xr[c] - row_max);
+        for (int c = tid; c < n_cols; c += SMEM_THREADS) s += softmax_exp<FmtF32>(xr[c], row_max);
         buf[tid] = s;
         __syncthreads();
         for (int stride = SMEM_THREADS / 2; stride > 0; stride >>= 1) {
             if (tid < stride) buf[tid] += buf[tid + stride];
             __syncthreads();
         }
-        const float inv = 1.0f / buf[0];
+        const RowScale rs = row_scale(buf[0]);
         __syncthreads();  // buf[0] is read by all before the next row overwrites buf
 
-        for (int c = tid; c < n_cols; c += SMEM_THREADS) yr[c] = expf(xr[c] - row_max) * inv;
+        for (int c = tid; c < n_cols; c += SMEM_THREADS)
+            yr[c] = softmax_normalise<FmtF32>(softmax_exp<FmtF32>(xr[c], row_max), rs);
     }
 }

@@ -326,6 +326,49 @@ def nest_byte_equivalence(recorded: dict) -> dict[tuple, dict]:
     return nested
 
 
+# -- accuracy ----------------------------------------------------------------------------------------
+
+# Where an accuracy figure was measured: on the GPU ("cuda") or on the CPU ("cpu": Triton's
+# interpreter and F.softmax there). A case lives under its device, so a CPU run never overwrites
+# what a GPU measured (nor the reverse).
+ACCURACY_DEVICES = ("cpu", "cuda")
+
+
+def nest_accuracy(recorded: dict) -> dict[tuple, dict[tuple, dict]]:
+    """{(device, kernel, dtype): {(recipe, scale, V): entry}} from recorded
+    "device/kernel/dtype/<recipe> x<scale>/V" keys; each entry gains recipe, scale and V."""
+    nested: dict[tuple, dict[tuple, dict]] = {}
+    for key, value in recorded.items():
+        parts = key.split("/")
+        if len(parts) != 5 or not all(parts) or parts[0] not in ACCURACY_DEVICES or " x" not in parts[3]:
+            raise ValueError(
+                f"accuracy key {key!r} is not '<{'|'.join(ACCURACY_DEVICES)}>/<kernel>/<dtype>/<recipe> x<scale>/<V>'"
+            )
+        if not isinstance(value, dict):
+            raise ValueError(f"accuracy {key!r}: expected a dict of figures, got {value!r}")
+        device, kernel, dtype, case, V = parts
+        recipe, _, scale = case.rpartition(" x")
+        case_key = (recipe, float(scale), int(V))
+        nested.setdefault((device, kernel, dtype), {})[case_key] = {
+            "recipe": recipe,
+            "scale": float(scale),
+            "V": int(V),
+            **{k: _finite_or_none(v) for k, v in value.items()},
+        }
+    return nested
+
+
+def _accuracy_case(entry: dict) -> tuple:
+    return (entry["recipe"], float(entry["scale"]), int(entry["V"]))
+
+
+def merge_accuracy(previous: list | None, measured: dict[tuple, dict]) -> list[dict]:
+    """Previous entries of one (device, kernel, dtype), updated by this run's, in case order."""
+    cases = {_accuracy_case(e): e for e in previous or []}
+    cases.update(measured)
+    return [cases[k] for k in sorted(cases)]
+
+
 # -- building the manifest -----------------------------------------------------------------------
 
 
@@ -408,10 +451,12 @@ def build_manifest(
     recorded = {section: {k: _finite_or_none(v) for k, v in values.items()} for section, values in recorded.items()}
     ceilings_measured = recorded.pop("ceilings", None)
     byte_equivalence = nest_byte_equivalence(recorded.pop("byte_equivalence", {}))
+    accuracy = nest_accuracy(recorded.pop("accuracy", {}))
     gpu_measured = (
         bool(benchmarks)
         or bool(ceilings_measured)
         or bool(byte_equivalence)
+        or any(device == "cuda" for device, _, _ in accuracy)
         or any(s.startswith("cuda") for s in recorded)
         or any(k.startswith("cuda") or k == "kernel_swap_changes_top1_token" for k in recorded.get("torch_port", {}))
     )
@@ -432,6 +477,11 @@ def build_manifest(
     for (kernel, dtype, prop), value in byte_equivalence.items():
         manifest.setdefault("byte_equivalence", {}).setdefault(kernel, {}).setdefault(dtype, {})[prop] = value
         touched[f"byte_equivalence.{kernel}.{dtype}.{prop}"] = ("byte_equivalence", kernel, dtype, prop)
+
+    for (device, kernel, dtype), cases in accuracy.items():
+        per_kernel = manifest.setdefault("accuracy", {}).setdefault(device, {}).setdefault(kernel, {})
+        per_kernel[dtype] = merge_accuracy(per_kernel.get(dtype), cases)
+        touched[f"accuracy.{device}.{kernel}.{dtype}"] = ("accuracy", device, kernel, dtype)
 
     for section, values in recorded.items():
         target = manifest.setdefault(section, {})

@@ -188,3 +188,32 @@ def another_model(manifest: dict, model: str, *, seed: int = 0, slower: float = 
     return build_manifest(
         None, benchmarks=records, recorded={"ceilings": ceilings}, environment=environment, today=manifest.get("date")
     )
+
+
+def accuracy_figures(max_rel: float, ratio: float, *, B: int = 64, path: str = "tile") -> dict:
+    """One accuracy case's figures, as tests/test_accuracy.py records them."""
+    return {
+        "B": B,
+        "path": path,
+        "max_rel_err": max_rel,
+        "p999_rel_err": max_rel / 2,
+        "max_logp_err_nats": max_rel,
+        "max_err_ulps": max_rel / 2**-23,
+        "F_softmax_max_err": max_rel / ratio,
+        "x_F_softmax": ratio,
+    }
+
+
+def accuracy_records(device: str = "cuda") -> list[tuple]:
+    """(section, values) as the accuracy tests record them: two kernels, two cases each."""
+    return [
+        (
+            "accuracy",
+            {
+                f"{device}/{kernel}/float32/{case}/{V}": accuracy_figures(1.5e-7 * (1 + i), 0.1 * (1 + i))
+                for i, (kernel, case, V) in enumerate(
+                    [("fused", "randn x4", 600), ("fused", "span x1", 600), ("triton", "randn x20", 262144)]
+                )
+            },
+        )
+    ]
