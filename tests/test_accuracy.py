@@ -32,13 +32,13 @@ from tests.helpers import (
     FP32_TINY,
     ISSUE_CASES,
     OVERFLOW_MAXIMA,
-    SCALED_TRITON_PARAMS,
     TAIL_CASES,
     TOLERANCES,
     accuracy_gated,
     assert_as_accurate_as_torch,
     assert_softmax_close,
     check_softmax,
+    cpu_path_runner,
     dtype_id,
     logits,
     ratio_to_torch,
@@ -234,29 +234,25 @@ def test_triton_interpreted_on_the_tail(dtype, recipe, scale, B, V, record_manif
     conclude(m, x)
 
 
-# Launch parameters that put rows of 781 through each path's multi-tile or multi-program code
-# (tile: 7 tiles; split: 4 chunks; stream: 4 tiles) at an interpreter cost of a second or two.
-WIDE_ROW_PARAMS = {
-    "tile": {"config": {"BLOCK": 128, "num_warps": 2}},
-    "rows": SCALED_TRITON_PARAMS["rows"],
-    "row": SCALED_TRITON_PARAMS["row"],
-    "split": {"CHUNK": 256, "num_warps": 2},
-    "stream": {"BLOCK": 256, "num_warps": 2, "programs_per_sm": 1},
-}
-
-
 @pytest.mark.cpu
 @interpreted
-@pytest.mark.parametrize("path", sorted(SCALED_TRITON_PARAMS))
-def test_every_triton_path_interpreted_on_wide_rows(path):
-    """Each path's own calls of the helpers (edges, tiles, chunks) on x 20 rows of 781."""
+@pytest.mark.parametrize(
+    "kernel, path",
+    [
+        pytest.param(k.name, path, id=f"{k.name}-{path}")
+        for k in SOFTMAX_KERNELS.values()
+        if k.interpretable and not k.baseline
+        for path in k.paths
+    ],
+)
+def test_every_interpretable_path_on_wide_rows(kernel, path):
+    """Each path of each interpretable kernel of ours, at the launch parameters its spec scales
+    down for the CPU (tiles of tens), on x 20 rows of 781: dozens of its tiles, chunks or
+    programs per row, so the path's own calls of the exponential and the normaliser meet every
+    distance from the max."""
+    k = SOFTMAX_KERNELS[kernel]
     x = logits(4, 781, seed=case_seed("randn", 20.0, 781), recipe="randn", scale=20.0)
-    params = WIDE_ROW_PARAMS[path]
-
-    def run(x, *, out):
-        return st.run_path(x, path, out=out, **params)
-
-    conclude(measure(run, x, what=f"triton {path} {params}"), x)
+    conclude(measure(cpu_path_runner(k, path), x, what=f"{kernel} via {path} {k.path(path).cpu}"), x)
 
 
 # -- the GPU ----------------------------------------------------------------------------------------------
