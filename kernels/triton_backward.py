@@ -1,0 +1,159 @@
+"""The softmax backward in Triton: dx = y * (dy - sum(y * dy)) over the last dimension, from the
+softmax output y and the incoming gradient dy, in one kernel (two reads and one write).
+
+Paths (`plan(B, V, dtype)` names the one a call takes; `DISPATCH_BOUNDARIES` holds the limit):
+
+  row   V <= row_max_v. One program per row holds dy and y in registers: each element is read
+        once and written once.
+  tile  V > row_max_v. A grid of a few programs per SM walks the rows; each row takes three
+        passes over tiles (largest |y * dy|, fixed-point sum, write), the second and third
+        reading what the grid keeps in L2.
+
+Both paths give a row the same bits: the sum is order-free (kernels.triton_loss_kernels), and
+the path depends on V and the dtype alone, never on B. dy and y may have any row stride and
+different layouts (each is copied with `.contiguous()` only when its elements are not
+contiguous within a row); dx is new and contiguous, or `out` (contiguous). float32, bfloat16
+and float16 storage, all arithmetic in float32; dy and y share one dtype, as
+`torch._softmax_backward_data` requires.
+
+Under TRITON_INTERPRET=1 (set before the kernels are imported) the kernels run on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from .checks import FLOAT_DTYPES
+from .triton_loss_kernels import softmax_backward_row_kernel, softmax_backward_tile_kernel
+
+KERNEL_NAME = "triton"
+PATHS = ("row", "tile")
+DISPATCH_BOUNDARIES = {"row_max_v": 16384}  # two inputs in registers: half the forward's row path
+
+INTERPRET = type(softmax_backward_row_kernel).__name__ == "InterpretedFunction"
+_DEVICE_TYPE = "cpu" if INTERPRET else "cuda"
+
+
+def fixed_point_bits(n: int) -> int:
+    """K = 62 - ceil(log2 n): n terms each below 2^K in magnitude sum to at most 2^62."""
+    return 62 - (max(int(n), 1) - 1).bit_length()
+
+
+def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) -> str:
+    """The path softmax_backward() takes for (B, V) rows of `dtype`: row or tile."""
+    b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
+    return "row" if V <= b["row_max_v"] else "tile"
+
+
+def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict:
+    if path == "row":
+        block = triton.next_power_of_2(V)
+        warps = 4 if block <= 2048 else (8 if block <= 4096 else 16)
+        return {"BLOCK": block, "num_warps": warps}
+    if path == "tile":
+        return {"BLOCK": 4096, "num_warps": 8, "programs_per_sm": 4}
+    raise ValueError(f"{KERNEL_NAME} softmax backward: unknown path {path!r} ({', '.join(PATHS)})")
+
+
+def check_backward_inputs(dy, y, *, kernel: str, device_type: str | None = "cuda") -> None:
+    """dy and y: tensors of one shape (B, V), one supported dtype, one device; a clear TypeError or
+    ValueError naming `kernel` otherwise."""
+    for name, t in (("dy", dy), ("y", y)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{kernel} softmax backward: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"{kernel} softmax backward: {name} must be 2-D (B, V), got shape {tuple(t.shape)}")
+        if t.dtype not in FLOAT_DTYPES:
+            names = ", ".join(str(d).removeprefix("torch.") for d in FLOAT_DTYPES)
+            got = str(t.dtype).removeprefix("torch.")
+            raise TypeError(f"{kernel} softmax backward: {name} dtype {got} is not supported (supported: {names})")
+    if dy.shape != y.shape:
+        raise ValueError(f"{kernel} softmax backward: dy {tuple(dy.shape)} and y {tuple(y.shape)} differ in shape")
+    if dy.dtype != y.dtype:
+        raise TypeError(f"{kernel} softmax backward: dy is {dy.dtype} and y is {y.dtype}; they must share a dtype")
+    if dy.shape[1] == 0:
+        raise ValueError(f"{kernel} softmax backward: V = 0")
+    if dy.device != y.device:
+        raise ValueError(f"{kernel} softmax backward: dy on {dy.device} and y on {y.device}")
+    if device_type is not None and dy.device.type != device_type:
+        raise ValueError(f"{kernel} softmax backward: expected {device_type} tensors, got them on {dy.device}")
+
+
+def prepare_dx(y: torch.Tensor, out, *, kernel: str) -> torch.Tensor:
+    if out is None:
+        return torch.empty(y.shape, dtype=y.dtype, device=y.device)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{kernel} softmax backward: out must be a torch.Tensor, got {type(out).__name__}")
+    if out.shape != y.shape or out.dtype != y.dtype or out.device != y.device:
+        raise ValueError(
+            f"{kernel} softmax backward: out is {tuple(out.shape)} {out.dtype} on {out.device}, "
+            f"expected {tuple(y.shape)} {y.dtype} on {y.device}"
+        )
+    if not out.is_contiguous():
+        raise ValueError(f"{kernel} softmax backward: out must be contiguous")
+    return out
+
+
+def _programs(B: int, per_sm: int, device) -> int:
+    if INTERPRET:
+        return min(B, 2)
+    return min(B, per_sm * torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def _launch(dy, y, dx, path: str, params: dict) -> None:
+    B, V = y.shape
+    if B == 0:
+        return
+    dy = dy if dy.stride(1) == 1 else dy.contiguous()
+    y = y if y.stride(1) == 1 else y.contiguous()
+    p = {**launch_params(path, V, y.dtype), **params}
+    K = fixed_point_bits(V)
+    strides = (dy.stride(0), y.stride(0), dx.stride(0))
+    if path == "row":
+        block = max(p["BLOCK"], triton.next_power_of_2(V))
+        softmax_backward_row_kernel[(B,)](dy, y, dx, V, *strides, K, BLOCK=block, num_warps=p["num_warps"])
+    elif path == "tile":
+        grid = _programs(B, p["programs_per_sm"], y.device)
+        softmax_backward_tile_kernel[(grid,)](dy, y, dx, B, V, *strides, K, BLOCK=p["BLOCK"], num_warps=p["num_warps"])
+    else:
+        raise ValueError(f"{KERNEL_NAME} softmax backward: unknown path {path!r} ({', '.join(PATHS)})")
+
+
+def _on_device(fn, t: torch.Tensor):
+    if INTERPRET or t.shape[0] == 0 or t.get_device() == torch.cuda.current_device():
+        return fn()
+    with torch.cuda.device(t.get_device()):
+        return fn()
+
+
+def run_path(dy: torch.Tensor, y: torch.Tensor, path: str, *, out=None, **params) -> torch.Tensor:
+    """softmax_backward(dy, y) through one named path; `params` override its launch parameters
+    (row: BLOCK, num_warps; tile: BLOCK, num_warps, programs_per_sm). Tests use it to reach the
+    tile path at small V (e.g. BLOCK=16)."""
+    check_backward_inputs(dy, y, kernel=KERNEL_NAME, device_type=_DEVICE_TYPE)
+    dx = prepare_dx(y, out, kernel=KERNEL_NAME)
+    _on_device(lambda: _launch(dy, y, dx, path, params), y)
+    return dx
+
+
+def softmax_backward(dy: torch.Tensor, y: torch.Tensor, *, out=None) -> torch.Tensor:
+    """dx = y * (dy - sum(y * dy, -1)) for (B, V) tensors: the gradient of softmax's input."""
+    check_backward_inputs(dy, y, kernel=KERNEL_NAME, device_type=_DEVICE_TYPE)
+    dx = prepare_dx(y, out, kernel=KERNEL_NAME)
+    B, V = y.shape
+    _on_device(lambda: _launch(dy, y, dx, plan(B, V, y.dtype), {}), y)
+    return dx
+
+
+__all__ = [
+    "softmax_backward",
+    "run_path",
+    "plan",
+    "launch_params",
+    "check_backward_inputs",
+    "fixed_point_bits",
+    "PATHS",
+    "DISPATCH_BOUNDARIES",
+    "INTERPRET",
+]

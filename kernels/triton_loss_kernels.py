@@ -1,0 +1,504 @@
+"""The Triton kernels of the softmax backward and of cross-entropy (what `@triton.jit` compiles);
+dispatch and launches live in `kernels.triton_backward` and `kernels.triton_cross_entropy`.
+
+Order-free sums. Every sum over a row (or over the rows of a batch) that reaches an output is
+taken in 64-bit fixed point, so its bits do not depend on how the elements are cut into tiles,
+programs or rows, nor on the batch size or the row's position:
+
+  * sums of exponentials exp(x - max) in [0, 1] use the forward's scale, 2^K with
+    K = 62 - ceil(log2 n) for n terms (each term truncated toward zero), so n * 2^K <= 2^62;
+  * sums of signed terms of any magnitude (y * dy, w * x, per-row losses, class weights) first
+    take the largest finite |term| (exact in any order), read its binary exponent E from the
+    float's bits (|term| < 2^E), and add trunc(term * 2^(K - E)) in int64: every term is then
+    below 2^K in magnitude and n of them stay below 2^62. The result is the integer sum times
+    2^(E - K), both powers of two built from exponent bits (no rounding). Non-finite terms
+    (±inf, NaN) are kept out of the integer sum and added separately in float: a sum of values
+    drawn from {0, +inf, -inf, NaN} is the same in any order (+inf and -inf give NaN, NaN
+    stays NaN), and added to the finite part it gives what IEEE addition of all terms gives.
+
+Truncation costs at most one unit of 2^(E - K) per term: below n^2 * 2^-62 of the largest term
+over the whole sum (1.5e-8 at n = 262144), under the float32 rounding of the result.
+
+All arithmetic is float32 whatever the storage dtype. Offsets are int64 (row * stride is formed
+from an int64 row index), so tensors past 2^31 elements are addressed correctly.
+"""
+
+import triton
+import triton.language as tl
+
+# ------------------------------------------------------------------------------ order-free sums
+
+
+@triton.jit
+def _pow2(e):
+    # 2^e as float32 for integer e in [-126, 127], from the exponent bits alone (exact).
+    return ((e + 127).to(tl.int32) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _finite_abs(t):
+    # |t| where t is finite, 0 for ±inf and NaN (NaN compares false), so a max never sees NaN.
+    return tl.where(tl.abs(t) < float("inf"), tl.abs(t), 0.0)
+
+
+@triton.jit
+def _non_finite(t):
+    # t where it is ±inf or NaN, 0 elsewhere: summed in float, in any order.
+    return tl.where(tl.abs(t) < float("inf"), 0.0, t)
+
+
+@triton.jit
+def _shift_for(amax, K):
+    # The power s with |t| * 2^s < 2^K for every |t| <= amax: amax < 2^E with E read from the
+    # exponent bits (a subnormal or zero amax counts as 2^-126). s is capped at 126 so 2^s and
+    # 2^-s stay normal floats; a capped s only gives tiny terms fewer bits than they could have.
+    biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    E = tl.where(biased == 0, -126, biased - 126)
+    return tl.minimum(K - E, 126)
+
+
+@triton.jit
+def _to_fixed(t, s):
+    # trunc(t * 2^s) as int64 for finite t (the product is exact: a power of two), 0 otherwise.
+    return tl.where(tl.abs(t) < float("inf"), t * _pow2(s), 0.0).to(tl.int64)
+
+
+@triton.jit
+def _from_fixed(total, s, non_finite):
+    return total.to(tl.float32) * _pow2(-s) + non_finite
+
+
+@triton.jit
+def _exp_fixed(e, SCALE):
+    # The forward's fixed point for terms in [0, 1] (truncation toward zero).
+    return (e * SCALE).to(tl.int64)
+
+
+# ------------------------------------------------------------------------------ softmax backward
+#
+# dx = y * (dy - s), s = sum(y * dy) over the row. Two reads (dy, y) and one write (dx).
+
+
+@triton.jit
+def softmax_backward_row_kernel(DY, Y, DX, V, stride_dy, stride_y, stride_dx, K, BLOCK: tl.constexpr):
+    # One program holds the whole row in registers (BLOCK = next_pow2(V)): one read of each input.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < V
+    dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(Y + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
+    t = y * dy
+    shift = _shift_for(tl.max(_finite_abs(t), axis=0), K)
+    s = _from_fixed(tl.sum(_to_fixed(t, shift), axis=0), shift, tl.sum(_non_finite(t), axis=0))
+    tl.store(DX + row * stride_dx + cols, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def softmax_backward_tile_kernel(DY, Y, DX, B, V, stride_dy, stride_y, stride_dx, K, BLOCK: tl.constexpr):
+    # Rows longer than a program's registers: a grid of programs walks the rows (row += grid), each
+    # row in three passes over BLOCK-wide tiles (largest |y * dy|, fixed-point sum, write). The
+    # grid bounds the rows in flight, so the second and third reads can come from L2.
+    # while, not range(): Triton 3.6's interpreter cannot take a run-time range bound.
+    cols = tl.arange(0, BLOCK)
+    row = tl.program_id(0).to(tl.int64)
+    while row < B:
+        dy_row = DY + row * stride_dy
+        y_row = Y + row * stride_y
+        amax_l = tl.zeros([BLOCK], tl.float32)
+        inf_l = tl.zeros([BLOCK], tl.float32)
+        start = 0
+        while start < V:
+            idx = start + cols
+            mask = idx < V
+            t = tl.load(y_row + idx, mask=mask, other=0.0).to(tl.float32) * tl.load(
+                dy_row + idx, mask=mask, other=0.0
+            ).to(tl.float32)
+            amax_l = tl.maximum(amax_l, _finite_abs(t))
+            inf_l += _non_finite(t)
+            start += BLOCK
+        shift = _shift_for(tl.max(amax_l, axis=0), K)
+        fix_l = tl.zeros([BLOCK], tl.int64)
+        start = 0
+        while start < V:
+            idx = start + cols
+            mask = idx < V
+            t = tl.load(y_row + idx, mask=mask, other=0.0).to(tl.float32) * tl.load(
+                dy_row + idx, mask=mask, other=0.0
+            ).to(tl.float32)
+            fix_l += _to_fixed(t, shift)
+            start += BLOCK
+        s = _from_fixed(tl.sum(fix_l, axis=0), shift, tl.sum(inf_l, axis=0))
+        dx_row = DX + row * stride_dx
+        start = 0
+        while start < V:
+            idx = start + cols
+            mask = idx < V
+            y = tl.load(y_row + idx, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            dy = tl.load(dy_row + idx, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            tl.store(dx_row + idx, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
+            start += BLOCK
+        row += tl.num_programs(0)
+
+
+# ------------------------------------------------------------------------------ cross-entropy
+#
+# Per row i with target t (PyTorch's semantics; w = class weights, 1 without; e = label smoothing):
+#   lse   = m + log(sum exp(x - m))                          m = max x
+#   loss  = (1 - e) * w_t * (lse - x_t) + e / V * (W_all * lse - sum_j w_j x_j)     W_all = sum w
+#   dloss/dx_j = (1 - e) * w_t * (p_j - [j == t]) + e / V * (W_all * p_j - w_j)       p = softmax
+# times GSCALE (1 / sum of the rows' w_t for reduction="mean", 1 otherwise). A row whose target
+# is ignore_index has loss 0 and gradient 0; a target outside [0, V) gives NaN (the wrapper
+# raises a ValueError before launching unless told not to look).
+#
+# p_t - 1 at the target is -(S - E_t) / S: S the fixed-point sum of the row's exponentials, E_t
+# the target's own term, so 1 - p_t (the gradient's only large entry, and the one that decides
+# training on confident rows) is an exact integer difference rounded once, not 1 minus a
+# probability near 1.
+
+
+@triton.jit
+def _ce_row_terms(T, W, PREP, row, V, ignore_index, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr):
+    t = tl.load(T + row).to(tl.int64)
+    ignored = t == ignore_index
+    valid = (t != ignore_index) & (t >= 0) & (t < V)
+    t_safe = tl.where(valid, t, 0)
+    if HAS_WEIGHT:
+        w_t = tl.load(W + t_safe).to(tl.float32)
+    else:
+        w_t = 1.0
+    if HAS_SMOOTHING:
+        if HAS_WEIGHT:
+            w_all = tl.load(PREP + 0)
+        else:
+            w_all = V * 1.0  # V may be the constexpr 1
+    else:
+        w_all = 0.0
+    return t, ignored, valid, t_safe, w_t, w_all
+
+
+@triton.jit
+def _ce_grad(x, e, is_t, pm1, inv, w_j, w_t, w_all, eps, inv_v, gscale, ignored, valid, HAS_SMOOTHING: tl.constexpr):
+    p = e * inv
+    q = tl.where(is_t, pm1, p)  # p_j - [j == t]
+    if HAS_SMOOTHING:
+        g = (1.0 - eps) * w_t * q + (eps * inv_v) * (w_all * p - w_j)
+    else:
+        g = w_t * q
+    g = g * gscale
+    g = tl.where(valid, g, float("nan"))
+    return tl.where(ignored, 0.0, g)
+
+
+@triton.jit
+def _ce_row_result(m, S_fix, E_t, x_t, w_t, w_all, wx, eps, inv_v, SCALE, ignored, valid, HAS_SMOOTHING: tl.constexpr):
+    S = S_fix.to(tl.float32)
+    lse = tl.where(m == -float("inf"), -float("inf"), m + tl.log(S / SCALE))
+    if HAS_SMOOTHING:
+        loss = (1.0 - eps) * w_t * (lse - x_t) + (eps * inv_v) * (w_all * lse - wx)
+    else:
+        loss = w_t * (lse - x_t)
+    loss = tl.where(valid, loss, float("nan"))
+    loss = tl.where(ignored, 0.0, loss)
+    inv = SCALE / S
+    pm1 = -((S_fix - E_t).to(tl.float32) / S)
+    return lse, loss, inv, pm1
+
+
+@triton.jit
+def cross_entropy_row_kernel(
+    X,
+    T,
+    W,
+    G,
+    LOSS,
+    LSE,
+    PREP,
+    V,
+    stride_x,
+    stride_g,
+    ignore_index,
+    eps,
+    inv_v,
+    KW,
+    SCALE,
+    BLOCK: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr,
+):
+    # One program holds the whole row in registers (BLOCK = next_pow2(V)): one read, one write.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < V
+    t, ignored, valid, t_safe, w_t, w_all = _ce_row_terms(T, W, PREP, row, V, ignore_index, HAS_WEIGHT, HAS_SMOOTHING)
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=-float("inf")).to(tl.float32)
+    m = tl.max(x, axis=0)
+    e = tl.exp(x - m)
+    S_fix = tl.sum(_exp_fixed(e, SCALE), axis=0)
+    is_t = cols == t_safe
+    x_t = tl.sum(tl.where(is_t, x, 0.0), axis=0)  # one nonzero term: exact
+    E_t = tl.sum(tl.where(is_t, _exp_fixed(e, SCALE), 0), axis=0)
+    if HAS_WEIGHT:
+        w_j = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    else:
+        w_j = tl.where(mask, 1.0, 0.0)
+    if HAS_SMOOTHING:
+        wx = tl.where(mask, w_j * x, 0.0)
+        shift = _shift_for(tl.max(_finite_abs(wx), axis=0), KW)
+        wx_sum = _from_fixed(tl.sum(_to_fixed(wx, shift), axis=0), shift, tl.sum(_non_finite(wx), axis=0))
+    else:
+        wx_sum = 0.0
+    lse, loss, inv, pm1 = _ce_row_result(
+        m, S_fix, E_t, x_t, w_t, w_all, wx_sum, eps, inv_v, SCALE, ignored, valid, HAS_SMOOTHING
+    )
+    tl.store(LSE + row, lse)
+    tl.store(LOSS + row, loss)
+    gscale = tl.load(PREP + 2)
+    g = _ce_grad(x, e, is_t, pm1, inv, w_j, w_t, w_all, eps, inv_v, gscale, ignored, valid, HAS_SMOOTHING)
+    tl.store(G + row * stride_g + cols, g.to(G.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def cross_entropy_tile_kernel(
+    X,
+    T,
+    W,
+    G,
+    LOSS,
+    LSE,
+    PREP,
+    B,
+    V,
+    stride_x,
+    stride_g,
+    ignore_index,
+    eps,
+    inv_v,
+    KW,
+    SCALE,
+    BLOCK: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_SMOOTHING: tl.constexpr,
+):
+    # Rows longer than a program's registers: a grid of programs walks the rows, each row in
+    # three passes over tiles (max [and largest |w x|], fixed-point sums, gradient). The same
+    # arithmetic as the row kernel element for element, so both give a row the same bits.
+    cols = tl.arange(0, BLOCK)
+    row = tl.program_id(0).to(tl.int64)
+    while row < B:
+        t, ignored, valid, t_safe, w_t, w_all = _ce_row_terms(
+            T, W, PREP, row, V, ignore_index, HAS_WEIGHT, HAS_SMOOTHING
+        )
+        x_row = X + row * stride_x
+        m_l = tl.full([BLOCK], -float("inf"), tl.float32)
+        amax_l = tl.zeros([BLOCK], tl.float32)
+        inf_l = tl.zeros([BLOCK], tl.float32)
+        start = 0
+        while start < V:
+            idx = start + cols
+            mask = idx < V
+            x = tl.load(x_row + idx, mask=mask, other=-float("inf")).to(tl.float32)
+            m_l = tl.maximum(m_l, x)
+            if HAS_SMOOTHING:
+                if HAS_WEIGHT:
+                    w_j = tl.load(W + idx, mask=mask, other=0.0).to(tl.float32)
+                else:
+                    w_j = tl.where(mask, 1.0, 0.0)
+                wx = tl.where(mask, w_j * x, 0.0)
+                amax_l = tl.maximum(amax_l, _finite_abs(wx))
+                inf_l += _non_finite(wx)
+            start += BLOCK
+        m = tl.max(m_l, axis=0)
+        shift = _shift_for(tl.max(amax_l, axis=0), KW)
+        s_l = tl.zeros([BLOCK], tl.int64)
+        wx_l = tl.zeros([BLOCK], tl.int64)
+        start = 0
+        while start < V:
+            idx = start + cols
+            mask = idx < V
+            x = tl.load(x_row + idx, mask=mask, other=-float("inf")).to(tl.float32)
+            s_l += _exp_fixed(tl.exp(x - m), SCALE)
+            if HAS_SMOOTHING:
+                if HAS_WEIGHT:
+                    w_j = tl.load(W + idx, mask=mask, other=0.0).to(tl.float32)
+                else:
+                    w_j = tl.where(mask, 1.0, 0.0)
+                wx_l += _to_fixed(tl.where(mask, w_j * x, 0.0), shift)
+            start += BLOCK
+        S_fix = tl.sum(s_l, axis=0)
+        if HAS_SMOOTHING:
+            wx_sum = _from_fixed(tl.sum(wx_l, axis=0), shift, tl.sum(inf_l, axis=0))
+        else:
+            wx_sum = 0.0
+        x_t = tl.load(x_row + t_safe).to(tl.float32)
+        E_t = _exp_fixed(tl.exp(x_t - m), SCALE)
+        lse, loss, inv, pm1 = _ce_row_result(
+            m, S_fix, E_t, x_t, w_t, w_all, wx_sum, eps, inv_v, SCALE, ignored, valid, HAS_SMOOTHING
+        )
+        tl.store(LSE + row, lse)
+        tl.store(LOSS + row, loss)
+        gscale = tl.load(PREP + 2)
+        g_row = G + row * stride_g
+        start = 0
+        while start < V:
+            idx = start + cols
+            mask = idx < V
+            x = tl.load(x_row + idx, mask=mask, other=-float("inf"), eviction_policy="evict_first").to(tl.float32)
+            if HAS_WEIGHT:
+                w_j = tl.load(W + idx, mask=mask, other=0.0).to(tl.float32)
+            else:
+                w_j = tl.where(mask, 1.0, 0.0)
+            g = _ce_grad(
+                x,
+                tl.exp(x - m),
+                idx == t_safe,
+                pm1,
+                inv,
+                w_j,
+                w_t,
+                w_all,
+                eps,
+                inv_v,
+                gscale,
+                ignored,
+                valid,
+                HAS_SMOOTHING,
+            )
+            tl.store(g_row + idx, g.to(G.dtype.element_ty), mask=mask)
+            start += BLOCK
+        row += tl.num_programs(0)
+
+
+@triton.jit
+def cross_entropy_prep_kernel(
+    T, W, PREP, BAD, N, V, ignore_index, KN, KV, BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, MEAN: tl.constexpr
+):
+    # One program, before the row kernel: the mean's denominator (the rows' w_t summed, or their
+    # count), the sum of all class weights, and the targets that are neither in [0, V) nor
+    # ignore_index (count, least and largest), each in any order with the same bits.
+    #   PREP[0] = sum of class weights   PREP[1] = sum of the rows' w_t   PREP[2] = gradient scale
+    #   BAD[0] = bad targets, BAD[1] = least, BAD[2] = largest of them
+    cols = tl.arange(0, BLOCK)
+    bad_l = tl.zeros([BLOCK], tl.int64)
+    lo_l = tl.full([BLOCK], 2**62, tl.int64)
+    hi_l = tl.full([BLOCK], -(2**62), tl.int64)
+    cnt_l = tl.zeros([BLOCK], tl.int64)
+    wmax_l = tl.zeros([BLOCK], tl.float32)
+    winf_l = tl.zeros([BLOCK], tl.float32)
+    start = 0
+    while start < N:
+        idx = start + cols
+        mask = idx < N
+        t = tl.load(T + idx, mask=mask, other=ignore_index).to(tl.int64)
+        bad = (t != ignore_index) & ((t < 0) | (t >= V))
+        bad_l += bad.to(tl.int64)
+        lo_l = tl.minimum(lo_l, tl.where(bad, t, 2**62))
+        hi_l = tl.maximum(hi_l, tl.where(bad, t, -(2**62)))
+        ok = (t != ignore_index) & (t >= 0) & (t < V)
+        cnt_l += ok.to(tl.int64)
+        if HAS_WEIGHT:
+            w = tl.where(ok, tl.load(W + tl.where(ok, t, 0), mask=ok, other=0.0).to(tl.float32), 0.0)
+            wmax_l = tl.maximum(wmax_l, _finite_abs(w))
+            winf_l += _non_finite(w)
+        start += BLOCK
+    tl.store(BAD + 0, tl.sum(bad_l, axis=0))
+    tl.store(BAD + 1, tl.min(lo_l, axis=0))
+    tl.store(BAD + 2, tl.max(hi_l, axis=0))
+    if HAS_WEIGHT:
+        shift = _shift_for(tl.max(wmax_l, axis=0), KN)
+        fix_l = tl.zeros([BLOCK], tl.int64)
+        start = 0
+        while start < N:
+            idx = start + cols
+            mask = idx < N
+            t = tl.load(T + idx, mask=mask, other=ignore_index).to(tl.int64)
+            ok = (t != ignore_index) & (t >= 0) & (t < V)
+            w = tl.where(ok, tl.load(W + tl.where(ok, t, 0), mask=ok, other=0.0).to(tl.float32), 0.0)
+            fix_l += _to_fixed(w, shift)
+            start += BLOCK
+        w_rows = _from_fixed(tl.sum(fix_l, axis=0), shift, tl.sum(winf_l, axis=0))
+        # The sum of all class weights (label smoothing's W_all).
+        amax_l = tl.zeros([BLOCK], tl.float32)
+        inf_l = tl.zeros([BLOCK], tl.float32)
+        start = 0
+        while start < V:
+            idx = start + cols
+            w = tl.load(W + idx, mask=idx < V, other=0.0).to(tl.float32)
+            amax_l = tl.maximum(amax_l, _finite_abs(w))
+            inf_l += _non_finite(w)
+            start += BLOCK
+        shift_v = _shift_for(tl.max(amax_l, axis=0), KV)
+        all_l = tl.zeros([BLOCK], tl.int64)
+        start = 0
+        while start < V:
+            idx = start + cols
+            w = tl.load(W + idx, mask=idx < V, other=0.0).to(tl.float32)
+            all_l += _to_fixed(w, shift_v)
+            start += BLOCK
+        w_all = _from_fixed(tl.sum(all_l, axis=0), shift_v, tl.sum(inf_l, axis=0))
+    else:
+        w_rows = tl.sum(cnt_l, axis=0).to(tl.float32)
+        w_all = V * 1.0  # V may be the constexpr 1
+    tl.store(PREP + 0, w_all)
+    tl.store(PREP + 1, w_rows)
+    if MEAN:
+        tl.store(PREP + 2, 1.0 / w_rows)
+    else:
+        tl.store(PREP + 2, w_rows * 0.0 + 1.0)
+
+
+@triton.jit
+def cross_entropy_reduce_kernel(LOSS, PREP, OUT, N, KN, BLOCK: tl.constexpr, MEAN: tl.constexpr):
+    # One program, after the row kernel: the rows' losses summed in fixed point (any order, same
+    # bits), divided by the denominator for reduction="mean" (0 / 0 = NaN when every row is
+    # ignored, as PyTorch gives).
+    cols = tl.arange(0, BLOCK)
+    amax_l = tl.zeros([BLOCK], tl.float32)
+    inf_l = tl.zeros([BLOCK], tl.float32)
+    start = 0
+    while start < N:
+        idx = start + cols
+        v = tl.load(LOSS + idx, mask=idx < N, other=0.0)
+        amax_l = tl.maximum(amax_l, _finite_abs(v))
+        inf_l += _non_finite(v)
+        start += BLOCK
+    shift = _shift_for(tl.max(amax_l, axis=0), KN)
+    fix_l = tl.zeros([BLOCK], tl.int64)
+    start = 0
+    while start < N:
+        idx = start + cols
+        fix_l += _to_fixed(tl.load(LOSS + idx, mask=idx < N, other=0.0), shift)
+        start += BLOCK
+    total = _from_fixed(tl.sum(fix_l, axis=0), shift, tl.sum(inf_l, axis=0))
+    if MEAN:
+        total = total / tl.load(PREP + 1)
+    tl.store(OUT, total.to(OUT.dtype.element_ty))
+
+
+@triton.jit
+def cross_entropy_scale_kernel(G, GO, B, V, stride_g, stride_go, BLOCK: tl.constexpr):
+    # The backward of cross-entropy: the gradient saved by the forward times grad_output, in
+    # place. Each program reads its row's grad_output first and touches the row only where it is
+    # not 1 (the common loss.backward()), so that case moves no gradient bytes at all.
+    row = tl.program_id(0).to(tl.int64)
+    go = tl.load(GO + row * stride_go).to(tl.float32)
+    if go != 1.0:
+        g_row = G + row * stride_g
+        cols = tl.arange(0, BLOCK)
+        start = 0
+        while start < V:
+            idx = start + cols
+            mask = idx < V
+            g = tl.load(g_row + idx, mask=mask, other=0.0).to(tl.float32)
+            tl.store(g_row + idx, (g * go).to(G.dtype.element_ty), mask=mask)
+            start += BLOCK
+
+
+JIT_KERNELS = {
+    "softmax_backward_row": softmax_backward_row_kernel,
+    "softmax_backward_tile": softmax_backward_tile_kernel,
+    "cross_entropy_row": cross_entropy_row_kernel,
+    "cross_entropy_tile": cross_entropy_tile_kernel,
+    "cross_entropy_prep": cross_entropy_prep_kernel,
+    "cross_entropy_reduce": cross_entropy_reduce_kernel,
+    "cross_entropy_scale": cross_entropy_scale_kernel,
+}
