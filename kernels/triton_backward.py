@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .checks import FLOAT_DTYPES
+from .checks import check_backward_inputs, prepare_dx
 from .triton_loss_kernels import softmax_backward_row_kernel, softmax_backward_tile_kernel
 
 KERNEL_NAME = "triton"
@@ -54,45 +54,6 @@ def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict
     if path == "tile":
         return {"BLOCK": 4096, "num_warps": 8, "programs_per_sm": 4}
     raise ValueError(f"{KERNEL_NAME} softmax backward: unknown path {path!r} ({', '.join(PATHS)})")
-
-
-def check_backward_inputs(dy, y, *, kernel: str, device_type: str | None = "cuda") -> None:
-    """dy and y: tensors of one shape (B, V), one supported dtype, one device; a clear TypeError or
-    ValueError naming `kernel` otherwise."""
-    for name, t in (("dy", dy), ("y", y)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{kernel} softmax backward: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 2:
-            raise ValueError(f"{kernel} softmax backward: {name} must be 2-D (B, V), got shape {tuple(t.shape)}")
-        if t.dtype not in FLOAT_DTYPES:
-            names = ", ".join(str(d).removeprefix("torch.") for d in FLOAT_DTYPES)
-            got = str(t.dtype).removeprefix("torch.")
-            raise TypeError(f"{kernel} softmax backward: {name} dtype {got} is not supported (supported: {names})")
-    if dy.shape != y.shape:
-        raise ValueError(f"{kernel} softmax backward: dy {tuple(dy.shape)} and y {tuple(y.shape)} differ in shape")
-    if dy.dtype != y.dtype:
-        raise TypeError(f"{kernel} softmax backward: dy is {dy.dtype} and y is {y.dtype}; they must share a dtype")
-    if dy.shape[1] == 0:
-        raise ValueError(f"{kernel} softmax backward: V = 0")
-    if dy.device != y.device:
-        raise ValueError(f"{kernel} softmax backward: dy on {dy.device} and y on {y.device}")
-    if device_type is not None and dy.device.type != device_type:
-        raise ValueError(f"{kernel} softmax backward: expected {device_type} tensors, got them on {dy.device}")
-
-
-def prepare_dx(y: torch.Tensor, out, *, kernel: str) -> torch.Tensor:
-    if out is None:
-        return torch.empty(y.shape, dtype=y.dtype, device=y.device)
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"{kernel} softmax backward: out must be a torch.Tensor, got {type(out).__name__}")
-    if out.shape != y.shape or out.dtype != y.dtype or out.device != y.device:
-        raise ValueError(
-            f"{kernel} softmax backward: out is {tuple(out.shape)} {out.dtype} on {out.device}, "
-            f"expected {tuple(y.shape)} {y.dtype} on {y.device}"
-        )
-    if not out.is_contiguous():
-        raise ValueError(f"{kernel} softmax backward: out must be contiguous")
-    return out
 
 
 def _programs(B: int, per_sm: int, device) -> int:

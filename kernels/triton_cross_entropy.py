@@ -40,7 +40,8 @@ from typing import NamedTuple
 import torch
 import triton
 
-from .checks import FLOAT_DTYPES
+from .checks import CROSS_ENTROPY_REDUCTIONS as REDUCTIONS
+from .checks import check_cross_entropy_inputs
 from .triton_backward import fixed_point_bits
 from .triton_loss_kernels import (
     cross_entropy_prep_kernel,
@@ -52,8 +53,6 @@ from .triton_loss_kernels import (
 
 KERNEL_NAME = "triton"
 PATHS = ("row", "tile")
-REDUCTIONS = ("mean", "sum", "none")
-TARGET_DTYPES = (torch.int64, torch.int32)
 DISPATCH_BOUNDARIES = {"row_max_v": 16384}
 
 INTERPRET = type(cross_entropy_row_kernel).__name__ == "InterpretedFunction"
@@ -81,58 +80,6 @@ def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict
     if path == "tile":
         return {"BLOCK": 4096, "num_warps": 8, "programs_per_sm": 4}
     raise ValueError(f"{KERNEL_NAME} cross-entropy: unknown path {path!r} ({', '.join(PATHS)})")
-
-
-def check_cross_entropy_inputs(
-    logits,
-    targets,
-    *,
-    weight=None,
-    ignore_index: int = -100,
-    label_smoothing: float = 0.0,
-    reduction: str = "mean",
-    kernel: str = KERNEL_NAME,
-    device_type: str | None = "cuda",
-) -> None:
-    """Shapes, dtypes, devices and options, checked before anything runs (TypeError/ValueError
-    naming `kernel` and the problem). Target values are checked by the wrapper (validate=True)."""
-    what = f"{kernel} cross-entropy"
-    if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"{what}: logits must be a torch.Tensor, got {type(logits).__name__}")
-    if not isinstance(targets, torch.Tensor):
-        raise TypeError(f"{what}: targets must be a torch.Tensor, got {type(targets).__name__}")
-    if logits.dim() != 2:
-        raise ValueError(f"{what}: logits must be 2-D (N, V), got shape {tuple(logits.shape)}")
-    if logits.dtype not in FLOAT_DTYPES:
-        names = ", ".join(str(d).removeprefix("torch.") for d in FLOAT_DTYPES)
-        raise TypeError(f"{what}: logits dtype {str(logits.dtype).removeprefix('torch.')} is not supported ({names})")
-    if logits.shape[1] == 0:
-        raise ValueError(f"{what}: V = 0 classes")
-    if targets.dim() != 1 or targets.shape[0] != logits.shape[0]:
-        raise ValueError(
-            f"{what}: targets must be 1-D with one class index per row ({logits.shape[0]}), "
-            f"got shape {tuple(targets.shape)}"
-        )
-    if targets.dtype not in TARGET_DTYPES:
-        raise TypeError(f"{what}: targets must be int64 or int32 class indices, got {targets.dtype}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"{what}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if not isinstance(label_smoothing, (int, float)) or not 0.0 <= float(label_smoothing) <= 1.0:
-        raise ValueError(f"{what}: label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
-    if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
-        raise TypeError(f"{what}: ignore_index must be an int, got {type(ignore_index).__name__}")
-    if weight is not None:
-        if not isinstance(weight, torch.Tensor):
-            raise TypeError(f"{what}: weight must be a torch.Tensor or None, got {type(weight).__name__}")
-        if weight.shape != (logits.shape[1],):
-            raise ValueError(f"{what}: weight must have shape ({logits.shape[1]},), got {tuple(weight.shape)}")
-        if weight.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"{what}: weight dtype {weight.dtype} is not supported")
-    for name, t in (("targets", targets), ("weight", weight)):
-        if t is not None and t.device != logits.device:
-            raise ValueError(f"{what}: {name} on {t.device}, logits on {logits.device}")
-    if device_type is not None and logits.device.type != device_type:
-        raise ValueError(f"{what}: expected {device_type} tensors, got them on {logits.device}")
 
 
 def loss_shape(N: int, reduction: str) -> tuple:
@@ -210,6 +157,7 @@ def _cross_entropy(logits, targets, weight, ignore_index, label_smoothing, reduc
         ignore_index=ignore_index,
         label_smoothing=label_smoothing,
         reduction=reduction,
+        kernel=KERNEL_NAME,
         device_type=_DEVICE_TYPE,
     )
     if inplace:
