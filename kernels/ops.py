@@ -10,7 +10,9 @@ without a graph break and CUDA graphs (mode="reduce-overhead") capture them.
                                                  label_smoothing, reduction)
                                          (loss, lse, grad): the Triton cross-entropy
     torch.ops.softmax_suite.cross_entropy_grad_scale_(grad, grad_output)
-                                         its backward: grad *= grad_output, in place
+                                         its backward in eager mode: grad *= grad_output, in place
+    torch.ops.softmax_suite.cross_entropy_grad_scaled(grad, grad_output)
+                                         its backward when traced: grad * grad_output, new
 
 Each softmax op takes a (B, V) tensor and returns a new contiguous one. The fake implementations
 give the compiler the outputs' metadata without running anything.
@@ -23,10 +25,14 @@ traceable PyTorch call it wraps.
 
 Cross-entropy. `cross_entropy_triton` computes the gradient with respect to the logits in its
 forward pass and returns it as a third output (not differentiable, like lse); autograd saves it,
-and the backward multiplies it by grad_output in place (`cross_entropy_grad_scale_`), touching no
-row whose grad_output is 1, so `loss.backward()` costs one launch and no pass over the gradient.
-The saved gradient is consumed: a second backward through the same graph (retain_graph=True)
-raises autograd's error about a saved tensor modified in place, rather than scaling twice.
+and the backward multiplies it by grad_output. In eager mode that happens in place
+(`cross_entropy_grad_scale_`), touching no row whose grad_output is 1, so `loss.backward()` costs
+one launch and no pass over the gradient; the saved gradient is consumed: a second backward
+through the same graph (retain_graph=True) raises autograd's error about a saved tensor modified
+in place, rather than scaling twice. Traced by torch.compile / AOTAutograd, the backward is the
+functional `cross_entropy_grad_scaled` (one read and one write of the gradient): an in-place
+update of a forward output inside a compiled backward is not something AOTAutograd accepts
+when that output is also returned (opcheck's test_aot_dispatch_dynamic fails on it).
 `cross_entropy(...)` below is the functional entry that returns (loss, lse).
 
 Eager callers should keep using the registries: the custom-op dispatcher adds several
@@ -123,6 +129,18 @@ def _(grad, grad_output):
     return None
 
 
+@torch.library.custom_op(f"{NAMESPACE}::cross_entropy_grad_scaled", mutates_args=())
+def cross_entropy_grad_scaled(grad: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
+    from .triton_cross_entropy import scaled_gradient
+
+    return scaled_gradient(grad, grad_output)
+
+
+@cross_entropy_grad_scaled.register_fake
+def _(grad, grad_output):
+    return torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+
+
 @torch.library.custom_op(f"{NAMESPACE}::cross_entropy_triton", mutates_args=())
 def cross_entropy_triton(
     logits: torch.Tensor,
@@ -168,8 +186,14 @@ def _ce_setup_context(ctx, inputs, output):
 
 def _ce_backward(ctx, grad_loss, grad_lse, grad_grad):
     (grad,) = ctx.saved_tensors
-    torch.ops.softmax_suite.cross_entropy_grad_scale_(grad, grad_loss)
-    return grad, None, None, None, None, None
+    if type(grad) is torch.Tensor:
+        # Eager: scale the saved gradient in place, skipping every row whose factor is 1.
+        torch.ops.softmax_suite.cross_entropy_grad_scale_(grad, grad_loss)
+        return grad, None, None, None, None, None
+    # Traced (fake or functional tensors under torch.compile / AOTAutograd): the functional form,
+    # since a compiled graph may also return the forward's gradient output that a mutation would
+    # change behind its back.
+    return torch.ops.softmax_suite.cross_entropy_grad_scaled(grad, grad_loss), None, None, None, None, None
 
 
 cross_entropy_triton.register_autograd(_ce_backward, setup_context=_ce_setup_context)
@@ -186,7 +210,9 @@ def cross_entropy(
     """(loss, lse) of F.cross_entropy(logits, targets, ...) through the Triton op; the loss is
     differentiable with respect to the logits, lse (float32, per row) is not."""
     if reduction not in CROSS_ENTROPY_REDUCTIONS:
-        raise ValueError(f"triton cross-entropy: reduction must be one of {CROSS_ENTROPY_REDUCTIONS}, got {reduction!r}")
+        raise ValueError(
+            f"triton cross-entropy: reduction must be one of {CROSS_ENTROPY_REDUCTIONS}, got {reduction!r}"
+        )
     loss, lse, _ = torch.ops.softmax_suite.cross_entropy_triton(
         logits, targets, weight, int(ignore_index), float(label_smoothing), reduction
     )
@@ -199,6 +225,7 @@ __all__ = [
     "cross_entropy",
     "cross_entropy_triton",
     "cross_entropy_grad_scale_",
+    "cross_entropy_grad_scaled",
     "softmax_backward_for",
     "BACKWARD_OPS",
     "NAMESPACE",

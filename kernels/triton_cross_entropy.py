@@ -53,7 +53,7 @@ from .triton_loss_kernels import (
 
 KERNEL_NAME = "triton"
 PATHS = ("row", "tile")
-DISPATCH_BOUNDARIES = {"row_max_v": 16384}
+DISPATCH_BOUNDARIES = {"row_max_v": 8192}
 
 INTERPRET = type(cross_entropy_row_kernel).__name__ == "InterpretedFunction"
 _DEVICE_TYPE = "cpu" if INTERPRET else "cuda"
@@ -75,10 +75,11 @@ def plan(N: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) ->
 def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict:
     if path == "row":
         block = triton.next_power_of_2(V)
+        # Up to 8 elements per thread and tensor: no spills on sm_90 (kernels.triton_loss_build).
         warps = 4 if block <= 2048 else (8 if block <= 4096 else 16)
         return {"BLOCK": block, "num_warps": warps}
     if path == "tile":
-        return {"BLOCK": 4096, "num_warps": 8, "programs_per_sm": 4}
+        return {"BLOCK": 4096, "num_warps": 8, "programs_per_sm": 2}
     raise ValueError(f"{KERNEL_NAME} cross-entropy: unknown path {path!r} ({', '.join(PATHS)})")
 
 
@@ -233,14 +234,13 @@ def run_path(logits, targets, path: str, *, params: dict | None = None, **option
     )
 
 
-def scale_gradient_(grad: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
-    """grad *= grad_output in place (a scalar, or one value per row), touching only the rows whose
-    factor is not 1: the backward of cross-entropy, with the gradient the forward computed."""
+def _scale(grad: torch.Tensor, grad_output: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     N, V = grad.shape
     if N == 0:
-        return grad
-    if grad.stride(1) != 1:
-        raise ValueError(f"{KERNEL_NAME} cross-entropy: the gradient must have rows of unit column stride")
+        return out
+    for name, t in (("gradient", grad), ("output", out)):
+        if t.stride(1) != 1:
+            raise ValueError(f"{KERNEL_NAME} cross-entropy: the {name} must have rows of unit column stride")
     if grad_output.dim() not in (0, 1) or (grad_output.dim() == 1 and grad_output.shape[0] != N):
         raise ValueError(f"{KERNEL_NAME} cross-entropy: grad_output of shape {tuple(grad_output.shape)} for {N} rows")
     go = grad_output.reshape(-1)
@@ -248,20 +248,35 @@ def scale_gradient_(grad: torch.Tensor, grad_output: torch.Tensor) -> torch.Tens
     block = min(4096, triton.next_power_of_2(V))
 
     def run():
-        cross_entropy_scale_kernel[(N,)](grad, go, N, V, grad.stride(0), stride_go, BLOCK=block, num_warps=4)
+        cross_entropy_scale_kernel[(N,)](
+            grad, out, go, N, V, grad.stride(0), out.stride(0), stride_go,
+            BLOCK=block, IN_PLACE=out is grad, num_warps=4,
+        )  # fmt: skip
 
     if INTERPRET or grad.get_device() == torch.cuda.current_device():
         run()
     else:
         with torch.cuda.device(grad.get_device()):
             run()
-    return grad
+    return out
+
+
+def scale_gradient_(grad: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
+    """grad *= grad_output in place (a scalar, or one value per row), touching only the rows whose
+    factor is not 1: the backward of cross-entropy, with the gradient the forward computed."""
+    return _scale(grad, grad_output, grad)
+
+
+def scaled_gradient(grad: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
+    """grad * grad_output into a new tensor (every row read and written): the functional form."""
+    return _scale(grad, grad_output, torch.empty(grad.shape, dtype=grad.dtype, device=grad.device))
 
 
 __all__ = [
     "cross_entropy",
     "run_path",
     "scale_gradient_",
+    "scaled_gradient",
     "plan",
     "launch_params",
     "check_cross_entropy_inputs",

@@ -475,21 +475,25 @@ def cross_entropy_reduce_kernel(LOSS, PREP, OUT, N, KN, BLOCK: tl.constexpr, MEA
 
 
 @triton.jit
-def cross_entropy_scale_kernel(G, GO, B, V, stride_g, stride_go, BLOCK: tl.constexpr):
-    # The backward of cross-entropy: the gradient saved by the forward times grad_output, in
-    # place. Each program reads its row's grad_output first and touches the row only where it is
-    # not 1 (the common loss.backward()), so that case moves no gradient bytes at all.
+def cross_entropy_scale_kernel(
+    G, OUT, GO, B, V, stride_g, stride_out, stride_go, BLOCK: tl.constexpr, IN_PLACE: tl.constexpr
+):
+    # The backward of cross-entropy: the gradient saved by the forward times grad_output (a
+    # scalar, stride_go = 0, or one value per row). In place (OUT = G), each program reads its
+    # row's grad_output first and touches the row only where it is not 1 (loss.backward()), so
+    # that case moves no gradient bytes at all; out of place, every row is written.
     row = tl.program_id(0).to(tl.int64)
     go = tl.load(GO + row * stride_go).to(tl.float32)
-    if go != 1.0:
+    if (go != 1.0) | (not IN_PLACE):
         g_row = G + row * stride_g
+        o_row = OUT + row * stride_out
         cols = tl.arange(0, BLOCK)
         start = 0
         while start < V:
             idx = start + cols
             mask = idx < V
             g = tl.load(g_row + idx, mask=mask, other=0.0).to(tl.float32)
-            tl.store(g_row + idx, (g * go).to(G.dtype.element_ty), mask=mask)
+            tl.store(o_row + idx, (g * go).to(OUT.dtype.element_ty), mask=mask)
             start += BLOCK
 
 

@@ -311,7 +311,7 @@ def test_interpreted_in_a_subprocess(pytestconfig):
 
 # -- on the GPU ------------------------------------------------------------------------------------------------
 
-CUDA_V = (1, 7, 600, 4097, 16384, 16385, 32000, 50257, 128256, 151936, 262144)
+CUDA_V = (1, 7, 600, 4097, 8192, 8193, 32000, 50257, 128256, 151936, 262144)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -333,8 +333,8 @@ def test_cuda_matches_the_reference(case, dtype, V):
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("path", tce.PATHS)
 def test_cuda_edge_rows_every_path_and_layout(path, dtype, V):
-    if path == "row" and V > 65536:
-        pytest.skip("the row path holds a row in registers: V <= 65536")
+    if path == "row" and V > tce.DISPATCH_BOUNDARIES["row_max_v"]:
+        pytest.skip("the row path holds a row in registers: V <= row_max_v")
     x, t = edge_rows(V, seed=V, dtype=dtype, device="cuda")
     params = TILE if (path == "tile" and V < 1000) else {}
     o = options("mean", 0.1, True, V=V, dtype=dtype, device="cuda")

@@ -36,6 +36,7 @@ def test_ops_pass_opcheck():
         (torch.ops.softmax_suite.cross_entropy_triton, (x.clone().requires_grad_(True), t3, w, 3, 0.1, "none")),
         (torch.ops.softmax_suite.cross_entropy_grad_scale_, (torch.randn(8, V), torch.tensor(2.0))),
         (torch.ops.softmax_suite.cross_entropy_grad_scale_, (torch.randn(8, V), torch.randn(8))),
+        (torch.ops.softmax_suite.cross_entropy_grad_scaled, (torch.randn(8, V), torch.rand(8) + 0.5)),
         (torch.ops.softmax_suite.softmax_backward_triton, (torch.randn(3, V), torch.softmax(torch.randn(3, V), -1))),
     ]
     for op, args in cases:

@@ -225,7 +225,7 @@ def test_interpreted_in_a_subprocess(pytestconfig):
 
 # -- on the GPU ----------------------------------------------------------------------------------------------
 
-CUDA_V = (1, 7, 600, 4097, 16384, 16385, 32000, 50257, 128256, 151936, 262144)
+CUDA_V = (1, 7, 600, 4097, 8192, 8193, 32000, 50257, 128256, 151936, 262144)
 
 
 def _cuda_cases():
@@ -253,6 +253,8 @@ def test_cuda_matches_the_reference(kernel, dtype, V):
 @pytest.mark.parametrize("path", tb.PATHS)
 @pytest.mark.parametrize("V", (37, 4097, 50257))
 def test_cuda_every_path_and_layout_gives_the_same_bits(path, V, dtype):
+    if path == "row" and V > tb.DISPATCH_BOUNDARIES["row_max_v"]:
+        pytest.skip("the row path holds a row in registers: V <= row_max_v")
     dy0, y0 = pair(6, V, seed=V + 1, dtype=dtype, device="cuda")
     params = TILE if (path == "tile" and V < 1000) else {}
     want = run_backward_poisoned(run_path(path, **params), dy0, y0)
