@@ -27,52 +27,20 @@ import triton
 import triton.language as tl
 
 # ------------------------------------------------------------------------------ order-free sums
+#
+# Written out in each kernel rather than as @triton.jit helpers: Triton's interpreter re-patches
+# the language module on every nested call, which made the CPU tests several times slower. The
+# pattern, for a block of terms t whose largest finite magnitude is amax:
+#
+#   biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF              exponent bits of amax
+#   shift = min(K - (biased == 0 ? -126 : biased - 126), 126)            amax < 2^(K - shift)
+#   up, down = 2^shift, 2^-shift                                         from exponent bits
+#   total = float(sum(int64(finite(t) * up))) * down + sum(non-finite t)
+#
+# and the sums of exponentials, which lie in [0, 1], use the fixed scale SCALE = 2^K:
+# sum(int64(e * SCALE)).
 
-
-@triton.jit
-def _pow2(e):
-    # 2^e as float32 for integer e in [-126, 127], from the exponent bits alone (exact).
-    return ((e + 127).to(tl.int32) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _finite_abs(t):
-    # |t| where t is finite, 0 for ±inf and NaN (NaN compares false), so a max never sees NaN.
-    return tl.where(tl.abs(t) < float("inf"), tl.abs(t), 0.0)
-
-
-@triton.jit
-def _non_finite(t):
-    # t where it is ±inf or NaN, 0 elsewhere: summed in float, in any order.
-    return tl.where(tl.abs(t) < float("inf"), 0.0, t)
-
-
-@triton.jit
-def _shift_for(amax, K):
-    # The power s with |t| * 2^s < 2^K for every |t| <= amax: amax < 2^E with E read from the
-    # exponent bits (a subnormal or zero amax counts as 2^-126). s is capped at 126 so 2^s and
-    # 2^-s stay normal floats; a capped s only gives tiny terms fewer bits than they could have.
-    biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
-    E = tl.where(biased == 0, -126, biased - 126)
-    return tl.minimum(K - E, 126)
-
-
-@triton.jit
-def _to_fixed(t, s):
-    # trunc(t * 2^s) as int64 for finite t (the product is exact: a power of two), 0 otherwise.
-    return tl.where(tl.abs(t) < float("inf"), t * _pow2(s), 0.0).to(tl.int64)
-
-
-@triton.jit
-def _from_fixed(total, s, non_finite):
-    return total.to(tl.float32) * _pow2(-s) + non_finite
-
-
-@triton.jit
-def _exp_fixed(e, SCALE):
-    # The forward's fixed point for terms in [0, 1] (truncation toward zero).
-    return (e * SCALE).to(tl.int64)
-
+INF = float("inf")
 
 # ------------------------------------------------------------------------------ softmax backward
 #
@@ -88,8 +56,14 @@ def softmax_backward_row_kernel(DY, Y, DX, V, stride_dy, stride_y, stride_dx, K,
     dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
     y = tl.load(Y + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
     t = y * dy
-    shift = _shift_for(tl.max(_finite_abs(t), axis=0), K)
-    s = _from_fixed(tl.sum(_to_fixed(t, shift), axis=0), shift, tl.sum(_non_finite(t), axis=0))
+    finite = tl.abs(t) < INF
+    amax = tl.max(tl.where(finite, tl.abs(t), 0.0), axis=0)
+    biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    shift = tl.minimum(K - tl.where(biased == 0, -126, biased - 126), 126)
+    up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+    down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+    fix = tl.sum(tl.where(finite, t * up, 0.0).to(tl.int64), axis=0)
+    s = fix.to(tl.float32) * down + tl.sum(tl.where(finite, 0.0, t), axis=0)
     tl.store(DX + row * stride_dx + cols, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
 
 
@@ -97,7 +71,8 @@ def softmax_backward_row_kernel(DY, Y, DX, V, stride_dy, stride_y, stride_dx, K,
 def softmax_backward_tile_kernel(DY, Y, DX, B, V, stride_dy, stride_y, stride_dx, K, BLOCK: tl.constexpr):
     # Rows longer than a program's registers: a grid of programs walks the rows (row += grid), each
     # row in three passes over BLOCK-wide tiles (largest |y * dy|, fixed-point sum, write). The
-    # grid bounds the rows in flight, so the second and third reads can come from L2.
+    # grid bounds the rows in flight, so the second and third reads can come from L2. The same
+    # arithmetic as the row kernel, so both give a row the same bits.
     # while, not range(): Triton 3.6's interpreter cannot take a run-time range bound.
     cols = tl.arange(0, BLOCK)
     row = tl.program_id(0).to(tl.int64)
@@ -110,24 +85,27 @@ def softmax_backward_tile_kernel(DY, Y, DX, B, V, stride_dy, stride_y, stride_dx
         while start < V:
             idx = start + cols
             mask = idx < V
-            t = tl.load(y_row + idx, mask=mask, other=0.0).to(tl.float32) * tl.load(
-                dy_row + idx, mask=mask, other=0.0
-            ).to(tl.float32)
-            amax_l = tl.maximum(amax_l, _finite_abs(t))
-            inf_l += _non_finite(t)
+            y = tl.load(y_row + idx, mask=mask, other=0.0).to(tl.float32)
+            t = y * tl.load(dy_row + idx, mask=mask, other=0.0).to(tl.float32)
+            finite = tl.abs(t) < INF
+            amax_l = tl.maximum(amax_l, tl.where(finite, tl.abs(t), 0.0))
+            inf_l += tl.where(finite, 0.0, t)
             start += BLOCK
-        shift = _shift_for(tl.max(amax_l, axis=0), K)
+        amax = tl.max(amax_l, axis=0)
+        biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        shift = tl.minimum(K - tl.where(biased == 0, -126, biased - 126), 126)
+        up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+        down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
         fix_l = tl.zeros([BLOCK], tl.int64)
         start = 0
         while start < V:
             idx = start + cols
             mask = idx < V
-            t = tl.load(y_row + idx, mask=mask, other=0.0).to(tl.float32) * tl.load(
-                dy_row + idx, mask=mask, other=0.0
-            ).to(tl.float32)
-            fix_l += _to_fixed(t, shift)
+            y = tl.load(y_row + idx, mask=mask, other=0.0).to(tl.float32)
+            t = y * tl.load(dy_row + idx, mask=mask, other=0.0).to(tl.float32)
+            fix_l += tl.where(tl.abs(t) < INF, t * up, 0.0).to(tl.int64)
             start += BLOCK
-        s = _from_fixed(tl.sum(fix_l, axis=0), shift, tl.sum(inf_l, axis=0))
+        s = tl.sum(fix_l, axis=0).to(tl.float32) * down + tl.sum(inf_l, axis=0)
         dx_row = DX + row * stride_dx
         start = 0
         while start < V:
@@ -157,146 +135,102 @@ def softmax_backward_tile_kernel(DY, Y, DX, B, V, stride_dy, stride_y, stride_dx
 
 
 @triton.jit
-def _ce_row_terms(T, W, PREP, row, V, ignore_index, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr):
+def cross_entropy_row_kernel(
+    X, T, W, G, LOSS, LSE, PREP, V, stride_x, stride_g, ignore_index, eps, inv_v, KW, SCALE,
+    BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+):  # fmt: skip
+    # One program holds the whole row in registers (BLOCK = next_pow2(V)): one read, one write.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < V
+    # The row's target and weights.
     t = tl.load(T + row).to(tl.int64)
     ignored = t == ignore_index
     valid = (t != ignore_index) & (t >= 0) & (t < V)
     t_safe = tl.where(valid, t, 0)
     if HAS_WEIGHT:
         w_t = tl.load(W + t_safe).to(tl.float32)
+        w_j = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        w_all = tl.load(PREP + 0)
     else:
         w_t = 1.0
+        w_j = tl.where(mask, 1.0, 0.0)
+        w_all = V * 1.0  # V may be the constexpr 1
+    # The sums: exponentials at the fixed scale, and (label smoothing) w_j * x_j order-free.
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=-INF).to(tl.float32)
+    m = tl.max(x, axis=0)
+    e = tl.exp(x - m)
+    e_fix = (e * SCALE).to(tl.int64)
+    S_fix = tl.sum(e_fix, axis=0)
+    # The target's logit and term, read again as scalars (the same bits as in the row; a
+    # reduction would cost the interpreter more than the load costs the GPU).
+    x_t = tl.load(X + row * stride_x + t_safe).to(tl.float32)
+    E_t = (tl.exp(x_t - m) * SCALE).to(tl.int64)
     if HAS_SMOOTHING:
-        if HAS_WEIGHT:
-            w_all = tl.load(PREP + 0)
-        else:
-            w_all = V * 1.0  # V may be the constexpr 1
+        wx = tl.where(mask, w_j * x, 0.0)
+        finite = tl.abs(wx) < INF
+        amax = tl.max(tl.where(finite, tl.abs(wx), 0.0), axis=0)
+        biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        shift = tl.minimum(KW - tl.where(biased == 0, -126, biased - 126), 126)
+        up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+        down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+        wx_fix = tl.sum(tl.where(finite, wx * up, 0.0).to(tl.int64), axis=0)
+        wx_sum = wx_fix.to(tl.float32) * down + tl.sum(tl.where(finite, 0.0, wx), axis=0)
+    # The row's results.
+    S = S_fix.to(tl.float32)
+    lse = tl.where(m == -INF, -INF, m + tl.log(S / SCALE))
+    if HAS_SMOOTHING:
+        loss = (1.0 - eps) * w_t * (lse - x_t) + (eps * inv_v) * (w_all * lse - wx_sum)
     else:
-        w_all = 0.0
-    return t, ignored, valid, t_safe, w_t, w_all
-
-
-@triton.jit
-def _ce_grad(x, e, is_t, pm1, inv, w_j, w_t, w_all, eps, inv_v, gscale, ignored, valid, HAS_SMOOTHING: tl.constexpr):
+        loss = w_t * (lse - x_t)
+    loss = tl.where(ignored, 0.0, tl.where(valid, loss, float("nan")))
+    tl.store(LSE + row, lse)
+    tl.store(LOSS + row, loss)
+    # The gradient: p_j - [j == t] with p_t - 1 = -(S - E_t) / S, smoothing, reduction's scale.
+    inv = SCALE / S
+    pm1 = -((S_fix - E_t).to(tl.float32) / S)
     p = e * inv
-    q = tl.where(is_t, pm1, p)  # p_j - [j == t]
+    q = tl.where(cols == t_safe, pm1, p)
     if HAS_SMOOTHING:
         g = (1.0 - eps) * w_t * q + (eps * inv_v) * (w_all * p - w_j)
     else:
         g = w_t * q
-    g = g * gscale
-    g = tl.where(valid, g, float("nan"))
-    return tl.where(ignored, 0.0, g)
-
-
-@triton.jit
-def _ce_row_result(m, S_fix, E_t, x_t, w_t, w_all, wx, eps, inv_v, SCALE, ignored, valid, HAS_SMOOTHING: tl.constexpr):
-    S = S_fix.to(tl.float32)
-    lse = tl.where(m == -float("inf"), -float("inf"), m + tl.log(S / SCALE))
-    if HAS_SMOOTHING:
-        loss = (1.0 - eps) * w_t * (lse - x_t) + (eps * inv_v) * (w_all * lse - wx)
-    else:
-        loss = w_t * (lse - x_t)
-    loss = tl.where(valid, loss, float("nan"))
-    loss = tl.where(ignored, 0.0, loss)
-    inv = SCALE / S
-    pm1 = -((S_fix - E_t).to(tl.float32) / S)
-    return lse, loss, inv, pm1
-
-
-@triton.jit
-def cross_entropy_row_kernel(
-    X,
-    T,
-    W,
-    G,
-    LOSS,
-    LSE,
-    PREP,
-    V,
-    stride_x,
-    stride_g,
-    ignore_index,
-    eps,
-    inv_v,
-    KW,
-    SCALE,
-    BLOCK: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr,
-    HAS_SMOOTHING: tl.constexpr,
-):
-    # One program holds the whole row in registers (BLOCK = next_pow2(V)): one read, one write.
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < V
-    t, ignored, valid, t_safe, w_t, w_all = _ce_row_terms(T, W, PREP, row, V, ignore_index, HAS_WEIGHT, HAS_SMOOTHING)
-    x = tl.load(X + row * stride_x + cols, mask=mask, other=-float("inf")).to(tl.float32)
-    m = tl.max(x, axis=0)
-    e = tl.exp(x - m)
-    S_fix = tl.sum(_exp_fixed(e, SCALE), axis=0)
-    is_t = cols == t_safe
-    x_t = tl.sum(tl.where(is_t, x, 0.0), axis=0)  # one nonzero term: exact
-    E_t = tl.sum(tl.where(is_t, _exp_fixed(e, SCALE), 0), axis=0)
-    if HAS_WEIGHT:
-        w_j = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-    else:
-        w_j = tl.where(mask, 1.0, 0.0)
-    if HAS_SMOOTHING:
-        wx = tl.where(mask, w_j * x, 0.0)
-        shift = _shift_for(tl.max(_finite_abs(wx), axis=0), KW)
-        wx_sum = _from_fixed(tl.sum(_to_fixed(wx, shift), axis=0), shift, tl.sum(_non_finite(wx), axis=0))
-    else:
-        wx_sum = 0.0
-    lse, loss, inv, pm1 = _ce_row_result(
-        m, S_fix, E_t, x_t, w_t, w_all, wx_sum, eps, inv_v, SCALE, ignored, valid, HAS_SMOOTHING
-    )
-    tl.store(LSE + row, lse)
-    tl.store(LOSS + row, loss)
-    gscale = tl.load(PREP + 2)
-    g = _ce_grad(x, e, is_t, pm1, inv, w_j, w_t, w_all, eps, inv_v, gscale, ignored, valid, HAS_SMOOTHING)
+    g = g * tl.load(PREP + 2)
+    g = tl.where(ignored, 0.0, tl.where(valid, g, float("nan")))
     tl.store(G + row * stride_g + cols, g.to(G.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def cross_entropy_tile_kernel(
-    X,
-    T,
-    W,
-    G,
-    LOSS,
-    LSE,
-    PREP,
-    B,
-    V,
-    stride_x,
-    stride_g,
-    ignore_index,
-    eps,
-    inv_v,
-    KW,
-    SCALE,
-    BLOCK: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr,
-    HAS_SMOOTHING: tl.constexpr,
-):
+    X, T, W, G, LOSS, LSE, PREP, B, V, stride_x, stride_g, ignore_index, eps, inv_v, KW, SCALE,
+    BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+):  # fmt: skip
     # Rows longer than a program's registers: a grid of programs walks the rows, each row in
     # three passes over tiles (max [and largest |w x|], fixed-point sums, gradient). The same
     # arithmetic as the row kernel element for element, so both give a row the same bits.
     cols = tl.arange(0, BLOCK)
     row = tl.program_id(0).to(tl.int64)
     while row < B:
-        t, ignored, valid, t_safe, w_t, w_all = _ce_row_terms(
-            T, W, PREP, row, V, ignore_index, HAS_WEIGHT, HAS_SMOOTHING
-        )
+        t = tl.load(T + row).to(tl.int64)
+        ignored = t == ignore_index
+        valid = (t != ignore_index) & (t >= 0) & (t < V)
+        t_safe = tl.where(valid, t, 0)
+        if HAS_WEIGHT:
+            w_t = tl.load(W + t_safe).to(tl.float32)
+            w_all = tl.load(PREP + 0)
+        else:
+            w_t = 1.0
+            w_all = V * 1.0
         x_row = X + row * stride_x
-        m_l = tl.full([BLOCK], -float("inf"), tl.float32)
+        # Pass 1: the max, and the largest finite |w_j x_j|.
+        m_l = tl.full([BLOCK], -INF, tl.float32)
         amax_l = tl.zeros([BLOCK], tl.float32)
         inf_l = tl.zeros([BLOCK], tl.float32)
         start = 0
         while start < V:
             idx = start + cols
             mask = idx < V
-            x = tl.load(x_row + idx, mask=mask, other=-float("inf")).to(tl.float32)
+            x = tl.load(x_row + idx, mask=mask, other=-INF).to(tl.float32)
             m_l = tl.maximum(m_l, x)
             if HAS_SMOOTHING:
                 if HAS_WEIGHT:
@@ -304,65 +238,68 @@ def cross_entropy_tile_kernel(
                 else:
                     w_j = tl.where(mask, 1.0, 0.0)
                 wx = tl.where(mask, w_j * x, 0.0)
-                amax_l = tl.maximum(amax_l, _finite_abs(wx))
-                inf_l += _non_finite(wx)
+                finite = tl.abs(wx) < INF
+                amax_l = tl.maximum(amax_l, tl.where(finite, tl.abs(wx), 0.0))
+                inf_l += tl.where(finite, 0.0, wx)
             start += BLOCK
         m = tl.max(m_l, axis=0)
-        shift = _shift_for(tl.max(amax_l, axis=0), KW)
+        amax = tl.max(amax_l, axis=0)
+        biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        shift = tl.minimum(KW - tl.where(biased == 0, -126, biased - 126), 126)
+        up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+        down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+        # Pass 2: the fixed-point sums.
         s_l = tl.zeros([BLOCK], tl.int64)
         wx_l = tl.zeros([BLOCK], tl.int64)
         start = 0
         while start < V:
             idx = start + cols
             mask = idx < V
-            x = tl.load(x_row + idx, mask=mask, other=-float("inf")).to(tl.float32)
-            s_l += _exp_fixed(tl.exp(x - m), SCALE)
+            x = tl.load(x_row + idx, mask=mask, other=-INF).to(tl.float32)
+            s_l += (tl.exp(x - m) * SCALE).to(tl.int64)
             if HAS_SMOOTHING:
                 if HAS_WEIGHT:
                     w_j = tl.load(W + idx, mask=mask, other=0.0).to(tl.float32)
                 else:
                     w_j = tl.where(mask, 1.0, 0.0)
-                wx_l += _to_fixed(tl.where(mask, w_j * x, 0.0), shift)
+                wx = tl.where(mask, w_j * x, 0.0)
+                wx_l += tl.where(tl.abs(wx) < INF, wx * up, 0.0).to(tl.int64)
             start += BLOCK
         S_fix = tl.sum(s_l, axis=0)
-        if HAS_SMOOTHING:
-            wx_sum = _from_fixed(tl.sum(wx_l, axis=0), shift, tl.sum(inf_l, axis=0))
-        else:
-            wx_sum = 0.0
         x_t = tl.load(x_row + t_safe).to(tl.float32)
-        E_t = _exp_fixed(tl.exp(x_t - m), SCALE)
-        lse, loss, inv, pm1 = _ce_row_result(
-            m, S_fix, E_t, x_t, w_t, w_all, wx_sum, eps, inv_v, SCALE, ignored, valid, HAS_SMOOTHING
-        )
+        E_t = (tl.exp(x_t - m) * SCALE).to(tl.int64)
+        S = S_fix.to(tl.float32)
+        lse = tl.where(m == -INF, -INF, m + tl.log(S / SCALE))
+        if HAS_SMOOTHING:
+            wx_sum = tl.sum(wx_l, axis=0).to(tl.float32) * down + tl.sum(inf_l, axis=0)
+            loss = (1.0 - eps) * w_t * (lse - x_t) + (eps * inv_v) * (w_all * lse - wx_sum)
+        else:
+            loss = w_t * (lse - x_t)
+        loss = tl.where(ignored, 0.0, tl.where(valid, loss, float("nan")))
         tl.store(LSE + row, lse)
         tl.store(LOSS + row, loss)
+        # Pass 3: the gradient.
+        inv = SCALE / S
+        pm1 = -((S_fix - E_t).to(tl.float32) / S)
         gscale = tl.load(PREP + 2)
         g_row = G + row * stride_g
         start = 0
         while start < V:
             idx = start + cols
             mask = idx < V
-            x = tl.load(x_row + idx, mask=mask, other=-float("inf"), eviction_policy="evict_first").to(tl.float32)
-            if HAS_WEIGHT:
-                w_j = tl.load(W + idx, mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(x_row + idx, mask=mask, other=-INF, eviction_policy="evict_first").to(tl.float32)
+            p = tl.exp(x - m) * inv
+            q = tl.where(idx == t_safe, pm1, p)
+            if HAS_SMOOTHING:
+                if HAS_WEIGHT:
+                    w_j = tl.load(W + idx, mask=mask, other=0.0).to(tl.float32)
+                else:
+                    w_j = tl.where(mask, 1.0, 0.0)
+                g = (1.0 - eps) * w_t * q + (eps * inv_v) * (w_all * p - w_j)
             else:
-                w_j = tl.where(mask, 1.0, 0.0)
-            g = _ce_grad(
-                x,
-                tl.exp(x - m),
-                idx == t_safe,
-                pm1,
-                inv,
-                w_j,
-                w_t,
-                w_all,
-                eps,
-                inv_v,
-                gscale,
-                ignored,
-                valid,
-                HAS_SMOOTHING,
-            )
+                g = w_t * q
+            g = g * gscale
+            g = tl.where(ignored, 0.0, tl.where(valid, g, float("nan")))
             tl.store(g_row + idx, g.to(G.dtype.element_ty), mask=mask)
             start += BLOCK
         row += tl.num_programs(0)
@@ -387,8 +324,7 @@ def cross_entropy_prep_kernel(
     start = 0
     while start < N:
         idx = start + cols
-        mask = idx < N
-        t = tl.load(T + idx, mask=mask, other=ignore_index).to(tl.int64)
+        t = tl.load(T + idx, mask=idx < N, other=ignore_index).to(tl.int64)
         bad = (t != ignore_index) & ((t < 0) | (t >= V))
         bad_l += bad.to(tl.int64)
         lo_l = tl.minimum(lo_l, tl.where(bad, t, 2**62))
@@ -397,47 +333,57 @@ def cross_entropy_prep_kernel(
         cnt_l += ok.to(tl.int64)
         if HAS_WEIGHT:
             w = tl.where(ok, tl.load(W + tl.where(ok, t, 0), mask=ok, other=0.0).to(tl.float32), 0.0)
-            wmax_l = tl.maximum(wmax_l, _finite_abs(w))
-            winf_l += _non_finite(w)
+            finite = tl.abs(w) < INF
+            wmax_l = tl.maximum(wmax_l, tl.where(finite, tl.abs(w), 0.0))
+            winf_l += tl.where(finite, 0.0, w)
         start += BLOCK
     tl.store(BAD + 0, tl.sum(bad_l, axis=0))
     tl.store(BAD + 1, tl.min(lo_l, axis=0))
     tl.store(BAD + 2, tl.max(hi_l, axis=0))
     if HAS_WEIGHT:
-        shift = _shift_for(tl.max(wmax_l, axis=0), KN)
+        # The rows' target weights, order-free.
+        amax = tl.max(wmax_l, axis=0)
+        biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        shift = tl.minimum(KN - tl.where(biased == 0, -126, biased - 126), 126)
+        up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+        down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
         fix_l = tl.zeros([BLOCK], tl.int64)
         start = 0
         while start < N:
             idx = start + cols
-            mask = idx < N
-            t = tl.load(T + idx, mask=mask, other=ignore_index).to(tl.int64)
+            t = tl.load(T + idx, mask=idx < N, other=ignore_index).to(tl.int64)
             ok = (t != ignore_index) & (t >= 0) & (t < V)
             w = tl.where(ok, tl.load(W + tl.where(ok, t, 0), mask=ok, other=0.0).to(tl.float32), 0.0)
-            fix_l += _to_fixed(w, shift)
+            fix_l += tl.where(tl.abs(w) < INF, w * up, 0.0).to(tl.int64)
             start += BLOCK
-        w_rows = _from_fixed(tl.sum(fix_l, axis=0), shift, tl.sum(winf_l, axis=0))
-        # The sum of all class weights (label smoothing's W_all).
+        w_rows = tl.sum(fix_l, axis=0).to(tl.float32) * down + tl.sum(winf_l, axis=0)
+        # The sum of all class weights (label smoothing's W_all), order-free.
         amax_l = tl.zeros([BLOCK], tl.float32)
         inf_l = tl.zeros([BLOCK], tl.float32)
         start = 0
         while start < V:
             idx = start + cols
             w = tl.load(W + idx, mask=idx < V, other=0.0).to(tl.float32)
-            amax_l = tl.maximum(amax_l, _finite_abs(w))
-            inf_l += _non_finite(w)
+            finite = tl.abs(w) < INF
+            amax_l = tl.maximum(amax_l, tl.where(finite, tl.abs(w), 0.0))
+            inf_l += tl.where(finite, 0.0, w)
             start += BLOCK
-        shift_v = _shift_for(tl.max(amax_l, axis=0), KV)
+        amax = tl.max(amax_l, axis=0)
+        biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        shift = tl.minimum(KV - tl.where(biased == 0, -126, biased - 126), 126)
+        up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+        down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
         all_l = tl.zeros([BLOCK], tl.int64)
         start = 0
         while start < V:
             idx = start + cols
             w = tl.load(W + idx, mask=idx < V, other=0.0).to(tl.float32)
-            all_l += _to_fixed(w, shift_v)
+            all_l += tl.where(tl.abs(w) < INF, w * up, 0.0).to(tl.int64)
             start += BLOCK
-        w_all = _from_fixed(tl.sum(all_l, axis=0), shift_v, tl.sum(inf_l, axis=0))
+        w_all = tl.sum(all_l, axis=0).to(tl.float32) * down + tl.sum(inf_l, axis=0)
     else:
         w_rows = tl.sum(cnt_l, axis=0).to(tl.float32)
-        w_all = V * 1.0  # V may be the constexpr 1
+        w_all = V * 1.0
     tl.store(PREP + 0, w_all)
     tl.store(PREP + 1, w_rows)
     if MEAN:
@@ -458,17 +404,23 @@ def cross_entropy_reduce_kernel(LOSS, PREP, OUT, N, KN, BLOCK: tl.constexpr, MEA
     while start < N:
         idx = start + cols
         v = tl.load(LOSS + idx, mask=idx < N, other=0.0)
-        amax_l = tl.maximum(amax_l, _finite_abs(v))
-        inf_l += _non_finite(v)
+        finite = tl.abs(v) < INF
+        amax_l = tl.maximum(amax_l, tl.where(finite, tl.abs(v), 0.0))
+        inf_l += tl.where(finite, 0.0, v)
         start += BLOCK
-    shift = _shift_for(tl.max(amax_l, axis=0), KN)
+    amax = tl.max(amax_l, axis=0)
+    biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    shift = tl.minimum(KN - tl.where(biased == 0, -126, biased - 126), 126)
+    up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+    down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
     fix_l = tl.zeros([BLOCK], tl.int64)
     start = 0
     while start < N:
         idx = start + cols
-        fix_l += _to_fixed(tl.load(LOSS + idx, mask=idx < N, other=0.0), shift)
+        v = tl.load(LOSS + idx, mask=idx < N, other=0.0)
+        fix_l += tl.where(tl.abs(v) < INF, v * up, 0.0).to(tl.int64)
         start += BLOCK
-    total = _from_fixed(tl.sum(fix_l, axis=0), shift, tl.sum(inf_l, axis=0))
+    total = tl.sum(fix_l, axis=0).to(tl.float32) * down + tl.sum(inf_l, axis=0)
     if MEAN:
         total = total / tl.load(PREP + 1)
     tl.store(OUT, total.to(OUT.dtype.element_ty))
