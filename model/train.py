@@ -45,13 +45,15 @@ def encode_corpus(sentences, tok: Tokenizer):
     return inputs, targets, mask
 
 
-def verb_form_accuracy(model: NumpyMiniGPT, tok: Tokenizer, sentences, batch_size=256) -> float:
+def verb_form_accuracy(model: NumpyMiniGPT, tok: Tokenizer, sentences, batch_size=256, *, logits=None) -> float:
     """Fraction of labelled verb positions whose argmax prediction (given the words
-    to the left) is a verb token of the required form."""
+    to the left) is a verb token of the required form. `logits` (ids -> NumPy logits) replaces
+    model.logits, e.g. for the PyTorch port (model.train_torch.numpy_logits)."""
     inputs, _, _ = encode_corpus(sentences, tok)
+    logits = model.logits if logits is None else logits
     hits = total = 0
     for lo in range(0, len(sentences), batch_size):
-        pred = model.logits(inputs[lo : lo + batch_size]).argmax(axis=-1)  # (b, L)
+        pred = np.asarray(logits(inputs[lo : lo + batch_size])).argmax(axis=-1)  # (b, L)
         for n, s in enumerate(sentences[lo : lo + batch_size]):
             for pos, form in s.verb_positions:
                 # input index pos holds the word before the verb (index 0 is <bos>)

@@ -127,6 +127,17 @@ def train(
     return model.eval(), tok, losses
 
 
+def numpy_logits(model: GrammarMiniGPT):
+    """ids (NumPy, (B, T)) -> logits as a NumPy array: the port as model.train's helpers call a model."""
+    device = next(model.parameters()).device
+
+    def logits(ids):
+        with torch.no_grad():
+            return model.logits(torch.as_tensor(ids, device=device)).float().cpu().numpy()
+
+    return logits
+
+
 def next_word_probs(model: GrammarMiniGPT, tok: Tokenizer, prompt: str) -> torch.Tensor:
     """Probabilities of the word after `prompt` (float64 on the CPU)."""
     device = next(model.parameters()).device
