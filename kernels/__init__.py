@@ -272,7 +272,7 @@ SOFTMAX_BACKWARD_KERNELS: dict[str, BackwardKernel] = {
             "triton",
             _lazy(".triton_backward", "softmax_backward"),
             FLOAT_DTYPES,
-            ("row", "tile"),  # kernels.triton_backward.PATHS (a test holds them equal)
+            ("row", "split", "tile"),  # kernels.triton_backward.PATHS (a test holds them equal)
             _lazy(".triton_backward", "plan"),
             "triton",
             interpretable=True,
@@ -308,7 +308,7 @@ CROSS_ENTROPY_KERNELS: dict[str, CrossEntropyKernel] = {
             "triton",
             _lazy(".triton_cross_entropy", "cross_entropy"),
             FLOAT_DTYPES,
-            ("row", "tile"),  # kernels.triton_cross_entropy.PATHS (a test holds them equal)
+            ("row", "split", "tile"),  # kernels.triton_cross_entropy.PATHS (a test holds them equal)
             _lazy(".triton_cross_entropy", "plan"),
             "triton",
             interpretable=True,

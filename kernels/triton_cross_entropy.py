@@ -15,8 +15,12 @@ Launches, in order on the stream:
   prep    one program: the mean's denominator, the sum of the class weights, and the targets
           that are neither in [0, V) nor ignore_index (count, least and largest).
   row     V <= row_max_v: one program per row with the row in registers, or
-  tile    V > row_max_v: a grid of a few programs per SM walking the rows, three passes over
-          tiles per row (max, fixed-point sums, gradient).
+  split   V > row_max_v: P = cdiv(V, CHUNK) programs per row, each with a CHUNK of the logits in
+          registers (one read, one write), meeting twice through a per-row workspace (the max
+          and the largest |w x|, then the fixed-point sums; bounded waits, a program whose
+          siblings are not running streams the row itself), or
+  tile    (not dispatched; run_path reaches it) a grid of a few programs per SM walking the
+          rows, three passes over tiles per row (max, fixed-point sums, gradient).
   reduce  one program ("mean" / "sum"): the rows' losses summed in fixed point.
 
 A target out of range. With `validate=True` (the default) the wrapper reads the prep kernel's
@@ -42,17 +46,18 @@ import triton
 
 from .checks import CROSS_ENTROPY_REDUCTIONS as REDUCTIONS
 from .checks import check_cross_entropy_inputs
-from .triton_backward import fixed_point_bits
+from .triton_backward import fixed_point_bits, split_params, split_workspace
 from .triton_loss_kernels import (
     cross_entropy_prep_kernel,
     cross_entropy_reduce_kernel,
     cross_entropy_row_kernel,
     cross_entropy_scale_kernel,
+    cross_entropy_split_kernel,
     cross_entropy_tile_kernel,
 )
 
 KERNEL_NAME = "triton"
-PATHS = ("row", "tile")
+PATHS = ("row", "split", "tile")
 DISPATCH_BOUNDARIES = {"row_max_v": 8192}
 
 INTERPRET = type(cross_entropy_row_kernel).__name__ == "InterpretedFunction"
@@ -69,7 +74,7 @@ class CrossEntropyResult(NamedTuple):
 def plan(N: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) -> str:
     """The path cross_entropy() takes for (N, V) logits of `dtype`: row or tile."""
     b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
-    return "row" if V <= b["row_max_v"] else "tile"
+    return "row" if V <= b["row_max_v"] else "split"
 
 
 def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict:
@@ -78,6 +83,8 @@ def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict
         # Up to 8 elements per thread and tensor: no spills on sm_90 (kernels.triton_loss_build).
         warps = 4 if block <= 2048 else (8 if block <= 4096 else 16)
         return {"BLOCK": block, "num_warps": warps}
+    if path == "split":
+        return {"CHUNK": 4096, "num_warps": 8}
     if path == "tile":
         return {"BLOCK": 4096, "num_warps": 8, "programs_per_sm": 2}
     raise ValueError(f"{KERNEL_NAME} cross-entropy: unknown path {path!r} ({', '.join(PATHS)})")
@@ -134,6 +141,11 @@ def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction
     if path == "row":
         block = max(p["BLOCK"], triton.next_power_of_2(V))
         cross_entropy_row_kernel[(N,)](*args, V, *scalars, BLOCK=block, **flags)
+    elif path == "split":
+        sp = split_params(V, p)
+        P = sp.pop("P")
+        ws, cnt = split_workspace(device, N, P)
+        cross_entropy_split_kernel[(N * P,)](*args, ws, cnt, V, P, *scalars, **sp, **flags)
     elif path == "tile":
         grid = _programs(N, p["programs_per_sm"], device)
         cross_entropy_tile_kernel[(grid,)](*args, N, V, *scalars, BLOCK=p["BLOCK"], **flags)
@@ -216,7 +228,8 @@ def cross_entropy(
 
 def run_path(logits, targets, path: str, *, params: dict | None = None, **options) -> CrossEntropyResult:
     """cross_entropy through one named path with launch parameters `params` (row: BLOCK,
-    num_warps; tile: BLOCK, num_warps, programs_per_sm); `options` as cross_entropy takes them."""
+    num_warps; split: CHUNK, num_warps, max_spins; tile: BLOCK, num_warps, programs_per_sm);
+    `options` as cross_entropy takes them."""
     o = {"weight": None, "ignore_index": -100, "label_smoothing": 0.0, "reduction": "mean", "out": None,
          "inplace": False, "validate": True, **options}  # fmt: skip
     return _cross_entropy(

@@ -40,7 +40,7 @@ import triton.language as tl
 # and the sums of exponentials, which lie in [0, 1], use the fixed scale SCALE = 2^K:
 # sum(int64(e * SCALE)).
 
-INF = float("inf")
+INF = tl.constexpr(float("inf"))
 
 # ------------------------------------------------------------------------------ softmax backward
 #
@@ -116,6 +116,108 @@ def softmax_backward_tile_kernel(DY, Y, DX, B, V, stride_dy, stride_y, stride_dx
             tl.store(dx_row + idx, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
             start += BLOCK
         row += tl.num_programs(0)
+
+
+@triton.jit
+def softmax_backward_split_kernel(
+    DY, Y, DX, WS, CNT, V, P, stride_dy, stride_y, stride_dx, K,
+    CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr, MAX_SPINS: tl.constexpr,
+):  # fmt: skip
+    # A row too long for one program's registers is shared by P programs, each keeping a CHUNK of
+    # dy and y in registers: still two reads and one write. The programs of a row meet twice
+    # through the row's words in WS (5 P int64 words a row; the counters in CNT are zeroed once
+    # by the wrapper and left zeroed by the last program out):
+    #   WS [0, P)    each chunk's largest finite |y dy| (float bits)   CNT 0: chunks that published it
+    #   WS [P, 2P)   each chunk's sum of non-finite y dy (float bits)
+    #   WS [2P, 3P)  each chunk's fixed-point sum                       CNT 1: likewise
+    #                                                                   CNT 2: programs done with the row
+    # Each wait is bounded: a program whose siblings are not scheduled in time streams the row
+    # itself for the same exact values (slower, never a deadlock). Under the interpreter, whose
+    # programs run one after another, the bound is 0: early chunks stream, the last combines.
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // P
+    chunk = pid - row * P
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    mask = cols < V
+    dy_row = DY + row * stride_dy
+    y_row = Y + row * stride_y
+    dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(y_row + cols, mask=mask, other=0.0).to(tl.float32)
+    t = y * dy
+    finite = tl.abs(t) < INF
+    ws = WS + row * (5 * P)
+    cnt = CNT + row * 3
+    slots = tl.arange(0, P_BLOCK)
+    slot_ok = slots < P
+    fcols = tl.arange(0, FALLBACK_BLOCK)
+
+    # Meeting 1: the largest finite |y dy| and the non-finite terms.
+    a_c = tl.max(tl.where(finite, tl.abs(t), 0.0), axis=0)
+    f_c = tl.sum(tl.where(finite, 0.0, t), axis=0)
+    tl.atomic_xchg(ws + chunk, a_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
+    tl.atomic_xchg(ws + P + chunk, f_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
+    tl.atomic_add(cnt, 1, sem="release")
+    ready = tl.atomic_add(cnt, 0, sem="acquire")
+    spins = 0
+    while (ready < P) & (spins < MAX_SPINS):
+        ready = tl.atomic_add(cnt, 0, sem="acquire")
+        spins += 1
+    if ready == P:
+        # volatile: read from L2, not from an L1 line another program on this SM left behind.
+        a_w = tl.load(ws + slots, mask=slot_ok, other=0, volatile=True)
+        f_w = tl.load(ws + P + slots, mask=slot_ok, other=0, volatile=True)
+        amax = tl.max(tl.where(slot_ok, a_w.to(tl.int32).to(tl.float32, bitcast=True), 0.0), axis=0)
+        F = tl.sum(tl.where(slot_ok, f_w.to(tl.int32).to(tl.float32, bitcast=True), 0.0), axis=0)
+    else:
+        a_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
+        f_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
+        start = 0
+        while start < V:
+            idx = start + fcols
+            tt = tl.load(y_row + idx, mask=idx < V, other=0.0).to(tl.float32) * tl.load(
+                dy_row + idx, mask=idx < V, other=0.0
+            ).to(tl.float32)
+            a_run = tl.maximum(a_run, tl.where(tl.abs(tt) < INF, tl.abs(tt), 0.0))
+            f_run += tl.where(tl.abs(tt) < INF, 0.0, tt)
+            start += FALLBACK_BLOCK
+        amax = tl.max(a_run, axis=0)
+        F = tl.sum(f_run, axis=0)
+    biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    shift = tl.minimum(K - tl.where(biased == 0, -126, biased - 126), 126)
+    up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+    down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+
+    # Meeting 2: the fixed-point sum.
+    s_c = tl.sum(tl.where(finite, t * up, 0.0).to(tl.int64), axis=0)
+    tl.atomic_xchg(ws + 2 * P + chunk, s_c, sem="relaxed")
+    tl.atomic_add(cnt + 1, 1, sem="release")
+    ready = tl.atomic_add(cnt + 1, 0, sem="acquire")
+    spins = 0
+    while (ready < P) & (spins < MAX_SPINS):
+        ready = tl.atomic_add(cnt + 1, 0, sem="acquire")
+        spins += 1
+    if ready == P:
+        S = tl.sum(tl.load(ws + 2 * P + slots, mask=slot_ok, other=0, volatile=True), axis=0)
+    else:
+        s_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
+        start = 0
+        while start < V:
+            idx = start + fcols
+            tt = tl.load(y_row + idx, mask=idx < V, other=0.0).to(tl.float32) * tl.load(
+                dy_row + idx, mask=idx < V, other=0.0
+            ).to(tl.float32)
+            s_run += tl.where(tl.abs(tt) < INF, tt * up, 0.0).to(tl.int64)
+            start += FALLBACK_BLOCK
+        S = tl.sum(s_run, axis=0)
+
+    # Leave: the last program out zeroes the row's counters for the next launch.
+    if tl.atomic_add(cnt + 2, 1, sem="acq_rel") == P - 1:
+        tl.atomic_xchg(cnt, 0, sem="relaxed")
+        tl.atomic_xchg(cnt + 1, 0, sem="relaxed")
+        tl.atomic_xchg(cnt + 2, 0, sem="relaxed")
+
+    s = S.to(tl.float32) * down + F
+    tl.store(DX + row * stride_dx + cols, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
 
 
 # ------------------------------------------------------------------------------ cross-entropy
@@ -306,6 +408,170 @@ def cross_entropy_tile_kernel(
 
 
 @triton.jit
+def cross_entropy_split_kernel(
+    X, T, W, G, LOSS, LSE, PREP, WS, CNT, V, P, stride_x, stride_g, ignore_index, eps, inv_v, KW, SCALE,
+    CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr, MAX_SPINS: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+):  # fmt: skip
+    # A row too long for one program's registers is shared by P programs, each keeping a CHUNK of
+    # the logits in registers: one read and one write. They meet twice, as the softmax backward's
+    # split kernel does, through 5 P words a row in WS and three counters in CNT:
+    #   WS [0, P)    chunk max (float bits)                 CNT 0: chunks that published meeting 1
+    #   WS [P, 2P)   chunk's largest finite |w x| (bits)
+    #   WS [2P, 3P)  chunk's sum of non-finite w x (bits)
+    #   WS [3P, 4P)  chunk's fixed-point sum of exp(x - m)  CNT 1: chunks that published meeting 2
+    #   WS [4P, 5P)  chunk's fixed-point sum of w x         CNT 2: programs done with the row
+    # Waits are bounded; a program whose siblings do not arrive in time streams the row itself.
+    # Chunk 0 writes the row's loss and lse; every chunk writes its part of the gradient.
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // P
+    chunk = pid - row * P
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    mask = cols < V
+    t = tl.load(T + row).to(tl.int64)
+    ignored = t == ignore_index
+    valid = (t != ignore_index) & (t >= 0) & (t < V)
+    t_safe = tl.where(valid, t, 0)
+    if HAS_WEIGHT:
+        w_t = tl.load(W + t_safe).to(tl.float32)
+        w_j = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        w_all = tl.load(PREP + 0)
+    else:
+        w_t = 1.0
+        w_j = tl.where(mask, 1.0, 0.0)
+        w_all = V * 1.0
+    x_row = X + row * stride_x
+    x = tl.load(x_row + cols, mask=mask, other=-INF).to(tl.float32)
+    ws = WS + row * (5 * P)
+    cnt = CNT + row * 3
+    slots = tl.arange(0, P_BLOCK)
+    slot_ok = slots < P
+    fcols = tl.arange(0, FALLBACK_BLOCK)
+
+    # Meeting 1: the row's max, the largest finite |w x| and the non-finite w x.
+    m_c = tl.max(x, axis=0)
+    if HAS_SMOOTHING:
+        wx = tl.where(mask, w_j * x, 0.0)
+        finite = tl.abs(wx) < INF
+        a_c = tl.max(tl.where(finite, tl.abs(wx), 0.0), axis=0)
+        f_c = tl.sum(tl.where(finite, 0.0, wx), axis=0)
+        tl.atomic_xchg(ws + P + chunk, a_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
+        tl.atomic_xchg(ws + 2 * P + chunk, f_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
+    tl.atomic_xchg(ws + chunk, m_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
+    tl.atomic_add(cnt, 1, sem="release")
+    ready = tl.atomic_add(cnt, 0, sem="acquire")
+    spins = 0
+    while (ready < P) & (spins < MAX_SPINS):
+        ready = tl.atomic_add(cnt, 0, sem="acquire")
+        spins += 1
+    if ready == P:
+        # volatile: read from L2, not from an L1 line another program on this SM left behind.
+        m_w = tl.load(ws + slots, mask=slot_ok, other=0, volatile=True)
+        m = tl.max(tl.where(slot_ok, m_w.to(tl.int32).to(tl.float32, bitcast=True), -INF), axis=0)
+        if HAS_SMOOTHING:
+            a_w = tl.load(ws + P + slots, mask=slot_ok, other=0, volatile=True)
+            f_w = tl.load(ws + 2 * P + slots, mask=slot_ok, other=0, volatile=True)
+            amax = tl.max(tl.where(slot_ok, a_w.to(tl.int32).to(tl.float32, bitcast=True), 0.0), axis=0)
+            F = tl.sum(tl.where(slot_ok, f_w.to(tl.int32).to(tl.float32, bitcast=True), 0.0), axis=0)
+    else:
+        m_run = tl.full([FALLBACK_BLOCK], -INF, tl.float32)
+        a_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
+        f_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
+        start = 0
+        while start < V:
+            idx = start + fcols
+            xx = tl.load(x_row + idx, mask=idx < V, other=-INF).to(tl.float32)
+            m_run = tl.maximum(m_run, xx)
+            if HAS_SMOOTHING:
+                if HAS_WEIGHT:
+                    ww = tl.load(W + idx, mask=idx < V, other=0.0).to(tl.float32)
+                else:
+                    ww = tl.where(idx < V, 1.0, 0.0)
+                wxx = tl.where(idx < V, ww * xx, 0.0)
+                a_run = tl.maximum(a_run, tl.where(tl.abs(wxx) < INF, tl.abs(wxx), 0.0))
+                f_run += tl.where(tl.abs(wxx) < INF, 0.0, wxx)
+            start += FALLBACK_BLOCK
+        m = tl.max(m_run, axis=0)
+        if HAS_SMOOTHING:
+            amax = tl.max(a_run, axis=0)
+            F = tl.sum(f_run, axis=0)
+    if HAS_SMOOTHING:
+        biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        shift = tl.minimum(KW - tl.where(biased == 0, -126, biased - 126), 126)
+        up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+        down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+
+    # Meeting 2: the fixed-point sums, every chunk relative to the same m and scale.
+    e = tl.exp(x - m)
+    s_c = tl.sum((e * SCALE).to(tl.int64), axis=0)
+    tl.atomic_xchg(ws + 3 * P + chunk, s_c, sem="relaxed")
+    if HAS_SMOOTHING:
+        wx_c = tl.sum(tl.where(finite, wx * up, 0.0).to(tl.int64), axis=0)
+        tl.atomic_xchg(ws + 4 * P + chunk, wx_c, sem="relaxed")
+    tl.atomic_add(cnt + 1, 1, sem="release")
+    ready = tl.atomic_add(cnt + 1, 0, sem="acquire")
+    spins = 0
+    while (ready < P) & (spins < MAX_SPINS):
+        ready = tl.atomic_add(cnt + 1, 0, sem="acquire")
+        spins += 1
+    if ready == P:
+        S_fix = tl.sum(tl.load(ws + 3 * P + slots, mask=slot_ok, other=0, volatile=True), axis=0)
+        if HAS_SMOOTHING:
+            WX_fix = tl.sum(tl.load(ws + 4 * P + slots, mask=slot_ok, other=0, volatile=True), axis=0)
+    else:
+        s_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
+        wx_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
+        start = 0
+        while start < V:
+            idx = start + fcols
+            xx = tl.load(x_row + idx, mask=idx < V, other=-INF).to(tl.float32)
+            s_run += (tl.exp(xx - m) * SCALE).to(tl.int64)
+            if HAS_SMOOTHING:
+                if HAS_WEIGHT:
+                    ww = tl.load(W + idx, mask=idx < V, other=0.0).to(tl.float32)
+                else:
+                    ww = tl.where(idx < V, 1.0, 0.0)
+                wxx = tl.where(idx < V, ww * xx, 0.0)
+                wx_run += tl.where(tl.abs(wxx) < INF, wxx * up, 0.0).to(tl.int64)
+            start += FALLBACK_BLOCK
+        S_fix = tl.sum(s_run, axis=0)
+        if HAS_SMOOTHING:
+            WX_fix = tl.sum(wx_run, axis=0)
+
+    # Leave: the last program out zeroes the row's counters for the next launch.
+    if tl.atomic_add(cnt + 2, 1, sem="acq_rel") == P - 1:
+        tl.atomic_xchg(cnt, 0, sem="relaxed")
+        tl.atomic_xchg(cnt + 1, 0, sem="relaxed")
+        tl.atomic_xchg(cnt + 2, 0, sem="relaxed")
+
+    # The row's results: the row kernel's arithmetic.
+    x_t = tl.load(x_row + t_safe).to(tl.float32)
+    E_t = (tl.exp(x_t - m) * SCALE).to(tl.int64)
+    S = S_fix.to(tl.float32)
+    lse = tl.where(m == -INF, -INF, m + tl.log(S / SCALE))
+    if HAS_SMOOTHING:
+        wx_sum = WX_fix.to(tl.float32) * down + F
+        loss = (1.0 - eps) * w_t * (lse - x_t) + (eps * inv_v) * (w_all * lse - wx_sum)
+    else:
+        loss = w_t * (lse - x_t)
+    loss = tl.where(ignored, 0.0, tl.where(valid, loss, float("nan")))
+    if chunk == 0:
+        tl.store(LSE + row, lse)
+        tl.store(LOSS + row, loss)
+    inv = SCALE / S
+    pm1 = -((S_fix - E_t).to(tl.float32) / S)
+    p = e * inv
+    q = tl.where(cols == t_safe, pm1, p)
+    if HAS_SMOOTHING:
+        g = (1.0 - eps) * w_t * q + (eps * inv_v) * (w_all * p - w_j)
+    else:
+        g = w_t * q
+    g = g * tl.load(PREP + 2)
+    g = tl.where(ignored, 0.0, tl.where(valid, g, float("nan")))
+    tl.store(G + row * stride_g + cols, g.to(G.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def cross_entropy_prep_kernel(
     T, W, PREP, BAD, N, V, ignore_index, KN, KV, BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, MEAN: tl.constexpr
 ):
@@ -452,8 +718,10 @@ def cross_entropy_scale_kernel(
 JIT_KERNELS = {
     "softmax_backward_row": softmax_backward_row_kernel,
     "softmax_backward_tile": softmax_backward_tile_kernel,
+    "softmax_backward_split": softmax_backward_split_kernel,
     "cross_entropy_row": cross_entropy_row_kernel,
     "cross_entropy_tile": cross_entropy_tile_kernel,
+    "cross_entropy_split": cross_entropy_split_kernel,
     "cross_entropy_prep": cross_entropy_prep_kernel,
     "cross_entropy_reduce": cross_entropy_reduce_kernel,
     "cross_entropy_scale": cross_entropy_scale_kernel,

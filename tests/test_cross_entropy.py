@@ -7,9 +7,9 @@ edge rows of tests.helpers.edge_rows (ignored, confident, -inf, huge, all-equal)
 independent of the batch, the row's order, the layout and the path; the torch.library op with
 its autograd and torch.compile; and a corpus of wrong kernels the checks must reject.
 
-cpu: the Triton kernels under TRITON_INTERPRET=1 at V = 37 (odd; the tile path with BLOCK = 16
-spans three tiles). cuda: every path, dtype and layout at V up to 262144, and a tensor past 2^31
-elements.
+cpu: the Triton kernels under TRITON_INTERPRET=1 at V = 37 (odd; the split path with CHUNK = 16
+and the tile path with BLOCK = 16 cut a row into three). cuda: every path, dtype and layout at V
+up to 262144, and a tensor past 2^31 elements.
 """
 
 import math
@@ -42,7 +42,8 @@ interpreted = pytest.mark.skipif(
 )
 V_CPU = 37
 TILE = {"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1}
-SCALED = {"row": {}, "tile": TILE}
+SPLIT = {"CHUNK": 16, "num_warps": 2}  # a row of 37: three chunks, the last partial
+SCALED = {"row": {}, "split": SPLIT, "tile": TILE}
 
 # (reduction, label_smoothing, weighted): every pair of values of any two of the three options.
 OPTION_CASES = [
@@ -134,7 +135,7 @@ def test_registry_describes_every_cross_entropy_kernel():
             for dtype in k.dtypes:
                 assert k.plan(N, V, dtype) in k.paths, (name, N, V)
     # The path depends on V alone: a row's bits cannot depend on the batch through the dispatch.
-    assert {tce.plan(N, b) for N in (1, 65536)} == {"row"} and {tce.plan(N, b + 1) for N in (1, 65536)} == {"tile"}
+    assert {tce.plan(N, b) for N in (1, 65536)} == {"row"} and {tce.plan(N, b + 1) for N in (1, 65536)} == {"split"}
 
 
 # -- on the CPU, interpreted -----------------------------------------------------------------------------------
@@ -152,15 +153,22 @@ def test_options_on_the_edge_rows(case):
 
 @pytest.mark.cpu
 @interpreted
-@pytest.mark.parametrize("case", [OPTION_CASES[3], OPTION_CASES[5]], ids=case_id)
-def test_tile_path_gives_the_row_paths_bits(case):
+@pytest.mark.parametrize(
+    "path, case",
+    [("split", OPTION_CASES[3]), ("split", OPTION_CASES[5]), ("tile", OPTION_CASES[2])],
+    ids=lambda v: v if isinstance(v, str) else case_id(v),
+)
+def test_long_row_paths_give_the_row_paths_bits(path, case):
+    # split: three chunks a row meeting through the workspace (under the interpreter, the first
+    # chunks of a row stream it themselves and the last combines what they published); tile:
+    # three tiles a row in three passes.
     x, t = edge_rows(V_CPU, seed=3)
     o = options(*case)
-    tile = run_cross_entropy_poisoned(run_path("tile", **TILE), x, t, **o)
-    check_cross_entropy(tile, x, t, what=f"tile {case_id(case)}", **o)
+    got = run_cross_entropy_poisoned(run_path(path, **SCALED[path]), x, t, **o)
+    check_cross_entropy(got, x, t, what=f"{path} {case_id(case)}", **o)
     row = run_cross_entropy_poisoned(run_path("row"), x, t, **o)
-    for name, a, b in zip(("loss", "lse", "grad"), tile, row, strict=True):
-        assert torch.equal(bits(a), bits(b)), f"{name}: tile and row paths differ"
+    for name, a, b in zip(("loss", "lse", "grad"), got, row, strict=True):
+        assert torch.equal(bits(a), bits(b)), f"{name}: {path} and row paths differ"
 
 
 @pytest.mark.cpu
@@ -336,7 +344,7 @@ def test_cuda_edge_rows_every_path_and_layout(path, dtype, V):
     if path == "row" and V > tce.DISPATCH_BOUNDARIES["row_max_v"]:
         pytest.skip("the row path holds a row in registers: V <= row_max_v")
     x, t = edge_rows(V, seed=V, dtype=dtype, device="cuda")
-    params = TILE if (path == "tile" and V < 1000) else {}
+    params = SCALED[path] if V < 1000 else {}
     o = options("mean", 0.1, True, V=V, dtype=dtype, device="cuda")
     want = run_cross_entropy_poisoned(run_path(path, **params), x, t, **o)
     check_cross_entropy(want, x, t, what=f"{path} V={V} edge rows", **o)
@@ -374,6 +382,19 @@ def test_cuda_past_two_to_the_31_elements():
         assert torch.equal(bits(alone.grad), bits(grad[sl])), f"row {row}"
     rows = result.loss.double().sum().item()
     assert total.float().item() == pytest.approx(rows, rel=2 * torch.finfo(torch.bfloat16).eps)
+
+
+@pytest.mark.cuda
+def test_cuda_split_path_repeats_its_bits_and_leaves_its_counters_zeroed():
+    """Ten launches in a row share the split path's workspace: each must leave the counters zeroed
+    for the next (the last program out of a row zeroes them), or the next would combine stale
+    partials or stream every row."""
+    x, t = edge_rows(262144, seed=2, device="cuda")
+    first = tce.cross_entropy(x, t, label_smoothing=0.1, reduction="none")
+    for _ in range(10):
+        again = tce.cross_entropy(x, t, label_smoothing=0.1, reduction="none")
+        assert torch.equal(bits(again.grad), bits(first.grad)) and torch.equal(bits(again.loss), bits(first.loss))
+    check_cross_entropy(first, x, t, label_smoothing=0.1, reduction="none")
 
 
 @pytest.mark.cuda

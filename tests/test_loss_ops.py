@@ -134,3 +134,34 @@ def test_interpreted_in_a_subprocess(pytestconfig):
     if tce.INTERPRET:
         pytest.skip("this process is interpreted already: the tests above ran here")
     run_interpreted_in_subprocess(__file__, pytestconfig)
+
+
+def test_loss_kernels_build_for_sm90_without_spills():
+    """The largest configuration of each training kernel, compiled for sm_90 ahead of time
+    (kernels.triton_loss_build --quick, in a child process: the compiled kernels are needed, so
+    TRITON_INTERPRET must be unset there): no spills, no local memory, within sm_90's limits.
+    `python -m kernels.triton_loss_build` builds every configuration the wrappers launch."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernels.triton_loss_build", "--quick"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    builds = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {b["name"].split()[0] for b in builds} >= {"bwd-row", "bwd-split", "ce-row", "ce-split", "ce-scale"}
+    for b in builds:
+        assert b["spill_bytes"] == 0 and b["local"] == 0 and b["stack"] == 0, b
+        assert b["regs"] <= 255 and b["shared"] <= 232448, b

@@ -4,8 +4,9 @@ tests.helpers.backward_error_bound, into NaN-poisoned outputs, in every layout a
 for bit independent of the batch, the row's position, the layout and the path; the custom op
 and the forward ops' backward; and a corpus of wrong kernels the checks must reject.
 
-cpu: the Triton kernels under TRITON_INTERPRET=1 at small V (the tile path with BLOCK = 16, so a
-row of 37 spans three tiles). cuda: every path at V up to 262144 and a tensor past 2^31 elements.
+cpu: the Triton kernels under TRITON_INTERPRET=1 at small V (the split path with CHUNK = 16 and the
+tile path with BLOCK = 16, so a row of 37 spans three chunks or tiles). cuda: every path at V up
+to 262144 and a tensor past 2^31 elements.
 """
 
 import math
@@ -36,7 +37,8 @@ interpreted = pytest.mark.skipif(
 )
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TILE = {"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1}  # a row of 37: three tiles, the last partial
-SCALED = {"row": {}, "tile": TILE}
+SPLIT = {"CHUNK": 16, "num_warps": 2}  # three chunks a row meeting through the workspace
+SCALED = {"row": {}, "split": SPLIT, "tile": TILE}
 
 
 def pair(B, V, *, seed, dtype=torch.float32, device="cpu", y_layout="contiguous", dy_layout="contiguous"):
@@ -93,7 +95,7 @@ def test_plan_depends_on_v_alone():
     b = tb.DISPATCH_BOUNDARIES["row_max_v"]
     for dtype in DTYPES:
         assert {tb.plan(B, b, dtype) for B in (1, 64, 65536)} == {"row"}
-        assert {tb.plan(B, b + 1, dtype) for B in (1, 64, 65536)} == {"tile"}
+        assert {tb.plan(B, b + 1, dtype) for B in (1, 64, 65536)} == {"split"}
 
 
 # -- on the CPU, interpreted -----------------------------------------------------------------------------
@@ -127,11 +129,12 @@ def test_every_layout_of_dy_and_y_gives_the_contiguous_bits():
 def test_a_rows_bits_depend_on_neither_batch_position_nor_path():
     dy, y = pair(5, 37, seed=5)
     full = {path: run_backward_poisoned(run_path(path, **SCALED[path]), dy, y) for path in tb.PATHS}
-    assert torch.equal(bits(full["row"]), bits(full["tile"])), "row and tile paths give different bits"
+    for path in ("split", "tile"):
+        assert torch.equal(bits(full["row"]), bits(full[path])), f"row and {path} paths give different bits"
     perm = torch.tensor([3, 0, 4, 2, 1])
     shuffled = run_backward_poisoned(run_path("row"), dy[perm].clone(), y[perm].clone())
     assert torch.equal(bits(shuffled), bits(full["row"][perm])), "a row's bits moved with its position"
-    alone = run_backward_poisoned(run_path("tile", **TILE), dy[2:3].clone(), y[2:3].clone())
+    alone = run_backward_poisoned(run_path("split", **SPLIT), dy[2:3].clone(), y[2:3].clone())
     assert torch.equal(bits(alone), bits(full["row"][2:3])), "a row alone differs from the row in a batch"
 
 
@@ -163,6 +166,7 @@ def test_empty_batch_launches_nothing(monkeypatch):
 
     monkeypatch.setattr(tb, "softmax_backward_row_kernel", NoLaunch())
     monkeypatch.setattr(tb, "softmax_backward_tile_kernel", NoLaunch())
+    monkeypatch.setattr(tb, "softmax_backward_split_kernel", NoLaunch())
     for path in tb.PATHS:
         assert tb.run_path(torch.empty(0, 9), torch.empty(0, 9), path).shape == (0, 9)
 
@@ -256,7 +260,7 @@ def test_cuda_every_path_and_layout_gives_the_same_bits(path, V, dtype):
     if path == "row" and V > tb.DISPATCH_BOUNDARIES["row_max_v"]:
         pytest.skip("the row path holds a row in registers: V <= row_max_v")
     dy0, y0 = pair(6, V, seed=V + 1, dtype=dtype, device="cuda")
-    params = TILE if (path == "tile" and V < 1000) else {}
+    params = SCALED[path] if V < 1000 else {}
     want = run_backward_poisoned(run_path(path, **params), dy0, y0)
     assert_backward_close(want, dy0, y0, what=f"{path} V={V}")
     reference_bits = bits(run_backward_poisoned(SOFTMAX_BACKWARD_KERNELS["triton"], dy0, y0))
