@@ -337,8 +337,11 @@ def test_cuda_op_passes_opcheck_and_compiles_without_a_break():
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=dtype_id)
 def test_cuda_error_is_no_worse_than_pytorchs(dtype, record_manifest):
     """The worst error relative to the bound, ours over torch._softmax_backward_data's on the same
-    input (both vs float64): at most 1.0 in float32 (the issue's goal), 2.0 in bfloat16."""
+    input (both vs float64): at most 1.0 in float32 (the issue's goal), 2.0 in bfloat16. Half the
+    rows have dy = 0.3 + 1e-3 * noise, where dy - s cancels and the error of the row sum decides."""
     dy, y = pair(64, 32000, seed=32000, dtype=dtype, device="cuda")
+    noise = torch.randn(32, 32000, generator=torch.Generator().manual_seed(1))
+    dy[32:] = (0.3 + 1e-3 * noise).to(device="cuda", dtype=dtype)
     ours = assert_backward_close(tb.softmax_backward(dy, y), dy, y)
     theirs_dx = torch._softmax_backward_data(dy, y, -1, dtype)
     from tests.helpers import backward_error_bound
