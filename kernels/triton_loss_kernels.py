@@ -16,8 +16,10 @@ programs or rows, nor on the batch size or the row's position:
     drawn from {0, +inf, -inf, NaN} is the same in any order (+inf and -inf give NaN, NaN
     stays NaN), and added to the finite part it gives what IEEE addition of all terms gives.
 
-Truncation costs at most one unit of 2^(E - K) per term: below n^2 * 2^-62 of the largest term
-over the whole sum (1.5e-8 at n = 262144), under the float32 rounding of the result.
+Truncation costs at most one unit of 2^(E - K) per term: over the whole sum, below 2 n^2 2^-62
+times the largest term (3e-8 at n = 262144), about the float32 rounding of the result. The sum
+of exponentials is the forward's, term for term, so the probabilities p = e * (SCALE / S) these
+kernels form are the Triton softmax's bits.
 
 All arithmetic is float32 whatever the storage dtype. Offsets are int64 (row * stride is formed
 from an int64 row index), so tensors past 2^31 elements are addressed correctly.

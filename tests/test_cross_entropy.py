@@ -173,6 +173,23 @@ def test_long_row_paths_give_the_row_paths_bits(path, case):
 
 @pytest.mark.cpu
 @interpreted
+def test_the_gradients_probabilities_are_the_triton_softmaxs_bits():
+    # Unweighted, unsmoothed, summed: the gradient off the target is p_j itself, formed from the
+    # same fixed-point sum as the forward softmax, so the bits must be the forward's.
+    from kernels import SOFTMAX_KERNELS
+
+    x, t = edge_rows(V_CPU, seed=8)
+    grad = CROSS_ENTROPY_KERNELS["triton"](x, t, reduction="sum").grad
+    probs = SOFTMAX_KERNELS["triton"](x)
+    off_target = torch.ones_like(x, dtype=torch.bool)
+    rows = (t != -100).nonzero().flatten()
+    off_target[rows, t[rows]] = False
+    off_target[t == -100] = False
+    assert torch.equal(bits(grad[off_target]), bits(probs[off_target]))
+
+
+@pytest.mark.cpu
+@interpreted
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=dtype_id)
 def test_low_precision_logits(dtype):
     x, t = edge_rows(V_CPU, seed=4, dtype=dtype)
