@@ -84,3 +84,31 @@ def test_the_sections_baselines_are_the_registrys():
     assert manifest.LOSS_OPS["softmax_backward"][1] == kernels.BACKWARD_BASELINE
     assert {manifest.LOSS_OURS, manifest.LOSS_COMPILED} <= set(kernels.CROSS_ENTROPY_KERNELS)
     assert {manifest.LOSS_OURS, manifest.LOSS_COMPILED} <= set(kernels.SOFTMAX_BACKWARD_KERNELS)
+
+
+def test_the_loss_benchmark_grid_is_the_issues():
+    """tests/test_loss_benchmarks.py's cases, checked on the CPU: unique ids, every implementation
+    of each registry at every listed shape and dtype in device time, and every per-call or graph
+    case beside a device-time case."""
+    import collections
+
+    import kernels
+    from tests import test_loss_benchmarks as bench
+
+    for op, registry in (
+        ("cross_entropy", kernels.CROSS_ENTROPY_KERNELS),
+        ("softmax_backward", kernels.SOFTMAX_BACKWARD_KERNELS),
+    ):
+        cases = [tuple(p.values) for p in bench.cases(op)]
+        ids = [p.id for p in bench.cases(op)]
+        assert [i for i, n in collections.Counter(ids).items() if n > 1] == []
+        device = {c[1:] for c in cases if c[0] == "device"}
+        assert device == {
+            (impl, N, V, dtype)
+            for impl in registry
+            for N in (4096, 16384)
+            for V in (32000, 50257, 128256, 151936, 262144)
+            for dtype in ("float32", "bfloat16")
+        }
+        assert {c[1:] for c in cases if c[0] != "device"} <= device
+        assert {c[0] for c in cases} == {"device", "per_call", "graph"}
