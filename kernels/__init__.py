@@ -29,6 +29,14 @@ _LAZY = {
     "compiled_softmax": ".registry",
     "check_softmax_input": ".checks",
     "prepare_output": ".checks",
+    # the training side: softmax backward and cross-entropy (kernels/training_registry.py)
+    "SOFTMAX_BACKWARD_KERNELS": ".training_registry",
+    "SOFTMAX_BACKWARD_OF": ".training_registry",
+    "CROSS_ENTROPY_KERNELS": ".training_registry",
+    "BACKWARD_BASELINE": ".training_registry",
+    "CROSS_ENTROPY_BASELINE": ".training_registry",
+    "BackwardKernel": ".training_registry",
+    "CrossEntropyKernel": ".training_registry",
 }
 
 
@@ -63,4 +71,11 @@ __all__ = [
     "compiled_softmax",
     "check_softmax_input",
     "prepare_output",
+    "SOFTMAX_BACKWARD_KERNELS",
+    "SOFTMAX_BACKWARD_OF",
+    "CROSS_ENTROPY_KERNELS",
+    "BACKWARD_BASELINE",
+    "CROSS_ENTROPY_BASELINE",
+    "BackwardKernel",
+    "CrossEntropyKernel",
 ]

@@ -49,3 +49,100 @@ def prepare_output(x: torch.Tensor, out, *, kernel: str) -> torch.Tensor:
     if not out.is_contiguous():
         raise ValueError(f"{kernel} softmax: out must be contiguous")
     return out
+
+
+# -- the softmax backward and cross-entropy ----------------------------------------------------------
+
+CROSS_ENTROPY_REDUCTIONS = ("mean", "sum", "none")
+TARGET_DTYPES = (torch.int64, torch.int32)
+
+
+def check_backward_inputs(dy, y, *, kernel: str, device_type: str | None = "cuda") -> None:
+    """dy and y: tensors of one shape (B, V), one supported dtype, one device; a clear TypeError or
+    ValueError naming `kernel` otherwise."""
+    for name, t in (("dy", dy), ("y", y)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{kernel} softmax backward: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"{kernel} softmax backward: {name} must be 2-D (B, V), got shape {tuple(t.shape)}")
+        if t.dtype not in FLOAT_DTYPES:
+            names = ", ".join(str(d).removeprefix("torch.") for d in FLOAT_DTYPES)
+            got = str(t.dtype).removeprefix("torch.")
+            raise TypeError(f"{kernel} softmax backward: {name} dtype {got} is not supported (supported: {names})")
+    if dy.shape != y.shape:
+        raise ValueError(f"{kernel} softmax backward: dy {tuple(dy.shape)} and y {tuple(y.shape)} differ in shape")
+    if dy.dtype != y.dtype:
+        raise TypeError(f"{kernel} softmax backward: dy is {dy.dtype} and y is {y.dtype}; they must share a dtype")
+    if dy.shape[1] == 0:
+        raise ValueError(f"{kernel} softmax backward: V = 0")
+    if dy.device != y.device:
+        raise ValueError(f"{kernel} softmax backward: dy on {dy.device} and y on {y.device}")
+    if device_type is not None and dy.device.type != device_type:
+        raise ValueError(f"{kernel} softmax backward: expected {device_type} tensors, got them on {dy.device}")
+
+
+def prepare_dx(y: torch.Tensor, out, *, kernel: str) -> torch.Tensor:
+    if out is None:
+        return torch.empty(y.shape, dtype=y.dtype, device=y.device)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{kernel} softmax backward: out must be a torch.Tensor, got {type(out).__name__}")
+    if out.shape != y.shape or out.dtype != y.dtype or out.device != y.device:
+        raise ValueError(
+            f"{kernel} softmax backward: out is {tuple(out.shape)} {out.dtype} on {out.device}, "
+            f"expected {tuple(y.shape)} {y.dtype} on {y.device}"
+        )
+    if not out.is_contiguous():
+        raise ValueError(f"{kernel} softmax backward: out must be contiguous")
+    return out
+
+
+def check_cross_entropy_inputs(
+    logits,
+    targets,
+    *,
+    weight=None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    reduction: str = "mean",
+    kernel: str,
+    device_type: str | None = "cuda",
+) -> None:
+    """Shapes, dtypes, devices and options, checked before anything runs (TypeError/ValueError
+    naming `kernel` and the problem). Target values are checked by the wrapper (validate=True)."""
+    what = f"{kernel} cross-entropy"
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"{what}: logits must be a torch.Tensor, got {type(logits).__name__}")
+    if not isinstance(targets, torch.Tensor):
+        raise TypeError(f"{what}: targets must be a torch.Tensor, got {type(targets).__name__}")
+    if logits.dim() != 2:
+        raise ValueError(f"{what}: logits must be 2-D (N, V), got shape {tuple(logits.shape)}")
+    if logits.dtype not in FLOAT_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in FLOAT_DTYPES)
+        raise TypeError(f"{what}: logits dtype {str(logits.dtype).removeprefix('torch.')} is not supported ({names})")
+    if logits.shape[1] == 0:
+        raise ValueError(f"{what}: V = 0 classes")
+    if targets.dim() != 1 or targets.shape[0] != logits.shape[0]:
+        raise ValueError(
+            f"{what}: targets must be 1-D with one class index per row ({logits.shape[0]}), "
+            f"got shape {tuple(targets.shape)}"
+        )
+    if targets.dtype not in TARGET_DTYPES:
+        raise TypeError(f"{what}: targets must be int64 or int32 class indices, got {targets.dtype}")
+    if reduction not in CROSS_ENTROPY_REDUCTIONS:
+        raise ValueError(f"{what}: reduction must be one of {CROSS_ENTROPY_REDUCTIONS}, got {reduction!r}")
+    if not isinstance(label_smoothing, (int, float)) or not 0.0 <= float(label_smoothing) <= 1.0:
+        raise ValueError(f"{what}: label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
+    if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
+        raise TypeError(f"{what}: ignore_index must be an int, got {type(ignore_index).__name__}")
+    if weight is not None:
+        if not isinstance(weight, torch.Tensor):
+            raise TypeError(f"{what}: weight must be a torch.Tensor or None, got {type(weight).__name__}")
+        if weight.shape != (logits.shape[1],):
+            raise ValueError(f"{what}: weight must have shape ({logits.shape[1]},), got {tuple(weight.shape)}")
+        if weight.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{what}: weight dtype {weight.dtype} is not supported")
+    for name, t in (("targets", targets), ("weight", weight)):
+        if t is not None and t.device != logits.device:
+            raise ValueError(f"{what}: {name} on {t.device}, logits on {logits.device}")
+    if device_type is not None and logits.device.type != device_type:
+        raise ValueError(f"{what}: expected {device_type} tensors, got them on {logits.device}")

@@ -41,13 +41,17 @@ def signature(kernel, dtype: str) -> dict:
     return sig
 
 
-def build(name: str, kernel, dtype: str, constexprs: dict, num_warps: int, num_stages: int = 3) -> dict:
+def build(
+    name: str, kernel, dtype: str, constexprs: dict, num_warps: int, num_stages: int = 3, sig: dict | None = None
+) -> dict:
+    """Compile `kernel` for sm_90 with `constexprs` and report its resources; `sig` gives the
+    compile signature where `signature` (made for the softmax kernels) does not fit."""
     from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource
 
-    src = ASTSource(fn=kernel, signature=signature(kernel, dtype), constexprs=constexprs, attrs=_ATTRS)
+    src = ASTSource(fn=kernel, signature=sig or signature(kernel, dtype), constexprs=constexprs, attrs=_ATTRS)
     c = triton.compile(
         src, target=GPUTarget("cuda", TARGET_CAPABILITY, 32), options={"num_warps": num_warps, "num_stages": num_stages}
     )

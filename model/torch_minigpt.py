@@ -283,6 +283,12 @@ def _copy_arrays(module: nn.Module, arrays: dict[str, np.ndarray], source: str) 
             targets[own_name].copy_(torch.from_numpy(array))
 
 
+def load_numpy_arrays(module: nn.Module, arrays: dict[str, np.ndarray], source: str = "arrays") -> nn.Module:
+    """`load_numpy_weights` from arrays in memory (e.g. NumpyMiniGPT.init(...).params)."""
+    _copy_arrays(module, arrays, source=source)
+    return module
+
+
 def load_numpy_weights(module: nn.Module, path=None) -> nn.Module:
     """Copy every array of the NumPy weights file into `module` as float32, name for name.
 
@@ -304,5 +310,6 @@ __all__ = [
     "Block",
     "GrammarMiniGPT",
     "load_numpy_weights",
+    "load_numpy_arrays",
     "WeightMismatchError",
 ]

@@ -1,8 +1,10 @@
 """Train NumpyMiniGPT from scratch on the synthetic grammar (pure NumPy, Adam).
 
-    python -m model.train [--steps N] [--batch-size B] [--seed S]
+    python -m model.train [--steps N] [--batch-size B] [--seed S] [--log PATH]
 
-Writes model/weights/minigpt.npz, model/weights/vocab.json and reports/loss_curve.png.
+Writes model/weights/minigpt.npz, model/weights/vocab.json and reports/loss_curve.png; with
+--log, the per-step losses as JSON (reports/runs/numpy-train-losses.json is such a record of
+the committed run, which the loss-curve figure draws beside the PyTorch trainer's).
 One sentence per row: <bos> words ... <eos>, padded; padding is excluded from the loss.
 """
 
@@ -43,13 +45,15 @@ def encode_corpus(sentences, tok: Tokenizer):
     return inputs, targets, mask
 
 
-def verb_form_accuracy(model: NumpyMiniGPT, tok: Tokenizer, sentences, batch_size=256) -> float:
+def verb_form_accuracy(model: NumpyMiniGPT, tok: Tokenizer, sentences, batch_size=256, *, logits=None) -> float:
     """Fraction of labelled verb positions whose argmax prediction (given the words
-    to the left) is a verb token of the required form."""
+    to the left) is a verb token of the required form. `logits` (ids -> NumPy logits) replaces
+    model.logits, e.g. for the PyTorch port (model.train_torch.numpy_logits)."""
     inputs, _, _ = encode_corpus(sentences, tok)
+    logits = model.logits if logits is None else logits
     hits = total = 0
     for lo in range(0, len(sentences), batch_size):
-        pred = model.logits(inputs[lo : lo + batch_size]).argmax(axis=-1)  # (b, L)
+        pred = np.asarray(logits(inputs[lo : lo + batch_size])).argmax(axis=-1)  # (b, L)
         for n, s in enumerate(sentences[lo : lo + batch_size]):
             for pos, form in s.verb_positions:
                 # input index pos holds the word before the verb (index 0 is <bos>)
@@ -71,6 +75,14 @@ class Adam:
             self.m[k] = self.b1 * self.m[k] + (1 - self.b1) * g
             self.v[k] = self.b2 * self.v[k] + (1 - self.b2) * g * g
             params[k] -= (lr * (self.m[k] / c1) / (np.sqrt(self.v[k] / c2) + self.eps)).astype(params[k].dtype)
+
+
+def next_batch(rng, inputs, targets, mask, batch_size):
+    """(inputs, targets, mask) of the next batch: `batch_size` sentences drawn with replacement,
+    padding columns that the whole batch shares trimmed. Every trainer draws its batches here."""
+    idx = rng.integers(0, len(inputs), size=batch_size)
+    L = int(mask[idx].sum(axis=1).max())
+    return inputs[idx, :L], targets[idx, :L], mask[idx, :L]
 
 
 def lr_at(step, steps, lr, warmup):
@@ -95,9 +107,7 @@ def train(steps=1500, batch_size=64, seed=0, n_sentences=30000, lr=3e-3, warmup=
 
         bar = tqdm(bar, desc="train", unit="step")
     for step in bar:
-        idx = rng.integers(0, len(inputs), size=batch_size)
-        L = int(mask[idx].sum(axis=1).max())  # trim padding columns shared by the whole batch
-        loss, grads = model.loss_and_grads(inputs[idx, :L], targets[idx, :L], mask[idx, :L])
+        loss, grads = model.loss_and_grads(*next_batch(rng, inputs, targets, mask, batch_size))
         norm = math.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads.values()))
         if norm > clip:
             grads = {k: g * np.float32(clip / norm) for k, g in grads.items()}
@@ -108,7 +118,30 @@ def train(steps=1500, batch_size=64, seed=0, n_sentences=30000, lr=3e-3, warmup=
     return model, tok, losses
 
 
-def save_loss_curve(losses, path) -> None:
+def write_loss_log(path, losses, *, trainer: str, wall_s: float, **settings) -> None:
+    """The per-step losses of a run and how it was made, as JSON (a record for the figure)."""
+    import json
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"trainer": trainer, **settings, "wall_s": round(float(wall_s), 1), "losses": [float(x) for x in losses]}
+    path.write_text(json.dumps(record, indent=0) + "\n")
+
+
+def read_loss_log(path) -> dict:
+    import json
+
+    return json.loads(Path(path).read_text())
+
+
+def tail_mean(losses, n: int = 50) -> float:
+    """The mean of the last n steps' losses: a run's final loss without one batch's noise."""
+    return float(np.mean(losses[-n:]))
+
+
+def save_loss_curve(losses, path, *, curves: dict | None = None, title: str = "NumpyMiniGPT training loss") -> None:
+    """The loss per step and its running mean; `curves` ({label: losses}) replaces `losses` with
+    several runs drawn together (e.g. the NumPy and the PyTorch trainer)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -117,14 +150,19 @@ def save_loss_curve(losses, path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     k = 20
-    smooth = np.convolve(losses, np.ones(k) / k, mode="valid") if len(losses) >= k else losses
+    curves = curves or {"": losses}
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(losses, alpha=0.35, label="per step")
-    ax.plot(np.arange(len(smooth)) + (len(losses) - len(smooth)), smooth, label=f"mean of {k}")
+    top = 0.0
+    for label, values in curves.items():
+        smooth = np.convolve(values, np.ones(k) / k, mode="valid") if len(values) >= k else values
+        x = np.arange(len(smooth)) + (len(values) - len(smooth))
+        (line,) = ax.plot(values, alpha=0.25, label=f"{label} per step".strip())
+        ax.plot(x, smooth, color=line.get_color(), label=f"{label} mean of {k}".strip())
+        top = max(top, max(values))
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats / token)")
-    ax.set_ylim(0, max(losses) * 1.05)
-    ax.set_title("NumpyMiniGPT training loss")
+    ax.set_ylim(0, top * 1.05)
+    ax.set_title(title)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -140,6 +178,7 @@ def main(argv=None) -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--weights", type=Path, default=DEFAULT_WEIGHTS)
     ap.add_argument("--plot", type=Path, default=DEFAULT_PLOT)
+    ap.add_argument("--log", type=Path, default=None, help="write the per-step losses here (JSON)")
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
@@ -150,12 +189,23 @@ def main(argv=None) -> None:
     model.save(args.weights)
     tok.save(args.weights.with_name("vocab.json"))
     save_loss_curve(losses, args.plot)
+    if args.log:
+        write_loss_log(
+            args.log,
+            losses,
+            trainer="numpy",
+            wall_s=wall,
+            seed=args.seed,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            sentences=args.sentences,
+            lr=args.lr,
+        )
     held_out = grammar.generate_corpus(2000, seed=args.seed + 10_000)
     acc = verb_form_accuracy(model, tok, held_out)
     tail = losses[-50:]
     print(
-        f"wall time {wall:.1f} s; final loss {losses[-1]:.4f} (mean of last {len(tail)} steps "
-        f"{float(np.mean(tail)):.4f})"
+        f"wall time {wall:.1f} s; final loss {losses[-1]:.4f} (mean of last {len(tail)} steps {tail_mean(losses):.4f})"
     )
     print(f"verb-form accuracy on {len(held_out)} held-out sentences: {acc:.4f}")
     print(f"weights -> {args.weights} ({args.weights.stat().st_size / 1e6:.2f} MB); loss curve -> {args.plot}")

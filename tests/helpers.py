@@ -14,6 +14,7 @@ import importlib
 import math
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -765,7 +766,7 @@ def backward_tolerance(y, dy, dtype) -> np.ndarray:
         return rel * np.abs(ref) + arith + floor * (1 + np.abs(dy) + np.abs(S))
 
 
-def assert_backward_close(got: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, *, what: str = "") -> float:
+def assert_backward_close_to_ref(got: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, *, what: str = "") -> float:
     """`got` against softmax_backward_ref(y, dy) within backward_tolerance (NaN and infinities
     exactly where the reference has them). Returns the largest absolute error."""
     from kernels.reference import softmax_backward_ref
@@ -834,12 +835,12 @@ def cross_entropy_expected(
             dtype.
     "mean" / "sum" add the order-free sum over the rows (its truncation and one rounding).
     """
-    from kernels.reference import cross_entropy_ref
+    from kernels.reference import cross_entropy_rows_ref
 
     x = logits_.detach().to("cpu", torch.float64).numpy()
     t = target.detach().to("cpu", torch.int64).numpy()
     w = None if weight is None else weight.detach().to("cpu", torch.float32).to(torch.float64).numpy()
-    loss, grad, lse = cross_entropy_ref(x, t, weight=w, ignore_index=ignore_index, label_smoothing=label_smoothing)
+    loss, grad, lse = cross_entropy_rows_ref(x, t, weight=w, ignore_index=ignore_index, label_smoothing=label_smoothing)
     N, V = x.shape
     wv = np.ones(V) if w is None else w
     e = float(np.float32(label_smoothing))
@@ -916,3 +917,283 @@ def assert_cross_entropy_close(result, logits_, target, *, what: str = "", **opt
             np.atleast_1d(g), np.atleast_1d(exp[name]), np.atleast_1d(exp[f"{name}_tol"]), f"{label} {name}"
         )
     return out
+
+
+# -- the softmax backward and cross-entropy --------------------------------------------------------
+#
+# Inputs, poisoned runs and comparisons for the two training operations. Tolerances follow an
+# error model of a correct float32 kernel, scaled element by element to the magnitudes that the
+# result is formed from (not to the result, which may cancel to ~0), so they stay tight wherever
+# the values are and fail a kernel that loses a term, a sign or digits:
+#
+#   softmax backward  dx_j = y_j (dy_j - s), s = sum y*dy.  mag_j = |y_j| (|dy_j| + |s| + sum |y*dy|)
+#   cross-entropy     p_j carries float32 error ~ (C + |x_j - max|) eps (the exponential's argument
+#                     is rounded at |x_j - max|); u_j = p_j (C + |x_j - max|). The gradient's entry
+#                     at the target, p_t - 1, is allowed the error of the other entries (sum of
+#                     u_k, k != t) plus its own relative error, never eps * p_t: a kernel that
+#                     forms 1 - p_t as 1 minus a probability near 1 fails on confident rows. Row
+#                     sums in fixed point add at most n * 2^-(62 - ceil(log2 n)) of the largest
+#                     term (FIXED_POINT_ERROR).
+#
+# Every bound is C_ERR * eps32 * magnitude, plus one rounding of the stored dtype (16-bit
+# outputs) and that dtype's smallest normal as an absolute floor.
+
+C_ERR = 8.0  # units of float32 eps per operation chain; a wrong term is off by far more
+
+
+def place(values: torch.Tensor, layout: str, device="cpu") -> torch.Tensor:
+    """`values` copied into `layout` (see `layouts`; NaN outside the view) on `device`."""
+    return _place(values, layout, torch.device(device))
+
+
+def fixed_point_error(n: int) -> float:
+    """The largest relative error a fixed-point row sum of n terms adds (kernels.triton_loss_kernels)."""
+    return n * 2.0 ** -(62 - (max(n, 1) - 1).bit_length())
+
+
+def targets(N: int, V: int, *, seed: int, ignore_rows=(), ignore_index: int = -100, dtype=torch.int64, device="cpu"):
+    """(N,) class indices drawn from their own generator; `ignore_rows` set to ignore_index."""
+    g = torch.Generator().manual_seed(seed + 7)
+    t = torch.randint(0, V, (N,), generator=g)
+    for row in ignore_rows:
+        t[row] = ignore_index
+    return t.to(device=device, dtype=dtype)
+
+
+def _out_floor(dtype) -> tuple[float, float]:
+    """(rounding of the stored value, absolute floor) of an output of `dtype`."""
+    fi = torch.finfo(dtype)
+    return (0.0 if dtype == torch.float32 else fi.eps), fi.smallest_normal
+
+
+def _report(what: str, got: np.ndarray, ref: np.ndarray, tol: np.ndarray) -> None:
+    """Raise with counts and first indices where got and ref disagree: NaN patterns must match,
+    finite values within tol, infinities equal."""
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert got.shape == ref.shape, f"{what}: shape {got.shape}, expected {ref.shape}"
+    nan_g, nan_r = np.isnan(got), np.isnan(ref)
+    problems = []
+    if (nan_g & ~nan_r).any():
+        problems.append(
+            f"{int((nan_g & ~nan_r).sum())} NaN where the reference is a number: " + _where(nan_g & ~nan_r, got, ref)
+        )
+    if (nan_r & ~nan_g).any():
+        problems.append(
+            f"{int((nan_r & ~nan_g).sum())} numbers where the reference is NaN: " + _where(nan_r & ~nan_g, got, ref)
+        )
+    inf_mismatch = (np.isinf(got) | np.isinf(ref)) & ~nan_g & ~nan_r & (got != ref)
+    if inf_mismatch.any():
+        problems.append(f"{int(inf_mismatch.sum())} infinities that differ: " + _where(inf_mismatch, got, ref))
+    finite = np.isfinite(got) & np.isfinite(ref)
+    err = np.abs(np.where(finite, got - ref, 0.0))
+    off = finite & (err > np.broadcast_to(tol, got.shape))
+    if off.any():
+        problems.append(
+            f"{int(off.sum())} of {got.size} beyond the error bound (worst error {err[off].max():.3g}, "
+            f"bound there {np.broadcast_to(tol, got.shape)[off][np.argmax(err[off])]:.3g}): " + _where(off, got, ref)
+        )
+    if problems:
+        raise AssertionError(f"{what}:\n  " + "\n  ".join(problems))
+
+
+def backward_error_bound(dy, y, dtype=None) -> tuple[np.ndarray, np.ndarray]:
+    """(reference dx, per-element bound) for the softmax backward of float tensors dy, y."""
+    from kernels.reference import softmax_backward_ref
+
+    dtype = y.dtype if dtype is None else dtype
+    d = dy.detach().to("cpu", torch.float64).numpy()
+    yy = y.detach().to("cpu", torch.float64).numpy()
+    ref = softmax_backward_ref(d, yy)
+    V = yy.shape[-1]
+    with np.errstate(invalid="ignore"):
+        t = yy * d
+        s = t.sum(axis=-1, keepdims=True)
+        mag = np.abs(yy) * (np.abs(d) + np.abs(s) + np.abs(t).sum(axis=-1, keepdims=True))
+    rounding, floor = _out_floor(dtype)
+    tol = (C_ERR * FP32_EPS + fixed_point_error(V)) * mag + rounding * np.abs(ref) + floor
+    return ref, tol
+
+
+def assert_backward_close(dx, dy, y, *, what: str = "softmax backward") -> float:
+    """dx against softmax_backward_ref(dy, y) within backward_error_bound; returns the worst error
+    relative to the bound (<= 1 passes)."""
+    ref, tol = backward_error_bound(dy, y, dx.dtype)
+    got = dx.detach().to("cpu", torch.float64).numpy()
+    _report(f"{what} ({dtype_id(dx.dtype)}, shape {tuple(dx.shape)})", got, ref, tol)
+    with np.errstate(invalid="ignore"):
+        r = np.abs(got - ref) / tol
+    return float(np.nanmax(np.where(np.isfinite(r), r, 0.0), initial=0.0))
+
+
+CE_OPTIONS = ("weight", "ignore_index", "label_smoothing", "reduction")
+
+
+def cross_entropy_error_bounds(logits, target, *, weight=None, ignore_index=-100, label_smoothing=0.0,
+                               reduction="mean", dtype=None) -> dict:  # fmt: skip
+    """Reference values and per-element bounds: {"loss": (ref, tol), "lse": ..., "grad": ...}."""
+    from kernels.reference import cross_entropy_ref
+
+    dtype = logits.dtype if dtype is None else dtype
+    x = logits.detach().to("cpu", torch.float64).numpy()
+    t = target.detach().cpu().numpy().astype(np.int64)
+    w = None if weight is None else weight.detach().to("cpu", torch.float64).numpy()
+    loss, lse, grad = cross_entropy_ref(
+        x, t, weight=w, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction
+    )
+    N, V = x.shape
+    eps = float(label_smoothing)
+    wv = np.ones(V) if w is None else w
+    ignored = t == ignore_index
+    ts = np.where(ignored, 0, t)
+    rows = np.arange(N)
+    e32 = C_ERR * FP32_EPS
+    fix = fixed_point_error(V)
+    with np.errstate(invalid="ignore", over="ignore"):
+        m = x.max(axis=1, keepdims=True)
+        p = softmax_ref(x)
+        u = np.where(p > 0, p * (C_ERR + np.abs(x - m)), 0.0)  # error scale of each probability, in eps
+        U = u.sum(axis=1)
+        w_t = np.where(ignored, 0.0, wv[ts])
+        W_abs = np.abs(wv).sum()
+        lse_mag = np.abs(lse) + C_ERR + U
+        row_mag = np.abs(w_t) * (lse_mag + np.abs(x[rows, ts]))
+        if eps > 0:
+            row_mag = (1 - eps) * row_mag + eps / V * (W_abs * lse_mag + np.abs(wv[None, :] * x).sum(axis=1))
+        row_mag = np.where(ignored, 0.0, row_mag)
+        is_t = np.arange(V)[None, :] == ts[:, None]
+        # p_j - [j == t]: a probability's own error, and its share of the error of the row's sum;
+        # at the target, the others' errors and its relative error, not eps * p_t.
+        q_mag = u + p * U[:, None]
+        q_mag = np.where(is_t, (U - u[rows, ts])[:, None] + (1 - p) * (U[:, None] + C_ERR), q_mag)
+        g_mag = np.abs(w_t)[:, None] * q_mag
+        g_fix = np.abs(w_t)[:, None] * np.where(is_t, fix, fix * p)
+        if eps > 0:
+            g_mag = (1 - eps) * g_mag + eps / V * (W_abs * u + C_ERR * np.abs(wv)[None, :])
+            g_fix = (1 - eps) * g_fix + eps / V * W_abs * fix * p
+        scale = 1.0
+        if reduction == "mean":
+            scale = 1.0 / abs(w_t.sum()) if w_t.sum() != 0 else 1.0
+        g_mag = np.where(ignored[:, None], 0.0, g_mag * scale)
+        g_fix = np.where(ignored[:, None], 0.0, g_fix * scale)
+    rounding, floor = _out_floor(dtype)
+    grad_tol = FP32_EPS * g_mag + g_fix + (rounding + e32) * np.abs(grad) + floor
+    lse_tol = FP32_EPS * lse_mag + fix + e32 * np.abs(lse)
+    row_tol = e32 * row_mag + fix * row_mag
+    if reduction == "none":
+        loss_tol = row_tol + (rounding + e32) * np.abs(loss) + floor
+    else:
+        total_tol = row_tol.sum() * (scale if reduction == "mean" else 1.0)
+        loss_tol = np.asarray(total_tol + (rounding + e32) * abs(loss) + floor)
+    return {"loss": (np.asarray(loss), loss_tol), "lse": (lse, lse_tol), "grad": (grad, grad_tol)}
+
+
+def check_cross_entropy(result, logits, target, *, what: str = "cross-entropy", **options) -> dict:
+    """result = (loss, lse, grad) against cross_entropy_ref within cross_entropy_error_bounds:
+    values, NaN where the reference has NaN (an all -inf row, a weight-0 target on -inf), the
+    loss's shape and dtype (the logits'), lse float32. Returns the worst error relative to the
+    bound for each of loss, lse and grad (<= 1 passes)."""
+    loss, lse, grad = result
+    reduction = options.get("reduction", "mean")
+    N = logits.shape[0]
+    assert loss.shape == ((N,) if reduction == "none" else ()), f"{what}: loss shape {tuple(loss.shape)}"
+    assert loss.dtype == logits.dtype, f"{what}: loss dtype {loss.dtype}, logits {logits.dtype}"
+    assert lse.shape == (N,) and lse.dtype == torch.float32, f"{what}: lse {tuple(lse.shape)} {lse.dtype}"
+    assert grad.shape == logits.shape and grad.dtype == logits.dtype, f"{what}: grad {tuple(grad.shape)} {grad.dtype}"
+    bounds = cross_entropy_error_bounds(logits, target, **options)
+    worst = {}
+    for name, got in (("loss", loss), ("lse", lse), ("grad", grad)):
+        ref, tol = bounds[name]
+        g = got.detach().to("cpu", torch.float64).numpy()
+        _report(f"{what}: {name} ({dtype_id(logits.dtype)}, {options})", g, ref, tol)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            r = np.abs(g - ref) / tol
+        worst[name] = float(np.nanmax(np.where(np.isfinite(r), r, 0.0), initial=0.0))
+    return worst
+
+
+class LossResult(NamedTuple):
+    loss: torch.Tensor
+    lse: torch.Tensor
+    grad: torch.Tensor
+
+
+def run_cross_entropy_poisoned(fn, logits: torch.Tensor, target: torch.Tensor, **options) -> LossResult:
+    """fn(logits, target, out=grad, **options) with the gradient buffer NaN-filled and framed by
+    NaN guards; asserts fn returned that buffer, wrote nothing outside it and changed neither
+    input. Returns (loss, lse, grad)."""
+    guard = GUARD_BYTES // logits.element_size()
+    n = logits.numel()
+    buf = torch.full((2 * guard + n,), math.nan, dtype=logits.dtype, device=logits.device)
+    out = buf[guard : guard + n].view(logits.shape)
+    before = (bits(logits).clone(), target.clone())
+    loss, lse, grad = fn(logits, target, out=out, **options)
+    if logits.is_cuda:
+        torch.cuda.synchronize(logits.device)
+    name = getattr(fn, "name", getattr(fn, "__name__", repr(fn)))
+    assert grad.data_ptr() == out.data_ptr(), f"{name} did not return the gradient buffer it was given"
+    outside = torch.cat([buf[:guard], buf[guard + n :]])
+    assert torch.isnan(outside).all(), f"{name} wrote {int((~torch.isnan(outside)).sum())} elements outside out"
+    assert torch.equal(bits(logits), before[0]) and torch.equal(target, before[1]), f"{name} changed its inputs"
+    return LossResult(loss, lse, grad)
+
+
+def run_backward_poisoned(fn, dy: torch.Tensor, y: torch.Tensor, **kwargs) -> torch.Tensor:
+    """fn(dy, y, out=dx) into a NaN-poisoned, NaN-guarded dx (see run_poisoned); dy unchanged too."""
+    dy_before = bits(dy).clone()
+
+    def call(y_, *, out):
+        return fn(dy, y_, out=out, **kwargs)
+
+    call.__name__ = getattr(fn, "name", getattr(fn, "__name__", repr(fn)))
+    dx = run_poisoned(call, y)
+    assert torch.equal(bits(dy), dy_before), f"{call.__name__} changed dy"
+    return dx
+
+
+def edge_rows(V: int, *, seed: int, dtype=torch.float32, device="cpu", ignore_index: int = -100):
+    """(logits, target) whose rows are the cross-entropy edge cases, one per row, V >= 4:
+    0 ordinary; 1 ignored; 2 confident (p >= 0.999 on the target); 3 a -inf entry and a -inf
+    target logit; 4 huge logits (±1e30, ±3e4 in float16; the target on one of them); 5 ignored with -inf entries;
+    6 confident but wrong (the target's p ~ 1e-6); 7 every logit equal."""
+    x = logits(8, V, seed=seed, dtype=torch.float64, outliers=False, neg_inf=False)
+    t = targets(8, V, seed=seed)
+    x[2, t[2]] = x[2].max() + 7 + math.log(V)  # exp(7) * V / V > 999 x the rest
+    x[3, (t[3] + 1) % V] = -math.inf
+    x[3, t[3]] = -math.inf
+    huge = 1e30 if dtype != torch.float16 else 3e4  # near the top of the dtype's range
+    x[4, 0], x[4, 1], x[4, 2] = huge, -huge, huge
+    t[4] = 2
+    x[5, :2] = -math.inf
+    t[1] = t[5] = ignore_index
+    x[6, 0] = x[6].max() + 14 + math.log(V)
+    t[6] = 1 if V > 1 else 0
+    x[6, 1] = x[6, 1:].max() if V > 2 else x[6, 1]
+    x[7] = 0.5
+    return x.to(device=device, dtype=dtype), t.to(device)
+
+
+def run_interpreted_in_subprocess(test_file, pytestconfig, *, exclude: str = "interpreted_in_a_subprocess") -> None:
+    """On a machine whose test process runs the compiled Triton modules (a GPU is visible), run the
+    cpu tests of `test_file` again in a child with TRITON_INTERPRET=1 from the start (the variable
+    is read when kernels are decorated, at import), so the interpreter cases run there too."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    cmd = [sys.executable, "-m", "pytest", str(test_file), "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    cmd += ["-m", "cpu", "-k", f"not {exclude}", "-W", "ignore::RuntimeWarning"]
+    try:
+        pytestconfig.getoption("no_reports")
+        cmd.append("--no-reports")  # the parent session writes the reports, not the child
+    except ValueError:
+        pass
+    proc = subprocess.run(
+        cmd, cwd=Path(test_file).resolve().parents[1], env=env, capture_output=True, text=True, timeout=1800
+    )
+    tail = (proc.stdout + proc.stderr)[-4000:]
+    assert proc.returncode == 0, tail
+    assert re.search(r"\d+ passed", proc.stdout), tail

@@ -369,6 +369,131 @@ def merge_accuracy(previous: list | None, measured: dict[tuple, dict]) -> list[d
     return [cases[k] for k in sorted(cases)]
 
 
+# -- the softmax backward and cross-entropy: fwd+bwd timings --------------------------------------------
+#
+# Benchmark records of these operations carry "op" (not "kernel", so the softmax sweep never sees
+# them): op, impl (a name of kernels.CROSS_ENTROPY_KERNELS / SOFTMAX_BACKWARD_KERNELS), N, V,
+# dtype, mode, bytes (moved by design: cross-entropy reads the logits and writes the gradient,
+# the backward reads dy and y and writes dx) and, in device mode, peak_extra_bytes (allocated
+# beyond the inputs during one call). Each section's ratios are derived here from its entries.
+
+LOSS_OPS = {
+    # op: (manifest section, PyTorch eager baseline, passes over the matrix by design)
+    "cross_entropy": ("cross_entropy_timing", "F_cross_entropy", 2),
+    "softmax_backward": ("softmax_backward_timing", "softmax_backward_data", 3),
+}
+LOSS_COMPILED = "torch_compile"
+LOSS_OURS = "triton"
+LOSS_GOALS = {
+    # the issue's goals for our kernel at every listed shape
+    "cross_entropy": {"frac_of_copy_bw": 0.90, "x_eager": 2.0, "x_compiled": 1.2, "peak_extra_over_matrix": 1.0},
+    "softmax_backward": {"frac_of_copy_bw": 0.90},
+}
+
+
+def _loss_key(entry: dict) -> tuple:
+    return (entry["impl"], int(entry["N"]), int(entry["V"]), entry["dtype"])
+
+
+def raw_loss_entries(benchmarks: list[dict], op: str) -> list[dict]:
+    """{impl, N, V, dtype, bytes_by_design, device_us, per_call_us, graph_us, peak_extra_bytes}
+    (medians) from one run's records of `op`."""
+    entries: dict[tuple, dict] = {}
+    for r in benchmarks:
+        if r.get("op") != op:
+            continue
+        key = (r["impl"], int(r["N"]), int(r["V"]), r["dtype"])
+        entry = entries.setdefault(key, dict(zip(("impl", "N", "V", "dtype"), key, strict=True)))
+        entry[f"{r.get('mode', 'device')}_us"] = r["us_median"]
+        if r.get("bytes") is not None:
+            entry["bytes_by_design"] = int(r["bytes"])
+        if r.get("peak_extra_bytes") is not None:
+            entry["peak_extra_bytes"] = int(r["peak_extra_bytes"])
+    return list(entries.values())
+
+
+def derive_loss_section(entries: list[dict], op: str, copy_TBps: float | None) -> dict:
+    """Entries with GB/s, fraction of copy bandwidth, and per mode the speed relative to PyTorch
+    eager and to torch.compile at the same shape; then the goals report for our kernel."""
+    _, eager, passes = LOSS_OPS[op]
+    raw = {_loss_key(e): dict(e) for e in entries}
+    derived = []
+    for key in sorted(raw, key=lambda k: (k[3], k[2], k[1], k[0])):
+        e = raw[key]
+        entry = {k: e[k] for k in ("impl", "N", "V", "dtype") if k in e}
+        for k in ("device_us", "per_call_us", "graph_us", "bytes_by_design", "peak_extra_bytes"):
+            if k in e:
+                entry[k] = e[k]
+        if "device_us" in e:
+            nbytes = matrix_bytes(e["N"], e["V"], e["dtype"], passes=passes)
+            entry["GBps"] = nbytes / (e["device_us"] * 1e-6) / 1e9
+            if copy_TBps:
+                entry["frac_of_copy_bw"] = entry["GBps"] / (copy_TBps * 1e3)
+        if "peak_extra_bytes" in e:
+            entry["peak_extra_over_matrix"] = e["peak_extra_bytes"] / matrix_bytes(e["N"], e["V"], e["dtype"], passes=1)
+        for name, label in ((eager, "x_eager"), (LOSS_COMPILED, "x_compiled")):
+            other = raw.get((name, *key[1:]))
+            if other is None or name == key[0]:
+                continue
+            ratios = {
+                mode: other[f"{mode}_us"] / e[f"{mode}_us"]
+                for mode in ("device", *CALL_MODES)
+                if f"{mode}_us" in e and f"{mode}_us" in other
+            }
+            if ratios:
+                entry[label] = ratios
+        derived.append(entry)
+    return {"entries": derived, "goals": loss_goal_report(derived, op)}
+
+
+def loss_goal_report(entries: list[dict], op: str) -> dict:
+    goals = LOSS_GOALS[op]
+    checked, misses = 0, []
+    for e in entries:
+        if e["impl"] != LOSS_OURS:
+            continue
+        checked += 1
+        why = []
+        if "frac_of_copy_bw" in e and e["frac_of_copy_bw"] < goals["frac_of_copy_bw"]:
+            why.append(f"{e['frac_of_copy_bw']:.3f} of copy (goal {goals['frac_of_copy_bw']})")
+        for label in ("x_eager", "x_compiled"):
+            goal = goals.get(label)
+            got = (e.get(label) or {}).get("device")
+            if goal and got is not None and got < goal:
+                why.append(f"{got:.2f} x {label.removeprefix('x_')} (goal {goal})")
+        goal = goals.get("peak_extra_over_matrix")
+        if goal and e.get("peak_extra_over_matrix", 0.0) > goal * 1.01:
+            why.append(f"peak {e['peak_extra_over_matrix']:.2f} x the matrix beyond the inputs (goal {goal})")
+        if why:
+            misses.append({"N": e["N"], "V": e["V"], "dtype": e["dtype"], "why": "; ".join(why)})
+    rule = ", ".join(f"{k} >= {v}" for k, v in goals.items() if k != "peak_extra_over_matrix")
+    if "peak_extra_over_matrix" in goals:
+        rule += f", peak memory beyond the inputs <= {goals['peak_extra_over_matrix']} x the matrix"
+    return {
+        "rule": f"{LOSS_OURS} (device time): {rule}",
+        "cases_checked": checked,
+        "cases_missed": len(misses),
+        "missed": misses,
+    }
+
+
+def _merge_loss_timings(manifest: dict, benchmarks: list[dict], gpu_model: str | None, touched: dict) -> None:
+    previous_model = (manifest.get("gpu") or {}).get("model")
+    same_gpu = gpu_model is None or previous_model in (None, gpu_model)
+    copy_TBps = (manifest.get("ceilings") or {}).get("hbm_copy_TBps")
+    for op, (section, _, _) in LOSS_OPS.items():
+        new = raw_loss_entries(benchmarks, op)
+        if not new:
+            continue
+        merged = (
+            {_loss_key(e): dict(e) for e in ((manifest.get(section) or {}).get("entries") or [])} if same_gpu else {}
+        )
+        for e in new:
+            merged.setdefault(_loss_key(e), {}).update(e)
+        manifest[section] = derive_loss_section(list(merged.values()), op, copy_TBps)
+        touched[section] = (section,)
+
+
 # -- building the manifest -----------------------------------------------------------------------
 
 
@@ -473,6 +598,7 @@ def build_manifest(
 
     if benchmarks or ceilings_measured:
         _merge_timings(manifest, benchmarks, gpu.get("model"), touched)
+        _merge_loss_timings(manifest, benchmarks, gpu.get("model"), touched)
 
     for (kernel, dtype, prop), value in byte_equivalence.items():
         manifest.setdefault("byte_equivalence", {}).setdefault(kernel, {}).setdefault(dtype, {})[prop] = value

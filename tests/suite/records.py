@@ -4,7 +4,8 @@ fixture, combined over tests, and the raw timings of benchmark cases read from p
 A benchmark case puts raw facts in `benchmark.extra_info` and nothing derived: kernel, B, V,
 dtype, mode ("device", "per_call" or "graph"), bytes (what the kernel moves by design), plan,
 autotune_picked; a launch-floor case puts `floor` (its name) and mode instead of the kernel and
-shape. Ratios (to F.softmax, to copy bandwidth) are derived once, from the whole run, by
+shape; a softmax-backward or cross-entropy case puts `op` and `impl` instead of the kernel
+(tests/suite/manifest.py: LOSS_OPS). Ratios (to F.softmax, to copy bandwidth) are derived once, from the whole run, by
 tests/suite/manifest.py.
 """
 
@@ -80,7 +81,7 @@ def benchmark_records(bench_session) -> list[dict]:
     for bench in getattr(bench_session, "benchmarks", None) or []:
         info = dict(getattr(bench, "extra_info", None) or {})
         stats = getattr(bench, "stats", None)
-        if not ("kernel" in info or "floor" in info) or not stats or not getattr(stats, "rounds", 0):
+        if not ("kernel" in info or "floor" in info or "op" in info) or not stats or not getattr(stats, "rounds", 0):
             continue
         info.setdefault("mode", "device")
         records.append({**info, "us_median": stats.median * 1e6, "us_min": stats.min * 1e6, "us_max": stats.max * 1e6})

@@ -1,0 +1,195 @@
+"""The softmax backward in Triton: dx = y * (dy - sum(y * dy)) over the last dimension, from the
+softmax output y and the incoming gradient dy, in one kernel (two reads and one write).
+
+Paths (`plan(B, V, dtype)` names the one a call takes; `DISPATCH_BOUNDARIES` holds the limit):
+
+  row   V <= row_max_v. One program per row holds dy and y in registers: each element is read
+        once and written once.
+  split V > row_max_v. P = cdiv(V, CHUNK) programs share a row, each with a CHUNK of dy and y in
+        registers (still one read of each), meeting twice through a per-row workspace (the
+        largest |y * dy|, then the fixed-point sum); a program whose siblings are not running
+        streams the row itself, so a launch cannot hang.
+  tile  not dispatched (run_path reaches it): a grid of a few programs per SM walks the rows,
+        each row in three passes over tiles (largest |y * dy|, fixed-point sum, write), the
+        re-reads served by L2 when the rows in flight fit. No workspace, no waiting.
+
+Every path gives a row the same bits: the sum is order-free (kernels.triton_loss_kernels), and
+the path depends on V alone, never on B. dy and y may have any row stride and
+different layouts (each is copied with `.contiguous()` only when its elements are not
+contiguous within a row); dx is new and contiguous, or `out` (contiguous). float32, bfloat16
+and float16 storage, all arithmetic in float32; dy and y share one dtype, as
+`torch._softmax_backward_data` requires.
+
+Under TRITON_INTERPRET=1 (set before the kernels are imported) the kernels run on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from .checks import check_backward_inputs, prepare_dx
+from .triton_loss_kernels import (
+    softmax_backward_row_kernel,
+    softmax_backward_split_kernel,
+    softmax_backward_tile_kernel,
+)
+
+KERNEL_NAME = "triton"
+PATHS = ("row", "split", "tile")
+DISPATCH_BOUNDARIES = {"row_max_v": 8192}  # two inputs in registers: a quarter of the forward's row path
+
+INTERPRET = type(softmax_backward_row_kernel).__name__ == "InterpretedFunction"
+_DEVICE_TYPE = "cpu" if INTERPRET else "cuda"
+# Poll bound of the split kernels on a GPU (~2^20 atomic reads, the order of a second): far
+# beyond the time siblings need to be scheduled; it exists only so a launch cannot hang. Under the
+# interpreter, whose programs run one after another, 0: early chunks stream, the last combines.
+SPLIT_MAX_SPINS = 1 << 20
+SPLIT_WORDS_PER_CHUNK = 5  # int64 words a row's chunk publishes (the cross-entropy kernel's five)
+
+
+def fixed_point_bits(n: int) -> int:
+    """K = 62 - ceil(log2 n): n terms each below 2^K in magnitude sum to at most 2^62."""
+    return 62 - (max(int(n), 1) - 1).bit_length()
+
+
+def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) -> str:
+    """The path softmax_backward() takes for (B, V) rows of `dtype`: row or tile."""
+    b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
+    return "row" if V <= b["row_max_v"] else "split"
+
+
+def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict:
+    if path == "row":
+        block = triton.next_power_of_2(V)
+        # Up to 8 elements per thread and tensor: no spills on sm_90 (kernels.triton_loss_build).
+        warps = 4 if block <= 2048 else (8 if block <= 4096 else 16)
+        return {"BLOCK": block, "num_warps": warps}
+    if path == "split":
+        return {"CHUNK": 4096, "num_warps": 8}
+    if path == "tile":
+        return {"BLOCK": 4096, "num_warps": 8, "programs_per_sm": 2}
+    raise ValueError(f"{KERNEL_NAME} softmax backward: unknown path {path!r} ({', '.join(PATHS)})")
+
+
+# (device index, stream) -> (words, counters): the split kernels' workspace. The counters are
+# zeroed once and left zeroed by every launch; the words need no zeroing. Superseded buffers are
+# kept alive (a CUDA graph captured with one still points at it).
+_workspaces: dict = {}
+_retired_workspaces: list = []
+
+
+def split_workspace(device: torch.device, rows: int, P: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Words and zeroed counters for `rows` rows of P chunks (shared by both split kernels)."""
+    words, counters = rows * SPLIT_WORDS_PER_CHUNK * P, rows * 3
+    if INTERPRET:
+        key = ("cpu", 0)
+    else:
+        key = (
+            device.index if device.index is not None else torch.cuda.current_device(),
+            torch.cuda.current_stream(device).cuda_stream,
+        )
+        if torch.cuda.is_current_stream_capturing():
+            # Memory allocated during a capture belongs to the graph: use it, never cache it.
+            return (
+                torch.empty(words, dtype=torch.int64, device=device),
+                torch.zeros(counters, dtype=torch.int64, device=device),
+            )
+    ws = _workspaces.get(key)
+    if ws is not None and ws[0].numel() >= words and ws[1].numel() >= counters:
+        return ws
+    if ws is not None:
+        _retired_workspaces.append(ws)
+    ws = _workspaces[key] = (
+        torch.empty(max(words, 4096), dtype=torch.int64, device=device),
+        torch.zeros(max(counters, 1024), dtype=torch.int64, device=device),
+    )
+    return ws
+
+
+def split_params(V: int, p: dict) -> dict:
+    """P (programs per row) and the constexprs of a split launch for rows of V."""
+    P = triton.cdiv(V, p["CHUNK"])
+    max_spins = p.get("max_spins", 0 if INTERPRET else SPLIT_MAX_SPINS)
+    return {
+        "P": P,
+        "CHUNK": p["CHUNK"],
+        "P_BLOCK": max(2, triton.next_power_of_2(P)),
+        "FALLBACK_BLOCK": min(p["CHUNK"], 1024),
+        "MAX_SPINS": max_spins,
+    }
+
+
+def _programs(B: int, per_sm: int, device) -> int:
+    if INTERPRET:
+        return min(B, 2)
+    return min(B, per_sm * torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def _launch(dy, y, dx, path: str, params: dict) -> None:
+    B, V = y.shape
+    if B == 0:
+        return
+    dy = dy if dy.stride(1) == 1 else dy.contiguous()
+    y = y if y.stride(1) == 1 else y.contiguous()
+    p = {**launch_params(path, V, y.dtype), **params}
+    K = fixed_point_bits(V)
+    strides = (dy.stride(0), y.stride(0), dx.stride(0))
+    if path == "row":
+        block = max(p["BLOCK"], triton.next_power_of_2(V))
+        softmax_backward_row_kernel[(B,)](dy, y, dx, V, *strides, K, BLOCK=block, num_warps=p["num_warps"])
+    elif path == "split":
+        sp = split_params(V, p)
+        P = sp.pop("P")
+        ws, cnt = split_workspace(y.device, B, P)
+        softmax_backward_split_kernel[(B * P,)](
+            dy, y, dx, ws, cnt, V, P, *strides, K, **sp, num_warps=p["num_warps"]
+        )  # fmt: skip
+    elif path == "tile":
+        grid = _programs(B, p["programs_per_sm"], y.device)
+        softmax_backward_tile_kernel[(grid,)](dy, y, dx, B, V, *strides, K, BLOCK=p["BLOCK"], num_warps=p["num_warps"])
+    else:
+        raise ValueError(f"{KERNEL_NAME} softmax backward: unknown path {path!r} ({', '.join(PATHS)})")
+
+
+def _on_device(fn, t: torch.Tensor):
+    if INTERPRET or t.shape[0] == 0 or t.get_device() == torch.cuda.current_device():
+        return fn()
+    with torch.cuda.device(t.get_device()):
+        return fn()
+
+
+def run_path(dy: torch.Tensor, y: torch.Tensor, path: str, *, out=None, **params) -> torch.Tensor:
+    """softmax_backward(dy, y) through one named path; `params` override its launch parameters
+    (row: BLOCK, num_warps; split: CHUNK, num_warps, max_spins; tile: BLOCK, num_warps,
+    programs_per_sm). Tests use it to reach the split and tile paths at small V (CHUNK=16,
+    BLOCK=16)."""
+    check_backward_inputs(dy, y, kernel=KERNEL_NAME, device_type=_DEVICE_TYPE)
+    dx = prepare_dx(y, out, kernel=KERNEL_NAME)
+    _on_device(lambda: _launch(dy, y, dx, path, params), y)
+    return dx
+
+
+def softmax_backward(dy: torch.Tensor, y: torch.Tensor, *, out=None) -> torch.Tensor:
+    """dx = y * (dy - sum(y * dy, -1)) for (B, V) tensors: the gradient of softmax's input."""
+    check_backward_inputs(dy, y, kernel=KERNEL_NAME, device_type=_DEVICE_TYPE)
+    dx = prepare_dx(y, out, kernel=KERNEL_NAME)
+    B, V = y.shape
+    _on_device(lambda: _launch(dy, y, dx, plan(B, V, y.dtype), {}), y)
+    return dx
+
+
+__all__ = [
+    "softmax_backward",
+    "run_path",
+    "plan",
+    "launch_params",
+    "check_backward_inputs",
+    "fixed_point_bits",
+    "split_workspace",
+    "split_params",
+    "PATHS",
+    "DISPATCH_BOUNDARIES",
+    "SPLIT_MAX_SPINS",
+    "INTERPRET",
+]

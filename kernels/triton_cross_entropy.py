@@ -1,0 +1,302 @@
+"""Cross-entropy over the vocabulary in Triton: from logits (N, V) and integer targets (N,), the
+loss, the per-row log-sum-exp and, in the same pass, the gradient with respect to the logits
+(one read of the logits, one write of the gradient; written over the logits with
+`inplace=True`). PyTorch's semantics (`F.cross_entropy` with class-index targets):
+`ignore_index`, `label_smoothing`, `reduction` ("mean" / "sum" / "none") and class `weight`,
+including the weighted mean's denominator (the sum of the non-ignored rows' target weights) and
+its combination with label smoothing.
+
+    result = cross_entropy(logits, targets, reduction="mean")
+    result.loss      () for "mean" / "sum", (N,) for "none"; the logits' dtype
+    result.lse       (N,) float32: log-sum-exp of each row (-inf for a row of -inf)
+    result.grad      (N, V), the logits' dtype: d loss / d logits (for "none": of loss.sum())
+
+Launches, in order on the stream:
+  prep    one program: the mean's denominator, the sum of the class weights, and the targets
+          that are neither in [0, V) nor ignore_index (count, least and largest).
+  row     V <= row_max_v: one program per row with the row in registers, or
+  split   V > row_max_v: P = cdiv(V, CHUNK) programs per row, each with a CHUNK of the logits in
+          registers (one read, one write), meeting twice through a per-row workspace (the max
+          and the largest |w x|, then the fixed-point sums; bounded waits, a program whose
+          siblings are not running streams the row itself), or
+  tile    (not dispatched; run_path reaches it) a grid of a few programs per SM walking the
+          rows, three passes over tiles per row (max, fixed-point sums, gradient).
+  reduce  one program ("mean" / "sum"): the rows' losses summed in fixed point.
+
+A target out of range. With `validate=True` (the default) the wrapper reads the prep kernel's
+three integers back before launching the row kernel and raises a ValueError naming the bad
+values: one synchronisation per call (the host waits for the work queued before the call and
+the prep launch, a few microseconds on an idle GPU) and no extra pass over any tensor. It is
+skipped during CUDA-graph capture, where a synchronisation is not allowed; the kernel then
+writes NaN for such a row's loss and gradient (never reads outside the row), so a bad target
+is never a silent number.
+
+Batch-invariant bits: every row sum and the sum over rows are order-free (64-bit fixed point,
+kernels.triton_loss_kernels), and the path depends on V alone, so a row's loss, lse and
+gradient do not depend on the batch, the row's position, the row stride or the path, and a
+"sum" / "mean" loss does not depend on the order of the rows.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+
+from .checks import CROSS_ENTROPY_REDUCTIONS as REDUCTIONS
+from .checks import check_cross_entropy_inputs
+from .triton_backward import fixed_point_bits, split_params, split_workspace
+from .triton_loss_kernels import (
+    cross_entropy_prep_kernel,
+    cross_entropy_reduce_kernel,
+    cross_entropy_row_kernel,
+    cross_entropy_scale_kernel,
+    cross_entropy_split_kernel,
+    cross_entropy_tile_kernel,
+)
+
+KERNEL_NAME = "triton"
+PATHS = ("row", "split", "tile")
+DISPATCH_BOUNDARIES = {"row_max_v": 8192}
+
+INTERPRET = type(cross_entropy_row_kernel).__name__ == "InterpretedFunction"
+_DEVICE_TYPE = "cpu" if INTERPRET else "cuda"
+_PREP_BLOCK = 1024
+
+
+class CrossEntropyResult(NamedTuple):
+    loss: torch.Tensor
+    lse: torch.Tensor
+    grad: torch.Tensor
+
+
+def plan(N: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) -> str:
+    """The path cross_entropy() takes for (N, V) logits of `dtype`: row or tile."""
+    b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
+    return "row" if V <= b["row_max_v"] else "split"
+
+
+def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict:
+    if path == "row":
+        block = triton.next_power_of_2(V)
+        # Up to 8 elements per thread and tensor: no spills on sm_90 (kernels.triton_loss_build).
+        warps = 4 if block <= 2048 else (8 if block <= 4096 else 16)
+        return {"BLOCK": block, "num_warps": warps}
+    if path == "split":
+        return {"CHUNK": 4096, "num_warps": 8}
+    if path == "tile":
+        return {"BLOCK": 4096, "num_warps": 8, "programs_per_sm": 2}
+    raise ValueError(f"{KERNEL_NAME} cross-entropy: unknown path {path!r} ({', '.join(PATHS)})")
+
+
+def loss_shape(N: int, reduction: str) -> tuple:
+    return (N,) if reduction == "none" else ()
+
+
+def _programs(N: int, per_sm: int, device) -> int:
+    if INTERPRET:
+        return min(N, 2)
+    return min(N, per_sm * torch.cuda.get_device_properties(device).multi_processor_count)
+
+
+def _target_error(bad: list[int], V: int, ignore_index: int) -> ValueError:
+    count, lo, hi = bad
+    return ValueError(
+        f"{KERNEL_NAME} cross-entropy: {count} target(s) outside [0, {V}) that are not ignore_index "
+        f"({ignore_index}): values from {lo} to {hi}"
+    )
+
+
+def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction, validate, path, params):
+    N, V = logits.shape
+    device = logits.device
+    lse = torch.empty(N, dtype=torch.float32, device=device)
+    if N == 0:
+        loss = torch.full((), float("nan") if reduction == "mean" else 0.0, dtype=logits.dtype, device=device)
+        return CrossEntropyResult(
+            loss if reduction != "none" else torch.empty(0, dtype=logits.dtype, device=device), lse, grad
+        )
+    x = logits if logits.stride(1) == 1 else logits.contiguous()
+    targets = targets if targets.is_contiguous() else targets.contiguous()
+    has_weight = weight is not None
+    w = (weight if weight.is_contiguous() else weight.contiguous()) if has_weight else lse  # lse: unused pointer
+    smoothing = float(label_smoothing) > 0.0
+    prep = torch.empty(3, dtype=torch.float32, device=device)
+    bad = torch.empty(3, dtype=torch.int64, device=device)
+    KN, KV = fixed_point_bits(N), fixed_point_bits(V)
+    cross_entropy_prep_kernel[(1,)](
+        targets, w, prep, bad, N, V, ignore_index, KN, KV,
+        BLOCK=_PREP_BLOCK, HAS_WEIGHT=has_weight, MEAN=reduction == "mean", num_warps=4,
+    )  # fmt: skip
+    if validate and (INTERPRET or not torch.cuda.is_current_stream_capturing()):
+        counts = bad.tolist()
+        if counts[0]:
+            raise _target_error(counts, V, ignore_index)
+    row_loss = torch.empty(N, dtype=torch.float32, device=device)
+    p = {**launch_params(path, V, logits.dtype), **params}
+    args = (x, targets, w, grad, row_loss, lse, prep)
+    scalars = (x.stride(0), grad.stride(0), ignore_index, float(label_smoothing), 1.0 / V, KV, float(2.0**KV))
+    flags = {"HAS_WEIGHT": has_weight, "HAS_SMOOTHING": smoothing, "num_warps": p["num_warps"]}
+    if path == "row":
+        block = max(p["BLOCK"], triton.next_power_of_2(V))
+        cross_entropy_row_kernel[(N,)](*args, V, *scalars, BLOCK=block, **flags)
+    elif path == "split":
+        sp = split_params(V, p)
+        P = sp.pop("P")
+        ws, cnt = split_workspace(device, N, P)
+        cross_entropy_split_kernel[(N * P,)](*args, ws, cnt, V, P, *scalars, **sp, **flags)
+    elif path == "tile":
+        grid = _programs(N, p["programs_per_sm"], device)
+        cross_entropy_tile_kernel[(grid,)](*args, N, V, *scalars, BLOCK=p["BLOCK"], **flags)
+    else:
+        raise ValueError(f"{KERNEL_NAME} cross-entropy: unknown path {path!r} ({', '.join(PATHS)})")
+    if reduction == "none":
+        loss = row_loss if logits.dtype == torch.float32 else row_loss.to(logits.dtype)
+    else:
+        loss = torch.empty((), dtype=logits.dtype, device=device)
+        cross_entropy_reduce_kernel[(1,)](
+            row_loss, prep, loss, N, KN, BLOCK=_PREP_BLOCK, MEAN=reduction == "mean", num_warps=4
+        )
+    return CrossEntropyResult(loss, lse, grad)
+
+
+def _cross_entropy(logits, targets, weight, ignore_index, label_smoothing, reduction, out, inplace, validate, path,
+                   params):  # fmt: skip
+    check_cross_entropy_inputs(
+        logits,
+        targets,
+        weight=weight,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+        reduction=reduction,
+        kernel=KERNEL_NAME,
+        device_type=_DEVICE_TYPE,
+    )
+    if inplace:
+        if out is not None:
+            raise ValueError(f"{KERNEL_NAME} cross-entropy: give either out or inplace=True, not both")
+        if logits.stride(1) != 1:
+            raise ValueError(f"{KERNEL_NAME} cross-entropy: inplace=True needs rows of unit column stride")
+        grad = logits
+    elif out is None:
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+    else:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"{KERNEL_NAME} cross-entropy: out must be a torch.Tensor, got {type(out).__name__}")
+        if out.shape != logits.shape or out.dtype != logits.dtype or out.device != logits.device:
+            raise ValueError(
+                f"{KERNEL_NAME} cross-entropy: out is {tuple(out.shape)} {out.dtype} on {out.device}, "
+                f"expected {tuple(logits.shape)} {logits.dtype} on {logits.device}"
+            )
+        if out.stride(1) != 1:
+            raise ValueError(f"{KERNEL_NAME} cross-entropy: out must have rows of unit column stride")
+        grad = out
+    path = path or plan(*logits.shape, logits.dtype)
+    run = lambda: _run(  # noqa: E731
+        logits, targets, grad, weight, int(ignore_index), label_smoothing, reduction, validate, path, params
+    )
+    if INTERPRET or logits.shape[0] == 0 or logits.get_device() == torch.cuda.current_device():
+        return run()
+    with torch.cuda.device(logits.get_device()):
+        return run()
+
+
+def cross_entropy(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    weight: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    reduction: str = "mean",
+    out: torch.Tensor | None = None,
+    inplace: bool = False,
+    validate: bool = True,
+) -> CrossEntropyResult:
+    """Loss, per-row log-sum-exp and gradient of `F.cross_entropy(logits, targets, ...)`.
+
+    out: where to write the gradient (same shape and dtype, rows of unit column stride).
+    inplace: write the gradient over the logits (peak memory: the logits alone).
+    validate: raise a ValueError for a target outside [0, V) that is not ignore_index (one
+        synchronisation per call; see the module's docstring).
+    """
+    return _cross_entropy(
+        logits, targets, weight, ignore_index, label_smoothing, reduction, out, inplace, validate, None, {}
+    )
+
+
+def run_path(logits, targets, path: str, *, params: dict | None = None, **options) -> CrossEntropyResult:
+    """cross_entropy through one named path with launch parameters `params` (row: BLOCK,
+    num_warps; split: CHUNK, num_warps, max_spins; tile: BLOCK, num_warps, programs_per_sm);
+    `options` as cross_entropy takes them."""
+    o = {"weight": None, "ignore_index": -100, "label_smoothing": 0.0, "reduction": "mean", "out": None,
+         "inplace": False, "validate": True, **options}  # fmt: skip
+    return _cross_entropy(
+        logits,
+        targets,
+        o["weight"],
+        o["ignore_index"],
+        o["label_smoothing"],
+        o["reduction"],
+        o["out"],
+        o["inplace"],
+        o["validate"],
+        path,
+        params or {},
+    )
+
+
+def _scale(grad: torch.Tensor, grad_output: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    N, V = grad.shape
+    if N == 0:
+        return out
+    for name, t in (("gradient", grad), ("output", out)):
+        if t.stride(1) != 1:
+            raise ValueError(f"{KERNEL_NAME} cross-entropy: the {name} must have rows of unit column stride")
+    if grad_output.dim() not in (0, 1) or (grad_output.dim() == 1 and grad_output.shape[0] != N):
+        raise ValueError(f"{KERNEL_NAME} cross-entropy: grad_output of shape {tuple(grad_output.shape)} for {N} rows")
+    go = grad_output.reshape(-1)
+    stride_go = 0 if grad_output.dim() == 0 else go.stride(0)
+    block = min(4096, triton.next_power_of_2(V))
+
+    def run():
+        cross_entropy_scale_kernel[(N,)](
+            grad, out, go, N, V, grad.stride(0), out.stride(0), stride_go,
+            BLOCK=block, IN_PLACE=out is grad, num_warps=4,
+        )  # fmt: skip
+
+    if INTERPRET or grad.get_device() == torch.cuda.current_device():
+        run()
+    else:
+        with torch.cuda.device(grad.get_device()):
+            run()
+    return out
+
+
+def scale_gradient_(grad: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
+    """grad *= grad_output in place (a scalar, or one value per row), touching only the rows whose
+    factor is not 1: the backward of cross-entropy, with the gradient the forward computed."""
+    return _scale(grad, grad_output, grad)
+
+
+def scaled_gradient(grad: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
+    """grad * grad_output into a new tensor (every row read and written): the functional form."""
+    return _scale(grad, grad_output, torch.empty(grad.shape, dtype=grad.dtype, device=grad.device))
+
+
+__all__ = [
+    "cross_entropy",
+    "run_path",
+    "scale_gradient_",
+    "scaled_gradient",
+    "plan",
+    "launch_params",
+    "check_cross_entropy_inputs",
+    "loss_shape",
+    "CrossEntropyResult",
+    "PATHS",
+    "REDUCTIONS",
+    "DISPATCH_BOUNDARIES",
+    "INTERPRET",
+]

@@ -1,0 +1,730 @@
+"""The Triton kernels of the softmax backward and of cross-entropy (what `@triton.jit` compiles);
+dispatch and launches live in `kernels.triton_backward` and `kernels.triton_cross_entropy`.
+
+Order-free sums. Every sum over a row (or over the rows of a batch) that reaches an output is
+taken in 64-bit fixed point, so its bits do not depend on how the elements are cut into tiles,
+programs or rows, nor on the batch size or the row's position:
+
+  * sums of exponentials exp(x - max) in [0, 1] use the forward's scale, 2^K with
+    K = 62 - ceil(log2 n) for n terms (each term truncated toward zero), so n * 2^K <= 2^62;
+  * sums of signed terms of any magnitude (y * dy, w * x, per-row losses, class weights) first
+    take the largest finite |term| (exact in any order), read its binary exponent E from the
+    float's bits (|term| < 2^E), and add trunc(term * 2^(K - E)) in int64: every term is then
+    below 2^K in magnitude and n of them stay below 2^62. The result is the integer sum times
+    2^(E - K), both powers of two built from exponent bits (no rounding). Non-finite terms
+    (±inf, NaN) are kept out of the integer sum and added separately in float: a sum of values
+    drawn from {0, +inf, -inf, NaN} is the same in any order (+inf and -inf give NaN, NaN
+    stays NaN), and added to the finite part it gives what IEEE addition of all terms gives.
+
+Truncation costs at most one unit of 2^(E - K) per term: over the whole sum, below 2 n^2 2^-62
+times the largest term (3e-8 at n = 262144), about the float32 rounding of the result. The sum
+of exponentials is the forward's, term for term, so the probabilities p = e * (SCALE / S) these
+kernels form are the Triton softmax's bits.
+
+All arithmetic is float32 whatever the storage dtype. Offsets are int64 (row * stride is formed
+from an int64 row index), so tensors past 2^31 elements are addressed correctly.
+"""
+
+import triton
+import triton.language as tl
+
+# ------------------------------------------------------------------------------ order-free sums
+#
+# Written out in each kernel rather than as @triton.jit helpers: Triton's interpreter re-patches
+# the language module on every nested call, which made the CPU tests several times slower. The
+# pattern, for a block of terms t whose largest finite magnitude is amax:
+#
+#   biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF              exponent bits of amax
+#   shift = min(K - (biased == 0 ? -126 : biased - 126), 126)            amax < 2^(K - shift)
+#   up, down = 2^shift, 2^-shift                                         from exponent bits
+#   total = float(sum(int64(finite(t) * up))) * down + sum(non-finite t)
+#
+# and the sums of exponentials, which lie in [0, 1], use the fixed scale SCALE = 2^K:
+# sum(int64(e * SCALE)).
+
+INF = tl.constexpr(float("inf"))
+
+# ------------------------------------------------------------------------------ softmax backward
+#
+# dx = y * (dy - s), s = sum(y * dy) over the row. Two reads (dy, y) and one write (dx).
+
+
+@triton.jit
+def softmax_backward_row_kernel(DY, Y, DX, V, stride_dy, stride_y, stride_dx, K, BLOCK: tl.constexpr):
+    # One program holds the whole row in registers (BLOCK = next_pow2(V)): one read of each input.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < V
+    dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(Y + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
+    t = y * dy
+    finite = tl.abs(t) < INF
+    amax = tl.max(tl.where(finite, tl.abs(t), 0.0), axis=0)
+    biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    shift = tl.minimum(K - tl.where(biased == 0, -126, biased - 126), 126)
+    up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+    down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+    fix = tl.sum(tl.where(finite, t * up, 0.0).to(tl.int64), axis=0)
+    s = fix.to(tl.float32) * down + tl.sum(tl.where(finite, 0.0, t), axis=0)
+    tl.store(DX + row * stride_dx + cols, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def softmax_backward_tile_kernel(DY, Y, DX, B, V, stride_dy, stride_y, stride_dx, K, BLOCK: tl.constexpr):
+    # Rows longer than a program's registers: a grid of programs walks the rows (row += grid), each
+    # row in three passes over BLOCK-wide tiles (largest |y * dy|, fixed-point sum, write). The
+    # grid bounds the rows in flight, so the second and third reads can come from L2. The same
+    # arithmetic as the row kernel, so both give a row the same bits.
+    # while, not range(): Triton 3.6's interpreter cannot take a run-time range bound.
+    cols = tl.arange(0, BLOCK)
+    row = tl.program_id(0).to(tl.int64)
+    while row < B:
+        dy_row = DY + row * stride_dy
+        y_row = Y + row * stride_y
+        amax_l = tl.zeros([BLOCK], tl.float32)
+        inf_l = tl.zeros([BLOCK], tl.float32)
+        start = 0
+        while start < V:
+            idx = start + cols
+            mask = idx < V
+            y = tl.load(y_row + idx, mask=mask, other=0.0).to(tl.float32)
+            t = y * tl.load(dy_row + idx, mask=mask, other=0.0).to(tl.float32)
+            finite = tl.abs(t) < INF
+            amax_l = tl.maximum(amax_l, tl.where(finite, tl.abs(t), 0.0))
+            inf_l += tl.where(finite, 0.0, t)
+            start += BLOCK
+        amax = tl.max(amax_l, axis=0)
+        biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        shift = tl.minimum(K - tl.where(biased == 0, -126, biased - 126), 126)
+        up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+        down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+        fix_l = tl.zeros([BLOCK], tl.int64)
+        start = 0
+        while start < V:
+            idx = start + cols
+            mask = idx < V
+            y = tl.load(y_row + idx, mask=mask, other=0.0).to(tl.float32)
+            t = y * tl.load(dy_row + idx, mask=mask, other=0.0).to(tl.float32)
+            fix_l += tl.where(tl.abs(t) < INF, t * up, 0.0).to(tl.int64)
+            start += BLOCK
+        s = tl.sum(fix_l, axis=0).to(tl.float32) * down + tl.sum(inf_l, axis=0)
+        dx_row = DX + row * stride_dx
+        start = 0
+        while start < V:
+            idx = start + cols
+            mask = idx < V
+            y = tl.load(y_row + idx, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            dy = tl.load(dy_row + idx, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            tl.store(dx_row + idx, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
+            start += BLOCK
+        row += tl.num_programs(0)
+
+
+@triton.jit
+def softmax_backward_split_kernel(
+    DY, Y, DX, WS, CNT, V, P, stride_dy, stride_y, stride_dx, K,
+    CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr, MAX_SPINS: tl.constexpr,
+):  # fmt: skip
+    # A row too long for one program's registers is shared by P programs, each keeping a CHUNK of
+    # dy and y in registers: still two reads and one write. The programs of a row meet twice
+    # through the row's words in WS (5 P int64 words a row; the counters in CNT are zeroed once
+    # by the wrapper and left zeroed by the last program out):
+    #   WS [0, P)    each chunk's largest finite |y dy| (float bits)   CNT 0: chunks that published it
+    #   WS [P, 2P)   each chunk's sum of non-finite y dy (float bits)
+    #   WS [2P, 3P)  each chunk's fixed-point sum                       CNT 1: likewise
+    #                                                                   CNT 2: programs done with the row
+    # Each wait is bounded: a program whose siblings are not scheduled in time streams the row
+    # itself for the same exact values (slower, never a deadlock). Under the interpreter, whose
+    # programs run one after another, the bound is 0: early chunks stream, the last combines.
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // P
+    chunk = pid - row * P
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    mask = cols < V
+    dy_row = DY + row * stride_dy
+    y_row = Y + row * stride_y
+    dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(y_row + cols, mask=mask, other=0.0).to(tl.float32)
+    t = y * dy
+    finite = tl.abs(t) < INF
+    ws = WS + row * (5 * P)
+    cnt = CNT + row * 3
+    slots = tl.arange(0, P_BLOCK)
+    slot_ok = slots < P
+    fcols = tl.arange(0, FALLBACK_BLOCK)
+
+    # Meeting 1: the largest finite |y dy| and the non-finite terms.
+    a_c = tl.max(tl.where(finite, tl.abs(t), 0.0), axis=0)
+    f_c = tl.sum(tl.where(finite, 0.0, t), axis=0)
+    tl.atomic_xchg(ws + chunk, a_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
+    tl.atomic_xchg(ws + P + chunk, f_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
+    tl.atomic_add(cnt, 1, sem="release")
+    ready = tl.atomic_add(cnt, 0, sem="acquire")
+    spins = 0
+    while (ready < P) & (spins < MAX_SPINS):
+        ready = tl.atomic_add(cnt, 0, sem="acquire")
+        spins += 1
+    if ready == P:
+        # volatile: read from L2, not from an L1 line another program on this SM left behind.
+        a_w = tl.load(ws + slots, mask=slot_ok, other=0, volatile=True)
+        f_w = tl.load(ws + P + slots, mask=slot_ok, other=0, volatile=True)
+        amax = tl.max(tl.where(slot_ok, a_w.to(tl.int32).to(tl.float32, bitcast=True), 0.0), axis=0)
+        F = tl.sum(tl.where(slot_ok, f_w.to(tl.int32).to(tl.float32, bitcast=True), 0.0), axis=0)
+    else:
+        a_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
+        f_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
+        start = 0
+        while start < V:
+            idx = start + fcols
+            tt = tl.load(y_row + idx, mask=idx < V, other=0.0).to(tl.float32) * tl.load(
+                dy_row + idx, mask=idx < V, other=0.0
+            ).to(tl.float32)
+            a_run = tl.maximum(a_run, tl.where(tl.abs(tt) < INF, tl.abs(tt), 0.0))
+            f_run += tl.where(tl.abs(tt) < INF, 0.0, tt)
+            start += FALLBACK_BLOCK
+        amax = tl.max(a_run, axis=0)
+        F = tl.sum(f_run, axis=0)
+    biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    shift = tl.minimum(K - tl.where(biased == 0, -126, biased - 126), 126)
+    up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+    down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+
+    # Meeting 2: the fixed-point sum.
+    s_c = tl.sum(tl.where(finite, t * up, 0.0).to(tl.int64), axis=0)
+    tl.atomic_xchg(ws + 2 * P + chunk, s_c, sem="relaxed")
+    tl.atomic_add(cnt + 1, 1, sem="release")
+    ready = tl.atomic_add(cnt + 1, 0, sem="acquire")
+    spins = 0
+    while (ready < P) & (spins < MAX_SPINS):
+        ready = tl.atomic_add(cnt + 1, 0, sem="acquire")
+        spins += 1
+    if ready == P:
+        S = tl.sum(tl.load(ws + 2 * P + slots, mask=slot_ok, other=0, volatile=True), axis=0)
+    else:
+        s_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
+        start = 0
+        while start < V:
+            idx = start + fcols
+            tt = tl.load(y_row + idx, mask=idx < V, other=0.0).to(tl.float32) * tl.load(
+                dy_row + idx, mask=idx < V, other=0.0
+            ).to(tl.float32)
+            s_run += tl.where(tl.abs(tt) < INF, tt * up, 0.0).to(tl.int64)
+            start += FALLBACK_BLOCK
+        S = tl.sum(s_run, axis=0)
+
+    # Leave: the last program out zeroes the row's counters for the next launch.
+    if tl.atomic_add(cnt + 2, 1, sem="acq_rel") == P - 1:
+        tl.atomic_xchg(cnt, 0, sem="relaxed")
+        tl.atomic_xchg(cnt + 1, 0, sem="relaxed")
+        tl.atomic_xchg(cnt + 2, 0, sem="relaxed")
+
+    s = S.to(tl.float32) * down + F
+    tl.store(DX + row * stride_dx + cols, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
+
+
+# ------------------------------------------------------------------------------ cross-entropy
+#
+# Per row i with target t (PyTorch's semantics; w = class weights, 1 without; e = label smoothing):
+#   lse   = m + log(sum exp(x - m))                          m = max x
+#   loss  = (1 - e) * w_t * (lse - x_t) + e / V * (W_all * lse - sum_j w_j x_j)     W_all = sum w
+#   dloss/dx_j = (1 - e) * w_t * (p_j - [j == t]) + e / V * (W_all * p_j - w_j)       p = softmax
+# times GSCALE (1 / sum of the rows' w_t for reduction="mean", 1 otherwise). A row whose target
+# is ignore_index has loss 0 and gradient 0; a target outside [0, V) gives NaN (the wrapper
+# raises a ValueError before launching unless told not to look).
+#
+# p_t - 1 at the target is -(S - E_t) / S: S the fixed-point sum of the row's exponentials, E_t
+# the target's own term, so 1 - p_t (the gradient's only large entry, and the one that decides
+# training on confident rows) is an exact integer difference rounded once, not 1 minus a
+# probability near 1.
+
+
+@triton.jit
+def cross_entropy_row_kernel(
+    X, T, W, G, LOSS, LSE, PREP, V, stride_x, stride_g, ignore_index, eps, inv_v, KW, SCALE,
+    BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+):  # fmt: skip
+    # One program holds the whole row in registers (BLOCK = next_pow2(V)): one read, one write.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < V
+    # The row's target and weights.
+    t = tl.load(T + row).to(tl.int64)
+    ignored = t == ignore_index
+    valid = (t != ignore_index) & (t >= 0) & (t < V)
+    t_safe = tl.where(valid, t, 0)
+    if HAS_WEIGHT:
+        w_t = tl.load(W + t_safe).to(tl.float32)
+        w_j = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        w_all = tl.load(PREP + 0)
+    else:
+        w_t = 1.0
+        w_j = tl.where(mask, 1.0, 0.0)
+        w_all = V * 1.0  # V may be the constexpr 1
+    # The sums: exponentials at the fixed scale, and (label smoothing) w_j * x_j order-free.
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=-INF).to(tl.float32)
+    m = tl.max(x, axis=0)
+    e = tl.exp(x - m)
+    e_fix = (e * SCALE).to(tl.int64)
+    S_fix = tl.sum(e_fix, axis=0)
+    # The target's logit and term, read again as scalars (the same bits as in the row; a
+    # reduction would cost the interpreter more than the load costs the GPU).
+    x_t = tl.load(X + row * stride_x + t_safe).to(tl.float32)
+    E_t = (tl.exp(x_t - m) * SCALE).to(tl.int64)
+    if HAS_SMOOTHING:
+        wx = tl.where(mask, w_j * x, 0.0)
+        finite = tl.abs(wx) < INF
+        amax = tl.max(tl.where(finite, tl.abs(wx), 0.0), axis=0)
+        biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        shift = tl.minimum(KW - tl.where(biased == 0, -126, biased - 126), 126)
+        up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+        down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+        wx_fix = tl.sum(tl.where(finite, wx * up, 0.0).to(tl.int64), axis=0)
+        wx_sum = wx_fix.to(tl.float32) * down + tl.sum(tl.where(finite, 0.0, wx), axis=0)
+    # The row's results.
+    S = S_fix.to(tl.float32)
+    lse = tl.where(m == -INF, -INF, m + tl.log(S / SCALE))
+    if HAS_SMOOTHING:
+        loss = (1.0 - eps) * w_t * (lse - x_t) + (eps * inv_v) * (w_all * lse - wx_sum)
+    else:
+        loss = w_t * (lse - x_t)
+    loss = tl.where(ignored, 0.0, tl.where(valid, loss, float("nan")))
+    tl.store(LSE + row, lse)
+    tl.store(LOSS + row, loss)
+    # The gradient: p_j - [j == t] with p_t - 1 = -(S - E_t) / S, smoothing, reduction's scale.
+    inv = SCALE / S
+    pm1 = -((S_fix - E_t).to(tl.float32) / S)
+    p = e * inv
+    q = tl.where(cols == t_safe, pm1, p)
+    if HAS_SMOOTHING:
+        g = (1.0 - eps) * w_t * q + (eps * inv_v) * (w_all * p - w_j)
+    else:
+        g = w_t * q
+    g = g * tl.load(PREP + 2)
+    g = tl.where(ignored, 0.0, tl.where(valid, g, float("nan")))
+    tl.store(G + row * stride_g + cols, g.to(G.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def cross_entropy_tile_kernel(
+    X, T, W, G, LOSS, LSE, PREP, B, V, stride_x, stride_g, ignore_index, eps, inv_v, KW, SCALE,
+    BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+):  # fmt: skip
+    # Rows longer than a program's registers: a grid of programs walks the rows, each row in
+    # three passes over tiles (max [and largest |w x|], fixed-point sums, gradient). The same
+    # arithmetic as the row kernel element for element, so both give a row the same bits.
+    cols = tl.arange(0, BLOCK)
+    row = tl.program_id(0).to(tl.int64)
+    while row < B:
+        t = tl.load(T + row).to(tl.int64)
+        ignored = t == ignore_index
+        valid = (t != ignore_index) & (t >= 0) & (t < V)
+        t_safe = tl.where(valid, t, 0)
+        if HAS_WEIGHT:
+            w_t = tl.load(W + t_safe).to(tl.float32)
+            w_all = tl.load(PREP + 0)
+        else:
+            w_t = 1.0
+            w_all = V * 1.0
+        x_row = X + row * stride_x
+        # Pass 1: the max, and the largest finite |w_j x_j|.
+        m_l = tl.full([BLOCK], -INF, tl.float32)
+        amax_l = tl.zeros([BLOCK], tl.float32)
+        inf_l = tl.zeros([BLOCK], tl.float32)
+        start = 0
+        while start < V:
+            idx = start + cols
+            mask = idx < V
+            x = tl.load(x_row + idx, mask=mask, other=-INF).to(tl.float32)
+            m_l = tl.maximum(m_l, x)
+            if HAS_SMOOTHING:
+                if HAS_WEIGHT:
+                    w_j = tl.load(W + idx, mask=mask, other=0.0).to(tl.float32)
+                else:
+                    w_j = tl.where(mask, 1.0, 0.0)
+                wx = tl.where(mask, w_j * x, 0.0)
+                finite = tl.abs(wx) < INF
+                amax_l = tl.maximum(amax_l, tl.where(finite, tl.abs(wx), 0.0))
+                inf_l += tl.where(finite, 0.0, wx)
+            start += BLOCK
+        m = tl.max(m_l, axis=0)
+        amax = tl.max(amax_l, axis=0)
+        biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        shift = tl.minimum(KW - tl.where(biased == 0, -126, biased - 126), 126)
+        up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+        down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+        # Pass 2: the fixed-point sums.
+        s_l = tl.zeros([BLOCK], tl.int64)
+        wx_l = tl.zeros([BLOCK], tl.int64)
+        start = 0
+        while start < V:
+            idx = start + cols
+            mask = idx < V
+            x = tl.load(x_row + idx, mask=mask, other=-INF).to(tl.float32)
+            s_l += (tl.exp(x - m) * SCALE).to(tl.int64)
+            if HAS_SMOOTHING:
+                if HAS_WEIGHT:
+                    w_j = tl.load(W + idx, mask=mask, other=0.0).to(tl.float32)
+                else:
+                    w_j = tl.where(mask, 1.0, 0.0)
+                wx = tl.where(mask, w_j * x, 0.0)
+                wx_l += tl.where(tl.abs(wx) < INF, wx * up, 0.0).to(tl.int64)
+            start += BLOCK
+        S_fix = tl.sum(s_l, axis=0)
+        x_t = tl.load(x_row + t_safe).to(tl.float32)
+        E_t = (tl.exp(x_t - m) * SCALE).to(tl.int64)
+        S = S_fix.to(tl.float32)
+        lse = tl.where(m == -INF, -INF, m + tl.log(S / SCALE))
+        if HAS_SMOOTHING:
+            wx_sum = tl.sum(wx_l, axis=0).to(tl.float32) * down + tl.sum(inf_l, axis=0)
+            loss = (1.0 - eps) * w_t * (lse - x_t) + (eps * inv_v) * (w_all * lse - wx_sum)
+        else:
+            loss = w_t * (lse - x_t)
+        loss = tl.where(ignored, 0.0, tl.where(valid, loss, float("nan")))
+        tl.store(LSE + row, lse)
+        tl.store(LOSS + row, loss)
+        # Pass 3: the gradient.
+        inv = SCALE / S
+        pm1 = -((S_fix - E_t).to(tl.float32) / S)
+        gscale = tl.load(PREP + 2)
+        g_row = G + row * stride_g
+        start = 0
+        while start < V:
+            idx = start + cols
+            mask = idx < V
+            x = tl.load(x_row + idx, mask=mask, other=-INF, eviction_policy="evict_first").to(tl.float32)
+            p = tl.exp(x - m) * inv
+            q = tl.where(idx == t_safe, pm1, p)
+            if HAS_SMOOTHING:
+                if HAS_WEIGHT:
+                    w_j = tl.load(W + idx, mask=mask, other=0.0).to(tl.float32)
+                else:
+                    w_j = tl.where(mask, 1.0, 0.0)
+                g = (1.0 - eps) * w_t * q + (eps * inv_v) * (w_all * p - w_j)
+            else:
+                g = w_t * q
+            g = g * gscale
+            g = tl.where(ignored, 0.0, tl.where(valid, g, float("nan")))
+            tl.store(g_row + idx, g.to(G.dtype.element_ty), mask=mask)
+            start += BLOCK
+        row += tl.num_programs(0)
+
+
+@triton.jit
+def cross_entropy_split_kernel(
+    X, T, W, G, LOSS, LSE, PREP, WS, CNT, V, P, stride_x, stride_g, ignore_index, eps, inv_v, KW, SCALE,
+    CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr, MAX_SPINS: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+):  # fmt: skip
+    # A row too long for one program's registers is shared by P programs, each keeping a CHUNK of
+    # the logits in registers: one read and one write. They meet twice, as the softmax backward's
+    # split kernel does, through 5 P words a row in WS and three counters in CNT:
+    #   WS [0, P)    chunk max (float bits)                 CNT 0: chunks that published meeting 1
+    #   WS [P, 2P)   chunk's largest finite |w x| (bits)
+    #   WS [2P, 3P)  chunk's sum of non-finite w x (bits)
+    #   WS [3P, 4P)  chunk's fixed-point sum of exp(x - m)  CNT 1: chunks that published meeting 2
+    #   WS [4P, 5P)  chunk's fixed-point sum of w x         CNT 2: programs done with the row
+    # Waits are bounded; a program whose siblings do not arrive in time streams the row itself.
+    # Chunk 0 writes the row's loss and lse; every chunk writes its part of the gradient.
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // P
+    chunk = pid - row * P
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    mask = cols < V
+    t = tl.load(T + row).to(tl.int64)
+    ignored = t == ignore_index
+    valid = (t != ignore_index) & (t >= 0) & (t < V)
+    t_safe = tl.where(valid, t, 0)
+    if HAS_WEIGHT:
+        w_t = tl.load(W + t_safe).to(tl.float32)
+        w_j = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        w_all = tl.load(PREP + 0)
+    else:
+        w_t = 1.0
+        w_j = tl.where(mask, 1.0, 0.0)
+        w_all = V * 1.0
+    x_row = X + row * stride_x
+    x = tl.load(x_row + cols, mask=mask, other=-INF).to(tl.float32)
+    ws = WS + row * (5 * P)
+    cnt = CNT + row * 3
+    slots = tl.arange(0, P_BLOCK)
+    slot_ok = slots < P
+    fcols = tl.arange(0, FALLBACK_BLOCK)
+
+    # Meeting 1: the row's max, the largest finite |w x| and the non-finite w x.
+    m_c = tl.max(x, axis=0)
+    if HAS_SMOOTHING:
+        wx = tl.where(mask, w_j * x, 0.0)
+        finite = tl.abs(wx) < INF
+        a_c = tl.max(tl.where(finite, tl.abs(wx), 0.0), axis=0)
+        f_c = tl.sum(tl.where(finite, 0.0, wx), axis=0)
+        tl.atomic_xchg(ws + P + chunk, a_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
+        tl.atomic_xchg(ws + 2 * P + chunk, f_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
+    tl.atomic_xchg(ws + chunk, m_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
+    tl.atomic_add(cnt, 1, sem="release")
+    ready = tl.atomic_add(cnt, 0, sem="acquire")
+    spins = 0
+    while (ready < P) & (spins < MAX_SPINS):
+        ready = tl.atomic_add(cnt, 0, sem="acquire")
+        spins += 1
+    if ready == P:
+        # volatile: read from L2, not from an L1 line another program on this SM left behind.
+        m_w = tl.load(ws + slots, mask=slot_ok, other=0, volatile=True)
+        m = tl.max(tl.where(slot_ok, m_w.to(tl.int32).to(tl.float32, bitcast=True), -INF), axis=0)
+        if HAS_SMOOTHING:
+            a_w = tl.load(ws + P + slots, mask=slot_ok, other=0, volatile=True)
+            f_w = tl.load(ws + 2 * P + slots, mask=slot_ok, other=0, volatile=True)
+            amax = tl.max(tl.where(slot_ok, a_w.to(tl.int32).to(tl.float32, bitcast=True), 0.0), axis=0)
+            F = tl.sum(tl.where(slot_ok, f_w.to(tl.int32).to(tl.float32, bitcast=True), 0.0), axis=0)
+    else:
+        m_run = tl.full([FALLBACK_BLOCK], -INF, tl.float32)
+        a_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
+        f_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
+        start = 0
+        while start < V:
+            idx = start + fcols
+            xx = tl.load(x_row + idx, mask=idx < V, other=-INF).to(tl.float32)
+            m_run = tl.maximum(m_run, xx)
+            if HAS_SMOOTHING:
+                if HAS_WEIGHT:
+                    ww = tl.load(W + idx, mask=idx < V, other=0.0).to(tl.float32)
+                else:
+                    ww = tl.where(idx < V, 1.0, 0.0)
+                wxx = tl.where(idx < V, ww * xx, 0.0)
+                a_run = tl.maximum(a_run, tl.where(tl.abs(wxx) < INF, tl.abs(wxx), 0.0))
+                f_run += tl.where(tl.abs(wxx) < INF, 0.0, wxx)
+            start += FALLBACK_BLOCK
+        m = tl.max(m_run, axis=0)
+        if HAS_SMOOTHING:
+            amax = tl.max(a_run, axis=0)
+            F = tl.sum(f_run, axis=0)
+    if HAS_SMOOTHING:
+        biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        shift = tl.minimum(KW - tl.where(biased == 0, -126, biased - 126), 126)
+        up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+        down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+
+    # Meeting 2: the fixed-point sums, every chunk relative to the same m and scale.
+    e = tl.exp(x - m)
+    s_c = tl.sum((e * SCALE).to(tl.int64), axis=0)
+    tl.atomic_xchg(ws + 3 * P + chunk, s_c, sem="relaxed")
+    if HAS_SMOOTHING:
+        wx_c = tl.sum(tl.where(finite, wx * up, 0.0).to(tl.int64), axis=0)
+        tl.atomic_xchg(ws + 4 * P + chunk, wx_c, sem="relaxed")
+    tl.atomic_add(cnt + 1, 1, sem="release")
+    ready = tl.atomic_add(cnt + 1, 0, sem="acquire")
+    spins = 0
+    while (ready < P) & (spins < MAX_SPINS):
+        ready = tl.atomic_add(cnt + 1, 0, sem="acquire")
+        spins += 1
+    if ready == P:
+        S_fix = tl.sum(tl.load(ws + 3 * P + slots, mask=slot_ok, other=0, volatile=True), axis=0)
+        if HAS_SMOOTHING:
+            WX_fix = tl.sum(tl.load(ws + 4 * P + slots, mask=slot_ok, other=0, volatile=True), axis=0)
+    else:
+        s_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
+        wx_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
+        start = 0
+        while start < V:
+            idx = start + fcols
+            xx = tl.load(x_row + idx, mask=idx < V, other=-INF).to(tl.float32)
+            s_run += (tl.exp(xx - m) * SCALE).to(tl.int64)
+            if HAS_SMOOTHING:
+                if HAS_WEIGHT:
+                    ww = tl.load(W + idx, mask=idx < V, other=0.0).to(tl.float32)
+                else:
+                    ww = tl.where(idx < V, 1.0, 0.0)
+                wxx = tl.where(idx < V, ww * xx, 0.0)
+                wx_run += tl.where(tl.abs(wxx) < INF, wxx * up, 0.0).to(tl.int64)
+            start += FALLBACK_BLOCK
+        S_fix = tl.sum(s_run, axis=0)
+        if HAS_SMOOTHING:
+            WX_fix = tl.sum(wx_run, axis=0)
+
+    # Leave: the last program out zeroes the row's counters for the next launch.
+    if tl.atomic_add(cnt + 2, 1, sem="acq_rel") == P - 1:
+        tl.atomic_xchg(cnt, 0, sem="relaxed")
+        tl.atomic_xchg(cnt + 1, 0, sem="relaxed")
+        tl.atomic_xchg(cnt + 2, 0, sem="relaxed")
+
+    # The row's results: the row kernel's arithmetic.
+    x_t = tl.load(x_row + t_safe).to(tl.float32)
+    E_t = (tl.exp(x_t - m) * SCALE).to(tl.int64)
+    S = S_fix.to(tl.float32)
+    lse = tl.where(m == -INF, -INF, m + tl.log(S / SCALE))
+    if HAS_SMOOTHING:
+        wx_sum = WX_fix.to(tl.float32) * down + F
+        loss = (1.0 - eps) * w_t * (lse - x_t) + (eps * inv_v) * (w_all * lse - wx_sum)
+    else:
+        loss = w_t * (lse - x_t)
+    loss = tl.where(ignored, 0.0, tl.where(valid, loss, float("nan")))
+    if chunk == 0:
+        tl.store(LSE + row, lse)
+        tl.store(LOSS + row, loss)
+    inv = SCALE / S
+    pm1 = -((S_fix - E_t).to(tl.float32) / S)
+    p = e * inv
+    q = tl.where(cols == t_safe, pm1, p)
+    if HAS_SMOOTHING:
+        g = (1.0 - eps) * w_t * q + (eps * inv_v) * (w_all * p - w_j)
+    else:
+        g = w_t * q
+    g = g * tl.load(PREP + 2)
+    g = tl.where(ignored, 0.0, tl.where(valid, g, float("nan")))
+    tl.store(G + row * stride_g + cols, g.to(G.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def cross_entropy_prep_kernel(
+    T, W, PREP, BAD, N, V, ignore_index, KN, KV, BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, MEAN: tl.constexpr
+):
+    # One program, before the row kernel: the mean's denominator (the rows' w_t summed, or their
+    # count), the sum of all class weights, and the targets that are neither in [0, V) nor
+    # ignore_index (count, least and largest), each in any order with the same bits.
+    #   PREP[0] = sum of class weights   PREP[1] = sum of the rows' w_t   PREP[2] = gradient scale
+    #   BAD[0] = bad targets, BAD[1] = least, BAD[2] = largest of them
+    cols = tl.arange(0, BLOCK)
+    bad_l = tl.zeros([BLOCK], tl.int64)
+    lo_l = tl.full([BLOCK], 2**62, tl.int64)
+    hi_l = tl.full([BLOCK], -(2**62), tl.int64)
+    cnt_l = tl.zeros([BLOCK], tl.int64)
+    wmax_l = tl.zeros([BLOCK], tl.float32)
+    winf_l = tl.zeros([BLOCK], tl.float32)
+    start = 0
+    while start < N:
+        idx = start + cols
+        t = tl.load(T + idx, mask=idx < N, other=ignore_index).to(tl.int64)
+        bad = (t != ignore_index) & ((t < 0) | (t >= V))
+        bad_l += bad.to(tl.int64)
+        lo_l = tl.minimum(lo_l, tl.where(bad, t, 2**62))
+        hi_l = tl.maximum(hi_l, tl.where(bad, t, -(2**62)))
+        ok = (t != ignore_index) & (t >= 0) & (t < V)
+        cnt_l += ok.to(tl.int64)
+        if HAS_WEIGHT:
+            w = tl.where(ok, tl.load(W + tl.where(ok, t, 0), mask=ok, other=0.0).to(tl.float32), 0.0)
+            finite = tl.abs(w) < INF
+            wmax_l = tl.maximum(wmax_l, tl.where(finite, tl.abs(w), 0.0))
+            winf_l += tl.where(finite, 0.0, w)
+        start += BLOCK
+    tl.store(BAD + 0, tl.sum(bad_l, axis=0))
+    tl.store(BAD + 1, tl.min(lo_l, axis=0))
+    tl.store(BAD + 2, tl.max(hi_l, axis=0))
+    if HAS_WEIGHT:
+        # The rows' target weights, order-free.
+        amax = tl.max(wmax_l, axis=0)
+        biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        shift = tl.minimum(KN - tl.where(biased == 0, -126, biased - 126), 126)
+        up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+        down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+        fix_l = tl.zeros([BLOCK], tl.int64)
+        start = 0
+        while start < N:
+            idx = start + cols
+            t = tl.load(T + idx, mask=idx < N, other=ignore_index).to(tl.int64)
+            ok = (t != ignore_index) & (t >= 0) & (t < V)
+            w = tl.where(ok, tl.load(W + tl.where(ok, t, 0), mask=ok, other=0.0).to(tl.float32), 0.0)
+            fix_l += tl.where(tl.abs(w) < INF, w * up, 0.0).to(tl.int64)
+            start += BLOCK
+        w_rows = tl.sum(fix_l, axis=0).to(tl.float32) * down + tl.sum(winf_l, axis=0)
+        # The sum of all class weights (label smoothing's W_all), order-free.
+        amax_l = tl.zeros([BLOCK], tl.float32)
+        inf_l = tl.zeros([BLOCK], tl.float32)
+        start = 0
+        while start < V:
+            idx = start + cols
+            w = tl.load(W + idx, mask=idx < V, other=0.0).to(tl.float32)
+            finite = tl.abs(w) < INF
+            amax_l = tl.maximum(amax_l, tl.where(finite, tl.abs(w), 0.0))
+            inf_l += tl.where(finite, 0.0, w)
+            start += BLOCK
+        amax = tl.max(amax_l, axis=0)
+        biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        shift = tl.minimum(KV - tl.where(biased == 0, -126, biased - 126), 126)
+        up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+        down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+        all_l = tl.zeros([BLOCK], tl.int64)
+        start = 0
+        while start < V:
+            idx = start + cols
+            w = tl.load(W + idx, mask=idx < V, other=0.0).to(tl.float32)
+            all_l += tl.where(tl.abs(w) < INF, w * up, 0.0).to(tl.int64)
+            start += BLOCK
+        w_all = tl.sum(all_l, axis=0).to(tl.float32) * down + tl.sum(inf_l, axis=0)
+    else:
+        w_rows = tl.sum(cnt_l, axis=0).to(tl.float32)
+        w_all = V * 1.0
+    tl.store(PREP + 0, w_all)
+    tl.store(PREP + 1, w_rows)
+    if MEAN:
+        tl.store(PREP + 2, 1.0 / w_rows)
+    else:
+        tl.store(PREP + 2, w_rows * 0.0 + 1.0)
+
+
+@triton.jit
+def cross_entropy_reduce_kernel(LOSS, PREP, OUT, N, KN, BLOCK: tl.constexpr, MEAN: tl.constexpr):
+    # One program, after the row kernel: the rows' losses summed in fixed point (any order, same
+    # bits), divided by the denominator for reduction="mean" (0 / 0 = NaN when every row is
+    # ignored, as PyTorch gives).
+    cols = tl.arange(0, BLOCK)
+    amax_l = tl.zeros([BLOCK], tl.float32)
+    inf_l = tl.zeros([BLOCK], tl.float32)
+    start = 0
+    while start < N:
+        idx = start + cols
+        v = tl.load(LOSS + idx, mask=idx < N, other=0.0)
+        finite = tl.abs(v) < INF
+        amax_l = tl.maximum(amax_l, tl.where(finite, tl.abs(v), 0.0))
+        inf_l += tl.where(finite, 0.0, v)
+        start += BLOCK
+    amax = tl.max(amax_l, axis=0)
+    biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    shift = tl.minimum(KN - tl.where(biased == 0, -126, biased - 126), 126)
+    up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+    down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+    fix_l = tl.zeros([BLOCK], tl.int64)
+    start = 0
+    while start < N:
+        idx = start + cols
+        v = tl.load(LOSS + idx, mask=idx < N, other=0.0)
+        fix_l += tl.where(tl.abs(v) < INF, v * up, 0.0).to(tl.int64)
+        start += BLOCK
+    total = tl.sum(fix_l, axis=0).to(tl.float32) * down + tl.sum(inf_l, axis=0)
+    if MEAN:
+        total = total / tl.load(PREP + 1)
+    tl.store(OUT, total.to(OUT.dtype.element_ty))
+
+
+@triton.jit
+def cross_entropy_scale_kernel(
+    G, OUT, GO, B, V, stride_g, stride_out, stride_go, BLOCK: tl.constexpr, IN_PLACE: tl.constexpr
+):
+    # The backward of cross-entropy: the gradient saved by the forward times grad_output (a
+    # scalar, stride_go = 0, or one value per row). In place (OUT = G), each program reads its
+    # row's grad_output first and touches the row only where it is not 1 (loss.backward()), so
+    # that case moves no gradient bytes at all; out of place, every row is written.
+    row = tl.program_id(0).to(tl.int64)
+    go = tl.load(GO + row * stride_go).to(tl.float32)
+    if (go != 1.0) | (not IN_PLACE):
+        g_row = G + row * stride_g
+        o_row = OUT + row * stride_out
+        cols = tl.arange(0, BLOCK)
+        start = 0
+        while start < V:
+            idx = start + cols
+            mask = idx < V
+            g = tl.load(g_row + idx, mask=mask, other=0.0).to(tl.float32)
+            tl.store(o_row + idx, (g * go).to(OUT.dtype.element_ty), mask=mask)
+            start += BLOCK
+
+
+JIT_KERNELS = {
+    "softmax_backward_row": softmax_backward_row_kernel,
+    "softmax_backward_tile": softmax_backward_tile_kernel,
+    "softmax_backward_split": softmax_backward_split_kernel,
+    "cross_entropy_row": cross_entropy_row_kernel,
+    "cross_entropy_tile": cross_entropy_tile_kernel,
+    "cross_entropy_split": cross_entropy_split_kernel,
+    "cross_entropy_prep": cross_entropy_prep_kernel,
+    "cross_entropy_reduce": cross_entropy_reduce_kernel,
+    "cross_entropy_scale": cross_entropy_scale_kernel,
+}

@@ -1,0 +1,491 @@
+"""Cross-entropy with its gradient, verified like the forward softmax: every kernel of
+`kernels.CROSS_ENTROPY_KERNELS` against the float64 NumPy reference (kernels.reference.
+cross_entropy_ref) for the loss, the per-row log-sum-exp and the gradient, within the error
+bounds of tests.helpers.cross_entropy_error_bounds, into a NaN-poisoned gradient buffer; with
+PyTorch's semantics for ignore_index, label_smoothing, reduction and class weights; on the
+edge rows of tests.helpers.edge_rows (ignored, confident, -inf, huge, all-equal); bit for bit
+independent of the batch, the row's order, the layout and the path; the torch.library op with
+its autograd and torch.compile; and a corpus of wrong kernels the checks must reject.
+
+cpu: the Triton kernels under TRITON_INTERPRET=1 at V = 37 (odd; the split path with CHUNK = 16
+and the tile path with BLOCK = 16 cut a row into three). cuda: every path, dtype and layout at V
+up to 262144, and a tensor past 2^31 elements.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+from kernels import CROSS_ENTROPY_KERNELS
+from kernels import triton_cross_entropy as tce
+from kernels.reference import cross_entropy_ref
+from tests.broken_loss_kernels import BROKEN_CROSS_ENTROPY
+from tests.helpers import (
+    bits,
+    check_cross_entropy,
+    dtype_id,
+    edge_rows,
+    layouts,
+    logits,
+    place,
+    run_cross_entropy_poisoned,
+    run_interpreted_in_subprocess,
+    targets,
+)
+
+interpreted = pytest.mark.skipif(
+    not tce.INTERPRET, reason="needs the interpreted kernels; test_interpreted_in_a_subprocess runs them"
+)
+V_CPU = 37
+TILE = {"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1}
+SPLIT = {"CHUNK": 16, "num_warps": 2}  # a row of 37: three chunks, the last partial
+SCALED = {"row": {}, "split": SPLIT, "tile": TILE}
+
+# (reduction, label_smoothing, weighted): every pair of values of any two of the three options.
+OPTION_CASES = [
+    ("mean", 0.0, False),
+    ("sum", 0.1, False),
+    ("none", 0.2, True),
+    ("mean", 0.1, True),
+    ("sum", 0.0, True),
+    ("none", 0.0, False),
+]
+
+
+def options(reduction="mean", label_smoothing=0.0, weighted=False, *, V=V_CPU, dtype=torch.float32, device="cpu"):
+    """The keyword options of one case; class weights in [0.25, 2), one of them 0."""
+    o = {"reduction": reduction, "label_smoothing": label_smoothing}
+    if weighted:
+        g = torch.Generator().manual_seed(V)
+        w = 0.25 + 1.75 * torch.rand(V, generator=g)
+        w[V // 2] = 0.0
+        o["weight"] = w.to(device=device, dtype=dtype)
+    return o
+
+
+def case_id(case):
+    reduction, smoothing, weighted = case
+    return f"{reduction}-ls{smoothing}" + ("-weighted" if weighted else "")
+
+
+def run_path(path, **params):
+    def call(x, t, *, out, **opts):
+        return tce.run_path(x, t, path, params=params, out=out, **opts)
+
+    call.__name__ = f"triton cross-entropy {path}"
+    return call
+
+
+# -- the reference -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("case", OPTION_CASES, ids=case_id)
+def test_reference_is_pytorchs_cross_entropy_in_float64(case):
+    x, t = edge_rows(V_CPU, seed=1, dtype=torch.float64)
+    o = options(*case, dtype=torch.float64)
+    keep = torch.arange(8) != 4  # float64 PyTorch rounds lse at 1e30 (its p there is 1, not 1/2)
+    loss, lse, grad = cross_entropy_ref(
+        x[keep].numpy(), t[keep].numpy(), weight=None if "weight" not in o else o["weight"].numpy(), **{
+            k: o[k] for k in ("reduction", "label_smoothing")
+        }
+    )  # fmt: skip
+    xx = x[keep].clone().requires_grad_(True)
+    want = F.cross_entropy(xx, t[keep], **o)
+    want.sum().backward()
+    np.testing.assert_allclose(loss, want.detach().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(grad, xx.grad.numpy(), rtol=1e-9, atol=1e-14)
+    np.testing.assert_allclose(lse, torch.logsumexp(x[keep], dim=-1).numpy(), rtol=1e-14)
+    # Row 4: two logits of 1e30 share the probability, whatever float64 does to their sum.
+    _, lse4, grad4 = cross_entropy_ref(x[4:5].numpy(), np.array([2]))
+    assert grad4[0, 0] == pytest.approx(0.5) and grad4[0, 2] == pytest.approx(-0.5) and lse4[0] == 1e30
+
+
+@pytest.mark.cpu
+def test_reference_edges_follow_pytorch():
+    x = np.array([[0.0, 1.0, 2.0], [-np.inf, -np.inf, -np.inf], [1.0, 1.0, 1.0]])
+    t = np.array([-100, 1, 2])
+    loss, lse, grad = cross_entropy_ref(x, t, reduction="none")
+    assert loss[0] == 0 and np.isnan(loss[1]) and loss[2] == pytest.approx(math.log(3))
+    assert np.isneginf(lse[1]) and (grad[0] == 0).all()
+    all_ignored = cross_entropy_ref(x[:1], np.array([-100]))
+    assert math.isnan(all_ignored[0]) and (all_ignored[2] == 0).all()  # mean over no rows: NaN, as PyTorch
+    assert math.isnan(F.cross_entropy(torch.tensor(x[:1]), torch.tensor([-100])).item())
+    with pytest.raises(ValueError, match="outside"):
+        cross_entropy_ref(x, np.array([0, 3, 1]))
+
+
+# -- the registry ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.cpu
+def test_registry_describes_every_cross_entropy_kernel():
+    assert kernels.CROSS_ENTROPY_BASELINE in CROSS_ENTROPY_KERNELS
+    baselines = {n for n, k in CROSS_ENTROPY_KERNELS.items() if k.baseline}
+    assert baselines == {kernels.CROSS_ENTROPY_BASELINE, "torch_compile"}
+    assert CROSS_ENTROPY_KERNELS["triton"].paths == tce.PATHS
+    b = tce.DISPATCH_BOUNDARIES["row_max_v"]
+    for name, k in CROSS_ENTROPY_KERNELS.items():
+        assert k.name == name and torch.float32 in k.dtypes and k.paths, name
+        for N, V in ((1, 1), (8, 37), (4096, b), (16384, b + 1), (4096, 262144)):
+            for dtype in k.dtypes:
+                assert k.plan(N, V, dtype) in k.paths, (name, N, V)
+    # The path depends on V alone: a row's bits cannot depend on the batch through the dispatch.
+    assert {tce.plan(N, b) for N in (1, 65536)} == {"row"} and {tce.plan(N, b + 1) for N in (1, 65536)} == {"split"}
+
+
+# -- on the CPU, interpreted -----------------------------------------------------------------------------------
+
+
+@pytest.mark.cpu
+@interpreted
+@pytest.mark.parametrize("case", OPTION_CASES, ids=case_id)
+def test_options_on_the_edge_rows(case):
+    x, t = edge_rows(V_CPU, seed=2)
+    o = options(*case)
+    result = run_cross_entropy_poisoned(CROSS_ENTROPY_KERNELS["triton"], x, t, **o)
+    check_cross_entropy(result, x, t, what=f"triton {case_id(case)}", **o)
+
+
+@pytest.mark.cpu
+@interpreted
+@pytest.mark.parametrize(
+    "path, case",
+    [("split", OPTION_CASES[3]), ("split", OPTION_CASES[5]), ("tile", OPTION_CASES[2])],
+    ids=lambda v: v if isinstance(v, str) else case_id(v),
+)
+def test_long_row_paths_give_the_row_paths_bits(path, case):
+    # split: three chunks a row meeting through the workspace (under the interpreter, the first
+    # chunks of a row stream it themselves and the last combines what they published); tile:
+    # three tiles a row in three passes.
+    x, t = edge_rows(V_CPU, seed=3)
+    o = options(*case)
+    got = run_cross_entropy_poisoned(run_path(path, **SCALED[path]), x, t, **o)
+    check_cross_entropy(got, x, t, what=f"{path} {case_id(case)}", **o)
+    row = run_cross_entropy_poisoned(run_path("row"), x, t, **o)
+    for name, a, b in zip(("loss", "lse", "grad"), got, row, strict=True):
+        assert torch.equal(bits(a), bits(b)), f"{name}: {path} and row paths differ"
+
+
+@pytest.mark.cpu
+@interpreted
+def test_the_gradients_probabilities_are_the_triton_softmaxs_bits():
+    # Unweighted, unsmoothed, summed: the gradient off the target is p_j itself, formed from the
+    # same fixed-point sum as the forward softmax, so the bits must be the forward's.
+    from kernels import SOFTMAX_KERNELS
+
+    x, t = edge_rows(V_CPU, seed=8)
+    grad = CROSS_ENTROPY_KERNELS["triton"](x, t, reduction="sum").grad
+    probs = SOFTMAX_KERNELS["triton"](x)
+    off_target = torch.ones_like(x, dtype=torch.bool)
+    rows = (t != -100).nonzero().flatten()
+    off_target[rows, t[rows]] = False
+    off_target[t == -100] = False
+    assert torch.equal(bits(grad[off_target]), bits(probs[off_target]))
+
+
+@pytest.mark.cpu
+@interpreted
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=dtype_id)
+def test_low_precision_logits(dtype):
+    x, t = edge_rows(V_CPU, seed=4, dtype=dtype)
+    o = options("mean", 0.1, True, dtype=dtype)
+    result = run_cross_entropy_poisoned(CROSS_ENTROPY_KERNELS["triton"], x, t, **o)
+    check_cross_entropy(result, x, t, what=f"triton {dtype_id(dtype)}", **o)
+
+
+@pytest.mark.cpu
+@interpreted
+def test_bits_depend_on_neither_batch_order_nor_layout():
+    x, t = edge_rows(24, seed=5)
+    o = options("none", 0.1, True, V=24)
+    fn = CROSS_ENTROPY_KERNELS["triton"]
+    full = run_cross_entropy_poisoned(fn, x, t, **o)
+    perm = torch.tensor([5, 2, 7, 0, 3, 6, 1, 4])
+    shuffled = run_cross_entropy_poisoned(fn, x[perm].clone(), t[perm].clone(), **o)
+    for name, a, b in zip(("loss", "lse", "grad"), shuffled, full, strict=True):
+        assert torch.equal(bits(a), bits(b[perm])), f"{name}: a row's bits moved with its position"
+    alone = run_cross_entropy_poisoned(fn, x[2:3].clone(), t[2:3].clone(), **o)
+    assert torch.equal(bits(alone.grad), bits(full.grad[2:3])) and torch.equal(bits(alone.loss), bits(full.loss[2:3]))
+    for layout in ("row_stride", "col_stride"):  # misaligned starts matter on a GPU: the cuda test has them
+        placed = run_cross_entropy_poisoned(fn, place(x, layout), t, **o)
+        assert torch.equal(bits(placed.grad), bits(full.grad)), f"{layout}: gradient bits differ"
+        assert torch.equal(bits(placed.loss), bits(full.loss)), f"{layout}: loss bits differ"
+    # The reduced loss: the same bits in any order of the rows (fixed-point sum over rows).
+    for reduction in ("sum",):  # the mean divides this sum by an order-free denominator
+        a = fn(x, t, reduction=reduction).loss
+        b = fn(x[perm].clone(), t[perm].clone(), reduction=reduction).loss
+        assert torch.equal(bits(a), bits(b)), f"{reduction}: the loss depends on the order of the rows"
+
+
+@pytest.mark.cpu
+@interpreted
+def test_one_class_all_ignored_and_empty_batches():
+    fn = CROSS_ENTROPY_KERNELS["triton"]
+    x = logits(4, 1, seed=1)
+    one = run_cross_entropy_poisoned(fn, x, torch.zeros(4, dtype=torch.int64))
+    assert one.loss.item() == 0.0 and torch.equal(one.grad, torch.zeros_like(x)) and torch.equal(one.lse, x[:, 0])
+    x = logits(3, 9, seed=2)
+    t = torch.full((3,), -100)
+    none_left = run_cross_entropy_poisoned(fn, x, t)
+    assert math.isnan(none_left.loss.item()), "a mean over no rows is NaN, as in PyTorch"
+    assert torch.equal(none_left.grad, torch.zeros_like(x))
+    assert math.isnan(F.cross_entropy(x, t).item())
+    assert fn(x, t, reduction="sum").loss.item() == 0.0
+    empty = fn(torch.empty(0, 9), torch.empty(0, dtype=torch.int64), reduction="none")
+    assert empty.loss.shape == (0,) and empty.grad.shape == (0, 9) and empty.lse.shape == (0,)
+
+
+@pytest.mark.cpu
+@interpreted
+def test_a_target_out_of_range_is_a_value_error_not_a_crash():
+    fn = CROSS_ENTROPY_KERNELS["triton"]
+    x = logits(4, 9, seed=3)
+    for bad in (9, -1, 100):
+        t = torch.tensor([0, bad, 3, -100])
+        with pytest.raises(ValueError, match=f"outside \\[0, 9\\).*{bad}"):
+            fn(x, t)
+        with pytest.raises(IndexError):  # PyTorch on the CPU; on a GPU, a device-side assert
+            F.cross_entropy(x, t)
+    # An ignore_index inside [0, V) ignores that class's rows, as PyTorch does.
+    t = torch.tensor([0, 5, 5, 2])
+    ours = fn(x, t, ignore_index=5)
+    check_cross_entropy(ours, x, t, ignore_index=5)
+    # Unchecked (as under CUDA-graph capture): that row's loss and gradient are NaN, others exact.
+    unchecked = tce.cross_entropy(x, torch.tensor([0, 9, 3, 1]), reduction="none", validate=False)
+    assert math.isnan(unchecked.loss[1]) and torch.isnan(unchecked.grad[1]).all()
+    assert torch.isfinite(unchecked.grad[[0, 2, 3]]).all()
+
+
+@pytest.mark.cpu
+@interpreted
+def test_inplace_writes_the_gradient_over_the_logits():
+    x, t = edge_rows(V_CPU, seed=6)
+    o = options("mean", 0.1, True)
+    want = tce.cross_entropy(x, t, **o)
+    buf = x.clone()
+    got = tce.cross_entropy(buf, t, inplace=True, **o)
+    assert got.grad.data_ptr() == buf.data_ptr()
+    for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
+        assert torch.equal(bits(a), bits(b)), f"in place: {name} differs"
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize(
+    "build, error, message",
+    [
+        (lambda: (torch.randn(8), torch.zeros(8, dtype=torch.int64), {}), ValueError, "2-D"),
+        (lambda: (torch.randn(4, 5), torch.zeros(3, dtype=torch.int64), {}), ValueError, "one class index per row"),
+        (lambda: (torch.randn(4, 5), torch.zeros(4), {}), TypeError, "int64 or int32"),
+        (lambda: (torch.randn(4, 5, dtype=torch.float64), torch.zeros(4, dtype=torch.int64), {}), TypeError, "float64"),
+        (lambda: (torch.randn(4, 0), torch.zeros(4, dtype=torch.int64), {}), ValueError, "V = 0"),
+        (lambda: (torch.randn(4, 5), torch.zeros(4, dtype=torch.int64), {"reduction": "avg"}), ValueError, "reduction"),
+        (
+            lambda: (torch.randn(4, 5), torch.zeros(4, dtype=torch.int64), {"label_smoothing": 1.5}),
+            ValueError,
+            "[0, 1]",
+        ),
+        (lambda: (torch.randn(4, 5), torch.zeros(4, dtype=torch.int64), {"weight": torch.ones(4)}), ValueError, "(5,)"),
+    ],
+    ids=["1d", "targets-shape", "float-targets", "float64", "no-classes", "reduction", "smoothing", "weight-shape"],
+)
+@pytest.mark.parametrize("kernel", list(CROSS_ENTROPY_KERNELS))
+def test_bad_input_is_rejected_before_any_kernel_runs(kernel, build, error, message):
+    x, t, o = build()
+    with pytest.raises(error, match=message):
+        CROSS_ENTROPY_KERNELS[kernel](x, t, **o)
+
+
+@pytest.mark.cpu
+def test_bounds_admit_pytorch_on_ordinary_rows():
+    """The error bounds are not tighter than float32 arithmetic allows: F.cross_entropy in float32
+    passes them on the suite's ordinary inputs (outliers, -inf entries, ignored rows)."""
+    x = logits(16, 300, seed=8)
+    t = targets(16, 300, seed=8, ignore_rows=(3, 9))
+    for case in OPTION_CASES[:4]:  # every reduction, with and without smoothing and weights
+        o = options(*case, V=300)
+        result = run_cross_entropy_poisoned(CROSS_ENTROPY_KERNELS[kernels.CROSS_ENTROPY_BASELINE], x, t, **o)
+        check_cross_entropy(result, x, t, what=f"F.cross_entropy {case_id(case)}", **o)
+
+
+# -- the checks reject wrong kernels ------------------------------------------------------------------------------
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("name", sorted(BROKEN_CROSS_ENTROPY))
+def test_checks_reject_every_broken_cross_entropy(name):
+    """On the edge rows with label smoothing, weights and the mean (where every listed bug shows),
+    each broken kernel must fail check_cross_entropy."""
+    x, t = edge_rows(V_CPU, seed=7)
+    o = options("mean", 0.1, True)
+    result = run_cross_entropy_poisoned(BROKEN_CROSS_ENTROPY[name], x, t, **o)
+    with pytest.raises(AssertionError):
+        check_cross_entropy(result, x, t, what=name, **o)
+
+
+@pytest.mark.cpu
+def test_interpreted_in_a_subprocess(pytestconfig):
+    if tce.INTERPRET:
+        pytest.skip("this process is interpreted already: the tests above ran here")
+    run_interpreted_in_subprocess(__file__, pytestconfig)
+
+
+# -- on the GPU ------------------------------------------------------------------------------------------------
+
+CUDA_V = (1, 7, 600, 4097, 8192, 8193, 32000, 50257, 128256, 151936, 262144)
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("V", CUDA_V)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("case", OPTION_CASES, ids=case_id)
+def test_cuda_matches_the_reference(case, dtype, V):
+    N = 64 if V <= 32000 else 16
+    x = logits(N, V, seed=V, dtype=dtype, device="cuda")
+    t = targets(N, V, seed=V, ignore_rows=(1, N - 2), device="cuda")
+    o = options(*case, V=V, dtype=dtype, device="cuda")
+    result = run_cross_entropy_poisoned(CROSS_ENTROPY_KERNELS["triton"], x, t, **o)
+    check_cross_entropy(result, x, t, what=f"triton V={V} via {tce.plan(N, V, dtype)} {case_id(case)}", **o)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("V", (37, 50257, 262144))
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("path", tce.PATHS)
+def test_cuda_edge_rows_every_path_and_layout(path, dtype, V):
+    if path == "row" and V > tce.DISPATCH_BOUNDARIES["row_max_v"]:
+        pytest.skip("the row path holds a row in registers: V <= row_max_v")
+    x, t = edge_rows(V, seed=V, dtype=dtype, device="cuda")
+    params = SCALED[path] if V < 1000 else {}
+    o = options("mean", 0.1, True, V=V, dtype=dtype, device="cuda")
+    want = run_cross_entropy_poisoned(run_path(path, **params), x, t, **o)
+    check_cross_entropy(want, x, t, what=f"{path} V={V} edge rows", **o)
+    dispatched = run_cross_entropy_poisoned(CROSS_ENTROPY_KERNELS["triton"], x, t, **o)
+    for layout in layouts(dtype):
+        got = run_cross_entropy_poisoned(run_path(path, **params), place(x, layout, "cuda"), t, **o)
+        for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
+            assert torch.equal(bits(a), bits(b)), f"{path} {layout}: {name} bits differ"
+    for name, a, b in zip(("loss", "lse", "grad"), dispatched, want, strict=True):
+        assert torch.equal(bits(a), bits(b)), f"{path} vs dispatched: {name} bits differ"
+    alone = run_cross_entropy_poisoned(run_path(path, **params), x[2:3].clone(), t[2:3].clone(), reduction="none")
+    batch = run_cross_entropy_poisoned(run_path(path, **params), x, t, reduction="none")
+    assert torch.equal(bits(alone.grad), bits(batch.grad[2:3])) and torch.equal(bits(alone.loss), bits(batch.loss[2:3]))
+
+
+@pytest.mark.cuda
+def test_cuda_past_two_to_the_31_elements():
+    """8193 x 262144 bf16 logits = 2^31 + 262144 elements: the last row starts past 2^31, where an
+    int32 offset wraps. Its loss, lse and gradient equal the reference and the row alone."""
+    N, V = 8193, 262144
+    assert N * V > 2**31
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn(N, V, device="cuda", generator=g) * 3).to(torch.bfloat16)
+    t = torch.randint(0, V, (N,), device="cuda", generator=g)
+    fn = CROSS_ENTROPY_KERNELS["triton"]
+    grad = torch.full_like(x, float("nan"))
+    result = fn(x, t, reduction="none", out=grad)
+    total = fn(x, t, reduction="sum").loss
+    torch.cuda.synchronize()
+    assert not torch.isnan(grad).any(), "some gradient element was never written"
+    for row in (0, 4096, N - 2, N - 1):
+        sl = slice(row, row + 1)
+        check_cross_entropy((result.loss[sl], result.lse[sl], grad[sl]), x[sl], t[sl], reduction="none")
+        alone = fn(x[sl].clone(), t[sl].clone(), reduction="none")
+        assert torch.equal(bits(alone.grad), bits(grad[sl])), f"row {row}"
+    rows = result.loss.double().sum().item()
+    assert total.float().item() == pytest.approx(rows, rel=2 * torch.finfo(torch.bfloat16).eps)
+
+
+@pytest.mark.cuda
+def test_cuda_split_path_repeats_its_bits_and_leaves_its_counters_zeroed():
+    """Ten launches in a row share the split path's workspace: each must leave the counters zeroed
+    for the next (the last program out of a row zeroes them), or the next would combine stale
+    partials or stream every row."""
+    x, t = edge_rows(262144, seed=2, device="cuda")
+    first = tce.cross_entropy(x, t, label_smoothing=0.1, reduction="none")
+    for _ in range(10):
+        again = tce.cross_entropy(x, t, label_smoothing=0.1, reduction="none")
+        assert torch.equal(bits(again.grad), bits(first.grad)) and torch.equal(bits(again.loss), bits(first.loss))
+    check_cross_entropy(first, x, t, label_smoothing=0.1, reduction="none")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("V", (600, 50257))
+def test_cuda_graph_replay_gives_the_eager_bits(V):
+    x, t = edge_rows(V, seed=V, device="cuda")
+    fn = CROSS_ENTROPY_KERNELS["triton"]
+    eager = fn(x, t, label_smoothing=0.1)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn(x, t, label_smoothing=0.1)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # no synchronisation inside: the target check is skipped
+        captured = fn(x, t, label_smoothing=0.1)
+    for out in captured:
+        out.fill_(math.nan)
+    graph.replay()
+    torch.cuda.synchronize()
+    for name, a, b in zip(("loss", "lse", "grad"), captured, eager, strict=True):
+        assert torch.equal(bits(a), bits(b)), f"graph replay: {name} differs"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=dtype_id)
+def test_cuda_error_is_no_worse_than_pytorchs(dtype, record_manifest):
+    """The worst gradient error relative to the bound, ours over F.cross_entropy's on the same
+    input (both against float64): <= 1.0 in float32 (the issue's goal), <= 2.0 in bfloat16. The
+    edge rows include a confident one, where PyTorch's p_t - 1 loses digits and ours does not."""
+    V = 32000
+    x = torch.cat(
+        [logits(62, V, seed=V, dtype=dtype, device="cuda"), edge_rows(V, seed=1, dtype=dtype, device="cuda")[0]]
+    )
+    t = torch.cat([targets(62, V, seed=V, device="cuda"), edge_rows(V, seed=1, device="cuda")[1]])
+    ours = check_cross_entropy(CROSS_ENTROPY_KERNELS["triton"](x, t), x, t)
+    from tests.helpers import cross_entropy_error_bounds
+
+    ref, tol = cross_entropy_error_bounds(x, t)["grad"]
+    theirs_result = CROSS_ENTROPY_KERNELS[kernels.CROSS_ENTROPY_BASELINE](x, t)
+    with np.errstate(invalid="ignore"):
+        r = np.abs(theirs_result[2].double().cpu().numpy() - ref) / tol
+    theirs = float(np.nanmax(np.where(np.isfinite(r), r, 0.0)))
+    ratio = ours["grad"] / max(theirs, 1e-30)
+    record_manifest("cross_entropy_accuracy", **{f"grad_ratio_to_pytorch_{dtype_id(dtype)}": ratio})
+    assert ratio <= (1.0 if dtype == torch.float32 else 2.0), (ours, theirs)
+
+
+@pytest.mark.cuda
+def test_cuda_op_opcheck_autograd_and_compile():
+    from kernels import ops
+
+    x, t = edge_rows(600, seed=1, device="cuda")
+    w = options("mean", 0.1, True, V=600, device="cuda")["weight"]
+    t3 = torch.where(t == -100, 3, t)  # ignore_index 3: a class index, as PyTorch allows
+    for args in (
+        (x, t, None, -100, 0.0, "mean"),
+        (x, t, w, -100, 0.1, "none"),
+        (x.bfloat16(), t3, None, 3, 0.2, "sum"),
+    ):
+        result = torch.library.opcheck(torch.ops.softmax_suite.cross_entropy_triton, args)
+        assert all(v == "SUCCESS" for v in result.values()), result
+    lin = torch.nn.Linear(16, 600).cuda()
+    h = torch.randn(8, 16, device="cuda")
+
+    def step(h, t):
+        loss, _ = ops.cross_entropy(lin(h), t, label_smoothing=0.1)
+        return loss
+
+    explanation = torch._dynamo.explain(step)(h, t)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(step, fullgraph=True)
+    compiled(h, t).backward()
+    got = lin.weight.grad.clone()
+    lin.zero_grad()
+    step(h, t).backward()
+    torch.testing.assert_close(got, lin.weight.grad, atol=1e-6, rtol=1e-5)

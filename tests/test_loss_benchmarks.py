@@ -1,0 +1,180 @@
+"""Benchmarks of the training operations, in the three clocks of tests/test_benchmarks.py
+(tests/suite/devicetime.py): cross-entropy loss + gradient as a training step pays for it
+(forward and backward through autograd, the gradient landing in logits.grad), and the softmax
+backward, for every implementation of kernels.CROSS_ENTROPY_KERNELS / SOFTMAX_BACKWARD_KERNELS
+(ours, PyTorch eager, torch.compile) at N in {4096, 16384} x V in {32000, 50257, 128256,
+151936, 262144}, float32 and bfloat16 (per call and graph replay at N = 4096). Device-time cases
+also record the peak memory allocated beyond the inputs during one call. Each case validates its
+output before timing it; ratios are derived by tests/suite/manifest.py (LOSS_OPS) into the
+manifest's cross_entropy_timing and softmax_backward_timing sections, with the issue's goals and
+every miss.
+
+    pytest -m cuda --benchmark-only tests/test_loss_benchmarks.py
+    pytest -m cuda --benchmark-only -k "loss-device"       # device time and peak memory only
+"""
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import CROSS_ENTROPY_BASELINE, CROSS_ENTROPY_KERNELS, SOFTMAX_BACKWARD_KERNELS
+from kernels.reference import cross_entropy_ref, softmax_backward_ref
+from tests.suite.devicetime import (
+    calls_per_round,
+    capture_graph,
+    device_times_us,
+    graph_replay_times_us,
+    per_call_times_us,
+    report_times_us,
+)
+from tests.suite.manifest import LOSS_OPS, matrix_bytes
+
+pytestmark = pytest.mark.cuda
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+LOSS_N = (4096, 16384)
+LOSS_V = (32000, 50257, 128256, 151936, 262144)
+MODES = ("device", "per_call", "graph")
+
+
+CALL_N = 4096  # per-call and graph modes at the smaller N only: the larger takes ~4 x as long per call
+
+
+def cases(op: str):
+    impls = CROSS_ENTROPY_KERNELS if op == "cross_entropy" else SOFTMAX_BACKWARD_KERNELS
+    return [
+        pytest.param(mode, impl, N, V, dtype, id=f"loss-{mode}-{op}-{impl}-N{N}-V{V}-{dtype}")
+        for dtype in DTYPES
+        for V in LOSS_V
+        for N in LOSS_N
+        for impl in impls
+        for mode in MODES
+        if mode == "device" or N == CALL_N
+    ]
+
+
+# -- cross-entropy: one training step's loss and gradient ------------------------------------------
+
+
+@functools.cache
+def _compiled_cross_entropy():
+    return torch.compile(lambda x, t: F.cross_entropy(x, t))
+
+
+def cross_entropy_step(impl: str, x: torch.Tensor, t: torch.Tensor):
+    """A call that computes the mean loss and leaves d loss / d x in x.grad, as a training step
+    does: ours through the custom op (gradient made in the forward, kept by the backward),
+    PyTorch's through F.cross_entropy and autograd, eager or compiled."""
+    if impl == "triton":
+        from kernels import ops
+
+        def loss_fn(x, t):
+            return ops.cross_entropy(x, t)[0]
+    elif impl == CROSS_ENTROPY_BASELINE:
+        loss_fn = F.cross_entropy
+    elif impl == "torch_compile":
+        loss_fn = _compiled_cross_entropy()
+    else:
+        raise KeyError(impl)
+
+    def step():
+        x.grad = None
+        loss = loss_fn(x, t)
+        loss.backward()
+        return loss
+
+    return step
+
+
+def _validate_cross_entropy(impl, x, t, loss, grad):
+    """Every gradient element written and finite; a sample of rows against the float64 reference
+    (the mean's gradient of a row is its own gradient / N: no target is ignored here)."""
+    assert torch.isfinite(grad).all(), f"{impl}: gradient has NaN/inf (an element was not written?)"
+    N = x.shape[0]
+    rows = torch.unique(torch.tensor([0, N - 1, *np.random.randint(0, N, 6)]))
+    ref_loss, _, ref_grad = cross_entropy_ref(x[rows].float().cpu().numpy(), t[rows].cpu().numpy(), reduction="sum")
+    got = grad[rows].double().cpu().numpy() * N
+    # A plausibility check before timing (accuracy is tests/test_cross_entropy.py's): PyTorch's
+    # bfloat16 cross-entropy rounds the log-probabilities to bfloat16, a few % on small p.
+    atol, rtol = (1e-6, 1e-4) if x.dtype == torch.float32 else (2e-3, 5e-2)
+    np.testing.assert_allclose(got, ref_grad, atol=atol, rtol=rtol, err_msg=f"{impl} gradient rows {rows.tolist()}")
+    assert torch.isfinite(loss).all()
+
+
+def _peak_extra_bytes(call) -> int:
+    """Bytes allocated beyond what was live before one call, at the call's peak."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    call()
+    torch.cuda.synchronize()
+    return max(0, torch.cuda.max_memory_allocated() - before)
+
+
+def _time(benchmark, mode, call, info, validate):
+    if mode == "device":
+        info["peak_extra_bytes"] = _peak_extra_bytes(call)
+        times = device_times_us(call)
+    elif mode == "per_call":
+        info["calls_per_round"] = n = calls_per_round(call)
+        times = per_call_times_us(call, calls=n)
+    else:
+        graph, out = capture_graph(call)
+        graph.replay()
+        torch.cuda.synchronize()
+        validate()
+        # As many replays a round as per-call rounds make calls: a round stays within ~0.5 s.
+        times = graph_replay_times_us(graph, replays=calls_per_round(call))
+    benchmark.extra_info.update(mode=mode, **info)
+    report_times_us(benchmark, times)
+
+
+@pytest.mark.parametrize("mode, impl, N, V, dtype", cases("cross_entropy"))
+def test_cross_entropy_speed(benchmark, mode, impl, N, V, dtype):
+    g = torch.Generator(device="cuda").manual_seed(N + V)
+    x = (torch.randn(N, V, device="cuda", generator=g) * 3).to(DTYPES[dtype]).requires_grad_(True)
+    t = torch.randint(0, V, (N,), device="cuda", generator=g)
+    step = cross_entropy_step(impl, x, t)
+    loss = step()
+    _validate_cross_entropy(impl, x.detach(), t, loss.detach(), x.grad)
+    info = {"op": "cross_entropy", "impl": impl, "N": N, "V": V, "dtype": dtype}
+    info["bytes"] = matrix_bytes(N, V, dtype, passes=LOSS_OPS["cross_entropy"][2])
+    if impl == "triton":
+        from kernels import triton_cross_entropy
+
+        info["plan"] = triton_cross_entropy.plan(N, V, DTYPES[dtype])
+    _time(benchmark, mode, step, info, lambda: _validate_cross_entropy(impl, x.detach(), t, loss.detach(), x.grad))
+
+
+# -- the softmax backward ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode, impl, N, V, dtype", cases("softmax_backward"))
+def test_softmax_backward_speed(benchmark, mode, impl, N, V, dtype):
+    g = torch.Generator(device="cuda").manual_seed(N + V)
+    y = torch.softmax(torch.randn(N, V, device="cuda", generator=g) * 3, dim=-1).to(DTYPES[dtype])
+    dy = torch.randn(N, V, device="cuda", generator=g).to(DTYPES[dtype])
+    fn = SOFTMAX_BACKWARD_KERNELS[impl]
+
+    def call():
+        return fn(dy, y)
+
+    def validate(dx=None):
+        dx = call() if dx is None else dx
+        assert torch.isfinite(dx).all(), f"{impl}: dx has NaN/inf"
+        rows = torch.unique(torch.tensor([0, N - 1, *np.random.randint(0, N, 6)]))
+        ref = softmax_backward_ref(dy[rows].float().cpu().numpy(), y[rows].float().cpu().numpy())
+        atol, rtol = (1e-6, 1e-4) if dtype == "float32" else (1e-4, 1.6e-2)
+        np.testing.assert_allclose(dx[rows].double().cpu().numpy(), ref, atol=atol, rtol=rtol, err_msg=impl)
+
+    validate()
+    info = {"op": "softmax_backward", "impl": impl, "N": N, "V": V, "dtype": dtype}
+    info["bytes"] = matrix_bytes(N, V, dtype, passes=LOSS_OPS["softmax_backward"][2])
+    if impl == "triton":
+        from kernels import triton_backward
+
+        info["plan"] = triton_backward.plan(N, V, DTYPES[dtype])
+    _time(benchmark, mode, call, info, validate)

@@ -1,0 +1,167 @@
+"""The training operations as torch.library custom operators (kernels/ops.py): opcheck, autograd
+(the saved gradient scaled by grad_output; the softmax ops' backward from the registry), and
+torch.compile without a graph break. On the CPU the Triton kernels run interpreted, and the
+compiler is the aot_eager backend (AOTAutograd's forward and backward graphs, run eagerly):
+Inductor would compile C++ for the CPU, which costs far more than these checks need; the
+cuda tests compile with Inductor (tests/test_cross_entropy.py, tests/test_softmax_backward.py).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import SOFTMAX_BACKWARD_KERNELS, SOFTMAX_BACKWARD_OF, ops
+from kernels import triton_cross_entropy as tce
+from tests.helpers import bits, check_cross_entropy, edge_rows, logits, run_interpreted_in_subprocess
+
+pytestmark = pytest.mark.cpu
+interpreted = pytest.mark.skipif(
+    not tce.INTERPRET, reason="needs the interpreted kernels; test_interpreted_in_a_subprocess runs them"
+)
+V = 23
+
+
+def _weight(V):
+    g = torch.Generator().manual_seed(V)
+    return 0.5 + torch.rand(V, generator=g)
+
+
+@interpreted
+def test_ops_pass_opcheck():
+    x, t = edge_rows(V, seed=1)
+    w = _weight(V)
+    t3 = torch.where(t == -100, 3, t)  # ignore_index 3: a class index, as PyTorch allows
+    cases = [
+        (torch.ops.softmax_suite.cross_entropy_triton, (x, t, None, -100, 0.0, "mean")),
+        (torch.ops.softmax_suite.cross_entropy_triton, (x.clone().requires_grad_(True), t3, w, 3, 0.1, "none")),
+        (torch.ops.softmax_suite.cross_entropy_grad_scale_, (torch.randn(8, V), torch.tensor(2.0))),
+        (torch.ops.softmax_suite.cross_entropy_grad_scale_, (torch.randn(8, V), torch.randn(8))),
+        (torch.ops.softmax_suite.cross_entropy_grad_scaled, (torch.randn(8, V), torch.rand(8) + 0.5)),
+        (torch.ops.softmax_suite.softmax_backward_triton, (torch.randn(3, V), torch.softmax(torch.randn(3, V), -1))),
+    ]
+    for op, args in cases:
+        result = torch.library.opcheck(op, args)
+        assert all(v == "SUCCESS" for v in result.values()), (op, result)
+
+
+@interpreted
+def test_softmax_ops_backward_is_the_registrys():
+    assert ops.softmax_backward_for("triton") is ops.BACKWARD_OPS["triton"]
+    assert ops.softmax_backward_for("fused") is SOFTMAX_BACKWARD_KERNELS[SOFTMAX_BACKWARD_OF["fused"]].fn
+    x = logits(3, V, seed=2).requires_grad_(True)
+    dy = torch.randn(3, V)
+    y = ops.triton(x)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    want = SOFTMAX_BACKWARD_KERNELS["triton"](dy, y.detach())
+    assert torch.equal(bits(dx), bits(want)), "the triton op's backward is not the Triton backward kernel"
+
+
+@interpreted
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_cross_entropy_gradient_is_the_forwards_times_grad_output(reduction):
+    x, t = edge_rows(V, seed=3)
+    w = _weight(V)
+    o = {"weight": w, "label_smoothing": 0.1, "reduction": reduction}
+    direct = tce.cross_entropy(x, t, **o)
+    xg = x.clone().requires_grad_(True)
+    loss, lse = ops.cross_entropy(xg, t, **o)
+    assert not lse.requires_grad
+    assert torch.equal(bits(loss.detach()), bits(direct.loss)) and torch.equal(bits(lse), bits(direct.lse))
+    go = torch.rand(loss.shape) + 0.5 if reduction == "none" else torch.tensor(3.0)
+    loss.backward(go)
+    scaled = direct.grad * (go[:, None] if reduction == "none" else go)
+    assert torch.equal(bits(xg.grad), bits(scaled)), "the backward is not the saved gradient times grad_output"
+    # grad_output = 1 (loss.backward()): the saved gradient itself, its bits untouched.
+    xg.grad = None
+    loss, _ = ops.cross_entropy(xg, t, **o)
+    loss.sum().backward()
+    assert torch.equal(bits(xg.grad), bits(direct.grad))
+    check_cross_entropy(direct, x, t, **o)
+
+
+@interpreted
+def test_a_second_backward_through_the_graph_raises_instead_of_scaling_twice():
+    x, t = edge_rows(V, seed=4)
+    x.requires_grad_(True)
+    loss, _ = ops.cross_entropy(x, t)
+    (2 * loss).backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+@interpreted
+def test_a_training_step_compiles_without_a_graph_break():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, V)
+    h = torch.randn(8, 8)
+    t = edge_rows(V, seed=5)[1]
+
+    def step(h, t):
+        logits = lin(h)
+        loss, lse = ops.cross_entropy(logits, t, label_smoothing=0.1)
+        probs = ops.triton(logits)  # the forward op, whose backward is the Triton backward op
+        return loss + 0.01 * (probs * probs).sum() + 0.001 * lse.sum().detach()
+
+    explanation = torch._dynamo.explain(step)(h, t)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    targets_in_graph = {str(n.target) for g in explanation.graphs for n in g.graph.nodes if n.op == "call_function"}
+    assert any("cross_entropy_triton" in name for name in targets_in_graph), sorted(targets_in_graph)
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    compiled(h, t).backward()
+    got = {k: p.grad.clone() for k, p in lin.named_parameters()}
+    lin.zero_grad()
+    step(h, t).backward()
+    for k, p in lin.named_parameters():
+        assert torch.equal(bits(got[k]), bits(p.grad)), f"compiled and eager gradients of {k} differ"
+
+
+@interpreted
+def test_cross_entropy_op_matches_pytorch_in_a_model():
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(6, V)
+    h = torch.randn(10, 6)
+    t = torch.randint(0, V, (10,))
+    t[4] = -100
+    loss, _ = ops.cross_entropy(lin(h), t)
+    loss.backward()
+    ours = lin.weight.grad.clone()
+    lin.zero_grad()
+    F.cross_entropy(lin(h), t).backward()
+    torch.testing.assert_close(ours, lin.weight.grad, atol=1e-7, rtol=1e-5)
+
+
+def test_interpreted_in_a_subprocess(pytestconfig):
+    if tce.INTERPRET:
+        pytest.skip("this process is interpreted already: the tests above ran here")
+    run_interpreted_in_subprocess(__file__, pytestconfig)
+
+
+def test_loss_kernels_build_for_sm90_without_spills():
+    """The largest configuration of each training kernel, compiled for sm_90 ahead of time
+    (kernels.triton_loss_build --quick, in a child process: the compiled kernels are needed, so
+    TRITON_INTERPRET must be unset there): no spills, no local memory, within sm_90's limits.
+    `python -m kernels.triton_loss_build` builds every configuration the wrappers launch."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernels.triton_loss_build", "--quick"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    builds = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {b["name"].split()[0] for b in builds} >= {"bwd-row", "bwd-split", "ce-row", "ce-split", "ce-scale"}
+    for b in builds:
+        assert b["spill_bytes"] == 0 and b["local"] == 0 and b["stack"] == 0, b
+        assert b["regs"] <= 255 and b["shared"] <= 232448, b
