@@ -34,7 +34,8 @@ def softmax_backward_ref(dy, y) -> np.ndarray:
     input given its output y and the gradient dy of its output."""
     dy = np.asarray(dy, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
-    return y * (dy - (y * dy).sum(axis=-1, keepdims=True))
+    with np.errstate(invalid="ignore"):  # NaN rows (an all -inf softmax) and inf gradients stay NaN / inf
+        return y * (dy - (y * dy).sum(axis=-1, keepdims=True))
 
 
 def logsumexp_ref(x) -> np.ndarray:
