@@ -66,6 +66,7 @@ def pytest_addoption(parser):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
+    markers.quiet_benchmarks_in_workers(config.option, is_worker=hasattr(config, "workerinput"))
     markers.parallel_cpu_by_default(
         config.option,
         config.getoption("markexpr"),

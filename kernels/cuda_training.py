@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import torch
 
-from .checks import FLOAT_DTYPES
+from .checks import FLOAT_DTYPES, check_backward_inputs, check_cross_entropy_inputs
 from .cuda_build import NVCC_OPTIONS
 from .cuda_training_plans import (
     BACKWARD_SOURCE,
@@ -396,6 +396,9 @@ def cross_entropy_fused(
 
 
 def registry_softmax_backward(dy: torch.Tensor, y: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The registry's calling convention (kernels.SOFTMAX_BACKWARD_KERNELS): dy first, and the
+    suite-wide input checks of kernels.checks, so every backward rejects bad input alike."""
+    check_backward_inputs(dy, y, kernel="fused")
     return softmax_backward_fused(y, dy, out=out)
 
 
@@ -409,6 +412,17 @@ def registry_cross_entropy(
     reduction: str = "mean",
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The registry's calling convention (kernels.CROSS_ENTROPY_KERNELS): (loss, lse, grad), after
+    the suite-wide input checks of kernels.checks."""
+    check_cross_entropy_inputs(
+        logits,
+        targets,
+        weight=weight,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+        reduction=reduction,
+        kernel="fused",
+    )
     loss, grad, lse = cross_entropy_fused(
         logits,
         targets,

@@ -1011,7 +1011,8 @@ def backward_error_bound(dy, y, dtype=None) -> tuple[np.ndarray, np.ndarray]:
         s = t.sum(axis=-1, keepdims=True)
         mag = np.abs(yy) * (np.abs(d) + np.abs(s) + np.abs(t).sum(axis=-1, keepdims=True))
     rounding, floor = _out_floor(dtype)
-    tol = (C_ERR * FP32_EPS + fixed_point_error(V)) * mag + rounding * np.abs(ref) + floor
+    with np.errstate(invalid="ignore"):
+        tol = (C_ERR * FP32_EPS + fixed_point_error(V)) * mag + rounding * np.abs(ref) + floor
     return ref, tol
 
 

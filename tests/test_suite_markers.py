@@ -168,3 +168,10 @@ def test_without_triton_what_needs_it_skips_with_one_reason(tmp_path):
     assert len(reasons) == 1 and "needs Triton" in reasons.pop(), reasons
     assert re.search(r"\b1 passed", result.stdout), out[-3000:]  # F.softmax's cell ran
     assert "not verified on this machine: triton (needs Triton" in result.stdout
+
+
+def test_benchmark_timing_is_off_in_xdist_workers():
+    option = SimpleNamespace(benchmark_disable=False)
+    assert not markers.quiet_benchmarks_in_workers(option, is_worker=False) and not option.benchmark_disable
+    assert markers.quiet_benchmarks_in_workers(option, is_worker=True) and option.benchmark_disable
+    assert not markers.quiet_benchmarks_in_workers(SimpleNamespace(), is_worker=True)  # no pytest-benchmark

@@ -93,6 +93,16 @@ def gate_cuda_items(
     return None
 
 
+def quiet_benchmarks_in_workers(option, *, is_worker: bool) -> bool:
+    """In an xdist worker the benchmark cases are skipped with the reason (skip_benchmarks);
+    pytest-benchmark is turned off there too, which spares every parallel run its own warning
+    that it disabled itself under xdist. Returns whether it changed anything."""
+    if not is_worker or not hasattr(option, "benchmark_disable"):
+        return False
+    option.benchmark_disable = True
+    return True
+
+
 # A plain `pytest -m cpu` runs on this many xdist workers (the CI machine has two cores).
 CPU_WORKERS = 2
 _BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
