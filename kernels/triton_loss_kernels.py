@@ -17,8 +17,9 @@ programs or rows, nor on the batch size or the row's position:
     stays NaN), and added to the finite part it gives what IEEE addition of all terms gives.
 
 Truncation costs at most one unit of 2^(E - K) per term: over the whole sum, below 2 n^2 2^-62
-times the largest term (3e-8 at n = 262144), about the float32 rounding of the result. The sum
-of exponentials is the forward's, term for term, so the probabilities p = e * (SCALE / S) these
+times the largest term (3e-8 at n = 262144), about the float32 rounding of the result. The
+exponential, the fixed-point terms and the normalisation are the forward's own helpers
+(kernels/triton_kernels.py: _exp, _fixed, _row_scale, _normalise), so the probabilities these
 kernels form are the Triton softmax's bits.
 
 All arithmetic is float32 whatever the storage dtype. Offsets are int64 (row * stride is formed
@@ -27,6 +28,8 @@ from an int64 row index), so tensors past 2^31 elements are addressed correctly.
 
 import triton
 import triton.language as tl
+
+from .triton_kernels import _exp, _fixed, _normalise, _row_scale
 
 # ------------------------------------------------------------------------------ order-free sums
 #
@@ -263,13 +266,13 @@ def cross_entropy_row_kernel(
     # The sums: exponentials at the fixed scale, and (label smoothing) w_j * x_j order-free.
     x = tl.load(X + row * stride_x + cols, mask=mask, other=-INF).to(tl.float32)
     m = tl.max(x, axis=0)
-    e = tl.exp(x - m)
+    e = _exp(x, m, G.dtype.element_ty)
     e_fix = (e * SCALE).to(tl.int64)
     S_fix = tl.sum(e_fix, axis=0)
     # The target's logit and term, read again as scalars (the same bits as in the row; a
     # reduction would cost the interpreter more than the load costs the GPU).
     x_t = tl.load(X + row * stride_x + t_safe).to(tl.float32)
-    E_t = (tl.exp(x_t - m) * SCALE).to(tl.int64)
+    E_t = _fixed(_exp(x_t, m, G.dtype.element_ty), SCALE)
     if HAS_SMOOTHING:
         wx = tl.where(mask, w_j * x, 0.0)
         finite = tl.abs(wx) < INF
@@ -291,9 +294,9 @@ def cross_entropy_row_kernel(
     tl.store(LSE + row, lse)
     tl.store(LOSS + row, loss)
     # The gradient: p_j - [j == t] with p_t - 1 = -(S - E_t) / S, smoothing, reduction's scale.
-    inv = SCALE / S
+    hi, inv = _row_scale(S_fix, SCALE)
     pm1 = -((S_fix - E_t).to(tl.float32) / S)
-    p = e * inv
+    p = _normalise(e, hi, inv, G.dtype.element_ty)
     q = tl.where(cols == t_safe, pm1, p)
     if HAS_SMOOTHING:
         g = (1.0 - eps) * w_t * q + (eps * inv_v) * (w_all * p - w_j)
@@ -360,7 +363,7 @@ def cross_entropy_tile_kernel(
             idx = start + cols
             mask = idx < V
             x = tl.load(x_row + idx, mask=mask, other=-INF).to(tl.float32)
-            s_l += (tl.exp(x - m) * SCALE).to(tl.int64)
+            s_l += _fixed(_exp(x, m, G.dtype.element_ty), SCALE)
             if HAS_SMOOTHING:
                 if HAS_WEIGHT:
                     w_j = tl.load(W + idx, mask=mask, other=0.0).to(tl.float32)
@@ -371,7 +374,7 @@ def cross_entropy_tile_kernel(
             start += BLOCK
         S_fix = tl.sum(s_l, axis=0)
         x_t = tl.load(x_row + t_safe).to(tl.float32)
-        E_t = (tl.exp(x_t - m) * SCALE).to(tl.int64)
+        E_t = _fixed(_exp(x_t, m, G.dtype.element_ty), SCALE)
         S = S_fix.to(tl.float32)
         lse = tl.where(m == -INF, -INF, m + tl.log(S / SCALE))
         if HAS_SMOOTHING:
@@ -383,7 +386,7 @@ def cross_entropy_tile_kernel(
         tl.store(LSE + row, lse)
         tl.store(LOSS + row, loss)
         # Pass 3: the gradient.
-        inv = SCALE / S
+        hi, inv = _row_scale(S_fix, SCALE)
         pm1 = -((S_fix - E_t).to(tl.float32) / S)
         gscale = tl.load(PREP + 2)
         g_row = G + row * stride_g
@@ -392,7 +395,7 @@ def cross_entropy_tile_kernel(
             idx = start + cols
             mask = idx < V
             x = tl.load(x_row + idx, mask=mask, other=-INF, eviction_policy="evict_first").to(tl.float32)
-            p = tl.exp(x - m) * inv
+            p = _normalise(_exp(x, m, G.dtype.element_ty), hi, inv, G.dtype.element_ty)
             q = tl.where(idx == t_safe, pm1, p)
             if HAS_SMOOTHING:
                 if HAS_WEIGHT:
@@ -504,7 +507,7 @@ def cross_entropy_split_kernel(
         down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
 
     # Meeting 2: the fixed-point sums, every chunk relative to the same m and scale.
-    e = tl.exp(x - m)
+    e = _exp(x, m, G.dtype.element_ty)
     s_c = tl.sum((e * SCALE).to(tl.int64), axis=0)
     tl.atomic_xchg(ws + 3 * P + chunk, s_c, sem="relaxed")
     if HAS_SMOOTHING:
@@ -527,7 +530,7 @@ def cross_entropy_split_kernel(
         while start < V:
             idx = start + fcols
             xx = tl.load(x_row + idx, mask=idx < V, other=-INF).to(tl.float32)
-            s_run += (tl.exp(xx - m) * SCALE).to(tl.int64)
+            s_run += _fixed(_exp(xx, m, G.dtype.element_ty), SCALE)
             if HAS_SMOOTHING:
                 if HAS_WEIGHT:
                     ww = tl.load(W + idx, mask=idx < V, other=0.0).to(tl.float32)
@@ -548,7 +551,7 @@ def cross_entropy_split_kernel(
 
     # The row's results: the row kernel's arithmetic.
     x_t = tl.load(x_row + t_safe).to(tl.float32)
-    E_t = (tl.exp(x_t - m) * SCALE).to(tl.int64)
+    E_t = _fixed(_exp(x_t, m, G.dtype.element_ty), SCALE)
     S = S_fix.to(tl.float32)
     lse = tl.where(m == -INF, -INF, m + tl.log(S / SCALE))
     if HAS_SMOOTHING:
@@ -560,9 +563,9 @@ def cross_entropy_split_kernel(
     if chunk == 0:
         tl.store(LSE + row, lse)
         tl.store(LOSS + row, loss)
-    inv = SCALE / S
+    hi, inv = _row_scale(S_fix, SCALE)
     pm1 = -((S_fix - E_t).to(tl.float32) / S)
-    p = e * inv
+    p = _normalise(e, hi, inv, G.dtype.element_ty)
     q = tl.where(cols == t_safe, pm1, p)
     if HAS_SMOOTHING:
         g = (1.0 - eps) * w_t * q + (eps * inv_v) * (w_all * p - w_j)
