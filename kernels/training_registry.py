@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from .checks import FLOAT_DTYPES, check_backward_inputs, check_cross_entropy_inputs, prepare_dx
 from .cuda_training_plans import PATHS as CUDA_TRAINING_PATHS
-from .registry import _lazy
+from .registry import _lazy, triton_missing
 
 
 def _one_path(name):
@@ -44,6 +44,10 @@ class BackwardKernel:
     def __call__(self, dy, y, *, out=None):
         return self.fn(dy, y, out=out)
 
+    def unavailable_reason(self) -> str | None:
+        """Why this machine cannot run the kernel at all (its backend's package is missing)."""
+        return triton_missing() if self.backend == "triton" else None
+
 
 @dataclass(frozen=True)
 class CrossEntropyKernel:
@@ -64,6 +68,10 @@ class CrossEntropyKernel:
 
     def __call__(self, logits, targets, **options):
         return self.fn(logits, targets, **options)
+
+    def unavailable_reason(self) -> str | None:
+        """Why this machine cannot run the kernel at all (its backend's package is missing)."""
+        return triton_missing() if self.backend == "triton" else None
 
 
 def torch_softmax_backward(dy, y, *, out=None):

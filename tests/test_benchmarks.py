@@ -51,6 +51,12 @@ DTYPES = ("float32", "bfloat16")
 LAB_GRID = list(LAB_SHAPES)
 SWEEP_B = (64, 512, 4096, 32768)
 SWEEP_V = (600, 4096, 32000, 50257, 128256)
+# Today's vocabularies past 131072 (Qwen 151936, GPT-4o-style 200064, Gemma 262144) and one row of
+# a million (odd), from a decode step to a prefill batch. Coarser than the sweep in B: a kernel's
+# time is linear in B once B fills the GPU (B >= 1024 here), so 4096 stands for the large
+# batches, and 1 and 64 for decode.
+WIDE_B = (1, 64, 4096)
+WIDE_V = (151936, 200064, 262144, 1000003)
 MAX_TENSOR_BYTES = 16e9  # (32768, 128256) in fp32 is 16.8 GB per tensor: skipped
 
 # Shapes at which every kernel is also timed per call and as a graph replay: from one row (a
@@ -92,20 +98,18 @@ def call_kernel_params(kernel: str, B: int, V: int, dtype: str, marks=()) -> lis
 
 
 def device_cases():
-    """(kernel, B, V, dtype): the lab grid, the large-vocabulary sweep, and the call-mode
-    shapes, so every call-mode entry has a device time beside it."""
+    """(kernel, B, V, dtype): the lab grid, the large-vocabulary sweep (SWEEP and WIDE), and the
+    call-mode shapes, so every call-mode entry has a device time beside it."""
     seen = []
     for B, V in LAB_GRID:
         for kernel in in_grid("lab"):
             seen.append((kernel, B, V, "float32"))
+    grids = ((SWEEP_V, SWEEP_B), (WIDE_V, WIDE_B))
     for dtype in DTYPES:
-        for V in SWEEP_V:
-            for B in SWEEP_B:
-                if matrix_bytes(B, V, dtype, passes=1) > MAX_TENSOR_BYTES:
-                    continue
-                seen += [
-                    (k, B, V, dtype) for k in in_grid("sweep") if supports(k, dtype) and (k, B, V, dtype) not in seen
-                ]
+        for V, B in ((V, B) for vs, bs in grids for V in vs for B in bs):
+            if matrix_bytes(B, V, dtype, passes=1) > MAX_TENSOR_BYTES:
+                continue
+            seen += [(k, B, V, dtype) for k in in_grid("sweep") if supports(k, dtype) and (k, B, V, dtype) not in seen]
     for B, V, dtype in call_shapes():
         seen += [(k, B, V, dtype) for k in in_grid("calls") if supports(k, dtype) and (k, B, V, dtype) not in seen]
     return [
