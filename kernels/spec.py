@@ -136,10 +136,10 @@ class KernelSpec:
         problems = []
         if not self.name.isidentifier():
             problems.append("name must be an identifier (it appears in test ids and manifest keys)")
-        if not self.paths or len({p.name for p in self.paths}) != len(self.paths):
+        if not self.paths or any(not isinstance(p, Path) for p in self.paths):
+            raise ValueError(f"kernel spec {self.name!r}: paths must be one or more Path(...) entries")
+        if len({p.name for p in self.paths}) != len(self.paths):
             problems.append("paths must be one or more Path(...) with distinct names")
-        if any(not isinstance(p, Path) for p in self.paths):
-            problems.append("paths must be Path(...) entries")
         if not self.dtypes or any(d not in DTYPE_NAMES for d in self.dtypes):
             problems.append(f"dtypes must be names from {DTYPE_NAMES}")
         if self.backend not in BACKENDS:

@@ -253,7 +253,8 @@ def run_poisoned(fn, x: torch.Tensor, *, out_offset: int = 0, **kwargs) -> torch
 #                eps * (2 * EXP_ULPS + (|x - m| + D) / 2)   (the row's own scale divided out)
 #   row sums:    |sum(y) - 1| <= eps * (16 + sqrt(V))       (row_sum_tolerance)
 #   log-probs:   |log y - log p| in nats within the two combined, -log(1 - rel)
-#   below the normal range: |y - p| <= float32's smallest normal (the kernels flush to zero).
+#   below the normal range (where p, less the error allowed above, is no longer a normal
+#   float32): |y - p| <= float32's smallest normal (the kernels flush to zero there).
 #
 # 16-bit storage rounds that float32 result once: half an ulp of the stored format when it
 # rounds to nearest (the kernels on the GPU, F.softmax), under one ulp when it merely truncates
@@ -392,7 +393,10 @@ def tolerance(dtype, kernel=None) -> Tolerance:
 
 def softmax_errors(got: torch.Tensor, x: torch.Tensor, *, dtype=None, kernel=None) -> SoftmaxErrors:
     """`got` against the float64 softmax of `x` over the last axis, with tolerance(dtype,
-    kernel)'s bounds for every output (dtype: got's by default)."""
+    kernel)'s bounds for every output (dtype: got's by default). An output is held to the
+    relative rule where its reference, less all the error the rule allows it, is still a normal
+    number of the format; below that it may be flushed to zero or be subnormal, and the absolute
+    floor holds."""
     tol = tolerance(got.dtype if dtype is None else dtype, kernel)
     g = got.detach().to("cpu", torch.float64).numpy()
     xs = x.detach().to("cpu", torch.float64).numpy()
@@ -400,27 +404,30 @@ def softmax_errors(got: torch.Tensor, x: torch.Tensor, *, dtype=None, kernel=Non
     if g.shape != r.shape:
         raise AssertionError(f"shape {g.shape}, expected {r.shape}")
     both = np.isfinite(g) & np.isfinite(r)
-    normal = both & (r >= tol.tiny)
-    below = both & ~normal
     gz, rz = np.where(both, g, 0.0), np.where(both, r, 0.0)
-    abs_err = np.abs(gz - rz)
-    r1 = np.where(normal, r, 1.0)
-    rel = np.where(normal, abs_err / r1, 0.0)
+    rp = np.where(rz > 0, rz, 1.0)
     if tol.store_ulps is None:
-        # The row's own scale divided out: sum(got) over the row's finite outputs.
         dist = np.where(np.isfinite(xs), xs.max(axis=-1, keepdims=True, initial=-np.inf) - xs, 0.0)
         dist = np.nan_to_num(dist, nan=0.0, posinf=0.0)
-        mean_dist = (np.where(r > 0, r, 0.0) * dist).sum(axis=-1, keepdims=True)
-        scale = np.where(both, g, 0.0).sum(axis=-1, keepdims=True)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            elem = np.where(normal, np.abs(gz / np.where(scale > 0, scale, 1.0) - rz) / r1, 0.0)
+        mean_dist = (rz * dist).sum(axis=-1, keepdims=True)
         elem_bound = tol.eps * (2 * tol.exp_ulps + tol.per_nat * (dist + mean_dist))
         direct = (1 + elem_bound) * (1 + tol.row_sum(r.shape[-1])) - 1
     else:
-        ulp = ulp_of(r1, tol.dtype)
-        elem = np.where(normal, abs_err / ulp, 0.0)
+        ulp = ulp_of(rp, tol.dtype)
         elem_bound = np.full_like(r, tol.store_ulps)
-        direct = tol.store_ulps * ulp / r1
+        direct = tol.store_ulps * ulp / rp
+    normal = both & (rz >= tol.tiny) & (rz * (1 - direct) >= tol.tiny)
+    below = both & ~normal
+    abs_err = np.abs(gz - rz)
+    r1 = np.where(normal, rz, 1.0)
+    rel = np.where(normal, abs_err / r1, 0.0)
+    if tol.store_ulps is None:
+        # The row's own scale divided out: sum(got) over the row's finite outputs.
+        scale = gz.sum(axis=-1, keepdims=True)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            elem = np.where(normal, np.abs(gz / np.where(scale > 0, scale, 1.0) - rz) / r1, 0.0)
+    else:
+        elem = np.where(normal, abs_err / ulp_of(r1, tol.dtype), 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         logp = np.where(normal, np.abs(np.log(np.where(normal & (g > 0), g, 1.0)) - np.log(r1)), 0.0)
     logp = np.where(normal & ~(g > 0), np.inf, logp)

@@ -15,13 +15,14 @@ import torch
 from kernels import cuda_plans
 from kernels import softmax_cuda as sc
 from kernels.cuda_build import FUSED_SOURCE
+from kernels.spec import itemsize
+from tests.helpers import dtype_id
 
 pytestmark = pytest.mark.cpu
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH: the offline sm_90 build cannot run")
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-DTYPE_IDS = ["fp32", "bf16", "fp16"]
+DTYPES = sc.FUSED_DTYPES
 
 
 # -- nvcc / ptxas --------------------------------------------------------------------------------
@@ -101,7 +102,7 @@ def test_every_dispatchable_kernel_is_instantiated():
 # -- the fused dispatch table --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_dispatch_boundaries_are_the_plan_capacities(dtype):
     bounds = sc.DISPATCH_BOUNDARIES_BY_DTYPE[dtype]
     assert bounds == sorted(bounds) and len(set(bounds)) == len(bounds)
@@ -140,7 +141,7 @@ def test_split_parts_fit_and_are_resident_together(V, B, dtype):
     assert not cuda_plans.split_fits(split, split.capacity, 16)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize(
     "V",
     [1, 2, 31, 32, 33, 600, 1024, 1025, 4096, 4097, 8192, 8193, 32000, 50257, 128256, 131072, 131073]
@@ -247,7 +248,7 @@ def _covered(plan, V, row_offset_elems, vec, parts=None):
     return np.bincount(np.concatenate(loaded), minlength=V)
 
 
-@pytest.mark.parametrize("dtype, vec", [(torch.float32, 4), (torch.bfloat16, 8), (torch.float16, 8)], ids=DTYPE_IDS)
+@pytest.mark.parametrize("dtype, vec", [(d, 16 // itemsize(d)) for d in DTYPES], ids=[dtype_id(d) for d in DTYPES])
 def test_row_and_cluster_slices_cover_each_element_once(dtype, vec):
     Vs = sorted(
         {v + d for v in sc.DISPATCH_BOUNDARIES for d in (-1, 0, 1)}

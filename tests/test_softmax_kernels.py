@@ -153,6 +153,8 @@ def test_extra_kernels_are_named_module_and_attribute(tmp_path, monkeypatch):
             "run_path",
         ),
         ({"tolerances": {"fp32": (1e-6, 1e-4)}}, "tolerances"),
+        ({"paths": (Path("a", gpu=(1, 1), dtypes=("bfloat16",)),)}, "path's dtypes"),
+        ({"paths": ("a",)}, "Path"),
     ],
 )
 def test_a_spec_that_cannot_be_verified_is_refused(bad, message):

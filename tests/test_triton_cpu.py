@@ -511,3 +511,13 @@ def test_repo_autotune_file_matches_the_current_tile_kernel():
         assert entry["configs_sha256"] == st.configs_hash(), "tile config list changed"
         assert key == st.fingerprint(entry["gpu"])
         assert st.stored_choice(600, torch.float32, entry["gpu"]) is not None
+
+
+def test_the_schema_lists_the_autotune_configs():
+    """reports/manifest.schema.json enumerates the values autotune_picked may hold: the BLOCKs and
+    warp counts of CONFIGS (or null before any GPU run), checked here rather than copied."""
+    schema = json.loads((REPO / "reports" / "manifest.schema.json").read_text())
+    picked = schema["properties"]["softmax_kernels"]["properties"][st.KERNEL_NAME]["properties"]["autotune_picked"]
+    enums = {key: picked["properties"][key]["enum"] for key in ("BLOCK", "num_warps")}
+    assert enums["BLOCK"] == [None, *sorted({c.kwargs["BLOCK"] for c in st.CONFIGS})]
+    assert enums["num_warps"] == [None, *sorted({c.num_warps for c in st.CONFIGS})]

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from kernels import SOFTMAX_KERNELS
+from kernels.spec import LAB_SHAPES
 from tests.helpers import TRITON_MISSING
 
 if TRITON_MISSING:  # Triton publishes Linux wheels only: every test here needs it
@@ -284,7 +285,7 @@ def test_autotune_once_then_reuse(tmp_path, monkeypatch):
 
 
 def _autotune_once_then_reuse(path, monkeypatch):
-    shapes = [(64, 600), (512, 600)]
+    shapes = list(LAB_SHAPES[:2])
     before = st.bench_calls()
     record = st.run_autotune(shapes, path=path)
     assert st.bench_calls() - before == len(shapes) * len(st.CONFIGS)  # every config on every shape
