@@ -118,7 +118,7 @@ def test_dispatch_boundaries_are_the_plan_capacities(dtype):
     assert sc.select_fused_plan(bounds[-1] + 1, dtype).kind == "loop"
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("V", [16385, 131073, 151936, 262145, 1000000, 2097152, 4194304])
 @pytest.mark.parametrize("B", [1, 3, 8, 9, 4096])
 def test_split_parts_fit_and_are_resident_together(V, B, dtype):
