@@ -11,8 +11,13 @@ import torch
 import torch.nn.functional as F
 
 from kernels import SOFTMAX_BACKWARD_KERNELS, SOFTMAX_BACKWARD_OF, ops
-from kernels import triton_cross_entropy as tce
-from tests.helpers import bits, check_cross_entropy, edge_rows, logits, run_interpreted_in_subprocess
+from tests.helpers import TRITON_MISSING
+
+if TRITON_MISSING:  # Triton publishes Linux wheels only: what this file tests needs it
+    pytest.skip(TRITON_MISSING, allow_module_level=True)
+
+from kernels import triton_cross_entropy as tce  # noqa: E402
+from tests.helpers import bits, check_cross_entropy, edge_rows, logits, run_interpreted_in_subprocess  # noqa: E402
 
 pytestmark = pytest.mark.cpu
 interpreted = pytest.mark.skipif(
@@ -47,7 +52,9 @@ def test_ops_pass_opcheck():
 @interpreted
 def test_softmax_ops_backward_is_the_registrys():
     assert ops.softmax_backward_for("triton") is ops.BACKWARD_OPS["triton"]
-    assert ops.softmax_backward_for("fused") is SOFTMAX_BACKWARD_KERNELS[SOFTMAX_BACKWARD_OF["fused"]].fn
+    # fused's backward is its own CUDA C kernel, registered as a custom op like Triton's.
+    assert SOFTMAX_BACKWARD_OF["fused"] == "fused"
+    assert ops.softmax_backward_for("fused") is ops.BACKWARD_OPS["fused"]
     x = logits(3, V, seed=2).requires_grad_(True)
     dy = torch.randn(3, V)
     y = ops.triton(x)

@@ -17,10 +17,15 @@ import torch
 
 import kernels
 from kernels import SOFTMAX_BACKWARD_KERNELS, SOFTMAX_BACKWARD_OF, SOFTMAX_KERNELS
-from kernels import triton_backward as tb
-from kernels.reference import softmax_backward_ref
-from tests.broken_loss_kernels import BROKEN_SOFTMAX_BACKWARD
-from tests.helpers import (
+from tests.helpers import TRITON_MISSING
+
+if TRITON_MISSING:  # Triton publishes Linux wheels only: what this file tests needs it
+    pytest.skip(TRITON_MISSING, allow_module_level=True)
+
+from kernels import triton_backward as tb  # noqa: E402
+from kernels.reference import softmax_backward_ref  # noqa: E402
+from tests.broken_loss_kernels import BROKEN_SOFTMAX_BACKWARD  # noqa: E402
+from tests.helpers import (  # noqa: E402
     assert_backward_close,
     bits,
     dtype_id,
