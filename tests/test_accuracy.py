@@ -25,15 +25,16 @@ import pytest
 import torch
 
 from kernels import BASELINE, SOFTMAX_KERNELS
-from kernels import softmax_triton as st
 from kernels.reference import softmax_ref
 from tests.helpers import (
     CONFIDENT_MASS,
     FP32_TINY,
+    INTERPRETED,
     ISSUE_CASES,
     OVERFLOW_MAXIMA,
     TAIL_CASES,
     TOLERANCES,
+    TRITON_MISSING,
     accuracy_gated,
     assert_as_accurate_as_torch,
     assert_softmax_close,
@@ -55,7 +56,10 @@ CPU_V = {781: 32, 4099: 8}  # V: B, the Triton interpreter's public entry (tile,
 CPU_LOW_PRECISION = (("randn", 8.0), ("span", 1.0), ("overflow", 3.0))
 CPU_ISSUE = ((32, 600, 1.0), (32, 600, 8.0))  # the issue's V = 600 shapes, fewer rows
 
-interpreted = pytest.mark.skipif(not st.INTERPRET, reason="the Triton kernels run on the CPU only interpreted")
+interpreted = pytest.mark.skipif(
+    TRITON_MISSING is not None or not INTERPRETED,
+    reason=TRITON_MISSING or "the Triton kernels run on the CPU only interpreted",
+)
 
 
 def case_seed(recipe: str, scale: float, V: int) -> int:
@@ -228,7 +232,7 @@ def _cpu_cases():
 @pytest.mark.parametrize("dtype, recipe, scale, B, V", list(_cpu_cases()))
 def test_triton_interpreted_on_the_tail(dtype, recipe, scale, B, V, record_manifest):
     x = logits(B, V, seed=case_seed(recipe, scale, V), dtype=dtype, recipe=recipe, scale=scale)
-    path = st.plan(B, V, dtype)
+    path = SOFTMAX_KERNELS["triton"].plan(B, V, dtype)
     m = measure(SOFTMAX_KERNELS["triton"], x, what=f"triton {case_name(recipe, scale)} ({B}, {V}) via {path}")
     record_case(record_manifest, "cpu", "triton", x, m["ratio"], recipe=recipe, scale=scale, path=path)
     conclude(m, x)

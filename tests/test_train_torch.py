@@ -26,6 +26,7 @@ from model import grammar, train_torch
 from model import train as numpy_trainer
 from model.numpy_minigpt import NumpyMiniGPT
 from model.tokenizer import Tokenizer
+from tests.helpers import INTERPRETED, needs_triton
 
 REPO = Path(__file__).resolve().parents[1]
 NUMPY_LOG = REPO / "reports" / "runs" / "numpy-train-losses.json"
@@ -71,8 +72,8 @@ def test_first_step_loss_and_every_gradient_match_numpy(one_thread, seed):
 
 
 @pytest.mark.cpu
-@pytest.mark.skipif(not __import__("kernels.triton_cross_entropy").triton_cross_entropy.INTERPRET,
-                    reason="the Triton loss runs on CPU tensors only interpreted")  # fmt: skip
+@needs_triton
+@pytest.mark.skipif(not INTERPRETED, reason="the Triton loss runs on CPU tensors only interpreted")
 def test_first_step_through_the_triton_loss_matches_numpy(one_thread):
     # One sentence: the interpreter runs one program per token row.
     tok, batch = _first_batch(0, batch_size=1)
