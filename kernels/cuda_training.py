@@ -50,6 +50,7 @@ from .cuda_training_plans import (
     select_plan,
 )
 from .launch import KernelLauncher
+from .softmax_cuda import _sm_count_and_major  # one cache of device facts for every CUDA C kernel
 
 TRAINING_DTYPES = FLOAT_DTYPES
 REDUCTIONS = ("mean", "sum", "none")
@@ -71,7 +72,6 @@ _SOURCES = {"bwd": BACKWARD_SOURCE, "ce": CROSS_ENTROPY_SOURCE}
 
 _modules: dict = {}  # (device index, source sha256) -> cupy.RawModule
 _launchers: dict = {}  # (device index, kernel name) -> KernelLauncher
-_device_info: dict = {}  # device index -> (SM count, compute capability major)
 
 
 def _cupy():
@@ -83,14 +83,6 @@ def _cupy():
             "(or the cupy-cuda12x wheel matching the installed CUDA driver)"
         ) from e
     return cupy
-
-
-def _sm_count_and_major(device_index: int) -> tuple[int, int]:
-    info = _device_info.get(device_index)
-    if info is None:
-        props = torch.cuda.get_device_properties(device_index)
-        info = _device_info[device_index] = (props.multi_processor_count, props.major)
-    return info
 
 
 def _launcher(device_index: int, op: str, name: str, *, block: int, arg_kinds) -> KernelLauncher:
