@@ -51,9 +51,9 @@ def _exp(x, m, OUT: tl.constexpr):
         ms = s - xs
         err = (x - xs) - (m + ms)
         t = s * 1.4426950408889634
-        t_err = tl.fma(s, 1.4426950408889634, -t)
+        t_err = tl.fma(s, -1.4426950408889634, t)  # t - s * L, exactly
         c = tl.fma(s, 1.3349758171622139e-8, err)  # (log2(e) - L) * ln(2)
-        c = tl.fma(t_err, 0.6931471805599453, c)
+        c = tl.fma(t_err, -0.6931471805599453, c)
         c = tl.where(c < 1.0, c, 1.0)
         p = tl.exp2(t)
         e = tl.fma(p, c, p)
@@ -64,21 +64,21 @@ def _exp(x, m, OUT: tl.constexpr):
 
 @triton.jit
 def _row_scale(S, SCALE):
-    # A row's normaliser from its fixed-point sum S: hi = S / SCALE rounded to float (SCALE is a
-    # power of two: its reciprocal, built from the exponent bits, scales exactly) and 1 / hi
-    # rounded once.
+    # A row's normaliser from its fixed-point sum S: -hi with hi = S / SCALE rounded to float
+    # (SCALE is a power of two: its reciprocal, built from the exponent bits, scales exactly),
+    # and 1 / hi rounded once.
     hi = S.to(tl.float32)
     unit = ((254 << 23) - tl.cast(SCALE, tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
-    return hi * unit, tl.div_rn(SCALE, hi)
+    return hi * -unit, tl.div_rn(SCALE, hi)
 
 
 @triton.jit
-def _normalise(e, hi, inv, OUT: tl.constexpr):
+def _normalise(e, neg_hi, inv, OUT: tl.constexpr):
     # e / hi for an output of dtype OUT: float32 rounds the quotient once (one correction step
     # after the product with inv); 16-bit storage takes the product.
     q = e * inv
     if OUT == tl.float32:
-        q = tl.fma(tl.fma(-q, hi, e), inv, q)
+        q = tl.fma(tl.fma(q, neg_hi, e), inv, q)
     return q
 
 
@@ -109,8 +109,8 @@ def softmax_tile_kernel(X, Y, V, stride_x, stride_y, SCALE, BLOCK: tl.constexpr,
         mask = (cols // ALIGN) < V_A  # == cols < V, constant over ALIGN-groups
         x = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
         e = _exp(x, tl.max(x, axis=0), Y.dtype.element_ty)
-        hi, inv = _row_scale(tl.sum(_fixed(e, SCALE), axis=0), SCALE)
-        tl.store(y_row + cols, _normalise(e, hi, inv, Y.dtype.element_ty).to(Y.dtype.element_ty), mask=mask)
+        neg_hi, inv = _row_scale(tl.sum(_fixed(e, SCALE), axis=0), SCALE)
+        tl.store(y_row + cols, _normalise(e, neg_hi, inv, Y.dtype.element_ty).to(Y.dtype.element_ty), mask=mask)
     else:
         # Three passes over tiles (max, fixed-point sum, write); the re-reads of a row of at
         # most a few KB are served by L2. Per-lane partials: no cross-warp reduction in a loop.
@@ -131,13 +131,13 @@ def softmax_tile_kernel(X, Y, V, stride_x, stride_y, SCALE, BLOCK: tl.constexpr,
             x = tl.load(x_row + idx, mask=(idx // ALIGN) < V_A, other=-float("inf")).to(tl.float32)
             s_lane += _fixed(_exp(x, m, Y.dtype.element_ty), SCALE)
             start += BLOCK
-        hi, inv = _row_scale(tl.sum(s_lane, axis=0), SCALE)
+        neg_hi, inv = _row_scale(tl.sum(s_lane, axis=0), SCALE)
         start = 0
         while start < V:
             idx = tl.multiple_of(start, BLOCK) + cols
             mask = (idx // ALIGN) < V_A
             x = tl.load(x_row + idx, mask=mask, other=-float("inf")).to(tl.float32)
-            y = _normalise(_exp(x, m, Y.dtype.element_ty), hi, inv, Y.dtype.element_ty)
+            y = _normalise(_exp(x, m, Y.dtype.element_ty), neg_hi, inv, Y.dtype.element_ty)
             tl.store(y_row + idx, y.to(Y.dtype.element_ty), mask=mask)
             start += BLOCK
 
@@ -150,8 +150,8 @@ def softmax_row_kernel(X, Y, V, stride_x, stride_y, SCALE, BLOCK: tl.constexpr, 
     mask = (cols // ALIGN) < V // ALIGN  # == cols < V, constant over ALIGN-groups
     x = tl.load(X + tl.multiple_of(row * stride_x, ALIGN) + cols, mask=mask, other=-float("inf")).to(tl.float32)
     e = _exp(x, tl.max(x, axis=0), Y.dtype.element_ty)
-    hi, inv = _row_scale(tl.sum(_fixed(e, SCALE), axis=0), SCALE)
-    y = _normalise(e, hi, inv, Y.dtype.element_ty)
+    neg_hi, inv = _row_scale(tl.sum(_fixed(e, SCALE), axis=0), SCALE)
+    y = _normalise(e, neg_hi, inv, Y.dtype.element_ty)
     tl.store(Y + tl.multiple_of(row * stride_y, ALIGN) + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -167,8 +167,8 @@ def softmax_rows_kernel(X, Y, B, V, stride_x, stride_y, SCALE, ROWS: tl.constexp
     # Rows past B load -inf throughout and turn to NaN, but are never stored.
     x = tl.load(X + x_off[:, None] + cols[None, :], mask=mask, other=-float("inf")).to(tl.float32)
     e = _exp(x, tl.max(x, axis=1)[:, None], Y.dtype.element_ty)
-    hi, inv = _row_scale(tl.sum(_fixed(e, SCALE), axis=1), SCALE)
-    y = _normalise(e, hi[:, None], inv[:, None], Y.dtype.element_ty)
+    neg_hi, inv = _row_scale(tl.sum(_fixed(e, SCALE), axis=1), SCALE)
+    y = _normalise(e, neg_hi[:, None], inv[:, None], Y.dtype.element_ty)
     tl.store(Y + y_off[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -281,12 +281,12 @@ def softmax_split_kernel(X, Y, WS, CNT, V, P, stride_x, stride_y, x_off, y_off, 
         tl.atomic_xchg(cnt_row + 1, 0, sem="relaxed")
         tl.atomic_xchg(cnt_row + 2, 0, sem="relaxed")
 
-    hi, inv = _row_scale(s, SCALE)
+    neg_hi, inv = _row_scale(s, SCALE)
     # Output element of input offset o sits at Y + o + shift.
     shift = tl.multiple_of(y_off + row * stride_y - xs, Y_ALIGN)
-    yx = _normalise(ex, hi, inv, Y.dtype.element_ty)
+    yx = _normalise(ex, neg_hi, inv, Y.dtype.element_ty)
     tl.store(Y + shift + c_start + cols, yx.to(Y.dtype.element_ty), mask=mask)
-    tl.store(Y + shift + pos, _normalise(ee, hi, inv, Y.dtype.element_ty).to(Y.dtype.element_ty), mask=e_mask)
+    tl.store(Y + shift + pos, _normalise(ee, neg_hi, inv, Y.dtype.element_ty).to(Y.dtype.element_ty), mask=e_mask)
 
 
 @_no_value_specialisation
@@ -333,17 +333,17 @@ def softmax_stream_kernel(X, Y, B, V, stride_x, stride_y, x_off, y_off, SCALE,
             s_lane += _fixed(_exp(x.to(tl.float32), m, Y.dtype.element_ty), SCALE)
             start += BLOCK
         s = tl.sum(s_lane, axis=0) + tl.sum(_fixed(ee, SCALE), axis=0)
-        hi, inv = _row_scale(s, SCALE)
+        neg_hi, inv = _row_scale(s, SCALE)
 
         # Output element of input offset o sits at Y + o + shift.
         shift = tl.multiple_of(y_off + row * stride_y - xs, Y_ALIGN)
-        tl.store(Y + shift + pos, _normalise(ee, hi, inv, Y.dtype.element_ty).to(Y.dtype.element_ty), mask=e_mask)
+        tl.store(Y + shift + pos, _normalise(ee, neg_hi, inv, Y.dtype.element_ty).to(Y.dtype.element_ty), mask=e_mask)
         start = base
         while start < end:
             mask = _group_mask(grp, start, g_lo, g_hi, ALIGN)
             off = tl.multiple_of(start, ALIGN) + cols
             x = tl.load(X + off, mask=mask, other=-float("inf"), eviction_policy="evict_first")
-            y = _normalise(_exp(x.to(tl.float32), m, Y.dtype.element_ty), hi, inv, Y.dtype.element_ty)
+            y = _normalise(_exp(x.to(tl.float32), m, Y.dtype.element_ty), neg_hi, inv, Y.dtype.element_ty)
             tl.store(Y + shift + off, y.to(Y.dtype.element_ty), mask=mask)
             start += BLOCK
         row += tl.num_programs(0)

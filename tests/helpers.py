@@ -407,7 +407,8 @@ def softmax_errors(got: torch.Tensor, x: torch.Tensor, *, dtype=None, kernel=Non
     gz, rz = np.where(both, g, 0.0), np.where(both, r, 0.0)
     rp = np.where(rz > 0, rz, 1.0)
     if tol.store_ulps is None:
-        dist = np.where(np.isfinite(xs), xs.max(axis=-1, keepdims=True, initial=-np.inf) - xs, 0.0)
+        with np.errstate(invalid="ignore"):  # rows of all -inf: -inf - -inf
+            dist = np.where(np.isfinite(xs), xs.max(axis=-1, keepdims=True, initial=-np.inf) - xs, 0.0)
         dist = np.nan_to_num(dist, nan=0.0, posinf=0.0)
         mean_dist = (rz * dist).sum(axis=-1, keepdims=True)
         elem_bound = tol.eps * (2 * tol.exp_ulps + tol.per_nat * (dist + mean_dist))

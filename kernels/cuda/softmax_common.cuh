@@ -72,9 +72,9 @@ __device__ __forceinline__ float exp_accurate(float x, float m) {
     const float ms = s - xs;
     const float err = (x - xs) - (m + ms);
     const float t = s * SOFTMAX_LOG2E;
-    const float t_err = fmaf(s, SOFTMAX_LOG2E, -t);
+    const float t_err = fmaf(s, -SOFTMAX_LOG2E, t);  // t - s * L, exactly
     float c = fmaf(s, SOFTMAX_LOG2E_REST, err);
-    c = fminf(fmaf(t_err, SOFTMAX_LN2, c), 1.0f);
+    c = fminf(fmaf(t_err, -SOFTMAX_LN2, c), 1.0f);
     const float p = ex2_approx(t);
     return fmaf(p, c, p);
 }
