@@ -28,7 +28,7 @@ TRITON_PATH_SHAPES = {
     "rows": (8192, 700),
     "row": (3, 4097),
     "split": (2, 50257),
-    "stream": (2, 50257),
+    "stream": (softmax_triton.DISPATCH_BOUNDARIES["stream_min_b"], 33001),
 }
 PATH_SHAPES = {"fused": FUSED_PATH_SHAPES, "triton": TRITON_PATH_SHAPES}
 DTYPES = (torch.float32, torch.bfloat16)

@@ -142,6 +142,58 @@ def test_split_combines_published_partials_and_falls_back():
 
 
 @interpreted
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("max_spins", [0, 3])
+def test_split_holding_the_input_gives_the_same_bits(dtype, max_spins):
+    # HOLD_INPUT keeps the 16-bit chunk and computes the exponentials twice; the row's bits
+    # must be those of every other path, on both sides of the meetings (combined or streamed).
+    x = logits(3, 70, seed=12, dtype=dtype)
+    want = st.run_path(x, "tile")
+    for hold in (False, True):
+        out = run_poisoned(run_path("split", CHUNK=16, num_warps=2, HOLD_INPUT=hold, max_spins=max_spins), x)
+        check_softmax(out, x, what=f"split hold={hold}")
+        assert torch.equal(bits(out), bits(want)), f"hold={hold}: bits differ from the tile path"
+
+
+@interpreted
+@pytest.mark.parametrize("p_block", [2, 4])
+def test_split_meets_in_blocks_when_a_row_has_more_programs_than_slots(p_block):
+    # A row of P = 5 chunks met P_BLOCK words at a time (the last block partly masked).
+    x = logits(3, 70, seed=13)
+    out = run_poisoned(run_path("split", CHUNK=16, num_warps=2, P_BLOCK=p_block, max_spins=2), x)
+    assert torch.equal(bits(out), bits(st.run_path(x, "tile")))
+
+
+@interpreted
+def test_split_workspace_tags_stay_in_step_over_batches_and_chunk_counts():
+    # The words a launch publishes carry a tag one past the last launch's; each P has its own
+    # workspace, so launches of other B and P in between must not put a row's words out of step.
+    x = logits(5, 100, seed=2)
+    want = st.run_path(x, "tile")
+    for chunk in (16, 32, 16, 64, 16, 32):
+        for B in (5, 2, 5, 1):
+            out = run_poisoned(run_path("split", CHUNK=chunk, num_warps=2), x[:B])
+            assert torch.equal(bits(out), bits(want[:B])), f"CHUNK {chunk} B {B}"
+
+
+@interpreted
+def test_split_tags_wrap_around():
+    # Words left at the largest tag: the next launch tags its words 0 and still meets.
+    x = logits(2, 50, seed=4)
+    y = torch.full_like(x, float("nan"))
+    lay = st.split_layout(x, y, CHUNK=16)
+    P = lay["P"]
+    ws = torch.full((st.split_workspace_words(2, P),), 0x7FFFFFFF << 32, dtype=torch.int64)
+    st.JIT_KERNELS["split"][(2 * P,)](
+        lay["xb"], lay["yb"], ws, 50, P, 50, 50, lay["xo"], lay["yo"], st.fixed_point_scale(50),
+        CHUNK=16, P_BLOCK=lay["P_BLOCK"], FALLBACK_BLOCK=lay["FALLBACK_BLOCK"], MAX_SPINS=0,
+        ALIGN=lay["ALIGN"], Y_ALIGN=lay["Y_ALIGN"],
+    )  # fmt: skip
+    assert torch.equal(bits(y), bits(st.run_path(x, "tile")))
+    assert torch.equal(ws >> 32, torch.zeros_like(ws)), "every word carries the wrapped tag 0"
+
+
+@interpreted
 @pytest.mark.parametrize("path", sorted(SCALED_TRITON_PARAMS))
 def test_a_rows_bits_do_not_depend_on_the_batch(path):
     # The kernels' sums are order-free: a row alone gives the bits it gives inside a batch.
@@ -240,10 +292,14 @@ def test_plan_changes_at_each_boundary():
     assert st.plan(b["rows_min_b"], 600) == "rows"
     assert st.plan(b["rows_min_b"], b["tile_max_v"] + 1) == "row"
     assert st.plan(1, b["row_max_v"]) == "row"
-    assert st.plan(1, b["row_max_v"] + 1) == "split"
+    long = b["row_max_v"] + 1
+    for B in (1, b["stream_min_b"] - 1, b["stream_min_b"], 1 << 20):
+        assert st.plan(B, long) == "split", "float32 long rows split at every batch size"
     for dtype in (torch.bfloat16, torch.float16):
         assert st.plan(1, b["row_max_v"], dtype) == "row"
-        assert st.plan(1, b["row_max_v"] + 1, dtype) == "stream"
+        assert st.plan(1, long, dtype) == "split"
+        assert st.plan(b["stream_min_b"] - 1, long, dtype) == "split"
+        assert st.plan(b["stream_min_b"], long, dtype) == "stream"
     for B, V in st.LAB_SHAPES:
         assert st.plan(B, V, torch.float32) == "tile", "the lab shapes must run the autotuned kernel"
     assert SOFTMAX_KERNELS["triton"].plan is not None
@@ -257,12 +313,40 @@ def test_plan_changes_at_each_boundary():
         == set(SOFTMAX_KERNELS["triton"].paths)
         == set(st.PATHS)
     )
+    for dtype in DTYPES:
+        planned = {st.plan(B, V, dtype) for B in (1, b["stream_min_b"], b["rows_min_b"]) for V in (1, 3000, long)}
+        assert planned == set(st.paths_for(dtype)), dtype
 
 
 def test_plan_accepts_scaled_boundaries():
-    small = {"tile_max_v": 8, "rows_min_b": 4, "row_max_v": 32}
+    small = {"tile_max_v": 8, "rows_min_b": 4, "row_max_v": 32, "stream_min_b": 3}
     assert [st.plan(2, v, boundaries=small) for v in (8, 9, 32, 33)] == ["tile", "row", "row", "split"]
     assert st.plan(4, 8, boundaries=small) == "rows"
+    assert st.plan(3, 33, torch.bfloat16, boundaries=small) == "stream"
+    assert st.plan(3, 33, torch.float32, boundaries=small) == "split"
+
+
+H200_SMS = 132
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_split_chunks_shrink_until_a_short_batch_covers_the_gpu(dtype):
+    # Decode: every V past row_max_v at B <= 64 launches at least one program per SM (or rows
+    # are cut into the smallest chunks allowed); a full batch keeps the large chunks.
+    b = st.DISPATCH_BOUNDARIES
+    full = st.launch_params("split", 262144, dtype)
+    for V in (b["row_max_v"] + 1, 50257, 128256, 151936, 200064, 202048, 262144, 1000003):
+        for B in (1, 2, 8, 64):
+            p = st.launch_params("split", V, dtype, B=B, sms=H200_SMS)
+            programs = B * -(-V // p["CHUNK"])
+            assert p["CHUNK"] >= st.SPLIT_MIN_CHUNK and p["CHUNK"] % 256 == 0, p
+            assert programs >= st.SPLIT_FILL * H200_SMS or p["CHUNK"] == st.SPLIT_MIN_CHUNK, (B, V, p)
+            assert programs >= 0.95 * H200_SMS, f"B={B} V={V}: {programs} programs leave SMs idle"
+            if p["CHUNK"] < full["CHUNK"]:  # no larger chunk would have filled the GPU
+                assert B * -(-V // (2 * p["CHUNK"])) < st.SPLIT_FILL * H200_SMS, (B, V, p)
+            assert p["CHUNK"] // (32 * p["num_warps"]) >= 1, p
+        big = st.launch_params("split", V, dtype, B=4096, sms=H200_SMS)
+        assert big == full, "a batch that fills the GPU uses the full-batch parameters"
 
 
 # ------------------------------------------------------------------ public softmax() on CPU
