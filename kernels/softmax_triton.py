@@ -362,8 +362,8 @@ def split_layout(x: torch.Tensor, y: torch.Tensor, *, CHUNK: int, align: int | N
 
 def p_block(P: int, num_warps: int) -> int:
     """The split kernel's P_BLOCK: how many of a row's published words a program polls at once
-    (all P where they fit two a thread; a row of more programs is met in several blocks)."""
-    return max(2, min(triton.next_power_of_2(P), 64 * num_warps))
+    (all P up to two a thread and 256 in all; a row of more programs is met in several blocks)."""
+    return max(2, min(triton.next_power_of_2(P), 64 * num_warps, 256))
 
 
 def fallback_block(CHUNK: int, num_warps: int) -> int:
