@@ -8,13 +8,14 @@ Paths (`plan(B, V, dtype)` names the one a call takes; `DISPATCH_BOUNDARIES` hol
   rows   V <= tile_max_v and B >= rows_min_b. Many short rows: a [ROWS, BLOCK_V] block per
          program, so each program moves enough bytes to hide memory latency.
   row    tile_max_v < V <= row_max_v. One program holds the whole row in registers.
-  split  V > row_max_v (16-bit storage: B < stream_min_b). P programs share a row, each
-         holding its chunk in registers (one read, one write), and meet twice through tagged
-         words of a per-row workspace. For a short batch the chunks shrink until the launch
-         covers the GPU (launch_params).
-  stream V > row_max_v, 16-bit storage, B >= stream_min_b. A grid of a few programs per SM
-         walks the rows, each read three times in tiles (max, sum, write); the grid bounds
-         the rows in flight so the re-reads can come from L2.
+  split  V > row_max_v, except where stream applies. P programs share a row, each holding
+         its chunk in registers (one read, one write), and meet twice through tagged words
+         of a per-row workspace. For a short batch the chunks shrink so that the launch
+         spreads over the GPU (launch_params).
+  stream row_max_v < V <= stream_max_v, 16-bit storage, B >= stream_min_b. A grid of a few
+         programs per SM walks the rows, each read three times in tiles (max, sum, write);
+         the grid bounds the rows in flight so the re-reads come from L2. That holds only
+         while the rows in flight fit L2: longer 16-bit rows split (reports/profiles.md).
 
 Every path gives a row the same bits (the kernels' sums are order-free), so the B threshold
 changes speed, never results. All arithmetic is float32 whatever the storage dtype. The input
@@ -68,22 +69,29 @@ DISPATCH_BOUNDARIES = {
     "tile_max_v": 2048,  # V above this leaves the tile/rows kernels
     "rows_min_b": 8192,  # with V <= tile_max_v, B from here on takes the multi-row kernel
     "row_max_v": 32768,  # V above this: split (or stream, below)
-    "stream_min_b": 1024,  # with 16-bit storage and V > row_max_v, B from here on takes stream
+    "stream_max_v": 65536,  # 16-bit rows up to this long stream from stream_min_b rows on
+    "stream_min_b": 1024,
 }
 
-# The split path's launch parameters per storage (True: float32), for a batch that fills the
-# GPU; launch_params shrinks CHUNK for short batches (SPLIT_FILL programs per SM, CHUNK not
-# below SPLIT_MIN_CHUNK). HOLD_INPUT: keep the 16-bit chunk, not its float32 exponentials,
-# across the second meeting (kernels/triton_kernels.py).
-# maxnreg: the register cap handed to ptxas. Without one, sm_90's ptxas spills a few bytes in
-# some of these kernels at 48-80 registers; with a cap it does not (it sets the occupancy too).
+# The split path's launch parameters, from the H200 sweeps of reports/profiles.md (CHUNK
+# 2048-8192 x 4-8 warps x register caps at B = 1024 and 4096; CHUNK 512-8192 at B <= 64).
+# maxnreg is the register cap handed to ptxas: it sets the programs resident per SM, hence the
+# bytes in flight (128: four programs of four warps, 72: seven), and without a cap sm_90's
+# ptxas spills a few bytes in some of these kernels. HOLD_INPUT (keep the 16-bit chunk, not its
+# float32 exponentials, across the second meeting) measured slower and stays off. Keys:
+# (float32 storage, batch of at least SPLIT_FULL_B rows).
 SPLIT_PARAMS = {
-    True: {"CHUNK": 4096, "num_warps": 8, "HOLD_INPUT": False, "maxnreg": 48},
-    False: {"CHUNK": 8192, "num_warps": 8, "HOLD_INPUT": False, "maxnreg": 72},
+    (True, True): {"CHUNK": 8192, "num_warps": 4, "HOLD_INPUT": False, "maxnreg": 128},
+    (True, False): {"CHUNK": 8192, "num_warps": 4, "HOLD_INPUT": False, "maxnreg": 128},
+    (False, True): {"CHUNK": 4096, "num_warps": 4, "HOLD_INPUT": False, "maxnreg": 72},
+    (False, False): {"CHUNK": 8192, "num_warps": 4, "HOLD_INPUT": False, "maxnreg": 128},
 }
+SPLIT_FULL_B = 1024
+# A short batch: chunks halve until the launch has SPLIT_FILL programs per SM, down to
+# SPLIT_MIN_CHUNK (below it a row's meetings, over hundreds of siblings, cost more than the
+# idle SMs would give: 1024-element chunks were 15-100 % slower than 2048 at V = 262144).
 SPLIT_FILL = 1
-SPLIT_MIN_CHUNK = 256
-SPLIT_SHORT_MAXNREG = 128  # shrunk chunks: one wave of programs, occupancy does not matter
+SPLIT_MIN_CHUNK = 2048
 
 # Poll bound for the split kernel on a GPU: ~2^20 atomic reads (order of a second) is far
 # beyond the time siblings need to be scheduled; it exists only so a launch cannot hang.
@@ -253,13 +261,15 @@ def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) ->
         return "rows" if B >= b["rows_min_b"] else "tile"
     if V <= b["row_max_v"]:
         return "row"
-    return long_row_path(dtype, B, boundaries=b)
+    return long_row_path(dtype, B, V, boundaries=b)
 
 
-def long_row_path(dtype: torch.dtype, B: int = 1, *, boundaries=None) -> str:
-    """The path of rows longer than row_max_v: split, except 16-bit storage from stream_min_b rows on."""
+def long_row_path(dtype: torch.dtype, B: int = 1, V: int | None = None, *, boundaries=None) -> str:
+    """The path of rows longer than row_max_v: split, except 16-bit rows of at most stream_max_v
+    from stream_min_b rows on (V None: the longest such rows)."""
     b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
-    return "stream" if dtype != torch.float32 and B >= b["stream_min_b"] else "split"
+    short = V is None or V <= b["stream_max_v"]
+    return "stream" if dtype != torch.float32 and B >= b["stream_min_b"] and short else "split"
 
 
 def paths_for(dtype: torch.dtype) -> tuple:
@@ -271,9 +281,10 @@ def launch_params(
     path: str, V: int, dtype: torch.dtype = torch.float32, *, B: int | None = None, sms: int | None = None
 ) -> dict:
     """The launch parameters a path uses for rows of length V (tile: its config), picked from
-    sweeps on an H200 (reports/profiles.md). split also depends on the batch: with B rows on a
-    GPU of `sms` multiprocessors, its chunks shrink (down to SPLIT_MIN_CHUNK) until the launch
-    has SPLIT_FILL programs per multiprocessor, so a short batch still spreads over the GPU."""
+    sweeps on an H200 (reports/profiles.md). split also depends on the batch (B None: a full
+    one): below SPLIT_FULL_B rows it takes other parameters, and with B rows on a GPU of `sms`
+    multiprocessors its chunks shrink (down to SPLIT_MIN_CHUNK) until the launch has SPLIT_FILL
+    programs per multiprocessor, so a short batch still spreads over the GPU."""
     if path == "row":
         block = triton.next_power_of_2(V)
         if block <= 4096:
@@ -285,12 +296,10 @@ def launch_params(
         block_v = triton.next_power_of_2(V)
         return {"ROWS": max(1, 2048 // block_v), "BLOCK_V": block_v, "num_warps": 4 if block_v >= 512 else 2}
     if path == "split":
-        p = dict(SPLIT_PARAMS[dtype == torch.float32])
+        p = dict(SPLIT_PARAMS[dtype == torch.float32, B is None or B >= SPLIT_FULL_B])
         if B is not None and sms is not None:
             while p["CHUNK"] > SPLIT_MIN_CHUNK and B * triton.cdiv(V, p["CHUNK"]) < SPLIT_FILL * sms:
                 p["CHUNK"] //= 2
-                p["num_warps"] = min(p["num_warps"], max(1, p["CHUNK"] // 256))
-                p["maxnreg"] = SPLIT_SHORT_MAXNREG
         return p
     if path == "stream":
         # BLOCK 2048-16384 x 4-16 warps x 1-8 programs per SM at B = 512 and 4096, V = 50257
@@ -361,9 +370,18 @@ def split_layout(x: torch.Tensor, y: torch.Tensor, *, CHUNK: int, align: int | N
 
 
 def p_block(P: int, num_warps: int) -> int:
-    """The split kernel's P_BLOCK: how many of a row's published words a program polls at once
-    (all P up to two a thread and 256 in all; a row of more programs is met in several blocks)."""
-    return max(2, min(triton.next_power_of_2(P), 64 * num_warps, 256))
+    """The split kernel's P_BLOCK: how many of a row's published words a program reads at once.
+    At least 32 * num_warps, so no word is read by two warps and every decision on them is the
+    program's, not a warp's (kernels/triton_kernels.py); otherwise 2P (both meetings in one
+    read each) up to 256, and a row of more programs is met in several reads."""
+    return max(32 * num_warps, min(triton.next_power_of_2(2 * P), 256))
+
+
+def _checked_p_block(P_BLOCK: int, num_warps: int) -> int:
+    if P_BLOCK & (P_BLOCK - 1) or (not INTERPRET and P_BLOCK < 32 * num_warps):
+        # The interpreter runs one thread of a program: there smaller blocks test the loop.
+        raise ValueError(f"{KERNEL_NAME} softmax: P_BLOCK {P_BLOCK} must be a power of two >= 32 * num_warps")
+    return P_BLOCK
 
 
 def fallback_block(CHUNK: int, num_warps: int) -> int:
@@ -519,7 +537,7 @@ def _launch(x: torch.Tensor, y: torch.Tensor, path: str, params: dict):
         ws = _split_workspace(dev, B, P)
         constexprs = {
             "CHUNK": p["CHUNK"],
-            "P_BLOCK": p.get("P_BLOCK", lay["P_BLOCK"]),
+            "P_BLOCK": _checked_p_block(p.get("P_BLOCK", lay["P_BLOCK"]), p["num_warps"]),
             "FALLBACK_BLOCK": lay["FALLBACK_BLOCK"],
             "MAX_SPINS": max_spins,
             "ALIGN": lay["ALIGN"],

@@ -125,6 +125,12 @@ def softmax_rows_kernel(X, Y, B, V, stride_x, stride_y, SCALE, ROWS: tl.constexp
 # carries the tag of the last launch that wrote it (its workspace is used with one P only, so
 # the same programs write the same words each launch): a program reads the tag its own word
 # holds and adds one.
+#
+# Every decision a program takes on what it read (the tag, whether all words carry it) must be
+# the same in all its threads, or its warps part ways around the barriers of the reductions
+# that follow. So the words are read into SLOTS-wide vectors, SLOTS >= 32 * num_warps (the
+# wrapper's P_BLOCK): no lane is held by two warps, each reduction over them combines the warps
+# through shared memory, and every thread gets the one result.
 _LOW = tl.constexpr(0xFFFFFFFF)
 _TAG_MASK = tl.constexpr(0x7FFFFFFF)  # tags wrap in 31 bits: a word stays a non-negative int64
 
@@ -136,61 +142,66 @@ def _maximum(a, b):
 
 
 @triton.jit
+def _launch_tag(own, SLOTS: tl.constexpr):
+    """This launch's tag: one past the tag of the program's own word (read in one lane and
+    reduced over the program, so all threads hold it before any of them publishes)."""
+    lanes = tl.arange(0, SLOTS)
+    old = tl.max(tl.load(own + lanes, mask=lanes == 0, other=0, volatile=True), axis=0)
+    return ((old >> 32) + 1) & _TAG_MASK
+
+
+@triton.jit
 def _gather(ptrs, ok, own, own_word, tag, MAX_SPINS: tl.constexpr):
     """The words at `ptrs` (where `ok`) once every one carries `tag`, or after MAX_SPINS polls.
 
     The own words (`own`) are taken from `own_word`, not read back. Returns (words, how many
-    did not carry the tag); the count is a reduction over the program, the same in every
-    thread, so a branch on it cannot diverge. volatile: read from L2, not from an L1 line
-    another program on this SM left behind.
+    did not carry the tag: a reduction over the program, the same in every thread). volatile:
+    read from L2, not from an L1 line another program on this SM left behind.
     """
     others = ok & ~own
     w = tl.where(own, own_word, tl.load(ptrs, mask=others, other=0, volatile=True))
-    stale = tl.sum(tl.sum(tl.where(ok & ((w >> 32) != tag), 1, 0), axis=1), axis=0)
+    stale = tl.sum(tl.where(ok & ((w >> 32) != tag), 1, 0), axis=0)
     spins = 0
     while (stale > 0) & (spins < MAX_SPINS):
         w = tl.where(own, own_word, tl.load(ptrs, mask=others, other=0, volatile=True))
-        stale = tl.sum(tl.sum(tl.where(ok & ((w >> 32) != tag), 1, 0), axis=1), axis=0)
+        stale = tl.sum(tl.where(ok & ((w >> 32) != tag), 1, 0), axis=0)
         spins += 1
     return w, stale
 
 
 @triton.jit
-def _meet_max(words, P, chunk, own_word, tag, P_BLOCK: tl.constexpr, MAX_SPINS: tl.constexpr):
-    """The max over the P chunk maxima of a row (words[c]: chunk c's), P_BLOCK slots at a
-    time, and how many slots were still untagged when the polls ran out (0: all met)."""
-    slots = tl.arange(0, P_BLOCK)[:, None]
+def _meet_max(words, P, chunk, own_word, tag, SLOTS: tl.constexpr, MAX_SPINS: tl.constexpr):
+    """The max over the P chunk maxima of a row (words[c]: chunk c's), SLOTS words at a time,
+    and how many words were still untagged when the polls ran out (0: all met)."""
+    lanes = tl.arange(0, SLOTS)
     m = tl.full([], -float("inf"), tl.float32)
     stale = 0
     base = 0
     while base < P:
-        c = base + slots
+        c = base + lanes
         w, n = _gather(words + c, c < P, c == chunk, own_word, tag, MAX_SPINS)
         m_p = tl.where(c < P, (w & _LOW).to(tl.int32).to(tl.float32, bitcast=True), -float("inf"))
-        m = tl.maximum(m, tl.max(tl.max(m_p, axis=1), axis=0))
+        m = tl.maximum(m, tl.max(m_p, axis=0))
         stale += n
-        base += P_BLOCK
+        base += SLOTS
     return m, stale
 
 
 @triton.jit
-def _meet_sum(words, P, chunk, own_hi, own_lo, tag, P_BLOCK: tl.constexpr, MAX_SPINS: tl.constexpr):
+def _meet_sum(words, P, chunk, own_hi, own_lo, tag, SLOTS: tl.constexpr, MAX_SPINS: tl.constexpr):
     """The sum of the P chunk sums of a row (words[2c], words[2c + 1]: the upper and lower 32
-    bits of chunk c's), P_BLOCK chunks at a time, and the untagged count as in _meet_max."""
-    slots = tl.arange(0, P_BLOCK)[:, None]
-    half = tl.arange(0, 2)[None, :]
-    own_word = tl.where(half == 0, own_hi, own_lo)
+    bits of chunk c's), SLOTS words at a time, and the untagged count as in _meet_max."""
+    lanes = tl.arange(0, SLOTS)
     s = tl.zeros([], tl.int64)
     stale = 0
     base = 0
-    while base < P:
-        c = base + slots
-        ok = (c < P) & (half < 2)
-        w, n = _gather(words + 2 * c + half, ok, (c == chunk) & (half < 2), own_word, tag, MAX_SPINS)
-        parts = tl.where(ok, tl.where(half == 0, (w & _LOW) << 32, w & _LOW), 0)
-        s += tl.sum(tl.sum(parts, axis=1), axis=0)
+    while base < 2 * P:
+        j = base + lanes
+        upper = (j % 2) == 0
+        w, n = _gather(words + j, j < 2 * P, (j // 2) == chunk, tl.where(upper, own_hi, own_lo), tag, MAX_SPINS)
+        s += tl.sum(tl.where(j < 2 * P, tl.where(upper, (w & _LOW) << 32, w & _LOW), 0), axis=0)
         stale += n
-        base += P_BLOCK
+        base += SLOTS
     return s, stale
 
 
@@ -249,7 +260,7 @@ def softmax_split_kernel(X, Y, WS, V, P, stride_x, stride_y, x_off, y_off, SCALE
     ws_row = WS + row * (3 * P)
     x_row = X + xs
     fcols = tl.arange(0, FALLBACK_BLOCK)
-    tag = ((tl.load(ws_row + chunk, volatile=True) >> 32) + 1) & _TAG_MASK
+    tag = _launch_tag(ws_row + chunk, P_BLOCK)
     tag_hi = tag << 32
 
     # Meeting 1: the row's max.

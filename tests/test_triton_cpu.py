@@ -300,6 +300,9 @@ def test_plan_changes_at_each_boundary():
         assert st.plan(1, long, dtype) == "split"
         assert st.plan(b["stream_min_b"] - 1, long, dtype) == "split"
         assert st.plan(b["stream_min_b"], long, dtype) == "stream"
+        assert st.plan(b["stream_min_b"], b["stream_max_v"], dtype) == "stream"
+        assert st.plan(b["stream_min_b"], b["stream_max_v"] + 1, dtype) == "split"
+        assert st.plan(1 << 20, 262144, dtype) == "split", "rows too long for L2 split at every B"
     for B, V in st.LAB_SHAPES:
         assert st.plan(B, V, torch.float32) == "tile", "the lab shapes must run the autotuned kernel"
     assert SOFTMAX_KERNELS["triton"].plan is not None
@@ -319,10 +322,10 @@ def test_plan_changes_at_each_boundary():
 
 
 def test_plan_accepts_scaled_boundaries():
-    small = {"tile_max_v": 8, "rows_min_b": 4, "row_max_v": 32, "stream_min_b": 3}
+    small = {"tile_max_v": 8, "rows_min_b": 4, "row_max_v": 32, "stream_max_v": 40, "stream_min_b": 3}
     assert [st.plan(2, v, boundaries=small) for v in (8, 9, 32, 33)] == ["tile", "row", "row", "split"]
     assert st.plan(4, 8, boundaries=small) == "rows"
-    assert st.plan(3, 33, torch.bfloat16, boundaries=small) == "stream"
+    assert [st.plan(3, v, torch.bfloat16, boundaries=small) for v in (33, 40, 41)] == ["stream", "stream", "split"]
     assert st.plan(3, 33, torch.float32, boundaries=small) == "split"
 
 
@@ -330,23 +333,28 @@ H200_SMS = 132
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
-def test_split_chunks_shrink_until_a_short_batch_covers_the_gpu(dtype):
-    # Decode: every V past row_max_v at B <= 64 launches at least one program per SM (or rows
-    # are cut into the smallest chunks allowed); a full batch keeps the large chunks.
+def test_split_chunks_shrink_for_short_batches(dtype):
+    # A short batch halves the chunks until the launch has SPLIT_FILL programs per SM, never
+    # below SPLIT_MIN_CHUNK; from SPLIT_FULL_B rows on, the full-batch parameters apply.
     b = st.DISPATCH_BOUNDARIES
-    full = st.launch_params("split", 262144, dtype)
+    fp32 = dtype == torch.float32
+    full, short = st.SPLIT_PARAMS[fp32, True], st.SPLIT_PARAMS[fp32, False]
+    assert st.launch_params("split", 262144, dtype) == full
     for V in (b["row_max_v"] + 1, 50257, 128256, 151936, 200064, 202048, 262144, 1000003):
-        for B in (1, 2, 8, 64):
+        for B in (1, 2, 8, 64, st.SPLIT_FULL_B - 1):
             p = st.launch_params("split", V, dtype, B=B, sms=H200_SMS)
             programs = B * -(-V // p["CHUNK"])
-            assert p["CHUNK"] >= st.SPLIT_MIN_CHUNK and p["CHUNK"] % 256 == 0, p
+            assert st.SPLIT_MIN_CHUNK <= p["CHUNK"] <= short["CHUNK"], p
             assert programs >= st.SPLIT_FILL * H200_SMS or p["CHUNK"] == st.SPLIT_MIN_CHUNK, (B, V, p)
-            assert programs >= 0.95 * H200_SMS, f"B={B} V={V}: {programs} programs leave SMs idle"
-            if p["CHUNK"] < full["CHUNK"]:  # no larger chunk would have filled the GPU
+            if p["CHUNK"] < short["CHUNK"]:  # no larger chunk would have filled the GPU
                 assert B * -(-V // (2 * p["CHUNK"])) < st.SPLIT_FILL * H200_SMS, (B, V, p)
-            assert p["CHUNK"] // (32 * p["num_warps"]) >= 1, p
-        big = st.launch_params("split", V, dtype, B=4096, sms=H200_SMS)
-        assert big == full, "a batch that fills the GPU uses the full-batch parameters"
+            assert {k: v for k, v in p.items() if k != "CHUNK"} == {k: v for k, v in short.items() if k != "CHUNK"}
+            assert p["CHUNK"] // (32 * p["num_warps"]) >= 16 // torch.tensor([], dtype=dtype).element_size(), p
+        for B in (st.SPLIT_FULL_B, 4096):
+            assert st.launch_params("split", V, dtype, B=B, sms=H200_SMS) == full
+    # Decode at today's vocabularies covers the GPU (one row of 262144: 128 programs on 132 SMs).
+    for V in (262144, 1000003):
+        assert -(-V // st.launch_params("split", V, dtype, B=1, sms=H200_SMS)["CHUNK"]) >= 0.95 * H200_SMS
 
 
 # ------------------------------------------------------------------ public softmax() on CPU

@@ -47,6 +47,8 @@ def _boundary_cases():
         yield B, b["tile_max_v"]
     for B in (b["stream_min_b"] - 1, b["stream_min_b"]):
         yield B, b["row_max_v"] + 1
+        yield B, b["stream_max_v"] + 1
+    yield b["stream_min_b"], b["stream_max_v"]
     yield from [
         (1, 1),
         (1, 7),
@@ -158,13 +160,14 @@ def test_long_row_paths_at_odd_v_and_unaligned_rows_on_gpu(path, B, V, head, pad
     check_softmax(out, x, what=f"{path} head {head} pad {pad}")
 
 
+@pytest.mark.parametrize("V", [50257, 151936])
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=dtype_id)
-def test_long_rows_at_alternating_batch_sizes_through_the_remembered_call(dtype):
-    # A long-row launch depends on B (split's chunks shrink for short batches, 16-bit rows
-    # stream from stream_min_b on) and is remembered per layout and batch class: calls of one V
-    # at alternating batch sizes, each the second of its kind too, must keep every row's bits.
+def test_long_rows_at_alternating_batch_sizes_through_the_remembered_call(dtype, V):
+    # A long-row launch depends on B (split's chunks shrink for short batches; 16-bit rows up to
+    # stream_max_v stream from stream_min_b on) and is remembered per layout and batch class:
+    # calls of one V at alternating batch sizes, each the second of its kind too, must keep
+    # every row's bits.
     b = st.DISPATCH_BOUNDARIES
-    V = 151936
     x = logits(b["stream_min_b"], V, seed=3, dtype=dtype, device="cuda")
     want = run_poisoned(st.softmax, x)
     check_softmax(want[:4], x[:4], what=f"({b['stream_min_b']}, {V}) via {st.plan(b['stream_min_b'], V, dtype)}")
@@ -172,6 +175,25 @@ def test_long_rows_at_alternating_batch_sizes_through_the_remembered_call(dtype)
         for call in range(2):
             got = st.softmax(x[:B])
             assert torch.equal(bits(got), bits(want[:B])), f"B={B} call {call} via {st.plan(B, V, dtype)}"
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=dtype_id)
+def test_split_meetings_stay_exact_over_many_launches(dtype):
+    # Launches that share a workspace (same P) with other batch sizes, row offsets and data,
+    # and dispatched calls (other workspaces) in between: every launch must meet on its own
+    # words only. The stream kernel, which has no meetings, gives the same bits by construction
+    # and is the reference.
+    params = st.SPLIT_PARAMS[dtype == torch.float32, False]
+    inputs = []
+    for i, (B, V, head) in enumerate([(64, 151936, 0), (3, 151941, 3), (1024, 151936, 0), (7, 151939, 1)]):
+        flat = logits(1, B * V + head, seed=40 + i, dtype=dtype, device="cuda")[0]
+        x = flat[head:].view(B, V)
+        inputs.append((x, st.run_path(x, "stream")))
+    assert len({st.split_layout(x, x, CHUNK=params["CHUNK"])["P"] for x, _ in inputs}) == 1, "one shared workspace"
+    for launch in range(40):
+        x, want = inputs[launch % len(inputs)]
+        got = st.softmax(x) if launch % 3 else run_poisoned(run_path("split", **params), x)
+        assert torch.equal(bits(got), bits(want)), f"launch {launch}: ({x.shape[0]}, {x.shape[1]}) differs"
 
 
 @pytest.mark.parametrize("cfg", st.CONFIGS, ids=lambda c: f"BLOCK{c.kwargs['BLOCK']}-w{c.num_warps}")

@@ -66,8 +66,11 @@ SPLIT_SWEEP = {
         (8192, 8, False, 64),
         (8192, 8, False, 80),
         (8192, 4, False, 128),
+        (4096, 4, False, 72),
     ],
     torch.bfloat16: [
+        (4096, 4, False, 72),
+        (8192, 4, False, 128),
         (4096, 4, False, 64),
         (4096, 8, False, 40),
         (4096, 8, False, 48),
@@ -322,6 +325,7 @@ def main():
         "dispatch": {
             "boundaries": st.DISPATCH_BOUNDARIES,
             "split": {str(k): v for k, v in st.SPLIT_PARAMS.items()},
+            "split_full_b": st.SPLIT_FULL_B,
             "split_fill": st.SPLIT_FILL,
             "split_min_chunk": st.SPLIT_MIN_CHUNK,
         },
