@@ -75,18 +75,11 @@ DISPATCH_BOUNDARIES = {
 
 # The split path's launch parameters, from the H200 sweeps of reports/profiles.md (CHUNK
 # 2048-8192 x 4-8 warps x register caps at B = 1024 and 4096; CHUNK 512-8192 at B <= 64).
-# maxnreg is the register cap handed to ptxas: it sets the programs resident per SM, hence the
-# bytes in flight (128: four programs of four warps, 72: seven), and without a cap sm_90's
-# ptxas spills a few bytes in some of these kernels. HOLD_INPUT (keep the 16-bit chunk, not its
-# float32 exponentials, across the second meeting) measured slower and stays off. Keys:
-# (float32 storage, batch of at least SPLIT_FULL_B rows).
-SPLIT_PARAMS = {
-    (True, True): {"CHUNK": 8192, "num_warps": 4, "HOLD_INPUT": False, "maxnreg": 128},
-    (True, False): {"CHUNK": 8192, "num_warps": 4, "HOLD_INPUT": False, "maxnreg": 128},
-    (False, True): {"CHUNK": 4096, "num_warps": 4, "HOLD_INPUT": False, "maxnreg": 72},
-    (False, False): {"CHUNK": 8192, "num_warps": 4, "HOLD_INPUT": False, "maxnreg": 128},
-}
-SPLIT_FULL_B = 1024
+# maxnreg is the register cap handed to ptxas: it sets the programs resident per SM (128: four
+# of four warps, 32 KB of float32 chunk each), hence the bytes in flight, and without a cap
+# sm_90's ptxas spills a few bytes in some of these kernels. HOLD_INPUT (keep the 16-bit chunk,
+# not its float32 exponentials, across the second meeting) measured slower and stays off.
+SPLIT_PARAMS = {"CHUNK": 8192, "num_warps": 4, "HOLD_INPUT": False, "maxnreg": 128}
 # A short batch: chunks halve until the launch has SPLIT_FILL programs per SM, down to
 # SPLIT_MIN_CHUNK (below it a row's meetings, over hundreds of siblings, cost more than the
 # idle SMs would give: 1024-element chunks were 15-100 % slower than 2048 at V = 262144).
@@ -281,10 +274,9 @@ def launch_params(
     path: str, V: int, dtype: torch.dtype = torch.float32, *, B: int | None = None, sms: int | None = None
 ) -> dict:
     """The launch parameters a path uses for rows of length V (tile: its config), picked from
-    sweeps on an H200 (reports/profiles.md). split also depends on the batch (B None: a full
-    one): below SPLIT_FULL_B rows it takes other parameters, and with B rows on a GPU of `sms`
-    multiprocessors its chunks shrink (down to SPLIT_MIN_CHUNK) until the launch has SPLIT_FILL
-    programs per multiprocessor, so a short batch still spreads over the GPU."""
+    sweeps on an H200 (reports/profiles.md). split also depends on the batch: with B rows on a
+    GPU of `sms` multiprocessors, its chunks shrink (down to SPLIT_MIN_CHUNK) until the launch
+    has SPLIT_FILL programs per multiprocessor, so a short batch still spreads over the GPU."""
     if path == "row":
         block = triton.next_power_of_2(V)
         if block <= 4096:
@@ -296,7 +288,7 @@ def launch_params(
         block_v = triton.next_power_of_2(V)
         return {"ROWS": max(1, 2048 // block_v), "BLOCK_V": block_v, "num_warps": 4 if block_v >= 512 else 2}
     if path == "split":
-        p = dict(SPLIT_PARAMS[dtype == torch.float32, B is None or B >= SPLIT_FULL_B])
+        p = dict(SPLIT_PARAMS)
         if B is not None and sms is not None:
             while p["CHUNK"] > SPLIT_MIN_CHUNK and B * triton.cdiv(V, p["CHUNK"]) < SPLIT_FILL * sms:
                 p["CHUNK"] //= 2

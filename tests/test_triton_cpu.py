@@ -335,23 +335,21 @@ H200_SMS = 132
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_split_chunks_shrink_for_short_batches(dtype):
     # A short batch halves the chunks until the launch has SPLIT_FILL programs per SM, never
-    # below SPLIT_MIN_CHUNK; from SPLIT_FULL_B rows on, the full-batch parameters apply.
+    # below SPLIT_MIN_CHUNK; a batch that fills the GPU keeps SPLIT_PARAMS.
     b = st.DISPATCH_BOUNDARIES
-    fp32 = dtype == torch.float32
-    full, short = st.SPLIT_PARAMS[fp32, True], st.SPLIT_PARAMS[fp32, False]
+    full = st.SPLIT_PARAMS
     assert st.launch_params("split", 262144, dtype) == full
     for V in (b["row_max_v"] + 1, 50257, 128256, 151936, 200064, 202048, 262144, 1000003):
-        for B in (1, 2, 8, 64, st.SPLIT_FULL_B - 1):
+        for B in (1, 2, 8, 64, 1023):
             p = st.launch_params("split", V, dtype, B=B, sms=H200_SMS)
             programs = B * -(-V // p["CHUNK"])
-            assert st.SPLIT_MIN_CHUNK <= p["CHUNK"] <= short["CHUNK"], p
+            assert st.SPLIT_MIN_CHUNK <= p["CHUNK"] <= full["CHUNK"], p
             assert programs >= st.SPLIT_FILL * H200_SMS or p["CHUNK"] == st.SPLIT_MIN_CHUNK, (B, V, p)
-            if p["CHUNK"] < short["CHUNK"]:  # no larger chunk would have filled the GPU
+            if p["CHUNK"] < full["CHUNK"]:  # no larger chunk would have filled the GPU
                 assert B * -(-V // (2 * p["CHUNK"])) < st.SPLIT_FILL * H200_SMS, (B, V, p)
-            assert {k: v for k, v in p.items() if k != "CHUNK"} == {k: v for k, v in short.items() if k != "CHUNK"}
+            assert {k: v for k, v in p.items() if k != "CHUNK"} == {k: v for k, v in full.items() if k != "CHUNK"}
             assert p["CHUNK"] // (32 * p["num_warps"]) >= 16 // torch.tensor([], dtype=dtype).element_size(), p
-        for B in (st.SPLIT_FULL_B, 4096):
-            assert st.launch_params("split", V, dtype, B=B, sms=H200_SMS) == full
+        assert st.launch_params("split", V, dtype, B=4096, sms=H200_SMS) == full
     # Decode at today's vocabularies covers the GPU (one row of 262144: 128 programs on 132 SMs).
     for V in (262144, 1000003):
         assert -(-V // st.launch_params("split", V, dtype, B=1, sms=H200_SMS)["CHUNK"]) >= 0.95 * H200_SMS

@@ -324,8 +324,7 @@ def main():
         "copy_TBps": round(copy_tbps, 4),
         "dispatch": {
             "boundaries": st.DISPATCH_BOUNDARIES,
-            "split": {str(k): v for k, v in st.SPLIT_PARAMS.items()},
-            "split_full_b": st.SPLIT_FULL_B,
+            "split": st.SPLIT_PARAMS,
             "split_fill": st.SPLIT_FILL,
             "split_min_chunk": st.SPLIT_MIN_CHUNK,
         },
