@@ -230,7 +230,9 @@ def softmax_split_kernel(X, Y, WS, V, P, stride_x, stride_y, x_off, y_off, SCALE
     # the meetings and compute the exponentials again at the store, instead of keeping them in
     # float32: half the registers for the same bytes in flight. The conversions before and
     # after the second meeting are written differently (bfloat16 widened by a shift) so the
-    # compiler cannot merge them back into one float32 copy; both give the same floats.
+    # compiler cannot merge them back into one float32 copy; both give the same floats (for
+    # float16 the compiler may merge them). On the H200 the second exponential cost more than
+    # the registers gave (reports/profiles.md): the wrapper leaves it off; run_path reaches it.
     pid = tl.program_id(0).to(tl.int64)
     row = pid // P
     chunk = pid - row * P
