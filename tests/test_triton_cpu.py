@@ -142,8 +142,11 @@ def test_split_combines_published_partials_and_falls_back():
 
 
 @interpreted
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("max_spins", [0, 3])
+@pytest.mark.parametrize(
+    "dtype, max_spins",
+    [(torch.float32, 0), (torch.bfloat16, 0), (torch.bfloat16, 3), (torch.float16, 3)],
+    ids=["fp32-spins0", "bf16-spins0", "bf16-spins3", "fp16-spins3"],
+)
 def test_split_holding_the_input_gives_the_same_bits(dtype, max_spins):
     # HOLD_INPUT keeps the 16-bit chunk and computes the exponentials twice; the row's bits
     # must be those of every other path, on both sides of the meetings (combined or streamed).
@@ -168,10 +171,10 @@ def test_split_meets_in_blocks_when_a_row_has_more_programs_than_slots(p_block):
 def test_split_workspace_tags_stay_in_step_over_batches_and_chunk_counts():
     # The words a launch publishes carry a tag one past the last launch's; each P has its own
     # workspace, so launches of other B and P in between must not put a row's words out of step.
-    x = logits(5, 100, seed=2)
+    x = logits(4, 50, seed=2)
     want = st.run_path(x, "tile")
-    for chunk in (16, 32, 16, 64, 16, 32):
-        for B in (5, 2, 5, 1):
+    for chunk in (16, 32, 16):
+        for B in (4, 1, 3):
             out = run_poisoned(run_path("split", CHUNK=chunk, num_warps=2), x[:B])
             assert torch.equal(bits(out), bits(want[:B])), f"CHUNK {chunk} B {B}"
 
