@@ -8,12 +8,14 @@ Paths (`plan(B, V, dtype)` names the one a call takes; `DISPATCH_BOUNDARIES` hol
   rows   V <= tile_max_v and B >= rows_min_b. Many short rows: a [ROWS, BLOCK_V] block per
          program, so each program moves enough bytes to hide memory latency.
   row    tile_max_v < V <= row_max_v. One program holds the whole row in registers.
-  split  V > row_max_v, float32. P programs share a row, meeting twice through a per-row
-         workspace.
-  stream V > row_max_v, 16-bit storage. A grid of a few programs per SM walks the rows, each
-         read three times in tiles (max, sum, write); the grid bounds the rows in flight so
-         the re-reads come from L2. With half the bytes per element, split's programs spend
-         most of their time waiting for each other (reports/profiles.md).
+  split  V > row_max_v, except where stream applies. P programs share a row, each holding
+         its chunk in registers (one read, one write), and meet twice through tagged words
+         of a per-row workspace. For a short batch the chunks shrink so that the launch
+         spreads over the GPU (launch_params).
+  stream row_max_v < V <= stream_max_v, 16-bit storage, B >= stream_min_b. A grid of a few
+         programs per SM walks the rows, each read three times in tiles (max, sum, write);
+         the grid bounds the rows in flight so the re-reads come from L2. That holds only
+         while the rows in flight fit L2: longer 16-bit rows split (reports/profiles.md).
 
 Every path gives a row the same bits (the kernels' sums are order-free), so the B threshold
 changes speed, never results. All arithmetic is float32 whatever the storage dtype. The input
@@ -23,8 +25,8 @@ with `.contiguous()` first. The output is always contiguous.
 Launches. A kernel is compiled and loaded by Triton's own launcher on its first call for a
 specialisation (dtype, pointer alignment, constexprs, warps); later calls launch the same
 loaded function through `kernels.launch` (one driver call), which is what makes a call cheap.
-The split path's workspace is zeroed once per device and stream and kept: the kernel leaves it
-zeroed, so no fill kernel runs before each launch.
+The split path's workspace is zeroed once per device, stream and P and kept: every launch leaves
+its words tagged for the next, so no fill kernel runs before a launch.
 
 Autotune once, then reuse. `python -m kernels.autotune` tunes the tile kernel on the lab shapes
 and writes `STORED_PATH`; the wrapper launches the stored config without benchmarking as long
@@ -36,6 +38,7 @@ through Triton's interpreter; the tile path then uses `INTERPRETER_CONFIG`.
 
 from __future__ import annotations
 
+import functools
 import json
 
 import torch
@@ -65,8 +68,23 @@ INTERPRETER_CONFIG = {"BLOCK": 1024, "num_warps": 4}
 DISPATCH_BOUNDARIES = {
     "tile_max_v": 2048,  # V above this leaves the tile/rows kernels
     "rows_min_b": 8192,  # with V <= tile_max_v, B from here on takes the multi-row kernel
-    "row_max_v": 32768,  # V above this: split (float32) or stream (16-bit)
+    "row_max_v": 32768,  # V above this: split (or stream, below)
+    "stream_max_v": 65536,  # 16-bit rows up to this long stream from stream_min_b rows on
+    "stream_min_b": 1024,
 }
+
+# The split path's launch parameters, from the H200 sweeps of reports/profiles.md (CHUNK
+# 2048-8192 x 4-8 warps x register caps at B = 1024 and 4096; CHUNK 512-8192 at B <= 64).
+# maxnreg is the register cap handed to ptxas: it sets the programs resident per SM (128: four
+# of four warps, 32 KB of float32 chunk each), hence the bytes in flight, and without a cap
+# sm_90's ptxas spills a few bytes in some of these kernels. HOLD_INPUT (keep the 16-bit chunk,
+# not its float32 exponentials, across the second meeting) measured slower and stays off.
+SPLIT_PARAMS = {"CHUNK": 8192, "num_warps": 4, "HOLD_INPUT": False, "maxnreg": 128}
+# A short batch: chunks halve until the launch has SPLIT_FILL programs per SM, down to
+# SPLIT_MIN_CHUNK (below it a row's meetings, over hundreds of siblings, cost more than the
+# idle SMs would give: 1024-element chunks were 15-100 % slower than 2048 at V = 262144).
+SPLIT_FILL = 1
+SPLIT_MIN_CHUNK = 2048
 
 # Poll bound for the split kernel on a GPU: ~2^20 atomic reads (order of a second) is far
 # beyond the time siblings need to be scheduled; it exists only so a launch cannot hang.
@@ -152,6 +170,7 @@ def clear_autotune_memo() -> None:
     _tuned_here.clear()
     _repeat.clear()
     _common.clear()
+    _long_row_class.cache_clear()
 
 
 def _gpu(device_index: int):
@@ -229,18 +248,21 @@ def run_autotune(shapes=LAB_SHAPES, *, dtypes=(torch.float32,), path=None, devic
 
 
 def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) -> str:
-    """Name of the path softmax() takes for a (B, V) input: tile, rows, row or split."""
+    """Name of the path softmax() takes for a (B, V) input: tile, rows, row, split or stream."""
     b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
     if V <= b["tile_max_v"]:
         return "rows" if B >= b["rows_min_b"] else "tile"
     if V <= b["row_max_v"]:
         return "row"
-    return long_row_path(dtype)
+    return long_row_path(dtype, B, V, boundaries=b)
 
 
-def long_row_path(dtype: torch.dtype) -> str:
-    """The path of rows longer than row_max_v: split for float32, stream for 16-bit storage."""
-    return "split" if dtype == torch.float32 else "stream"
+def long_row_path(dtype: torch.dtype, B: int = 1, V: int | None = None, *, boundaries=None) -> str:
+    """The path of rows longer than row_max_v: split, except 16-bit rows of at most stream_max_v
+    from stream_min_b rows on (V None: the longest such rows)."""
+    b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
+    short = V is None or V <= b["stream_max_v"]
+    return "stream" if dtype != torch.float32 and B >= b["stream_min_b"] and short else "split"
 
 
 def paths_for(dtype: torch.dtype) -> tuple:
@@ -249,9 +271,13 @@ def paths_for(dtype: torch.dtype) -> tuple:
     return SPEC_BY_NAME[KERNEL_NAME].paths_for(dtype)
 
 
-def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict:
-    """The launch parameters a path uses for rows of length V (tile: its config), picked from a
-    sweep on an H200 (fraction of copy bandwidth at B = 4096 / 32768)."""
+def launch_params(
+    path: str, V: int, dtype: torch.dtype = torch.float32, *, B: int | None = None, sms: int | None = None
+) -> dict:
+    """The launch parameters a path uses for rows of length V (tile: its config), picked from
+    sweeps on an H200 (reports/profiles.md). split also depends on the batch: with B rows on a
+    GPU of `sms` multiprocessors, its chunks shrink (down to SPLIT_MIN_CHUNK) until the launch
+    has SPLIT_FILL programs per multiprocessor, so a short batch still spreads over the GPU."""
     if path == "row":
         block = triton.next_power_of_2(V)
         if block <= 4096:
@@ -263,11 +289,11 @@ def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict
         block_v = triton.next_power_of_2(V)
         return {"ROWS": max(1, 2048 // block_v), "BLOCK_V": block_v, "num_warps": 4 if block_v >= 512 else 2}
     if path == "split":
-        # (4096 | 8192) x 4 warps led the sweep of CHUNK in 2048..16384 x 4..16 warps at B = 512
-        # and 4096 (reports/profiles.md); more warps per program lowered occupancy.
-        if dtype == torch.float32 and V < 65536:
-            return {"CHUNK": 4096, "num_warps": 4}
-        return {"CHUNK": 8192, "num_warps": 4}
+        p = dict(SPLIT_PARAMS)
+        if B is not None and sms is not None:
+            while p["CHUNK"] > SPLIT_MIN_CHUNK and B * triton.cdiv(V, p["CHUNK"]) < SPLIT_FILL * sms:
+                p["CHUNK"] //= 2
+        return p
     if path == "stream":
         # BLOCK 2048-16384 x 4-16 warps x 1-8 programs per SM at B = 512 and 4096, V = 50257
         # and 128256 (reports/profiles.md): 4096 x 16 x 8 led or tied in bfloat16. Programs
@@ -301,10 +327,15 @@ def aligned_base(t: torch.Tensor, a: int):
     return t.as_strided(t.shape, t.stride(), t.storage_offset() - head), head
 
 
-def split_layout(x: torch.Tensor, y: torch.Tensor, *, CHUNK: int, align: int | None = None) -> dict:
+def split_layout(x: torch.Tensor, y: torch.Tensor, *, CHUNK: int, align: int | None = None, num_warps: int = 4) -> dict:
     """Where the split kernel's chunks (or the stream kernel's tiles, CHUNK = BLOCK) fall for
     x -> y: the 16-byte-aligned base views and heads, programs per row P (split) and the output
-    alignment. One function for the wrapper and tests."""
+    alignment. One function for the wrapper and tests.
+
+    P_BLOCK: see p_block. FALLBACK_BLOCK, the tile of split's streaming fallback (taken only when siblings are not
+    scheduled in time), is one element a thread on a GPU, so it costs the kernel no registers;
+    under the interpreter, where every early chunk takes it, it is wide for speed. The fallback
+    computes the same exact max and sum either way."""
     V, sx, sy = x.shape[1], x.stride(0), y.stride(0)
     a = align or 16 // x.element_size()  # group width in elements
     if CHUNK % a:
@@ -326,15 +357,36 @@ def split_layout(x: torch.Tensor, y: torch.Tensor, *, CHUNK: int, align: int | N
         "P": P,
         "ALIGN": a,
         "Y_ALIGN": y_align,
-        "P_BLOCK": max(2, triton.next_power_of_2(P)),
-        "FALLBACK_BLOCK": min(CHUNK, 1024),
+        "P_BLOCK": p_block(P, num_warps),
+        "FALLBACK_BLOCK": fallback_block(CHUNK, num_warps),
     }
 
 
-def split_workspace_words(B: int, P: int) -> tuple[int, int]:
-    """int64 words a split launch of B rows and P programs per row uses: (published words,
-    counters). The counters must be zero before a launch (the kernel leaves them so)."""
-    return B * 2 * P, B * 3
+def p_block(P: int, num_warps: int) -> int:
+    """The split kernel's P_BLOCK: how many of a row's published words a program reads at once.
+    At least 32 * num_warps, so no word is read by two warps and every decision on them is the
+    program's, not a warp's (kernels/triton_kernels.py); otherwise 2P (both meetings in one
+    read each) up to 256, and a row of more programs is met in several reads."""
+    return max(32 * num_warps, min(triton.next_power_of_2(2 * P), 256))
+
+
+def _checked_p_block(P_BLOCK: int, num_warps: int) -> int:
+    if P_BLOCK & (P_BLOCK - 1) or (not INTERPRET and P_BLOCK < 32 * num_warps):
+        # The interpreter runs one thread of a program: there smaller blocks test the loop.
+        raise ValueError(f"{KERNEL_NAME} softmax: P_BLOCK {P_BLOCK} must be a power of two >= 32 * num_warps")
+    return P_BLOCK
+
+
+def fallback_block(CHUNK: int, num_warps: int) -> int:
+    """The split kernel's FALLBACK_BLOCK (see split_layout)."""
+    return min(CHUNK, 1024 if INTERPRET else 32 * num_warps)
+
+
+def split_workspace_words(B: int, P: int) -> int:
+    """int64 words a split launch of B rows and P programs per row uses (3 per program). A
+    workspace must be zeroed when allocated and then serve launches of that P only: each launch
+    tags its words one past the tags the last launch left (kernels/triton_kernels.py)."""
+    return B * 3 * P
 
 
 # --------------------------------------------------------------------------- launches
@@ -400,34 +452,31 @@ def _compiled_launcher(kernel, grid: int, dev: int, tensors: tuple, scalars: tup
 _TILE_KINDS = ("ptr", "ptr", "i32", "i32", "i32", "f32")
 _ROWS_KINDS = ("ptr", "ptr", "i32", "i32", "i32", "i32", "f32")
 _STREAM_KINDS = ("ptr", "ptr", "i32", "i32", "i32", "i32", "i32", "i32", "f32")
-_SPLIT_KINDS = ("ptr", "ptr", "ptr", "ptr", "i32", "i32", "i32", "i32", "i32", "i32", "f32")
+_SPLIT_KINDS = ("ptr", "ptr", "ptr", "i32", "i32", "i32", "i32", "i32", "i32", "f32")
 
-# (device, stream) -> the split path's (words, counters) buffers. The counters are zeroed once
-# and left zeroed by every launch; the words need no zeroing. Superseded buffers are kept alive
-# (they are small): a CUDA graph captured with one still points at it.
+# (device, stream, P) -> the split path's workspace, zeroed when allocated; every launch leaves
+# its words tagged for the next one, so no fill kernel runs before a launch. One per P: the
+# tags of a row's words stay in step only while the same programs write the same words.
+# Superseded buffers are kept alive (they are small): a CUDA graph captured with one still
+# points at it.
 _workspaces: dict = {}
 _retired_workspaces: list = []
 
 
-def _split_workspace(dev: int, B: int, P: int) -> tuple[torch.Tensor, torch.Tensor]:
-    words, counters = split_workspace_words(B, P)
-    key = (dev, 0 if INTERPRET else current_stream(dev))
+def _split_workspace(dev: int, B: int, P: int) -> torch.Tensor:
+    words = split_workspace_words(B, P)
+    key = (dev, 0 if INTERPRET else current_stream(dev), P)
     ws = _workspaces.get(key)
-    if ws is not None and ws[0].numel() >= words and ws[1].numel() >= counters:
+    if ws is not None and ws.numel() >= words:
         return ws
     device = "cpu" if INTERPRET else f"cuda:{dev}"
     if not INTERPRET and torch.cuda.is_current_stream_capturing():
-        # Memory allocated during a capture belongs to the graph: use it, never cache it.
-        return (
-            torch.empty(words, dtype=torch.int64, device=device),
-            torch.zeros(counters, dtype=torch.int64, device=device),
-        )
+        # Memory allocated during a capture belongs to the graph: use it, never cache it. The
+        # zero fill is captured too, so every replay starts from untagged words.
+        return torch.zeros(words, dtype=torch.int64, device=device)
     if ws is not None:
         _retired_workspaces.append(ws)
-    ws = _workspaces[key] = (
-        torch.empty(max(words, 4096), dtype=torch.int64, device=device),
-        torch.zeros(max(counters, 1024), dtype=torch.int64, device=device),
-    )
+    ws = _workspaces[key] = torch.zeros(max(words, 3 * P * 64), dtype=torch.int64, device=device)
     return ws
 
 
@@ -458,7 +507,7 @@ def _launch(x: torch.Tensor, y: torch.Tensor, path: str, params: dict):
         options["ALIGN"] = align
         launcher = _compiled_launcher(kernel, B, dev, (x, y), (V, sx, sy, scale), _TILE_KINDS, options)
         return launcher and (lambda x, y: launcher(dev, x.shape[0], x.data_ptr(), y.data_ptr(), V, sx, sy, scale))
-    p = {**launch_params(path, V, x.dtype), **params}
+    p = {**launch_params(path, V, x.dtype, B=B, sms=_sms(dev)), **params}
     if path == "rows":
         rows = p["ROWS"]
         block_v = max(p["BLOCK_V"], triton.next_power_of_2(V))
@@ -475,39 +524,39 @@ def _launch(x: torch.Tensor, y: torch.Tensor, path: str, params: dict):
             lambda x, y: launcher(dev, -(-x.shape[0] // rows), x.data_ptr(), y.data_ptr(), x.shape[0], V, sx, sy, scale)
         )
     if path == "split":
-        lay = split_layout(x, y, CHUNK=p["CHUNK"], align=params.get("align"))
+        lay = split_layout(x, y, CHUNK=p["CHUNK"], align=params.get("align"), num_warps=p["num_warps"])
         P, xo, yo = lay["P"], lay["xo"], lay["yo"]
         max_spins = p.get("max_spins", 0 if INTERPRET else SPLIT_MAX_SPINS)
-        ws, cnt = _split_workspace(dev, B, P)
+        ws = _split_workspace(dev, B, P)
         constexprs = {
             "CHUNK": p["CHUNK"],
-            "P_BLOCK": lay["P_BLOCK"],
+            "P_BLOCK": _checked_p_block(p.get("P_BLOCK", lay["P_BLOCK"]), p["num_warps"]),
             "FALLBACK_BLOCK": lay["FALLBACK_BLOCK"],
             "MAX_SPINS": max_spins,
             "ALIGN": lay["ALIGN"],
             "Y_ALIGN": lay["Y_ALIGN"],
+            "HOLD_INPUT": bool(p.get("HOLD_INPUT", False)),
         }
         launcher = _compiled_launcher(
             softmax_split_kernel,
             B * P,
             dev,
-            (lay["xb"], lay["yb"], ws, cnt),
+            (lay["xb"], lay["yb"], ws),
             (V, P, sx, sy, xo, yo, scale),
             _SPLIT_KINDS,
-            {**constexprs, "num_warps": p["num_warps"]},
+            {**constexprs, "num_warps": p["num_warps"], **({"maxnreg": p["maxnreg"]} if p.get("maxnreg") else {})},
         )
         es = x.element_size()
 
         def again(x, y):
             B = x.shape[0]
-            ws, cnt = _split_workspace(dev, B, P)
+            ws = _split_workspace(dev, B, P)
             launcher(
                 dev,
                 B * P,
                 x.data_ptr() - xo * es,
                 y.data_ptr() - yo * es,
                 ws.data_ptr(),
-                cnt.data_ptr(),
                 V,
                 P,
                 sx,
@@ -567,16 +616,19 @@ def _softmax(x: torch.Tensor, y: torch.Tensor, path: str, params: dict, common_k
     if INTERPRET or params:
         _launch(x, y, path, params)
         return y
+    B, V = x.shape
+    dev = x.get_device()
     key = (
         path,
-        x.get_device(),
-        x.shape[1],
+        dev,
+        V,
         x.dtype,
         x.stride(0),
         y.stride(0),
         x.data_ptr() % 16,
         y.data_ptr() % 16,
         store.generation,
+        _batch_class(B, V, x.dtype, dev),
     )
     again = _repeat.get(key)
     if again is None:
@@ -592,14 +644,37 @@ def _softmax(x: torch.Tensor, y: torch.Tensor, path: str, params: dict, common_k
 
 
 _ROWS_MIN_B = DISPATCH_BOUNDARIES["rows_min_b"]
+_ROW_MAX_V = DISPATCH_BOUNDARIES["row_max_v"]
 _common_generation = [store.generation]
+
+
+def _sms(dev: int) -> int | None:
+    """Multiprocessors of the launch's GPU (None under the interpreter: no batch rule)."""
+    return None if INTERPRET else _gpu(dev)[1]
+
+
+def _batch_class(B: int, V: int, dtype: torch.dtype, dev: int):
+    """What a launch takes from B beyond the path: for long rows, the path (split or stream)
+    and split's parameters, which shrink for short batches. Part of the remembered launches'
+    keys, so a launch is reused only for batches it was made for."""
+    if V <= _ROW_MAX_V:
+        return B >= _ROWS_MIN_B
+    return _long_row_class(B, V, dtype, dev)
+
+
+@functools.lru_cache(maxsize=4096)
+def _long_row_class(B: int, V: int, dtype: torch.dtype, dev: int) -> tuple:
+    path = plan(B, V, dtype)
+    if path != "split":
+        return (path,)
+    return (path, *sorted(launch_params(path, V, dtype, B=B, sms=_sms(dev)).items()))
 
 
 def run_path(x: torch.Tensor, path: str, *, out=None, **params) -> torch.Tensor:
     """softmax(x) through one named path; `params` override that path's launch parameters
     (tile: config; row: num_warps; rows: ROWS, BLOCK_V, num_warps; split: CHUNK, num_warps,
-    max_spins; stream: BLOCK, num_warps, programs_per_sm; any: align). Tests use it to reach
-    every path at small V (e.g. split, CHUNK=16).
+    HOLD_INPUT, P_BLOCK, maxnreg, max_spins; stream: BLOCK, num_warps, programs_per_sm; any: align). Tests use it
+    to reach every path at small V (e.g. split, CHUNK=16).
     """
     check_softmax_input(x, kernel=KERNEL_NAME, dtypes=FLOAT_DTYPES, device_type=_DEVICE_TYPE)
     y = prepare_output(x, out, kernel=KERNEL_NAME)
@@ -621,8 +696,9 @@ def softmax(x: torch.Tensor, *, out=None) -> torch.Tensor:
         try:
             B, V = x.shape
             sx, sc = x.stride()
-            if sc == 1:
-                common = (x.dtype, V, x.get_device(), sx, x.data_ptr() & 15, B >= _ROWS_MIN_B)
+            dev = x.get_device()
+            if sc == 1 and dev >= 0:
+                common = (x.dtype, V, dev, sx, x.data_ptr() & 15, _batch_class(B, V, x.dtype, dev))
             again = _common.get(common)
         except (AttributeError, TypeError, ValueError):
             common = again = None  # not a 2-D tensor: the checks below say what is wrong
@@ -649,6 +725,11 @@ __all__ = [
     "launch_params",
     "split_layout",
     "split_workspace_words",
+    "p_block",
+    "fallback_block",
+    "SPLIT_PARAMS",
+    "SPLIT_FILL",
+    "SPLIT_MIN_CHUNK",
     "aligned_base",
     "fixed_point_scale",
     "CONFIGS",

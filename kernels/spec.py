@@ -230,10 +230,10 @@ SPECS: tuple[KernelSpec, ...] = (
             Path("tile", gpu=(5, 100), cpu={"config": {"BLOCK": 16, "num_warps": 2}}),  # V > BLOCK: the loop
             Path("rows", gpu=(8193, 100), cpu={"ROWS": 4, "num_warps": 2}),  # 3 rows: a partly masked block
             Path("row", gpu=(5, 2049), cpu={"num_warps": 4}),
-            Path("split", gpu=(5, 32769), cpu={"CHUNK": 16, "num_warps": 2}, dtypes=("float32",)),
+            Path("split", gpu=(5, 32769), cpu={"CHUNK": 16, "num_warps": 2}),
             Path(
                 "stream",
-                gpu=(5, 32769),
+                gpu=(1024, 32769),  # 16-bit rows from DISPATCH_BOUNDARIES["stream_min_b"] on
                 cpu={"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1},  # tiles of 16, rows walked by 2 programs
                 dtypes=("bfloat16", "float16"),
             ),

@@ -25,7 +25,7 @@ from .spec import DTYPE_IDS, ITEMSIZE
 TARGET_CAPABILITY = 90
 # Pointers 16-byte aligned, as Triton specialises torch allocations.
 _ATTRS = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
-_POINTERS = {"X": "*T", "Y": "*T", "WS": "*i64", "CNT": "*i64"}
+_POINTERS = {"X": "*T", "Y": "*T", "WS": "*i64"}
 _FLOATS = {"SCALE": "fp32"}
 
 
@@ -42,19 +42,26 @@ def signature(kernel, dtype: str) -> dict:
 
 
 def build(
-    name: str, kernel, dtype: str, constexprs: dict, num_warps: int, num_stages: int = 3, sig: dict | None = None
+    name: str,
+    kernel,
+    dtype: str,
+    constexprs: dict,
+    num_warps: int,
+    num_stages: int = 3,
+    sig: dict | None = None,
+    maxnreg: int | None = None,
 ) -> dict:
     """Compile `kernel` for sm_90 with `constexprs` and report its resources; `sig` gives the
-    compile signature where `signature` (made for the softmax kernels) does not fit."""
+    compile signature where `signature` (made for the softmax kernels) does not fit, `maxnreg`
+    the register cap handed to ptxas."""
     from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource
 
     src = ASTSource(fn=kernel, signature=sig or signature(kernel, dtype), constexprs=constexprs, attrs=_ATTRS)
-    c = triton.compile(
-        src, target=GPUTarget("cuda", TARGET_CAPABILITY, 32), options={"num_warps": num_warps, "num_stages": num_stages}
-    )
+    options = {"num_warps": num_warps, "num_stages": num_stages, **({"maxnreg": maxnreg} if maxnreg else {})}
+    c = triton.compile(src, target=GPUTarget("cuda", TARGET_CAPABILITY, 32), options=options)
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(c.asm["cubin"])
     usage = subprocess.run(
@@ -76,6 +83,7 @@ def build(
     return {
         "name": name,
         "num_warps": num_warps,
+        "maxnreg": maxnreg,
         **constexprs,
         "regs": int(fields["REG"]),
         "stack": int(fields["STACK"]),
@@ -115,8 +123,10 @@ def build_all() -> list[dict]:
                 p["num_warps"],
             )
         )
-        for V in (50257, 128256):
-            p = st.launch_params("split", V, tdtype)
+        # split for a full batch at typical V, and for one row of 262144 on an H200 (the
+        # smallest chunks the batch rule picks).
+        for V, B in ((50257, None), (128256, None), (262144, 1)):
+            p = st.launch_params("split", V, tdtype, B=B, sms=None if B is None else 132)
             P = triton.cdiv(V + a - 1, p["CHUNK"])
             # Chunks are cut on 16-byte groups whatever V is: odd V gets the same vector
             # accesses as even V (Y_ALIGN = ALIGN for contiguous rows).
@@ -127,13 +137,15 @@ def build_all() -> list[dict]:
                     dtype,
                     {
                         "CHUNK": p["CHUNK"],
-                        "P_BLOCK": max(2, triton.next_power_of_2(P)),
-                        "FALLBACK_BLOCK": min(p["CHUNK"], 1024),
+                        "P_BLOCK": st.p_block(P, p["num_warps"]),
+                        "FALLBACK_BLOCK": st.fallback_block(p["CHUNK"], p["num_warps"]),
                         "MAX_SPINS": st.SPLIT_MAX_SPINS,
                         "ALIGN": a,
                         "Y_ALIGN": a,
+                        "HOLD_INPUT": p["HOLD_INPUT"],
                     },
                     p["num_warps"],
+                    maxnreg=p.get("maxnreg"),
                 )
             )
         p = st.launch_params("stream", 128256, tdtype)

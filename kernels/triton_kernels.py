@@ -172,45 +172,120 @@ def softmax_rows_kernel(X, Y, B, V, stride_x, stride_y, SCALE, ROWS: tl.constexp
     tl.store(Y + y_off[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _wait_for(counter, P, MAX_SPINS: tl.constexpr):
-    """Poll a row's arrival counter until all P programs arrived or MAX_SPINS polls passed.
+# The split kernel's meetings. A program publishes a word per partial (its chunk's max, or the
+# two 32-bit halves of its fixed-point sum) with the launch's tag in the word's upper 32 bits, so
+# a reader that sees the tag sees the value: no counter, no fence, no reset. Every word of a row
+# carries the tag of the last launch that wrote it (its workspace is used with one P only, so
+# the same programs write the same words each launch): a program reads the tag its own word
+# holds and adds one.
+#
+# Every decision a program takes on what it read (the tag, whether all words carry it) must be
+# the same in all its threads, or its warps part ways around the barriers of the reductions
+# that follow. So the words are read into SLOTS-wide vectors, SLOTS >= 32 * num_warps (the
+# wrapper's P_BLOCK): no lane is held by two warps, each reduction over them combines the warps
+# through shared memory, and every thread gets the one result.
+_LOW = tl.constexpr(0xFFFFFFFF)
+_TAG_MASK = tl.constexpr(0x7FFFFFFF)  # tags wrap in 31 bits: a word stays a non-negative int64
 
-    Scalar atomics run in one thread and their results reach every thread of the program
-    through shared memory, so the result is the same in all threads and a branch on it cannot
-    diverge across the reductions (and barriers) inside it. The acquire orders the reads of
-    the published words after the arrivals it saw.
+
+@triton.jit
+def _maximum(a, b):
+    # Compares as float32 (the interpreter compares 16-bit floats by their bits), keeps the type.
+    return tl.where(a.to(tl.float32) > b.to(tl.float32), a, b)
+
+
+@triton.jit
+def _launch_tag(own, SLOTS: tl.constexpr):
+    """This launch's tag: one past the tag of the program's own word (read in one lane and
+    reduced over the program, so all threads hold it before any of them publishes)."""
+    lanes = tl.arange(0, SLOTS)
+    old = tl.max(tl.load(own + lanes, mask=lanes == 0, other=0, volatile=True), axis=0)
+    return ((old >> 32) + 1) & _TAG_MASK
+
+
+@triton.jit
+def _gather(ptrs, ok, own, own_word, tag, MAX_SPINS: tl.constexpr):
+    """The words at `ptrs` (where `ok`) once every one carries `tag`, or after MAX_SPINS polls.
+
+    The own words (`own`) are taken from `own_word`, not read back. Returns (words, how many
+    did not carry the tag: a reduction over the program, the same in every thread). volatile:
+    read from L2, not from an L1 line another program on this SM left behind.
     """
-    ready = tl.atomic_add(counter, 0, sem="acquire")
+    others = ok & ~own
+    w = tl.where(own, own_word, tl.load(ptrs, mask=others, other=0, volatile=True))
+    stale = tl.sum(tl.where(ok & ((w >> 32) != tag), 1, 0), axis=0)
     spins = 0
-    while (ready < P) & (spins < MAX_SPINS):
-        ready = tl.atomic_add(counter, 0, sem="acquire")
+    while (stale > 0) & (spins < MAX_SPINS):
+        w = tl.where(own, own_word, tl.load(ptrs, mask=others, other=0, volatile=True))
+        stale = tl.sum(tl.where(ok & ((w >> 32) != tag), 1, 0), axis=0)
         spins += 1
-    return ready == P
+    return w, stale
+
+
+@triton.jit
+def _meet_max(words, P, chunk, own_word, tag, SLOTS: tl.constexpr, MAX_SPINS: tl.constexpr):
+    """The max over the P chunk maxima of a row (words[c]: chunk c's), SLOTS words at a time,
+    and how many words were still untagged when the polls ran out (0: all met)."""
+    lanes = tl.arange(0, SLOTS)
+    m = tl.full([], -float("inf"), tl.float32)
+    stale = 0
+    base = 0
+    while base < P:
+        c = base + lanes
+        w, n = _gather(words + c, c < P, c == chunk, own_word, tag, MAX_SPINS)
+        m_p = tl.where(c < P, (w & _LOW).to(tl.int32).to(tl.float32, bitcast=True), -float("inf"))
+        m = tl.maximum(m, tl.max(m_p, axis=0))
+        stale += n
+        base += SLOTS
+    return m, stale
+
+
+@triton.jit
+def _meet_sum(words, P, chunk, own_hi, own_lo, tag, SLOTS: tl.constexpr, MAX_SPINS: tl.constexpr):
+    """The sum of the P chunk sums of a row (words[2c], words[2c + 1]: the upper and lower 32
+    bits of chunk c's), SLOTS words at a time, and the untagged count as in _meet_max."""
+    lanes = tl.arange(0, SLOTS)
+    s = tl.zeros([], tl.int64)
+    stale = 0
+    base = 0
+    while base < 2 * P:
+        j = base + lanes
+        upper = (j % 2) == 0
+        w, n = _gather(words + j, j < 2 * P, (j // 2) == chunk, tl.where(upper, own_hi, own_lo), tag, MAX_SPINS)
+        s += tl.sum(tl.where(j < 2 * P, tl.where(upper, (w & _LOW) << 32, w & _LOW), 0), axis=0)
+        stale += n
+        base += SLOTS
+    return s, stale
 
 
 @_no_value_specialisation
-def softmax_split_kernel(X, Y, WS, CNT, V, P, stride_x, stride_y, x_off, y_off, SCALE,
+def softmax_split_kernel(X, Y, WS, V, P, stride_x, stride_y, x_off, y_off, SCALE,
                          CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr,
-                         MAX_SPINS: tl.constexpr, ALIGN: tl.constexpr = 1, Y_ALIGN: tl.constexpr = 1):
+                         MAX_SPINS: tl.constexpr, ALIGN: tl.constexpr = 1, Y_ALIGN: tl.constexpr = 1,
+                         HOLD_INPUT: tl.constexpr = False):
     # A row too long for one program's registers is shared by P programs, each keeping its
-    # chunk in registers: still one read and one write. Chunks are cut on ALIGN-groups of
-    # element offsets from X (the wrapper makes X 16-byte aligned and passes the tensor's head
-    # as x_off), so the bulk of a row moves in vector accesses at any V or row offset; the
-    # groups a row only partly covers (at most ALIGN - 1 elements at each end) are "edges",
-    # loaded and stored element-wise by chunk 0. How the row is cut changes nothing in the
-    # result: the max and the fixed-point sum are order-free.
+    # chunk in registers: one read and one write. Chunks are cut on ALIGN-groups of element
+    # offsets from X (the wrapper makes X 16-byte aligned and passes the tensor's head as
+    # x_off), so the bulk of a row moves in vector accesses at any V or row offset; the groups
+    # a row only partly covers (at most ALIGN - 1 elements at each end) are "edges", loaded and
+    # stored element-wise by chunk 0. How the row is cut changes nothing in the result: the max
+    # and the fixed-point sum are order-free.
     #
-    # The programs of a row meet twice, through the row's words in WS and its three counters in
-    # CNT (zeroed once by the wrapper; the last program to leave zeroes them again, so they can
-    # serve the next launch on the stream without a fill kernel; WS needs no zeroing):
-    #   WS  [0, P)   each chunk's max (float bits)        CNT 0: chunks that published it
-    #   WS  [P, 2P)  each chunk's fixed-point sum         CNT 1: likewise
-    #                                                     CNT 2: programs done with the row
-    # Each wait is bounded: a program whose siblings are not scheduled in time streams the row
-    # itself for the same exact max / sum (slower, never deadlocks). Under the interpreter,
-    # whose programs run one after another, the bound is 0: early chunks take the streaming
-    # branch and the last chunk combines, so both branches run on the CPU.
+    # The programs of a row meet twice through the row's 3P words in WS (zeroed when the
+    # wrapper allocates it, never again): word c holds chunk c's max (float bits), words
+    # P + 2c and P + 2c + 1 the upper and lower 32 bits of its fixed-point sum, each under the
+    # launch's tag (above). Each wait is bounded: a program whose siblings are not scheduled in
+    # time streams the row itself for the same exact max / sum (slower, never deadlocks). Under
+    # the interpreter, whose programs run one after another, the bound is 0: early chunks take
+    # the streaming branch and the last chunk combines, so both branches run on the CPU.
+    #
+    # HOLD_INPUT (16-bit storage): keep the chunk as loaded, two elements a register, across
+    # the meetings and compute the exponentials again at the store, instead of keeping them in
+    # float32: half the registers for the same bytes in flight. The conversions before and
+    # after the second meeting are written differently (bfloat16 widened by a shift) so the
+    # compiler cannot merge them back into one float32 copy; both give the same floats (for
+    # float16 the compiler may merge them). On the H200 the second exponential cost more than
+    # the registers gave (reports/profiles.md): the wrapper leaves it off; run_path reaches it.
     pid = tl.program_id(0).to(tl.int64)
     row = pid // P
     chunk = pid - row * P
@@ -221,7 +296,12 @@ def softmax_split_kernel(X, Y, WS, CNT, V, P, stride_x, stride_y, x_off, y_off, 
     cols = tl.arange(0, CHUNK)
     grp = cols // ALIGN                               # constant over ALIGN-groups
     mask = _group_mask(grp, c_start, g_lo, g_hi, ALIGN)
-    x = tl.load(X + c_start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+    x_in = tl.load(X + c_start + cols, mask=mask, other=-float("inf"))
+    x = x_in.to(tl.float32)
+    if HOLD_INPUT:
+        m_in = tl.reduce(x_in, 0, _maximum).to(tl.float32)  # no float32 copy before meeting 1
+    else:
+        m_in = tl.max(x, axis=0)
     # Edges: the first ALIGN offsets of the row and the partial group at its end, each element
     # once (the tail part skips what the head part covers). Only chunk 0 loads and stores them.
     e = tl.arange(0, 2 * ALIGN)
@@ -232,23 +312,18 @@ def softmax_split_kernel(X, Y, WS, CNT, V, P, stride_x, stride_y, x_off, y_off, 
               & ((e < ALIGN) | (pos >= xs + ALIGN)) & ((pos - pos + chunk) == 0))
     xe = tl.load(X + pos, mask=e_mask, other=-float("inf")).to(tl.float32)
 
-    ws_row = WS + row * (2 * P)
-    cnt_row = CNT + row * 3
-    slots = tl.arange(0, P_BLOCK)
-    slot_ok = slots < P
+    ws_row = WS + row * (3 * P)
     x_row = X + xs
     fcols = tl.arange(0, FALLBACK_BLOCK)
+    tag = _launch_tag(ws_row + chunk, P_BLOCK)
+    tag_hi = tag << 32
 
     # Meeting 1: the row's max.
-    m_c = tl.maximum(tl.max(x, axis=0), tl.max(xe, axis=0))
-    tl.atomic_xchg(ws_row + chunk, m_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
-    tl.atomic_add(cnt_row, 1, sem="release")
-    if _wait_for(cnt_row, P, MAX_SPINS):
-        # volatile: read from L2, not from an L1 line another program on this SM left behind.
-        words = tl.load(ws_row + slots, mask=slot_ok, other=0, volatile=True)
-        m_p = tl.where(slot_ok, words.to(tl.int32).to(tl.float32, bitcast=True), -float("inf"))
-        m = tl.max(m_p, axis=0)
-    else:
+    m_c = tl.maximum(m_in, tl.max(xe, axis=0))
+    my_max = tag_hi | (m_c.to(tl.int32, bitcast=True).to(tl.int64) & _LOW)
+    tl.atomic_xchg(ws_row + chunk, my_max, sem="relaxed")
+    m, stale = _meet_max(ws_row, P, chunk, my_max, tag, P_BLOCK, MAX_SPINS)
+    if stale > 0:
         m_run = tl.full([FALLBACK_BLOCK], -float("inf"), tl.float32)
         start = 0
         while start < V:
@@ -258,14 +333,16 @@ def softmax_split_kernel(X, Y, WS, CNT, V, P, stride_x, stride_y, x_off, y_off, 
         m = tl.max(m_run, axis=0)
 
     # Meeting 2: the row's fixed-point sum, every chunk relative to the same m.
+    tl.debug_barrier()  # here, not between the conversions and the additions of the sum below
     ex = _exp(x, m, Y.dtype.element_ty)
     ee = _exp(xe, m, Y.dtype.element_ty)
     s_c = tl.sum(_fixed(ex, SCALE), axis=0) + tl.sum(_fixed(ee, SCALE), axis=0)
-    tl.atomic_xchg(ws_row + P + chunk, s_c, sem="relaxed")
-    tl.atomic_add(cnt_row + 1, 1, sem="release")
-    if _wait_for(cnt_row + 1, P, MAX_SPINS):
-        s = tl.sum(tl.load(ws_row + P + slots, mask=slot_ok, other=0, volatile=True), axis=0)
-    else:
+    my_hi = tag_hi | ((s_c >> 32) & _LOW)
+    my_lo = tag_hi | (s_c & _LOW)
+    tl.atomic_xchg(ws_row + P + 2 * chunk, my_hi, sem="relaxed")
+    tl.atomic_xchg(ws_row + P + 2 * chunk + 1, my_lo, sem="relaxed")
+    s, stale = _meet_sum(ws_row + P, P, chunk, my_hi, my_lo, tag, P_BLOCK, MAX_SPINS)
+    if stale > 0:
         s_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
         start = 0
         while start < V:
@@ -275,13 +352,13 @@ def softmax_split_kernel(X, Y, WS, CNT, V, P, stride_x, stride_y, x_off, y_off, 
             start += FALLBACK_BLOCK
         s = tl.sum(s_run, axis=0)
 
-    # Leave: the last program out zeroes the row's counters for the next launch.
-    if tl.atomic_add(cnt_row + 2, 1, sem="acq_rel") == P - 1:
-        tl.atomic_xchg(cnt_row, 0, sem="relaxed")
-        tl.atomic_xchg(cnt_row + 1, 0, sem="relaxed")
-        tl.atomic_xchg(cnt_row + 2, 0, sem="relaxed")
-
     neg_hi, inv = _row_scale(s, SCALE)
+    if HOLD_INPUT:
+        if x_in.dtype == tl.bfloat16:
+            x = (x_in.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+        else:
+            x = x_in.to(tl.float32)
+        ex = _exp(x, m, Y.dtype.element_ty)
     # Output element of input offset o sits at Y + o + shift.
     shift = tl.multiple_of(y_off + row * stride_y - xs, Y_ALIGN)
     yx = _normalise(ex, neg_hi, inv, Y.dtype.element_ty)

@@ -103,7 +103,7 @@ def conclude(m: dict, x: torch.Tensor) -> None:
     """The table at every output, the row sums, and the ratio rule (gated kernels only)."""
     check_softmax(m["out"], x, what=m["what"], gated=m["gated"])
     if m["gated"]:
-        if st.INTERPRET and not interpreter_fma_rounds_once():
+        if INTERPRETED and not interpreter_fma_rounds_once():
             pytest.skip(
                 "the table held; the ratio rule needs an interpreter whose tl.fma rounds once (Triton 3.6's "
                 "multiplies and adds in float32: the kernels' exp then keeps the rounding of its argument, half "

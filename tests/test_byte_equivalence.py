@@ -325,8 +325,23 @@ def large_b_cases(name, dtype, bs=LARGE_B):
     return [(B, V) for V in LARGE_B_V if V in vs for B in bs if B <= b_max(V)]
 
 
+def threshold_cases(name, dtype):
+    """(t, V) for each batch threshold t of the kernel and each V at which t rows take another
+    path than a small batch does (Triton's 16-bit stream from stream_min_b rows)."""
+    plan = getattr(kernels.SOFTMAX_KERNELS.get(name), "plan", None)
+    if plan is None:
+        return []
+    return [
+        (t, V)
+        for t in b_thresholds(name)
+        for V in v_values(name, dtype)
+        if t <= b_max(V) and plan(t, V, dtype) != plan(min(64, b_max(V)), V, dtype)
+    ]
+
+
 def deterministic_shapes(name, dtype):
-    return [(min(64, b_max(V)), V) for V in v_values(name, dtype)] + large_b_cases(name, dtype)
+    small = [(min(64, b_max(V)), V) for V in v_values(name, dtype)]
+    return small + large_b_cases(name, dtype) + threshold_cases(name, dtype)
 
 
 def batch_plan(name, dtype):
@@ -340,7 +355,8 @@ def batch_plan(name, dtype):
 def position_cases(name, dtype):
     # 8193 rows: Triton's multi-row kernel (rows_min_b 8192) at every slot of a program;
     # 70000: fused's warp kernels loop over rows past their grid.
-    return [(min(SMALL_B, b_max(V)), V) for V in v_values(name, dtype)] + large_b_cases(name, dtype, (8193, 70000))
+    small = [(min(SMALL_B, b_max(V)), V) for V in v_values(name, dtype)]
+    return small + large_b_cases(name, dtype, (8193, 70000)) + threshold_cases(name, dtype)
 
 
 def every_shape(name, dtype):

@@ -147,6 +147,61 @@ def test_split_combines_published_partials_and_falls_back():
     check_softmax(out, x)
 
 
+@interpreted
+@pytest.mark.parametrize(
+    "dtype, max_spins",
+    [(torch.float32, 0), (torch.bfloat16, 0), (torch.bfloat16, 3), (torch.float16, 3)],
+    ids=["fp32-spins0", "bf16-spins0", "bf16-spins3", "fp16-spins3"],
+)
+def test_split_holding_the_input_gives_the_same_bits(dtype, max_spins):
+    # HOLD_INPUT keeps the 16-bit chunk and computes the exponentials twice; the row's bits
+    # must be those of every other path, on both sides of the meetings (combined or streamed).
+    x = logits(3, 70, seed=12, dtype=dtype)
+    want = st.run_path(x, "tile")
+    for hold in (False, True):
+        out = run_poisoned(run_path("split", CHUNK=16, num_warps=2, HOLD_INPUT=hold, max_spins=max_spins), x)
+        check_softmax(out, x, what=f"split hold={hold}")
+        assert torch.equal(bits(out), bits(want)), f"hold={hold}: bits differ from the tile path"
+
+
+@interpreted
+@pytest.mark.parametrize("p_block", [2, 4])
+def test_split_meets_in_blocks_when_a_row_has_more_programs_than_slots(p_block):
+    # A row of P = 5 chunks met P_BLOCK words at a time (the last block partly masked).
+    x = logits(3, 70, seed=13)
+    out = run_poisoned(run_path("split", CHUNK=16, num_warps=2, P_BLOCK=p_block, max_spins=2), x)
+    assert torch.equal(bits(out), bits(st.run_path(x, "tile")))
+
+
+@interpreted
+def test_split_workspace_tags_stay_in_step_over_batches_and_chunk_counts():
+    # The words a launch publishes carry a tag one past the last launch's; each P has its own
+    # workspace, so launches of other B and P in between must not put a row's words out of step.
+    x = logits(4, 50, seed=2)
+    want = st.run_path(x, "tile")
+    for chunk in (16, 32, 16):
+        for B in (4, 1, 3):
+            out = run_poisoned(run_path("split", CHUNK=chunk, num_warps=2), x[:B])
+            assert torch.equal(bits(out), bits(want[:B])), f"CHUNK {chunk} B {B}"
+
+
+@interpreted
+def test_split_tags_wrap_around():
+    # Words left at the largest tag: the next launch tags its words 0 and still meets.
+    x = logits(2, 50, seed=4)
+    y = torch.full_like(x, float("nan"))
+    lay = st.split_layout(x, y, CHUNK=16)
+    P = lay["P"]
+    ws = torch.full((st.split_workspace_words(2, P),), 0x7FFFFFFF << 32, dtype=torch.int64)
+    st.JIT_KERNELS["split"][(2 * P,)](
+        lay["xb"], lay["yb"], ws, 50, P, 50, 50, lay["xo"], lay["yo"], st.fixed_point_scale(50),
+        CHUNK=16, P_BLOCK=lay["P_BLOCK"], FALLBACK_BLOCK=lay["FALLBACK_BLOCK"], MAX_SPINS=0,
+        ALIGN=lay["ALIGN"], Y_ALIGN=lay["Y_ALIGN"],
+    )  # fmt: skip
+    assert torch.equal(bits(y), bits(st.run_path(x, "tile")))
+    assert torch.equal(ws >> 32, torch.zeros_like(ws)), "every word carries the wrapped tag 0"
+
+
 # Split at any row offset: (head, pad) place rows `head` elements into a buffer with row stride
 # V + pad; the chunk grid is `align` elements wide.
 SPLIT_HEAD_PAD = [(0, 0), (1, 0), (3, 0), (1, 1), (2, 5), (5, 3)]
@@ -224,10 +279,17 @@ def test_plan_changes_at_each_boundary():
     assert st.plan(b["rows_min_b"], 600) == "rows"
     assert st.plan(b["rows_min_b"], b["tile_max_v"] + 1) == "row"
     assert st.plan(1, b["row_max_v"]) == "row"
-    assert st.plan(1, b["row_max_v"] + 1) == "split"
+    long = b["row_max_v"] + 1
+    for B in (1, b["stream_min_b"] - 1, b["stream_min_b"], 1 << 20):
+        assert st.plan(B, long) == "split", "float32 long rows split at every batch size"
     for dtype in (torch.bfloat16, torch.float16):
         assert st.plan(1, b["row_max_v"], dtype) == "row"
-        assert st.plan(1, b["row_max_v"] + 1, dtype) == "stream"
+        assert st.plan(1, long, dtype) == "split"
+        assert st.plan(b["stream_min_b"] - 1, long, dtype) == "split"
+        assert st.plan(b["stream_min_b"], long, dtype) == "stream"
+        assert st.plan(b["stream_min_b"], b["stream_max_v"], dtype) == "stream"
+        assert st.plan(b["stream_min_b"], b["stream_max_v"] + 1, dtype) == "split"
+        assert st.plan(1 << 20, 262144, dtype) == "split", "rows too long for L2 split at every B"
     for B, V in st.LAB_SHAPES:
         assert st.plan(B, V, torch.float32) == "tile", "the lab shapes must run the autotuned kernel"
     assert SOFTMAX_KERNELS["triton"].plan is not None
@@ -241,12 +303,43 @@ def test_plan_changes_at_each_boundary():
         == set(SOFTMAX_KERNELS["triton"].paths)
         == set(st.PATHS)
     )
+    for dtype in DTYPES:
+        planned = {st.plan(B, V, dtype) for B in (1, b["stream_min_b"], b["rows_min_b"]) for V in (1, 3000, long)}
+        assert planned == set(st.paths_for(dtype)), dtype
 
 
 def test_plan_accepts_scaled_boundaries():
-    small = {"tile_max_v": 8, "rows_min_b": 4, "row_max_v": 32}
+    small = {"tile_max_v": 8, "rows_min_b": 4, "row_max_v": 32, "stream_max_v": 40, "stream_min_b": 3}
     assert [st.plan(2, v, boundaries=small) for v in (8, 9, 32, 33)] == ["tile", "row", "row", "split"]
     assert st.plan(4, 8, boundaries=small) == "rows"
+    assert [st.plan(3, v, torch.bfloat16, boundaries=small) for v in (33, 40, 41)] == ["stream", "stream", "split"]
+    assert st.plan(3, 33, torch.float32, boundaries=small) == "split"
+
+
+H200_SMS = 132
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_split_chunks_shrink_for_short_batches(dtype):
+    # A short batch halves the chunks until the launch has SPLIT_FILL programs per SM, never
+    # below SPLIT_MIN_CHUNK; a batch that fills the GPU keeps SPLIT_PARAMS.
+    b = st.DISPATCH_BOUNDARIES
+    full = st.SPLIT_PARAMS
+    assert st.launch_params("split", 262144, dtype) == full
+    for V in (b["row_max_v"] + 1, 50257, 128256, 151936, 200064, 202048, 262144, 1000003):
+        for B in (1, 2, 8, 64, 1023):
+            p = st.launch_params("split", V, dtype, B=B, sms=H200_SMS)
+            programs = B * -(-V // p["CHUNK"])
+            assert st.SPLIT_MIN_CHUNK <= p["CHUNK"] <= full["CHUNK"], p
+            assert programs >= st.SPLIT_FILL * H200_SMS or p["CHUNK"] == st.SPLIT_MIN_CHUNK, (B, V, p)
+            if p["CHUNK"] < full["CHUNK"]:  # no larger chunk would have filled the GPU
+                assert B * -(-V // (2 * p["CHUNK"])) < st.SPLIT_FILL * H200_SMS, (B, V, p)
+            assert {k: v for k, v in p.items() if k != "CHUNK"} == {k: v for k, v in full.items() if k != "CHUNK"}
+            assert p["CHUNK"] // (32 * p["num_warps"]) >= 16 // torch.tensor([], dtype=dtype).element_size(), p
+        assert st.launch_params("split", V, dtype, B=4096, sms=H200_SMS) == full
+    # Decode at today's vocabularies covers the GPU (one row of 262144: 128 programs on 132 SMs).
+    for V in (262144, 1000003):
+        assert -(-V // st.launch_params("split", V, dtype, B=1, sms=H200_SMS)["CHUNK"]) >= 0.95 * H200_SMS
 
 
 # ------------------------------------------------------------------ public softmax() on CPU

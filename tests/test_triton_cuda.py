@@ -54,6 +54,10 @@ def _boundary_cases():
     for B in (b["rows_min_b"] - 1, b["rows_min_b"], b["rows_min_b"] + 1):
         yield B, 600
         yield B, b["tile_max_v"]
+    for B in (b["stream_min_b"] - 1, b["stream_min_b"]):
+        yield B, b["row_max_v"] + 1
+        yield B, b["stream_max_v"] + 1
+    yield b["stream_min_b"], b["stream_max_v"]
     yield from [
         (1, 1),
         (1, 7),
@@ -84,6 +88,8 @@ FORCED = [
     ("split", {}),
     ("split", {"CHUNK": 1024, "num_warps": 4}),
     ("split", {"max_spins": 0}),  # most programs take the streaming fallback
+    ("split", {"HOLD_INPUT": True}),  # the 16-bit chunk kept, exponentials computed twice
+    ("split", {"CHUNK": 256, "num_warps": 1}),  # the smallest chunks of a short batch
     ("stream", {}),
     ("stream", {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 1}),  # few programs: rows loop
 ]
@@ -163,6 +169,42 @@ def test_long_row_paths_at_odd_v_and_unaligned_rows_on_gpu(path, B, V, head, pad
     check_softmax(out, x, what=f"{path} head {head} pad {pad}")
 
 
+@pytest.mark.parametrize("V", [50257, 151936])
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=dtype_id)
+def test_long_rows_at_alternating_batch_sizes_through_the_remembered_call(dtype, V):
+    # A long-row launch depends on B (split's chunks shrink for short batches; 16-bit rows up to
+    # stream_max_v stream from stream_min_b on) and is remembered per layout and batch class:
+    # calls of one V at alternating batch sizes, each the second of its kind too, must keep
+    # every row's bits.
+    b = st.DISPATCH_BOUNDARIES
+    x = logits(b["stream_min_b"], V, seed=3, dtype=dtype, device="cuda")
+    want = run_poisoned(st.softmax, x)
+    check_softmax(want[:4], x[:4], what=f"({b['stream_min_b']}, {V}) via {st.plan(b['stream_min_b'], V, dtype)}")
+    for B in (1, 8, 64, b["stream_min_b"], 1, 64, b["stream_min_b"] - 1, 2, b["stream_min_b"]):
+        for call in range(2):
+            got = st.softmax(x[:B])
+            assert torch.equal(bits(got), bits(want[:B])), f"B={B} call {call} via {st.plan(B, V, dtype)}"
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=dtype_id)
+def test_split_meetings_stay_exact_over_many_launches(dtype):
+    # Launches that share a workspace (same P) with other batch sizes, row offsets and data,
+    # and dispatched calls (other workspaces) in between: every launch must meet on its own
+    # words only. The stream kernel, which has no meetings, gives the same bits by construction
+    # and is the reference.
+    params = st.SPLIT_PARAMS
+    inputs = []
+    for i, (B, V, head) in enumerate([(64, 151936, 0), (3, 151941, 3), (1024, 151936, 0), (7, 151939, 1)]):
+        flat = logits(1, B * V + head, seed=40 + i, dtype=dtype, device="cuda")[0]
+        x = flat[head:].view(B, V)
+        inputs.append((x, st.run_path(x, "stream")))
+    assert len({st.split_layout(x, x, CHUNK=params["CHUNK"])["P"] for x, _ in inputs}) == 1, "one shared workspace"
+    for launch in range(40):
+        x, want = inputs[launch % len(inputs)]
+        got = st.softmax(x) if launch % 3 else run_poisoned(run_path("split", **params), x)
+        assert torch.equal(bits(got), bits(want)), f"launch {launch}: ({x.shape[0]}, {x.shape[1]}) differs"
+
+
 @pytest.mark.parametrize("cfg", st.CONFIGS, ids=lambda c: f"BLOCK{c.kwargs['BLOCK']}-w{c.num_warps}")
 def test_every_autotune_config_on_gpu(cfg):
     for B, V in ((33, 600), (3, 5000), (2, 1)):
@@ -222,33 +264,36 @@ def test_compiled_kernels_do_not_spill(request):
         for cfg in st.CONFIGS
     ]
     # The split and stream kernels at an odd V, as the wrapper launches them (group-aligned
-    # chunks and tiles).
+    # chunks and tiles): split for a full batch and for one row.
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for dtype in (torch.float32, torch.bfloat16):
         V = 50257
         xs = logits(2, V, seed=1, dtype=dtype, device="cuda")
         ys = torch.empty_like(xs)
-        sp = st.launch_params("split", V, dtype)
-        lay = st.split_layout(xs, ys, CHUNK=sp["CHUNK"])
-        P = lay["P"]
-        words, counters = st.split_workspace_words(2, P)
-        ws = torch.empty(words, dtype=torch.int64, device="cuda")
-        cnt = torch.zeros(counters, dtype=torch.int64, device="cuda")
-        ends = (lay["xo"], lay["yo"], st.fixed_point_scale(V))
-        aligns = {"ALIGN": lay["ALIGN"], "Y_ALIGN": lay["Y_ALIGN"]}
+        ends = (st.fixed_point_scale(V),)
         name = f"{str(dtype).removeprefix('torch.')} V={V}"
-        rows.append(
-            built(
-                f"split {name}",
-                "split",
-                *(lay["xb"], lay["yb"], ws, cnt, V, P, V, V, *ends),
-                CHUNK=sp["CHUNK"],
-                P_BLOCK=lay["P_BLOCK"],
-                FALLBACK_BLOCK=lay["FALLBACK_BLOCK"],
-                MAX_SPINS=st.SPLIT_MAX_SPINS,
-                num_warps=sp["num_warps"],
-                **aligns,
+        for B in (None, 1):
+            sp = st.launch_params("split", V, dtype, B=B, sms=None if B is None else sms)
+            lay = st.split_layout(xs, ys, CHUNK=sp["CHUNK"], num_warps=sp["num_warps"])
+            P = lay["P"]
+            ws = torch.zeros(st.split_workspace_words(2, P), dtype=torch.int64, device="cuda")
+            aligns = {"ALIGN": lay["ALIGN"], "Y_ALIGN": lay["Y_ALIGN"]}
+            rows.append(
+                built(
+                    f"split {name} CHUNK={sp['CHUNK']}",
+                    "split",
+                    *(lay["xb"], lay["yb"], ws, V, P, V, V, lay["xo"], lay["yo"], *ends),
+                    CHUNK=sp["CHUNK"],
+                    P_BLOCK=lay["P_BLOCK"],
+                    FALLBACK_BLOCK=lay["FALLBACK_BLOCK"],
+                    MAX_SPINS=st.SPLIT_MAX_SPINS,
+                    HOLD_INPUT=sp["HOLD_INPUT"],
+                    num_warps=sp["num_warps"],
+                    maxnreg=sp["maxnreg"],
+                    **aligns,
+                )
             )
-        )
+        ends = (lay["xo"], lay["yo"], st.fixed_point_scale(V))
         sp = st.launch_params("stream", V, dtype)
         rows.append(
             built(
