@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ARCHITECTURE
+from .config import ARCHITECTURE, MiniGPTConfig
 
 # ---------------------------------------------------------------------------- config
 # Module-level names for the architecture of model/config.py (the one place it is written).
@@ -37,13 +37,14 @@ class WeightsError(ValueError):
     """A weights file that is missing, unreadable or does not match the architecture."""
 
 
-def expected_shapes(vocab_size: int) -> dict[str, tuple[int, ...]]:
-    d = D_MODEL
+def expected_shapes(vocab_size: int, config: MiniGPTConfig = ARCHITECTURE) -> dict[str, tuple[int, ...]]:
+    """Every parameter's name and shape for `config` (the committed architecture by default)."""
+    d, d_ff = config.d_model, config.d_ff
     shapes: dict[str, tuple[int, ...]] = {
         "tok_emb.weight": (vocab_size, d),
-        "pos_emb.weight": (CONTEXT, d),
+        "pos_emb.weight": (config.context, d),
     }
-    for i in range(N_LAYER):
+    for i in range(config.n_layer):
         p = f"blocks.{i}."
         shapes.update(
             {
@@ -55,9 +56,9 @@ def expected_shapes(vocab_size: int) -> dict[str, tuple[int, ...]]:
                 p + "attn.proj.bias": (d,),
                 p + "ln2.weight": (d,),
                 p + "ln2.bias": (d,),
-                p + "mlp.fc.weight": (D_FF, d),
-                p + "mlp.fc.bias": (D_FF,),
-                p + "mlp.proj.weight": (d, D_FF),
+                p + "mlp.fc.weight": (d_ff, d),
+                p + "mlp.fc.bias": (d_ff,),
+                p + "mlp.proj.weight": (d, d_ff),
                 p + "mlp.proj.bias": (d,),
             }
         )
@@ -121,13 +122,14 @@ def softmax(x, axis=-1):
     return e / e.sum(axis=axis, keepdims=True)
 
 
-def attention_forward(x, p):
+def attention_forward(x, p, n_head: int = N_HEAD):
     """Causal multi-head self-attention. x: (B, T, d); p holds qkv.* and proj.*."""
     B, T, d = x.shape
+    d_head = d // n_head
     qkv, c_qkv = linear_forward(x, p["qkv.weight"], p["qkv.bias"])  # (B, T, 3d)
-    qkv = qkv.reshape(B, T, 3, N_HEAD, D_HEAD).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, dh)
+    qkv = qkv.reshape(B, T, 3, n_head, d_head).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, dh)
     q, k, v = qkv[0], qkv[1], qkv[2]
-    scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(D_HEAD)  # (B, H, T, T)
+    scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d_head)  # (B, H, T, T)
     future = np.triu(np.ones((T, T), dtype=bool), k=1)
     scores = np.where(future, -np.inf, scores)
     att = softmax(scores, axis=-1)
@@ -145,7 +147,7 @@ def attention_backward(dout, cache, p):
     datt = dy @ v.transpose(0, 1, 3, 2)  # (B, H, T, T)
     dv = att.transpose(0, 1, 3, 2) @ dy
     # softmax Jacobian; masked entries have att == 0 so they receive no gradient
-    dscores = att * (datt - (datt * att).sum(axis=-1, keepdims=True)) / math.sqrt(D_HEAD)
+    dscores = att * (datt - (datt * att).sum(axis=-1, keepdims=True)) / math.sqrt(dh)
     dq = dscores @ k
     dk = dscores.transpose(0, 1, 3, 2) @ q
     dqkv = np.stack([dq, dk, dv])  # (3, B, H, T, dh)
@@ -176,12 +178,12 @@ def _sub(params, prefix):
 
 
 # ---------------------------------------------------------------------------- block
-def block_forward(x, p):
+def block_forward(x, p, n_head: int = N_HEAD, eps: float = LN_EPS):
     """Pre-LN block: x + attn(ln1(x)), then + mlp(ln2(.)). Returns sublayer outputs too."""
-    h1, c_ln1 = layernorm_forward(x, p["ln1.weight"], p["ln1.bias"])
-    a, c_attn = attention_forward(h1, _sub(p, "attn."))
+    h1, c_ln1 = layernorm_forward(x, p["ln1.weight"], p["ln1.bias"], eps)
+    a, c_attn = attention_forward(h1, _sub(p, "attn."), n_head)
     x = x + a
-    h2, c_ln2 = layernorm_forward(x, p["ln2.weight"], p["ln2.bias"])
+    h2, c_ln2 = layernorm_forward(x, p["ln2.weight"], p["ln2.bias"], eps)
     m, c_mlp = mlp_forward(h2, _sub(p, "mlp."))
     return x + m, (c_ln1, c_attn, c_ln2, c_mlp), a, m
 
@@ -219,39 +221,47 @@ def cross_entropy_backward(cache):
 
 # ---------------------------------------------------------------------------- model
 class NumpyMiniGPT:
-    def __init__(self, params: dict[str, np.ndarray]):
+    """The model of `config`'s architecture (the committed one by default; the vocabulary size
+    is read from tok_emb.weight)."""
+
+    def __init__(self, params: dict[str, np.ndarray], config: MiniGPTConfig = ARCHITECTURE):
+        if config.n_head < 1 or config.d_model % config.n_head:
+            raise ValueError(f"d_model={config.d_model} is not divisible by n_head={config.n_head}")
         if "tok_emb.weight" not in params:
             raise WeightsError("missing parameter 'tok_emb.weight'")
         if np.ndim(params["tok_emb.weight"]) != 2:
             raise WeightsError(
                 f"parameter 'tok_emb.weight' has shape {np.shape(params['tok_emb.weight'])}, "
-                f"expected (vocab_size, {D_MODEL})"
+                f"expected (vocab_size, {config.d_model})"
             )
         self.vocab_size = int(np.shape(params["tok_emb.weight"])[0])
+        self.config = config.with_vocab(self.vocab_size)
         dtype = np.asarray(params["tok_emb.weight"]).dtype
-        _validate(params, self.vocab_size, dtype)
+        _validate(params, self.vocab_size, dtype, self.config)
         self.params = params
         self.dtype = dtype
 
     # --- construction -----------------------------------------------------------------
     @classmethod
-    def init(cls, vocab_size: int, seed: int = 0, dtype=np.float32) -> NumpyMiniGPT:
+    def init(
+        cls, vocab_size: int, seed: int = 0, dtype=np.float32, config: MiniGPTConfig = ARCHITECTURE
+    ) -> NumpyMiniGPT:
         """GPT-2 style init: N(0, 0.02), residual projections scaled by 1/sqrt(2L)."""
         rng = np.random.default_rng(seed)
         params = {}
-        for name, shape in expected_shapes(vocab_size).items():
+        for name, shape in expected_shapes(vocab_size, config).items():
             if name.startswith("ln") or ".ln" in name:
                 val = np.ones(shape) if name.endswith("weight") else np.zeros(shape)
             elif name.endswith("bias"):
                 val = np.zeros(shape)
             else:
-                std = 0.02 / math.sqrt(2 * N_LAYER) if name.endswith("proj.weight") else 0.02
+                std = 0.02 / math.sqrt(2 * config.n_layer) if name.endswith("proj.weight") else 0.02
                 val = rng.normal(0.0, std, size=shape)
             params[name] = val.astype(dtype)
-        return cls(params)
+        return cls(params, config)
 
     def astype(self, dtype) -> NumpyMiniGPT:
-        return NumpyMiniGPT({k: v.astype(dtype) for k, v in self.params.items()})
+        return NumpyMiniGPT({k: v.astype(dtype) for k, v in self.params.items()}, self.config)
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> NumpyMiniGPT:
@@ -286,8 +296,8 @@ class NumpyMiniGPT:
         ids = np.asarray(ids)
         if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
             raise ValueError(f"ids must be an integer array of shape (B, T), got {ids.dtype} {ids.shape}")
-        if not 1 <= ids.shape[1] <= CONTEXT:
-            raise ValueError(f"sequence length {ids.shape[1]} outside [1, {CONTEXT}]")
+        if not 1 <= ids.shape[1] <= self.config.context:
+            raise ValueError(f"sequence length {ids.shape[1]} outside [1, {self.config.context}]")
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
             raise ValueError(f"token ids must lie in [0, {self.vocab_size})")
         return ids
@@ -300,14 +310,15 @@ class NumpyMiniGPT:
         if trace is not None:
             trace["embed"] = x
         caches = []
-        for i in range(N_LAYER):
-            x, c, a, m = block_forward(x, _sub(p, f"blocks.{i}."))
+        cfg = self.config
+        for i in range(cfg.n_layer):
+            x, c, a, m = block_forward(x, _sub(p, f"blocks.{i}."), cfg.n_head, cfg.ln_eps)
             caches.append(c)
             if trace is not None:
                 trace[f"blocks.{i}.attn"] = a
                 trace[f"blocks.{i}.mlp"] = m
                 trace[f"blocks.{i}"] = x
-        h, c_lnf = layernorm_forward(x, p["ln_f.weight"], p["ln_f.bias"])
+        h, c_lnf = layernorm_forward(x, p["ln_f.weight"], p["ln_f.bias"], cfg.ln_eps)
         logits, c_head = linear_forward(h, p["lm_head.weight"], p["lm_head.bias"])  # (B, T, V)
         if trace is not None:
             trace["ln_f"] = h
@@ -334,20 +345,20 @@ class NumpyMiniGPT:
         dlogits = cross_entropy_backward(c_ce)
         dh, g["lm_head.weight"], g["lm_head.bias"] = linear_backward(dlogits, c_head, p["lm_head.weight"])
         dx, g["ln_f.weight"], g["ln_f.bias"] = layernorm_backward(dh, c_lnf)
-        for i in reversed(range(N_LAYER)):
+        for i in reversed(range(self.config.n_layer)):
             prefix = f"blocks.{i}."
             dx, gb = block_backward(dx, caches[i], _sub(p, prefix))
             g.update({prefix + k: v for k, v in gb.items()})
         g["pos_emb.weight"] = np.zeros_like(p["pos_emb.weight"])
         g["pos_emb.weight"][: ids.shape[1]] = dx.sum(axis=0)
         g["tok_emb.weight"] = np.zeros_like(p["tok_emb.weight"])
-        np.add.at(g["tok_emb.weight"], ids.reshape(-1), dx.reshape(-1, D_MODEL))
+        np.add.at(g["tok_emb.weight"], ids.reshape(-1), dx.reshape(-1, self.config.d_model))
         return loss, g
 
 
-def _validate(params, vocab_size, dtype) -> None:
+def _validate(params, vocab_size, dtype, config: MiniGPTConfig = ARCHITECTURE) -> None:
     """Every expected name present with the right shape and one float dtype; no extras."""
-    expected = expected_shapes(vocab_size)
+    expected = expected_shapes(vocab_size, config)
     for name in params:
         if name not in expected:
             raise WeightsError(f"unexpected parameter {name!r}")

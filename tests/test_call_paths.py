@@ -134,6 +134,13 @@ def test_triton_op_passes_opcheck_in_the_interpreter():
         assert all(v == "SUCCESS" for v in result.values()), result
         x.requires_grad_(True)
         torch.library.opcheck(ops.triton, (x,))
+    # The fake implementation must describe the real output for every input layout (strided
+    # rows, a misaligned view, elements strided within a row), not only contiguous ones.
+    for layout in ("row_stride", "offset:1", "col_stride"):
+        x = logits(3, 40, seed=3, layout=layout, neg_inf=False)
+        assert not x.is_contiguous() or x.storage_offset(), layout
+        result = torch.library.opcheck(ops.triton, (x,))
+        assert all(v == "SUCCESS" for v in result.values()), (layout, result)
 
 
 @pytest.mark.cpu
@@ -179,6 +186,10 @@ def test_custom_ops_pass_opcheck_on_cuda(name):
             x = _logits(*shape, dtype, "cuda")
             result = torch.library.opcheck(op, (x,))
             assert all(v == "SUCCESS" for v in result.values()), (shape, dtype, result)
+        for layout in layouts(dtype)[1:]:  # the fake implementation under every other layout
+            x = logits(4, 600, seed=4, dtype=dtype, device="cuda", layout=layout, neg_inf=False)
+            result = torch.library.opcheck(op, (x,))
+            assert all(v == "SUCCESS" for v in result.values()), (layout, dtype, result)
 
 
 @pytest.mark.cuda

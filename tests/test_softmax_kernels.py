@@ -185,6 +185,18 @@ def test_bad_input_is_rejected_before_any_kernel_runs(kernel, bad, error, messag
 
 
 @pytest.mark.cpu
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_an_output_on_another_device_is_rejected(kernel):
+    # Checked before the device is touched: x on the CPU, out on the meta device (or, for the
+    # CUDA-only kernels, the device check of x names "cuda" first).
+    k = SOFTMAX_KERNELS[kernel]
+    skip_if_unavailable(k)
+    x = torch.randn(4, 10)
+    with pytest.raises(ValueError, match="out|cuda"):
+        k(x, out=torch.empty(4, 10, device="meta"))
+
+
+@pytest.mark.cpu
 def test_baseline_entry_on_cpu_writes_into_out():
     x = logits(3, 781, seed=1)
     out = run_poisoned(SOFTMAX_KERNELS[BASELINE], x)
@@ -310,6 +322,12 @@ class TestEdges:
             k(x, out=torch.empty(4, 11, device="cuda"))
         with pytest.raises(ValueError, match="out"):
             k(x, out=torch.empty(10, 4, device="cuda").t())
+        # An output of the right shape and dtype on another device: never a silent copy or a
+        # write through a foreign pointer.
+        others = ["cpu"] + [f"cuda:{i}" for i in range(1, torch.cuda.device_count())]
+        for device in others:
+            with pytest.raises(ValueError, match="out"):
+                k(x, out=torch.empty(4, 10, device=device))
 
     def test_non_contiguous_input(self, kernel):
         skip_unless_runnable(SOFTMAX_KERNELS[kernel])

@@ -45,13 +45,13 @@ def _one_thread():
 # -- weights --------------------------------------------------------------------------------
 
 
-def random_weights(vocab_size: int, seed: int) -> dict[str, np.ndarray]:
+def random_weights(vocab_size: int, seed: int, config: MiniGPTConfig | None = None) -> dict[str, np.ndarray]:
     """Random weights under the NumPy names, scaled so that every layer matters: LayerNorm
     gains away from 1, biases away from 0, and an LM head that gives peaked distributions
     (the GPT-2 init would make every output nearly uniform and hide errors)."""
     rng = np.random.default_rng(seed)
     arrays = {}
-    for name, shape in expected_shapes(vocab_size).items():
+    for name, shape in (expected_shapes(vocab_size, config) if config else expected_shapes(vocab_size)).items():
         if ".ln" in name or name.startswith("ln_"):
             gain_or_bias = name.endswith("weight")
             value = (1.0 + 0.2 * rng.standard_normal(shape)) if gain_or_bias else 0.1 * rng.standard_normal(shape)
@@ -428,6 +428,62 @@ def test_torch_export_matches_eager(trained_path):
     bad[1, 3] = V
     with pytest.raises(RuntimeError, match="out of range"):
         exported(bad)
+
+
+# -- other sizes -----------------------------------------------------------------------------
+
+# Architectures other than the committed one: the port and the reference must agree for any
+# size, not only for the numbers they were first written with (odd vocabulary, one head of
+# width d, heads of width 4, a short context, a narrow MLP).
+OTHER_SIZES = {
+    "L1-H1-d8": MiniGPTConfig(n_layer=1, n_head=1, d_model=8, context=5, mlp_ratio=2),
+    "L2-H3-d24": MiniGPTConfig(n_layer=2, n_head=3, d_model=24, context=9, mlp_ratio=3),
+    "L6-H8-d32": MiniGPTConfig(n_layer=6, n_head=8, d_model=32, context=12),
+}
+
+
+@pytest.mark.parametrize("name", list(OTHER_SIZES))
+def test_other_architectures_match_the_reference(name):
+    config = OTHER_SIZES[name]
+    V = 37
+    arrays = random_weights(V, seed=len(name), config=config)
+    reference = NumpyMiniGPT(arrays, config)
+    model = load_numpy_weights_from(arrays, config)
+    ids = random_ids(V, (2, config.context), seed=5)
+    with torch.no_grad():
+        got = model.logits(torch.from_numpy(ids)).numpy()
+    want = reference.logits(ids)
+    np.testing.assert_allclose(got, want, atol=ATOL, rtol=RTOL)
+    # Both sides refuse what this architecture cannot take: one token past its context, and
+    # token ids just outside [0, V) on either side.
+    too_long = np.zeros((1, config.context + 1), dtype=np.int64)
+    with pytest.raises(ValueError, match="sequence length|context"):
+        reference.logits(too_long)
+    with pytest.raises(ValueError, match="context"):
+        model.logits(torch.from_numpy(too_long))
+    for bad in (-1, V):
+        ids_bad = ids.copy()
+        ids_bad[1, -1] = bad
+        with pytest.raises(ValueError, match=rf"\[0, {V}\)"):
+            reference.logits(ids_bad)
+        with pytest.raises(ValueError, match=rf"\[0, {V}\)"):
+            model.logits(torch.from_numpy(ids_bad))
+
+
+def test_weights_of_another_architecture_are_refused_by_name_and_shape():
+    config = OTHER_SIZES["L2-H3-d24"]
+    arrays = random_weights(37, seed=2, config=config)
+    with pytest.raises(WeightMismatchError, match="blocks.2|missing"):
+        load_numpy_weights_from(arrays, MiniGPTConfig(n_layer=3, n_head=3, d_model=24, context=9, mlp_ratio=3))
+    with pytest.raises(ValueError, match="divisible"):
+        NumpyMiniGPT(arrays, MiniGPTConfig(n_layer=2, n_head=5, d_model=24, context=9, mlp_ratio=3))
+
+
+def load_numpy_weights_from(arrays, config: MiniGPTConfig) -> GrammarMiniGPT:
+    from model.torch_minigpt import load_numpy_arrays
+
+    vocab = arrays["tok_emb.weight"].shape[0]
+    return load_numpy_arrays(GrammarMiniGPT(config.with_vocab(vocab)), arrays).eval()
 
 
 # -- bad input ------------------------------------------------------------------------------
