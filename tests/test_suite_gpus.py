@@ -40,7 +40,33 @@ def test_gpus_are_counted_and_named_through_nvidia_smi(fake_nvidia_smi):
     assert gpus.visible_gpu_ids() == ["0", "1"]
     assert gpus.describe_gpu() == {"model": "NVIDIA H200", "compute_capability": "9.0"}
     environ = {}
-    assert gpus.pin_xdist_worker("gw3", environ) == "1" and environ == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert gpus.pin_xdist_worker("gw3", environ) == "1"
+    assert environ == {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+@pytest.mark.parametrize(
+    "visible",
+    ["3,1", "GPU-5f1c,GPU-09ab", "2, 7", "MIG-aa11,MIG-bb22"],
+    ids=["reordered", "uuids", "spaced", "mig"],
+)
+def test_workers_are_pinned_to_the_visible_ids_themselves(no_gpu_env, visible):
+    # Ids that are not 0..n-1 (a reordered subset, UUIDs, MIG instances): each worker gets one
+    # of the listed ids verbatim, in turn, never an index into them.
+    no_gpu_env.setenv("CUDA_VISIBLE_DEVICES", visible)
+    listed = [v.strip() for v in visible.split(",")]
+    pinned = []
+    for i in range(4):
+        environ = {}
+        pinned.append(gpus.pin_xdist_worker(f"gw{i}", environ))
+        assert environ["CUDA_VISIBLE_DEVICES"] == pinned[-1]
+    assert pinned == [listed[0], listed[1], listed[0], listed[1]]
+
+
+def test_a_chosen_device_order_is_kept(no_gpu_env):
+    no_gpu_env.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    environ = {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}
+    assert gpus.pin_xdist_worker("gw0", environ) == "1"
+    assert environ["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"
 
 
 @pytest.mark.parametrize("visible, expected", [("0,2", ["0", "2"]), (" 3 , ", ["3"]), ("", []), ("-1", [])])

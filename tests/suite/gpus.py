@@ -55,6 +55,10 @@ def pin_xdist_worker(worker: str | None, environ=os.environ) -> str | None:
     index = int(worker.removeprefix("gw"))
     chosen = ids[index % len(ids)]
     environ["CUDA_VISIBLE_DEVICES"] = chosen
+    # nvidia-smi numbers GPUs in PCI bus order, CUDA by default fastest first: on a host of
+    # mixed models the same index would name two GPUs. Unless the user chose an order, number
+    # them as nvidia-smi does, so the id pinned is the GPU the manifest names.
+    environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     return chosen
 
 
