@@ -333,7 +333,16 @@ TOLERANCES = {
 _SHOWN = 6  # mismatches printed per kind
 
 
-def _where(mask: np.ndarray, got: np.ndarray, ref: np.ndarray | None = None, bound: np.ndarray | None = None) -> str:
+def _np(a):
+    return a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
+
+
+def _where(mask, got, ref=None, bound=None) -> str:
+    """The first few positions of `mask`, with got, ref and (error, allowed) there (NumPy
+    arrays or tensors: only a failing check comes here)."""
+    mask, got = _np(mask), _np(got)
+    ref = None if ref is None else _np(ref)
+    bound = None if bound is None else (_np(bound[0]), _np(bound[1]))
     idx = np.argwhere(mask)[:_SHOWN]
     parts = []
     for i in map(tuple, idx):
@@ -344,43 +353,59 @@ def _where(mask: np.ndarray, got: np.ndarray, ref: np.ndarray | None = None, bou
     return "; ".join(parts) + more
 
 
-def ulp_of(p: np.ndarray, dtype) -> np.ndarray:
-    """One unit in the last place of `dtype` at the magnitude of p (p >= 0): the spacing of the
-    binade p lies in, or the subnormal spacing below the normal range."""
+def ulp_of(p: torch.Tensor, dtype) -> torch.Tensor:
+    """One unit in the last place of `dtype` at the magnitude of p (p >= 0, float64): the
+    spacing of the binade p lies in, or the subnormal spacing below the normal range."""
     fi = torch.finfo(dtype)
-    with np.errstate(divide="ignore"):
-        binade = np.floor(np.log2(np.maximum(p, fi.smallest_normal)))
-    return np.exp2(binade) * fi.eps
+    return torch.exp2(torch.floor(torch.log2(torch.clamp(p, min=fi.smallest_normal)))) * fi.eps
+
+
+def _quantile(v: torch.Tensor, q: float) -> float:
+    """np.quantile(v, q) (linear interpolation) without sorting or copying v off its device."""
+    n = v.numel()
+    if n == 0:
+        return 0.0
+    pos = q * (n - 1)
+    lo = math.floor(pos)
+    a = torch.kthvalue(v, lo + 1).values.item()
+    b = torch.kthvalue(v, min(lo + 2, n)).values.item()
+    return a + (b - a) * (pos - lo)
 
 
 @dataclass
 class SoftmaxErrors:
-    """Every output of `got` against the float64 softmax `ref` of its input (NumPy, float64),
-    with what TOLERANCES allows; `summary` gives the figures the manifest records."""
+    """Every output of `got` against the float64 softmax `ref` of its input (computed by the
+    NumPy reference), with what TOLERANCES allows; float64 tensors on got's device, so a
+    comparison of a large GPU output costs no pass of the host over it. `summary` gives the
+    figures the manifest records."""
 
-    got: np.ndarray
-    ref: np.ndarray
+    got: torch.Tensor
+    ref: torch.Tensor
     tol: Tolerance
-    normal: np.ndarray  # outputs held to the relative rule (reference >= the format's tiny)
-    below: np.ndarray  # finite outputs whose reference is below the normal range
-    rel: np.ndarray  # |got - ref| / ref where normal, else 0
-    elem: np.ndarray  # the elementwise quantity checked (fp32: rel. after the row scale; 16-bit: ulps)
-    elem_bound: np.ndarray
-    logp: np.ndarray  # |log got - log ref| where normal, else 0
-    logp_bound: np.ndarray
-    abs_err: np.ndarray  # |got - ref| where both are finite, else 0
-    allowed: np.ndarray  # the |got - ref| the rule allows at each output (relative bounds combined)
+    normal: torch.Tensor  # outputs held to the relative rule (reference >= the format's tiny)
+    below: torch.Tensor  # finite outputs whose reference is below the normal range
+    rel: torch.Tensor  # |got - ref| / ref where normal, else 0
+    elem: torch.Tensor  # the elementwise quantity checked (fp32: rel. after the row scale; 16-bit: ulps)
+    elem_bound: torch.Tensor
+    logp: torch.Tensor  # |log got - log ref| where normal, else 0
+    logp_bound: torch.Tensor
+    abs_err: torch.Tensor  # |got - ref| where both are finite, else 0
+    allowed: torch.Tensor  # the |got - ref| the rule allows at each output (relative bounds combined)
 
     def summary(self) -> dict:
         rel = self.rel[self.normal]
-        ulps = np.abs(self.got - self.ref)[self.normal] / ulp_of(self.ref[self.normal], self.tol.dtype)
+        ulps = (self.got - self.ref).abs()[self.normal] / ulp_of(self.ref[self.normal], self.tol.dtype)
+
+        def top(t):
+            return float(t.max().item()) if t.numel() else 0.0
+
         return {
-            "max_rel_err": float(rel.max(initial=0.0)),
-            "p999_rel_err": float(np.quantile(rel, 0.999)) if rel.size else 0.0,
-            "max_logp_err_nats": float(self.logp.max(initial=0.0)),
-            "max_err_ulps": float(ulps.max(initial=0.0)),
-            "max_abs_err": float(self.abs_err.max(initial=0.0)),
-            "normal_outputs": int(self.normal.sum()),
+            "max_rel_err": top(rel),
+            "p999_rel_err": _quantile(rel, 0.999),
+            "max_logp_err_nats": top(self.logp),
+            "max_err_ulps": top(ulps),
+            "max_abs_err": top(self.abs_err),
+            "normal_outputs": int(self.normal.sum().item()),
         }
 
 
@@ -396,44 +421,47 @@ def softmax_errors(got: torch.Tensor, x: torch.Tensor, *, dtype=None, kernel=Non
     kernel)'s bounds for every output (dtype: got's by default). An output is held to the
     relative rule where its reference, less all the error the rule allows it, is still a normal
     number of the format; below that it may be flushed to zero or be subnormal, and the absolute
-    floor holds."""
+    floor holds. The reference is kernels.reference.softmax_ref (NumPy, float64 accumulation);
+    the comparison runs in float64 on got's device."""
     tol = tolerance(got.dtype if dtype is None else dtype, kernel)
-    g = got.detach().to("cpu", torch.float64).numpy()
-    xs = x.detach().to("cpu", torch.float64).numpy()
-    r = softmax_ref(xs)
+    dev = got.device
+    g = got.detach().to(torch.float64)
+    x64 = x.detach().to("cpu", torch.float64)
+    r = torch.from_numpy(softmax_ref(x64.numpy())).to(dev)
     if g.shape != r.shape:
-        raise AssertionError(f"shape {g.shape}, expected {r.shape}")
-    both = np.isfinite(g) & np.isfinite(r)
-    gz, rz = np.where(both, g, 0.0), np.where(both, r, 0.0)
-    rp = np.where(rz > 0, rz, 1.0)
+        raise AssertionError(f"shape {tuple(g.shape)}, expected {tuple(r.shape)}")
+    xs = x64.to(dev)
+    zero, one = g.new_zeros(()), g.new_ones(())
+    both = torch.isfinite(g) & torch.isfinite(r)
+    gz, rz = torch.where(both, g, zero), torch.where(both, r, zero)
+    rp = torch.where(rz > 0, rz, one)
     if tol.store_ulps is None:
-        with np.errstate(invalid="ignore"):  # rows of all -inf: -inf - -inf
-            dist = np.where(np.isfinite(xs), xs.max(axis=-1, keepdims=True, initial=-np.inf) - xs, 0.0)
-        dist = np.nan_to_num(dist, nan=0.0, posinf=0.0)
-        mean_dist = (rz * dist).sum(axis=-1, keepdims=True)
+        finite = torch.isfinite(xs)
+        row_max = torch.where(finite, xs, -math.inf).amax(dim=-1, keepdim=True) if xs.shape[-1] else xs
+        dist = torch.where(finite, row_max - xs, zero)
+        dist = torch.nan_to_num(dist, nan=0.0, posinf=0.0)  # rows of all -inf: -inf - -inf
+        mean_dist = (rz * dist).sum(dim=-1, keepdim=True)
         elem_bound = tol.eps * (2 * tol.exp_ulps + tol.per_nat * (dist + mean_dist))
         direct = (1 + elem_bound) * (1 + tol.row_sum(r.shape[-1])) - 1
     else:
         ulp = ulp_of(rp, tol.dtype)
-        elem_bound = np.full_like(r, tol.store_ulps)
+        elem_bound = torch.full_like(r, tol.store_ulps)
         direct = tol.store_ulps * ulp / rp
     normal = both & (rz >= tol.tiny) & (rz * (1 - direct) >= tol.tiny)
     below = both & ~normal
-    abs_err = np.abs(gz - rz)
-    r1 = np.where(normal, rz, 1.0)
-    rel = np.where(normal, abs_err / r1, 0.0)
+    abs_err = (gz - rz).abs()
+    r1 = torch.where(normal, rz, one)
+    rel = torch.where(normal, abs_err / r1, zero)
     if tol.store_ulps is None:
         # The row's own scale divided out: sum(got) over the row's finite outputs.
-        scale = gz.sum(axis=-1, keepdims=True)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            elem = np.where(normal, np.abs(gz / np.where(scale > 0, scale, 1.0) - rz) / r1, 0.0)
+        scale = gz.sum(dim=-1, keepdim=True)
+        elem = torch.where(normal, (gz / torch.where(scale > 0, scale, one) - rz).abs() / r1, zero)
     else:
-        elem = np.where(normal, abs_err / ulp_of(r1, tol.dtype), 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        logp = np.where(normal, np.abs(np.log(np.where(normal & (g > 0), g, 1.0)) - np.log(r1)), 0.0)
-    logp = np.where(normal & ~(g > 0), np.inf, logp)
-    logp_bound = -np.log1p(-np.minimum(direct, 0.5))
-    allowed = np.where(normal, direct * r1, tol.floor)
+        elem = torch.where(normal, abs_err / ulp_of(r1, tol.dtype), zero)
+    logp = torch.where(normal, (torch.log(torch.where(normal & (g > 0), g, one)) - torch.log(r1)).abs(), zero)
+    logp = torch.where(normal & ~(g > 0), math.inf, logp)
+    logp_bound = -torch.log1p(-torch.clamp(direct, max=0.5))
+    allowed = torch.where(normal, direct * r1, tol.floor)
     return SoftmaxErrors(g, r, tol, normal, below, rel, elem, elem_bound, logp, logp_bound, abs_err, allowed)
 
 
@@ -467,6 +495,10 @@ def assert_softmax_close(
     by default a registry `kernel` is gated as accuracy_gated says, with its spec's tolerance
     overrides, and anything else is gated. Returns SoftmaxErrors.summary() (`record` gets its
     max_abs_err)."""
+    return _assert_close(got, x, dtype=dtype, what=what, record=record, gated=gated, kernel=kernel)[0]
+
+
+def _assert_close(got, x, *, dtype, what, record, gated, kernel) -> tuple[dict, SoftmaxErrors]:
     if gated is None:
         gated = accuracy_gated(kernel) if kernel is not None else True
     try:
@@ -477,8 +509,8 @@ def assert_softmax_close(
     summary = e.summary()
     if record is not None:
         record(summary["max_abs_err"])
-    nan_g, nan_r = np.isnan(g), np.isnan(r)
-    inf_g = np.isinf(g)
+    nan_g, nan_r = torch.isnan(g), torch.isnan(r)
+    inf_g = torch.isinf(g)
     problems = []
     if (nan_g & ~nan_r).any():
         problems.append(
@@ -501,7 +533,7 @@ def assert_softmax_close(
         )
         problems.append(
             f"{int(off.sum())} of {int(e.normal.sum())} normal outputs beyond the elementwise bound ({kind}; "
-            f"worst {e.elem[off].max():.3g}, worst relative error {e.rel[off].max():.3g}): "
+            f"worst {e.elem[off].max().item():.3g}, worst relative error {e.rel[off].max().item():.3g}): "
             + _where(off, g, r, (e.elem, e.elem_bound))
         )
     low = e.below & ~(e.abs_err <= tol.floor) & gated
@@ -512,13 +544,13 @@ def assert_softmax_close(
     bad_logp = e.normal & ~(e.logp <= e.logp_bound) & gated
     if bad_logp.any():
         problems.append(
-            f"{int(bad_logp.sum())} log-probabilities beyond their bound (worst {e.logp[bad_logp].max():.3g} nats): "
-            + _where(bad_logp, g, r, (e.logp, e.logp_bound))
+            f"{int(bad_logp.sum())} log-probabilities beyond their bound "
+            f"(worst {e.logp[bad_logp].max().item():.3g} nats): " + _where(bad_logp, g, r, (e.logp, e.logp_bound))
         )
     if problems:
-        head = f"{what or 'softmax'} ({dtype_id(tol.dtype)}, shape {g.shape})"
+        head = f"{what or 'softmax'} ({dtype_id(tol.dtype)}, shape {tuple(g.shape)})"
         raise AssertionError(head + ":\n  " + "\n  ".join(problems))
-    return summary
+    return summary, e
 
 
 def ratio_to_torch(got: torch.Tensor, x: torch.Tensor, *, reference: torch.Tensor | None = None) -> dict:
@@ -559,10 +591,10 @@ def assert_outputs_agree(a: torch.Tensor, b: torch.Tensor, x: torch.Tensor, *, w
     """Two softmax outputs of the same x (same dtype) agree as TOLERANCES allows each to differ
     from the float64 reference: |a - b| within the sum of their two bounds at every output, NaN
     at the same places."""
-    ea, eb = softmax_errors(a, x), softmax_errors(b, x)
-    nan_a, nan_b = np.isnan(ea.got), np.isnan(eb.got)
-    assert np.array_equal(nan_a, nan_b), f"{what}: NaN at different places ({int((nan_a != nan_b).sum())} outputs)"
-    diff = np.abs(np.nan_to_num(ea.got - eb.got, nan=0.0))
+    ea, eb = softmax_errors(a, x), softmax_errors(b.to(a.device), x)
+    nan_a, nan_b = torch.isnan(ea.got), torch.isnan(eb.got)
+    assert torch.equal(nan_a, nan_b), f"{what}: NaN at different places ({int((nan_a != nan_b).sum())} outputs)"
+    diff = torch.nan_to_num(ea.got - eb.got, nan=0.0).abs()
     off = ~(diff <= ea.allowed + eb.allowed)
     assert not off.any(), (
         f"{what} ({dtype_id(a.dtype)}): {int(off.sum())} outputs differ by more than their two bounds: "
@@ -582,7 +614,7 @@ def row_sum_tolerance(V: int, dtype=torch.float32) -> float:
     return TOLERANCES[dtype].row_sum(V)
 
 
-def storage_rounding(ref: np.ndarray, dtype) -> np.ndarray:
+def storage_rounding(ref, dtype) -> np.ndarray:
     """Per row, how far the exact probabilities `ref` (float64) sum from their own sum once each
     is rounded to `dtype`: what storing the row costs a correct kernel. Negligible unless many
     of them fall below the format's smallest normal number, where its absolute spacing takes
@@ -590,8 +622,9 @@ def storage_rounding(ref: np.ndarray, dtype) -> np.ndarray:
     subnormal steps)."""
     if dtype == torch.float32:
         return np.zeros(ref.shape[:-1])
-    rounded = torch.from_numpy(ref).to(dtype).to(torch.float64).numpy()
-    return np.abs(np.nansum(rounded, axis=-1) - np.nansum(ref, axis=-1))
+    ref = ref if isinstance(ref, torch.Tensor) else torch.from_numpy(ref)
+    rounded = ref.to(dtype).to(torch.float64)
+    return _np((rounded.nansum(dim=-1) - ref.nansum(dim=-1)).abs())
 
 
 def assert_rows_sum_to_one(got: torch.Tensor, *, dtype=None, what: str = "", slack=None) -> None:
@@ -600,7 +633,7 @@ def assert_rows_sum_to_one(got: torch.Tensor, *, dtype=None, what: str = "", sla
     dtype = got.dtype if dtype is None else dtype
     V = got.shape[-1]
     tol = row_sum_tolerance(V, dtype) + (0.0 if slack is None else np.asarray(slack))
-    sums = got.detach().to("cpu", torch.float64).sum(dim=-1).numpy()
+    sums = got.detach().to(torch.float64).sum(dim=-1).cpu().numpy()
     bad = ~(np.abs(sums - 1.0) <= tol)
     if bad.any():
         drift = np.abs(sums - 1.0)
@@ -621,11 +654,11 @@ def check_softmax(
     assert_softmax_close's summary."""
     if gated is None:
         gated = accuracy_gated(kernel) if kernel is not None else True
-    summary = assert_softmax_close(got, x, what=what, record=record, gated=gated, kernel=kernel)
+    summary, e = _assert_close(got, x, dtype=None, what=what, record=record, gated=gated, kernel=kernel)
     if gated:
-        defined = ~torch.isneginf(x).all(dim=-1)
-        ref = softmax_ref(x[defined].detach().to("cpu", torch.float64).numpy())
-        assert_rows_sum_to_one(got[defined], dtype=got.dtype, what=what, slack=storage_rounding(ref, got.dtype))
+        defined = ~torch.isneginf(x).all(dim=-1).to(got.device)
+        slack = storage_rounding(e.ref[defined], got.dtype)
+        assert_rows_sum_to_one(got[defined], dtype=got.dtype, what=what, slack=slack)
     return summary
 
 
