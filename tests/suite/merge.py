@@ -19,6 +19,7 @@ import json
 import math
 from pathlib import Path
 
+from kernels.spec import BASELINE, names
 from tests.suite import figures
 from tests.suite.gate import model_slug
 from tests.suite.manifest import (
@@ -34,7 +35,9 @@ from tests.suite.manifest import (
     write_if_changed,
 )
 
-SIDE_BY_SIDE_KERNELS = ("fused", "triton", "torch_compile")
+# Drawn side by side per GPU model: the kernels the gate holds, and every other baseline than
+# the one the ratios are taken to (kernels/spec.py).
+SIDE_BY_SIDE_KERNELS = names(lambda s: s.gated) + names(lambda s: s.baseline and s.name != BASELINE)
 
 
 # -- reading the inputs -----------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ figures and the gate are tested on the CPU. The numbers are invented; only their
 
 import math
 
-from kernels.spec import BASELINE, SPEC_BY_NAME, matrix_bytes
+from kernels.spec import BASELINE, SPEC_BY_NAME, matrix_bytes, names
 
 GPU_ENV = {
     "gpu": {"model": "NVIDIA H200", "compute_capability": "9.0"},
@@ -152,7 +152,7 @@ def gated_records(factor=None, remeasured=None, *, spread=0.01) -> list[dict]:
     rounds) at that factor, as a flagged case carries."""
     records = []
     for B, V, dtype in CALL_SHAPES:
-        for kernel in ("fused", "triton"):
+        for kernel in names(lambda s: s.gated):
             for mode, base in GATED_BASE_RATIO.items():
                 slower = factor(kernel, B, V, dtype, mode) if factor else 1.0
                 r = record(kernel, B, V, dtype, 5.0, mode=mode)
