@@ -13,7 +13,6 @@ import copy
 import math
 
 RECORD_KEY = "manifest"
-MODES = ("device", "per_call", "graph")
 
 
 def _failed(value) -> bool:
