@@ -122,6 +122,7 @@ def record_manifest(request):
     the run (combined over tests as tests/suite/records.py says). Record before asserting."""
 
     def record(section: str, **values):
+        manifest.check_section(section)
         request.node.user_properties.append((records.RECORD_KEY, (section, values)))
 
     return record

@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .cuda_plans import FORMATS, fused_plans
+from .cuda_plans import FORMATS, fused_classes
 
 CUDA_DIR = Path(__file__).resolve().parent / "cuda"
 COMMON_HEADER = CUDA_DIR / "softmax_common.cuh"
@@ -46,7 +46,7 @@ def expand_source(path: Path) -> str:
 
 
 def fused_instantiations() -> str:
-    lines = [plan.instantiation(dt) for dt in FORMATS for plan in fused_plans(dt)]
+    lines = [size_class.instantiation(dt) for dt in FORMATS for size_class in fused_classes(dt)]
     return "\n// ---- instantiations generated from the dispatch table ----\n" + "\n".join(lines) + "\n"
 
 
@@ -65,7 +65,7 @@ def expected_kernels(path: Path) -> list[str]:
         return ["softmax_naive_f32"]
     if name == "softmax_smem.cu":
         return ["softmax_smem_f32"]
-    return [plan.kernel_name(dt) for dt in FORMATS for plan in fused_plans(dt)]
+    return [size_class.kernel_name(dt) for dt in FORMATS for size_class in fused_classes(dt)]
 
 
 # ---------------------------------------------------------------------------------------------

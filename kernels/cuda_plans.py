@@ -1,6 +1,6 @@
-"""The fused kernel's dispatch table: which size class (plan) serves a row of V elements.
+"""The fused kernel's dispatch table: which size class (`FusedClass`) serves a row of V elements.
 
-A plan fixes, at compile time, how many threads share a row and how many elements each holds,
+A size class fixes, at compile time, how many threads share a row and how many elements each holds,
 so per-thread arrays have constant sizes and stay in registers. The table is the single source
 of the kernels compiled (`kernels.cuda_build` instantiates exactly these), of the dispatch
 (`kernels.softmax_cuda`), and of the boundaries the tests probe. V counts elements.
@@ -103,7 +103,8 @@ LOOP_MIN_SLICE = 16384
 # whole row itself (milliseconds: only a GPU shared with other work or a capped grid reaches it).
 SPLIT_MAX_POLLS = 1 << 14
 
-# Per kind: kernel name, description, and the instantiation macro of softmax_fused.cu.
+# Per kind (path): kernel name, description (the path's name, then the class's shape), and the
+# instantiation macro of softmax_fused.cu.
 _KINDS = {
     "warp": (
         "fused_warp_{sfx}_e{elems}",
@@ -112,7 +113,7 @@ _KINDS = {
     ),
     "warpvec": (
         "fused_warpvec_{sfx}_e{elems}_r{rows}",
-        "warp(rows/block={rows}, elems/lane={elems}, 16-byte vectors)",
+        "warpvec(rows/block={rows}, elems/lane={elems}, 16-byte vectors)",
         "SOFTMAX_FUSED_WARPVEC({name}, {fmt}, {elems}, {rows})",
     ),
     "row": (
@@ -140,7 +141,7 @@ PATHS = tuple(_KINDS)
 
 
 @dataclass(frozen=True)
-class FusedPlan:
+class FusedClass:
     kind: str  # one of PATHS
     threads: int  # per CTA
     elems: int  # per thread (warp kinds: per lane); 0 for loop (it walks the row)
@@ -163,12 +164,12 @@ class FusedPlan:
         return None if self.kind == "loop" else self.row_threads * (self.elems + self.stash)
 
     def shared_bytes(self, dtype) -> int:
-        """Dynamic shared memory a CTA of this plan needs for `dtype` (its stash)."""
+        """Dynamic shared memory a CTA of this class needs for `dtype` (its stash)."""
         return self.threads * self.stash * torch.tensor([], dtype=dtype).element_size()
 
     @property
     def capacity(self) -> int | None:
-        """Largest V this plan holds on chip (None: any V)."""
+        """Largest V this class holds on chip (None: any V)."""
         if self.kind == "loop":
             return None
         if self.kind == "split":
@@ -211,47 +212,43 @@ class FusedPlan:
         return _KINDS[self.kind][2].format(name=self.kernel_name(dtype), **fields)
 
 
-_WARP_PLANS = [(v, FusedPlan("warp", 32 * WARP_ROWS_PER_BLOCK, ew)) for v, ew in _WARP_CLASSES] + [
-    (v, FusedPlan("warpvec", 32 * WARPVEC_ROWS_PER_BLOCK, e)) for v, e in _WARPVEC_CLASSES
+_WARP_TABLE = [(v, FusedClass("warp", 32 * WARP_ROWS_PER_BLOCK, ew)) for v, ew in _WARP_CLASSES] + [
+    (v, FusedClass("warpvec", 32 * WARPVEC_ROWS_PER_BLOCK, e)) for v, e in _WARPVEC_CLASSES
 ]
-_ROW_PLANS_32 = [(v, FusedPlan("cluster" if c > 1 else "row", t, e, c, False, *s)) for v, t, e, c, *s in _ROW_CLASSES]
-_ROW_PLANS_16 = [
-    (v, FusedPlan("cluster" if c > 1 else "row", t, e, c, pk, *s)) for v, t, e, c, pk, *s in _ROW_CLASSES_16BIT
+_ROW_TABLE_32 = [(v, FusedClass("cluster" if c > 1 else "row", t, e, c, False, *s)) for v, t, e, c, *s in _ROW_CLASSES]
+_ROW_TABLE_16 = [
+    (v, FusedClass("cluster" if c > 1 else "row", t, e, c, pk, *s)) for v, t, e, c, pk, *s in _ROW_CLASSES_16BIT
 ]
-_ROW_PLANS = {torch.float32: _ROW_PLANS_32, torch.bfloat16: _ROW_PLANS_16, torch.float16: _ROW_PLANS_16}
-_SPLIT_PLAN_32 = FusedPlan("split", *_SPLIT_CLASS_32[:2], 1, *_SPLIT_CLASS_32[2:])
-_SPLIT_PLAN_16 = FusedPlan("split", *_SPLIT_CLASS_16BIT[:2], 1, *_SPLIT_CLASS_16BIT[2:])
-SPLIT_PLANS = {torch.float32: _SPLIT_PLAN_32, torch.bfloat16: _SPLIT_PLAN_16, torch.float16: _SPLIT_PLAN_16}
-LOOP_PLAN = FusedPlan("loop", LOOP_THREADS, 0)
+_ROW_TABLE = {torch.float32: _ROW_TABLE_32, torch.bfloat16: _ROW_TABLE_16, torch.float16: _ROW_TABLE_16}
+_SPLIT_32 = FusedClass("split", *_SPLIT_CLASS_32[:2], 1, *_SPLIT_CLASS_32[2:])
+_SPLIT_16 = FusedClass("split", *_SPLIT_CLASS_16BIT[:2], 1, *_SPLIT_CLASS_16BIT[2:])
+SPLIT_CLASSES = {torch.float32: _SPLIT_32, torch.bfloat16: _SPLIT_16, torch.float16: _SPLIT_16}
+LOOP_CLASS = FusedClass("loop", LOOP_THREADS, 0)
 
 # V values at which `fused` changes path for a dtype: V and V + 1 use different kernels. The
 # last is the split's capacity; the loop takes any V past it. The path does not depend on B.
 _WARP_BOUNDARIES = [v for v, _ in _WARP_CLASSES] + [v for v, _ in _WARPVEC_CLASSES]
 DISPATCH_BOUNDARIES_BY_DTYPE = {
-    dt: _WARP_BOUNDARIES + [v for v, _ in _ROW_PLANS[dt]] + [SPLIT_PLANS[dt].capacity] for dt in FORMATS
+    dt: _WARP_BOUNDARIES + [v for v, _ in _ROW_TABLE[dt]] + [SPLIT_CLASSES[dt].capacity] for dt in FORMATS
 }
 # Every dtype is tested at all of these (the union over dtypes).
 DISPATCH_BOUNDARIES = sorted({v for b in DISPATCH_BOUNDARIES_BY_DTYPE.values() for v in b})
 
 
-def fused_plans(dtype) -> list[FusedPlan]:
-    """Every plan `softmax_fused` can launch for `dtype`, the loop fallback last."""
-    return [p for _, p in _WARP_PLANS] + [p for _, p in _ROW_PLANS[dtype]] + [SPLIT_PLANS[dtype], LOOP_PLAN]
+def fused_classes(dtype) -> list[FusedClass]:
+    """Every size class `softmax_fused` can launch for `dtype`, the loop fallback last."""
+    return [p for _, p in _WARP_TABLE] + [p for _, p in _ROW_TABLE[dtype]] + [SPLIT_CLASSES[dtype], LOOP_CLASS]
 
 
-# Union over dtypes, in first-seen order, loop last.
-ALL_FUSED_PLANS = list(dict.fromkeys(p for dt in FORMATS for p in fused_plans(dt)[:-1])) + [LOOP_PLAN]
-
-
-def select_fused_plan(V: int, dtype=torch.float32, *, clusters: bool = True) -> FusedPlan:
-    """The plan for rows of V elements of `dtype`: the first class that holds the row, else
+def select_fused_class(V: int, dtype=torch.float32, *, clusters: bool = True) -> FusedClass:
+    """The size class for rows of V elements of `dtype`: the first class that holds the row, else
     split, else loop. `clusters=False` is what a device without thread-block clusters (before
     sm_90) runs: the rows the clusters hold go to split."""
-    for vmax, plan in _WARP_PLANS + _ROW_PLANS[dtype]:
-        if V <= vmax and (clusters or plan.cluster == 1):
-            return plan
-    split = SPLIT_PLANS[dtype]
-    return split if V <= split.capacity else LOOP_PLAN
+    for vmax, size_class in _WARP_TABLE + _ROW_TABLE[dtype]:
+        if V <= vmax and (clusters or size_class.cluster == 1):
+            return size_class
+    split = SPLIT_CLASSES[dtype]
+    return split if V <= split.capacity else LOOP_CLASS
 
 
 def slice_length(V: int, parts: int) -> int:
@@ -260,36 +257,36 @@ def slice_length(V: int, parts: int) -> int:
     return V if parts == 1 else (-(-V // parts) + 7) // 8 * 8
 
 
-def min_parts(plan: FusedPlan, V: int) -> int:
-    """The fewest CTAs per row whose slices fit a split plan's CTAs (1 for the loop)."""
-    if plan.kind != "split":
+def min_parts(size_class: FusedClass, V: int) -> int:
+    """The fewest CTAs per row whose slices fit a split class's CTAs (1 for the loop)."""
+    if size_class.kind != "split":
         return 1
-    cap = plan.slice_capacity
+    cap = size_class.slice_capacity
     parts = -(-V // cap)
     while slice_length(V, parts) > cap:
         parts += 1
     return parts
 
 
-def fused_parts(plan: FusedPlan, B: int, V: int, sm_count: int) -> int:
+def fused_parts(size_class: FusedClass, B: int, V: int, sm_count: int) -> int:
     """CTAs per row for a split or loop launch of (B, V) on a GPU of `sm_count` SMs (1 otherwise).
 
     split: as few as hold the row, or, where B is small, enough that the batch has about one
     CTA per SM (slices no shorter than SPREAD_MIN_SLICE). loop: one per SM up to
     LOOP_MAX_PARTS, slices no shorter than LOOP_MIN_SLICE. Either way every CTA of a row can be
     resident at once; the launch checks that for split (`split_fits`)."""
-    if plan.kind == "split":
+    if size_class.kind == "split":
         spread = min(-(-sm_count // max(B, 1)), V // SPREAD_MIN_SLICE, SPLIT_MAX_PARTS)
-        return max(min_parts(plan, V), spread)
-    if plan.kind == "loop":
+        return max(min_parts(size_class, V), spread)
+    if size_class.kind == "loop":
         return max(1, min(LOOP_MAX_PARTS, sm_count, -(-V // LOOP_MIN_SLICE)))
     return 1
 
 
-def split_fits(plan: FusedPlan, V: int, sm_count: int) -> bool:
+def split_fits(size_class: FusedClass, V: int, sm_count: int) -> bool:
     """Whether a GPU of `sm_count` SMs holds all of a row's split CTAs at once (launch bounds
     promise 1024 threads' worth of CTAs per SM); where not, rows go to the loop instead."""
-    return min_parts(plan, V) <= sm_count * (1024 // plan.threads)
+    return min_parts(size_class, V) <= sm_count * (1024 // size_class.threads)
 
 
 def as_dtype(dtype) -> torch.dtype:
@@ -303,16 +300,17 @@ def as_dtype(dtype) -> torch.dtype:
     return dtype
 
 
-def fused_plan(B: int, V: int, dtype=torch.float32) -> str:
-    """Description of the path `softmax_fused` takes for a (B, V) input of `dtype` on sm_90."""
+def fused_class_description(B: int, V: int, dtype=torch.float32) -> str:
+    """The size class `softmax_fused` launches for a (B, V) input of `dtype` on sm_90, described:
+    its path's name, then its shape ("row(cluster=1, threads=128, elems/thread=32)")."""
     dtype = as_dtype(dtype)
     if V < 1:
         raise ValueError(f"fused softmax: V must be >= 1, got {V}")
     if B == 0:
         return "empty(no launch)"
-    return select_fused_plan(V, dtype).describe()
+    return select_fused_class(V, dtype).describe()
 
 
 def fused_path(B: int, V: int, dtype=torch.float32) -> str:
     """The path name (one of PATHS) `softmax_fused` takes for a (B, V) input on sm_90."""
-    return select_fused_plan(V, as_dtype(dtype)).kind
+    return select_fused_class(V, as_dtype(dtype)).kind

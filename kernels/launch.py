@@ -166,7 +166,6 @@ class KernelLauncher:
         self._function_address = int(function)
         self._lock = threading.Lock()
         self._fast = _cupy_launch()
-        self.route = "cupy" if self._fast is not None else "ctypes"
         sizes = driver().param_sizes(function)
         if sizes is not None:
             expected = [8 if k in ("ptr", "i64") else 4 for k in kinds]

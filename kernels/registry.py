@@ -178,11 +178,3 @@ SOFTMAX_KERNELS: dict[str, Kernel] = build((*SPECS, *extra_specs(os.environ.get(
 SUPPORTED_DTYPES = {name: k.dtypes for name, k in SOFTMAX_KERNELS.items()}
 # Ours, as opposed to the baselines we measure them against.
 OUR_KERNELS = tuple(name for name, k in SOFTMAX_KERNELS.items() if not k.baseline)
-
-
-def softmax(name: str) -> Kernel:
-    """The registered softmax called `name` (KeyError naming the choices otherwise)."""
-    try:
-        return SOFTMAX_KERNELS[name]
-    except KeyError:
-        raise KeyError(f"no softmax kernel {name!r}; registered: {', '.join(SOFTMAX_KERNELS)}") from None

@@ -27,35 +27,14 @@ from typing import NamedTuple
 import torch
 
 from .checks import check_softmax_input, prepare_output
-from .cuda_build import (
-    CU_SOURCES,
-    CUPY_IMPLICIT_OPTIONS,
-    FUSED_SOURCE,
-    NAIVE_SOURCE,
-    NVCC_OPTIONS,
-    PTXAS_CHECK_OPTIONS,
-    SMEM_SOURCE,
-    TARGET_ARCH,
-    compile_offline,
-    expected_kernels,
-    format_ptxas_report,
-    module_source,
-    parse_ptxas_report,
-)
+from .cuda_build import FUSED_SOURCE, NAIVE_SOURCE, NVCC_OPTIONS, SMEM_SOURCE, module_source
 from .cuda_plans import (
-    ALL_FUSED_PLANS,
-    DISPATCH_BOUNDARIES,
-    DISPATCH_BOUNDARIES_BY_DTYPE,
     FORMATS,
-    LOOP_PLAN,
-    PATHS,
+    LOOP_CLASS,
     SPLIT_MAX_POLLS,
-    FusedPlan,
+    FusedClass,
     fused_parts,
-    fused_path,
-    fused_plan,
-    fused_plans,
-    select_fused_plan,
+    select_fused_class,
     slice_length,
     split_fits,
 )
@@ -174,9 +153,9 @@ def softmax_smem(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
 
 
 class _FusedLaunch(NamedTuple):
-    """A plan resolved for one device and dtype: its launcher and the grid arithmetic."""
+    """A size_class resolved for one device and dtype: its launcher and the grid arithmetic."""
 
-    plan: FusedPlan
+    size_class: FusedClass
     launcher: KernelLauncher
     rows_per_block: int
     grid_limit: int  # in row units: blocks for the warp kinds, CTA groups (clusters) otherwise
@@ -191,37 +170,38 @@ class _FusedLaunch(NamedTuple):
         return units * self.cluster
 
 
-def _fused_launch(dev: int, V: int, dtype, plan: FusedPlan | None) -> _FusedLaunch:
+def _fused_launch(dev: int, V: int, dtype, size_class: FusedClass | None) -> _FusedLaunch:
     sms, major = _sm_count_and_major(dev)
-    if plan is None:
-        plan = select_fused_plan(V, dtype, clusters=major >= 9)
-        if plan.kind == "split" and not split_fits(plan, V, sms):
-            plan = LOOP_PLAN  # a small GPU cannot hold all of the row's CTAs at once
-    cap = plan.capacity
+    if size_class is None:
+        size_class = select_fused_class(V, dtype, clusters=major >= 9)
+        if size_class.kind == "split" and not split_fits(size_class, V, sms):
+            size_class = LOOP_CLASS  # a small GPU cannot hold all of the row's CTAs at once
+    cap = size_class.capacity
     if cap is not None and V > cap:
-        raise ValueError(f"fused softmax: V = {V} does not fit {plan.describe()}")
-    if plan.meets_in_memory:
+        raise ValueError(f"fused softmax: V = {V} does not fit {size_class.describe()}")
+    if size_class.meets_in_memory:
         kinds = _ROWS_ARGS + ("i32", "ptr", "i32", "i32")
     else:
-        kinds = _ROWS_ARGS if plan.kind == "warp" else _ROWS_ARGS + ("i32",)
+        kinds = _ROWS_ARGS if size_class.kind == "warp" else _ROWS_ARGS + ("i32",)
     launcher = _launcher(
         dev,
         FUSED_SOURCE,
-        plan.kernel_name(dtype),
-        block=plan.threads,
+        size_class.kernel_name(dtype),
+        block=size_class.threads,
         arg_kinds=kinds,
-        cluster=plan.cluster,
-        shared=plan.shared_bytes(dtype),
+        cluster=size_class.cluster,
+        shared=size_class.shared_bytes(dtype),
     )
-    if plan.kind in ("warp", "warpvec"):
+    if size_class.kind in ("warp", "warpvec"):
         # Enough blocks to fill every SM several times over; the kernel loops over the rest.
         limit = sms * WARP_BLOCKS_PER_SM
     else:  # a CTA (group) per row, as many as the grid holds
-        limit = _MAX_GRID_X // plan.cluster
-    return _FusedLaunch(plan, launcher, plan.rows_per_block, limit, plan.cluster, plan.kind != "warp", sms)
+        limit = _MAX_GRID_X // size_class.cluster
+    takes_flag = size_class.kind != "warp"
+    return _FusedLaunch(size_class, launcher, size_class.rows_per_block, limit, size_class.cluster, takes_flag, sms)
 
 
-# (dtype, V, device) -> the dispatched plan's launch, resolved on the first checked call. A hit
+# (dtype, V, device) -> the dispatched size_class's launch, resolved on the first checked call. A hit
 # in the common call (a contiguous CUDA input, a new output) needs no check beyond B > 0 and
 # contiguity: the entry exists only for what passed every check once. Microseconds of Python
 # per call are the difference between beating F.softmax from Python and losing to it at small
@@ -257,20 +237,20 @@ def softmax_fused(
     x: torch.Tensor,
     *,
     out: torch.Tensor | None = None,
-    plan: FusedPlan | None = None,
+    size_class: FusedClass | None = None,
     grid_cap: int | None = None,
     parts: int | None = None,
     max_polls: int | None = None,
 ) -> torch.Tensor:
     """Single read, single write softmax; float32 / bfloat16 / float16.
 
-    For tests and probes: `plan` forces a size class (one of `fused_plans(dtype)`; ValueError if
-    the row does not fit it), `grid_cap` caps the grid at that many CTAs so that CTAs loop over
-    rows; for the split and loop plans `parts` sets the CTAs per row (ValueError where the
-    slices would not fit) and `max_polls` how long a CTA waits for its partners before reading
-    the row itself (0: at once).
+    For tests and probes: `size_class` forces a size class (one of
+    `kernels.cuda_plans.fused_classes(dtype)`; ValueError if the row does not fit it),
+    `grid_cap` caps the grid at that many CTAs so that CTAs loop over rows; for the split and
+    loop classes `parts` sets the CTAs per row (ValueError where the slices would not fit) and
+    `max_polls` how long a CTA waits for its partners before reading the row itself (0: at once).
     """
-    if out is None and plan is None and grid_cap is None and parts is None and max_polls is None:
+    if out is None and size_class is None and grid_cap is None and parts is None and max_polls is None:
         try:
             B, V = x.shape
             dev = x.get_device()
@@ -286,19 +266,20 @@ def softmax_fused(
     if B == 0:
         return y
     dev = x.get_device()
-    if plan is None:
+    if size_class is None:
         key = (x.dtype, V, dev)
         entry = _fused_dispatch.get(key)
         if entry is None:
             entry = _fused_dispatch[key] = _fused_launch(dev, V, x.dtype, None)
     else:
-        entry = _fused_launch(dev, V, x.dtype, plan)
+        entry = _fused_launch(dev, V, x.dtype, size_class)
     if parts is not None:
-        if not entry.plan.meets_in_memory:
-            raise ValueError(f"fused softmax: parts is for the split and loop plans, not {entry.plan.describe()}")
-        cap = entry.plan.slice_capacity
+        what = entry.size_class.describe()
+        if not entry.size_class.meets_in_memory:
+            raise ValueError(f"fused softmax: parts is for the split and loop classes, not {what}")
+        cap = entry.size_class.slice_capacity
         if not 1 <= parts <= 2**20 or (cap is not None and slice_length(V, parts) > cap):
-            raise ValueError(f"fused softmax: V = {V} cut into {parts} parts does not fit {entry.plan.describe()}")
+            raise ValueError(f"fused softmax: V = {V} cut into {parts} parts does not fit {what}")
     if max_polls is not None and max_polls < 0:
         raise ValueError(f"fused softmax: max_polls must be >= 0, got {max_polls}")
     _launch_fused(entry, dev, x.data_ptr(), y.data_ptr(), B, V, grid_cap, parts, max_polls)
@@ -310,8 +291,8 @@ def _launch_fused(
 ) -> None:
     # Vector stores need the output slice aligned like the input slice; with equal addresses
     # mod 16 that holds for every row and slice.
-    if entry.plan.meets_in_memory:
-        P = parts or fused_parts(entry.plan, B, V, entry.sm_count)
+    if entry.size_class.meets_in_memory:
+        P = parts or fused_parts(entry.size_class, B, V, entry.sm_count)
         ws = _split_workspace(dev, B).data_ptr() if P > 1 else 0
         grid = min(B * P, _MAX_GRID_X)
         if grid_cap is not None:
@@ -327,37 +308,4 @@ def _launch_fused(
         entry.launcher(dev, grid, x_ptr, y_ptr, B, V)
 
 
-def plan_path(B: int, V: int, dtype=torch.float32) -> str:
-    """The path name `softmax_fused` takes on an sm_90 device (registry's plan function)."""
-    return fused_path(B, V, dtype)
-
-
-__all__ = [
-    "softmax_naive",
-    "softmax_smem",
-    "softmax_fused",
-    "fused_plan",
-    "fused_path",
-    "plan_path",
-    "FusedPlan",
-    "select_fused_plan",
-    "DISPATCH_BOUNDARIES",
-    "DISPATCH_BOUNDARIES_BY_DTYPE",
-    "fused_parts",
-    "slice_length",
-    "fused_plans",
-    "ALL_FUSED_PLANS",
-    "PATHS",
-    "CU_SOURCES",
-    "NVCC_OPTIONS",
-    "CUPY_IMPLICIT_OPTIONS",
-    "TARGET_ARCH",
-    "PTXAS_CHECK_OPTIONS",
-    "module_source",
-    "expected_kernels",
-    "parse_ptxas_report",
-    "format_ptxas_report",
-    "compile_offline",
-    "FUSED_DTYPES",
-    "WARP_BLOCKS_PER_SM",
-]
+__all__ = ["softmax_naive", "softmax_smem", "softmax_fused", "FUSED_DTYPES", "MAX_V", "WARP_BLOCKS_PER_SM"]

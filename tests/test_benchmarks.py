@@ -15,7 +15,6 @@ the kernel's own times reach pytest-benchmark as in every other case.
 """
 
 import functools
-import importlib
 import warnings
 
 import numpy as np
@@ -212,16 +211,16 @@ def prepared_case(name: str, B: int, V: int, dtype: torch.dtype):
         "dtype": str(dtype).removeprefix("torch."),
         "bytes": matrix_bytes(B, V, dtype, passes=fn.spec.passes),
     }
+    info["plan"] = fn.plan(B, V, dtype)  # the dispatch path the case takes
     # After the first call: that is when Triton has picked (or loaded) its config.
     if name == "triton":
         from kernels import softmax_triton
 
         info["autotune_picked"] = softmax_triton.autotune_picked(V, dtype=dtype)
-        info["plan"] = softmax_triton.plan(B, V, dtype)
     elif name == "fused":
-        from kernels import softmax_cuda
+        from kernels import cuda_plans
 
-        info["plan"] = softmax_cuda.fused_plan(B, V, dtype)
+        info["size_class"] = cuda_plans.fused_class_description(B, V, dtype)
     info["gpu"] = torch.cuda.get_device_name()
     return fn, x, info
 
@@ -364,17 +363,13 @@ def floor_call(name: str, x: torch.Tensor):
         kernel = _empty_cupy_kernel()
         return lambda: kernel((1,), (32,), (), stream=_cupy_stream_of_torch())
     if name == "launch_noop":
-        try:
-            launch = importlib.import_module("kernels.launch")
-        except ImportError:
-            launch = None
-        if not hasattr(launch, "launch_noop"):
-            pytest.skip(
-                "kernels.launch.launch_noop(device_index) is not there: the project's own launch path "
-                "has no empty kernel to time"
-            )
+        reason = cupy_unusable_reason()  # the project's launch path compiles its kernels through CuPy
+        if reason:
+            pytest.skip(reason)
+        from kernels.launch import launch_noop
+
         device = x.device.index
-        return lambda: launch.launch_noop(device)
+        return lambda: launch_noop(device)
     raise KeyError(name)
 
 

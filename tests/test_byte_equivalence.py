@@ -328,9 +328,7 @@ def large_b_cases(name, dtype, bs=LARGE_B):
 def threshold_cases(name, dtype):
     """(t, V) for each batch threshold t of the kernel and each V at which t rows take another
     path than a small batch does (Triton's 16-bit stream from stream_min_b rows)."""
-    plan = getattr(kernels.SOFTMAX_KERNELS.get(name), "plan", None)
-    if plan is None:
-        return []
+    plan = kernels.SOFTMAX_KERNELS[name].plan
     return [
         (t, V)
         for t in b_thresholds(name)

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import cuda_plans
+from kernels import cuda_build, cuda_plans
 from kernels import softmax_cuda as sc
 from kernels.cuda_build import FUSED_SOURCE
+from kernels.cuda_plans import fused_class_description, select_fused_class
 from kernels.spec import itemsize
 from tests.helpers import dtype_id
 
@@ -29,14 +30,14 @@ DTYPES = sc.FUSED_DTYPES
 
 
 @needs_nvcc
-@pytest.mark.parametrize("path", sc.CU_SOURCES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", cuda_build.CU_SOURCES, ids=lambda p: p.name)
 def test_compiles_for_sm90_without_spills(path, record_manifest):
-    res = sc.compile_offline(path, nvcc=NVCC)
+    res = cuda_build.compile_offline(path, nvcc=NVCC)
     log = res.stdout + res.stderr
     assert res.returncode == 0, f"nvcc failed for {path.name} (ptxas -warn-spills is fatal):\n{log}"
-    report = sc.parse_ptxas_report(log)
-    print(f"\n{path.name} ({sc.TARGET_ARCH}):\n{sc.format_ptxas_report(report)}")
-    expected = sc.expected_kernels(path)
+    report = cuda_build.parse_ptxas_report(log)
+    print(f"\n{path.name} ({cuda_build.TARGET_ARCH}):\n{cuda_build.format_ptxas_report(report)}")
+    expected = cuda_build.expected_kernels(path)
     worst_spill = max((r.get("spill_stores", 0) + r.get("spill_loads", 0) for r in report.values()), default=0)
     worst_stack = max((r.get("stack_bytes", 0) for r in report.values()), default=0)
     record_manifest(
@@ -65,17 +66,17 @@ def test_compiles_for_sm90_without_spills(path, record_manifest):
 )
 def test_fused_builds_for_gpus_without_clusters():
     # Before sm_90 the cluster entry points (and their st.async / mbarrier meetings) are left
-    # out, and select_fused_plan(clusters=False) never picks them: the sm_80 build must hold
-    # every other plan and no cluster plan.
-    res = sc.compile_offline(FUSED_SOURCE, nvcc=NVCC, arch="sm_80")
+    # out, and select_fused_class(clusters=False) never picks them: the sm_80 build must hold
+    # every other size class and no cluster class.
+    res = cuda_build.compile_offline(FUSED_SOURCE, nvcc=NVCC, arch="sm_80")
     log = res.stdout + res.stderr
     assert res.returncode == 0, f"nvcc failed for sm_80:\n{log}"
-    built = set(sc.parse_ptxas_report(log))
-    plans = [(p, dt) for dt in DTYPES for p in sc.fused_plans(dt)]
-    assert built == {p.kernel_name(dt) for p, dt in plans if p.cluster == 1}
+    built = set(cuda_build.parse_ptxas_report(log))
+    size_classes = [(p, dt) for dt in DTYPES for p in cuda_plans.fused_classes(dt)]
+    assert built == {p.kernel_name(dt) for p, dt in size_classes if p.cluster == 1}
     for dt in DTYPES:
         for V in (1, 600, 16384, 16385, 50257, 128256, 200000, 262144, 1000000, 4194305):
-            assert sc.select_fused_plan(V, dt, clusters=False).kernel_name(dt) in built, (V, dt)
+            assert select_fused_class(V, dt, clusters=False).kernel_name(dt) in built, (V, dt)
 
 
 def test_ptxas_report_parser():
@@ -89,46 +90,48 @@ ptxas info    : Function properties for k_two
     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 ptxas info    : Used 21 registers, used 0 barriers
 """
-    assert sc.parse_ptxas_report(text) == {
+    assert cuda_build.parse_ptxas_report(text) == {
         "k_one": {"registers": 40, "smem_bytes": 144, "stack_bytes": 8, "spill_stores": 4, "spill_loads": 12},
         "k_two": {"registers": 21, "smem_bytes": 0, "stack_bytes": 0, "spill_stores": 0, "spill_loads": 0},
     }
 
 
 def test_every_dispatchable_kernel_is_instantiated():
-    src = sc.module_source(sc.CU_SOURCES[2])
-    names = sc.expected_kernels(sc.CU_SOURCES[2])
-    assert len(names) == len(set(names)) == sum(len(sc.fused_plans(dt)) for dt in DTYPES)
+    src = cuda_build.module_source(cuda_build.CU_SOURCES[2])
+    names = cuda_build.expected_kernels(cuda_build.CU_SOURCES[2])
+    assert len(names) == len(set(names)) == sum(len(cuda_plans.fused_classes(dt)) for dt in DTYPES)
     for name in names:
         assert f"({name}," in src, f"{name} is not instantiated"
-    for path in sc.CU_SOURCES:
-        assert '#include "softmax_common.cuh"' not in sc.module_source(path), "header not inlined"
+    for path in cuda_build.CU_SOURCES:
+        assert '#include "softmax_common.cuh"' not in cuda_build.module_source(path), "header not inlined"
 
 
 # -- the fused dispatch table --------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_dispatch_boundaries_are_the_plan_capacities(dtype):
-    bounds = sc.DISPATCH_BOUNDARIES_BY_DTYPE[dtype]
+def test_dispatch_boundaries_are_the_class_capacities(dtype):
+    bounds = cuda_plans.DISPATCH_BOUNDARIES_BY_DTYPE[dtype]
     assert bounds == sorted(bounds) and len(set(bounds)) == len(bounds)
     # The GPU tests walk the union: every dtype's boundaries must be in it.
-    assert set(bounds) <= set(sc.DISPATCH_BOUNDARIES)
+    assert set(bounds) <= set(cuda_plans.DISPATCH_BOUNDARIES)
     for v in bounds:
-        assert sc.select_fused_plan(v, dtype).capacity == v, v
-        assert sc.select_fused_plan(v, dtype) != sc.select_fused_plan(v + 1, dtype), f"no path change at V = {v}"
-    assert sc.select_fused_plan(bounds[-2] + 1, dtype).kind == "split"
+        assert select_fused_class(v, dtype).capacity == v, v
+        assert select_fused_class(v, dtype) != select_fused_class(v + 1, dtype), f"no path change at V = {v}"
+    assert select_fused_class(bounds[-2] + 1, dtype).kind == "split"
     # The path depends on V alone: every B of a (B, V) input takes the same one.
     for v in bounds:
-        assert {sc.fused_path(B, v + 1, dtype) for B in (1, 7, 64, 4096)} == {sc.select_fused_plan(v + 1, dtype).kind}
-    assert sc.select_fused_plan(bounds[-1] + 1, dtype).kind == "loop"
+        assert {cuda_plans.fused_path(B, v + 1, dtype) for B in (1, 7, 64, 4096)} == {
+            select_fused_class(v + 1, dtype).kind
+        }
+    assert select_fused_class(bounds[-1] + 1, dtype).kind == "loop"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("V", [16385, 131073, 151936, 262145, 1000000, 2097152, 4194304])
 @pytest.mark.parametrize("B", [1, 3, 8, 9, 4096])
 def test_split_parts_fit_and_are_resident_together(V, B, dtype):
-    split = cuda_plans.SPLIT_PLANS[dtype]
+    split = cuda_plans.SPLIT_CLASSES[dtype]
     for sms in (132, 108, 64):
         parts = cuda_plans.fused_parts(split, B, V, sms)
         assert cuda_plans.min_parts(split, V) <= parts <= cuda_plans.SPLIT_MAX_PARTS
@@ -143,7 +146,7 @@ def test_split_parts_fit_and_are_resident_together(V, B, dtype):
     assert B * parts >= min(132, B * (V // cuda_plans.SPREAD_MIN_SLICE), B * cuda_plans.SPLIT_MAX_PARTS)
     # The loop: one 1024-thread CTA per SM at most, so P <= SMs.
     for sms in (132, 20):
-        assert 1 <= cuda_plans.fused_parts(cuda_plans.LOOP_PLAN, B, 2 * V, sms) <= min(sms, cuda_plans.LOOP_MAX_PARTS)
+        assert 1 <= cuda_plans.fused_parts(cuda_plans.LOOP_CLASS, B, 2 * V, sms) <= min(sms, cuda_plans.LOOP_MAX_PARTS)
     assert not cuda_plans.split_fits(split, split.capacity, 16)
 
 
@@ -153,26 +156,26 @@ def test_split_parts_fit_and_are_resident_together(V, B, dtype):
     [1, 2, 31, 32, 33, 600, 1024, 1025, 4096, 4097, 8192, 8193, 32000, 50257, 128256, 131072, 131073]
     + [151936, 200064, 202048, 262144, 262145, 1000000, 4194304, 4194305, 1 << 24],
 )
-def test_plan_holds_the_row(V, dtype):
-    plan = sc.select_fused_plan(V, dtype)
-    assert plan.capacity is None or V <= plan.capacity
-    if plan.capacity is not None:
+def test_size_class_holds_the_row(V, dtype):
+    size_class = select_fused_class(V, dtype)
+    assert size_class.capacity is None or V <= size_class.capacity
+    if size_class.capacity is not None:
         # Each slice fits its threads' registers.
-        parts = cuda_plans.min_parts(plan, V) if plan.kind == "split" else plan.cluster
-        assert cuda_plans.slice_length(V, parts) <= plan.slice_capacity
-    # No smaller plan would do: the table is ordered and the first fit is taken.
-    smaller = [b for b in sc.DISPATCH_BOUNDARIES_BY_DTYPE[dtype] if b < V]
-    if smaller and plan.kind != "loop":
-        assert sc.select_fused_plan(smaller[-1], dtype).capacity < V
+        parts = cuda_plans.min_parts(size_class, V) if size_class.kind == "split" else size_class.cluster
+        assert cuda_plans.slice_length(V, parts) <= size_class.slice_capacity
+    # No smaller size class would do: the table is ordered and the first fit is taken.
+    smaller = [b for b in cuda_plans.DISPATCH_BOUNDARIES_BY_DTYPE[dtype] if b < V]
+    if smaller and size_class.kind != "loop":
+        assert select_fused_class(smaller[-1], dtype).capacity < V
 
 
 @pytest.mark.skipif(not cuda_plans.PACK_16BIT_ROWS, reason="SOFTMAX_FUSED_PACK16=0: 16-bit rows use the fp32 table")
 def test_packed_rows_only_for_16_bit_storage():
     # A packed thread keeps its elements as 16-bit pairs: registers = elems / 2, i.e. the same
     # bytes per thread as the fp32 classes (32 elements, 32 registers) at most.
-    packed = {p for dt in (torch.bfloat16, torch.float16) for p in sc.fused_plans(dt) if p.packed}
+    packed = {p for dt in (torch.bfloat16, torch.float16) for p in cuda_plans.fused_classes(dt) if p.packed}
     assert packed, "no packed 16-bit row class"
-    assert not any(p.packed for p in sc.fused_plans(torch.float32))
+    assert not any(p.packed for p in cuda_plans.fused_classes(torch.float32))
     for p in packed:
         assert p.kind in ("row", "cluster", "split") and p.elems // 2 <= 32, p
         with pytest.raises(ValueError):
@@ -180,42 +183,45 @@ def test_packed_rows_only_for_16_bit_storage():
     # The long 16-bit rows (the bandwidth-bound vocabulary sizes) take the packed classes.
     for V in (8192, 32000, 50257, 128256, 151936, 262144, 1000000):
         for dt in (torch.bfloat16, torch.float16):
-            assert sc.select_fused_plan(V, dt).packed, (V, dt)
-        assert not sc.select_fused_plan(V, torch.float32).packed
+            assert select_fused_class(V, dt).packed, (V, dt)
+        assert not select_fused_class(V, torch.float32).packed
 
 
 def test_without_clusters_long_rows_split_over_ctas():
     # Before sm_90 the rows the clusters hold are cut over CTAs meeting in global memory instead.
     for V in (16385, 32000, 50257, 128256, 262144):
-        assert sc.select_fused_plan(V, clusters=False).kind == "split"
-        assert sc.select_fused_plan(V, clusters=True).kind == "cluster"
-    assert sc.select_fused_plan(16384, clusters=False).kind == "row"
-    assert sc.select_fused_plan(4194305, clusters=False).kind == "loop"
+        assert select_fused_class(V, clusters=False).kind == "split"
+        assert select_fused_class(V, clusters=True).kind == "cluster"
+    assert select_fused_class(16384, clusters=False).kind == "row"
+    assert select_fused_class(4194305, clusters=False).kind == "loop"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, "bf16", "float32"])
-def test_fused_plan_names(dtype):
-    assert sc.fused_plan(4096, 600, dtype).startswith("warp(")
-    assert sc.fused_plan(4096, 4096, dtype) == "row(cluster=1, threads=128, elems/thread=32)"
+def test_fused_class_descriptions(dtype):
+    assert fused_class_description(4096, 600, dtype).startswith("warpvec(")
+    assert fused_class_description(4096, 4096, dtype) == "row(cluster=1, threads=128, elems/thread=32)"
     if dtype in (torch.float32, "float32") or not cuda_plans.PACK_16BIT_ROWS:
-        assert sc.fused_plan(64, 128256, dtype) == "cluster(cluster=8, threads=512, elems/thread=32)"
+        assert fused_class_description(64, 128256, dtype) == "cluster(cluster=8, threads=512, elems/thread=32)"
         stashed = "cluster(cluster=8, threads=512, elems/thread=24 + 40 in shared memory)"
-        assert sc.fused_plan(1, 262144, dtype) == stashed
+        assert fused_class_description(1, 262144, dtype) == stashed
     else:
-        assert sc.fused_plan(64, 128256, dtype) == "cluster(cluster=8, threads=256, elems/thread=64, packed 16-bit)"
-        assert sc.fused_plan(1, 262144, dtype) == (
+        assert (
+            fused_class_description(64, 128256, dtype)
+            == "cluster(cluster=8, threads=256, elems/thread=64, packed 16-bit)"
+        )
+        assert fused_class_description(1, 262144, dtype) == (
             "cluster(cluster=8, threads=256, elems/thread=48 + 80 in shared memory, packed 16-bit)"
         )
-    assert sc.fused_plan(4096, 1000000, dtype).startswith("split(")
-    assert sc.fused_plan(2, 4194305, dtype).startswith("loop(")
-    assert sc.fused_plan(0, 600, dtype).startswith("empty")
+    assert fused_class_description(4096, 1000000, dtype).startswith("split(")
+    assert fused_class_description(2, 4194305, dtype).startswith("loop(")
+    assert fused_class_description(0, 600, dtype).startswith("empty")
 
 
-def test_fused_plan_rejects_bad_arguments():
+def test_fused_class_description_rejects_bad_arguments():
     with pytest.raises(TypeError):
-        sc.fused_plan(4, 8, torch.float64)
+        fused_class_description(4, 8, torch.float64)
     with pytest.raises(ValueError):
-        sc.fused_plan(4, 0, torch.float32)
+        fused_class_description(4, 0, torch.float32)
 
 
 # -- the kernels' index arithmetic, replayed in Python --------------------------------------------
@@ -233,12 +239,12 @@ def _slice_geometry(addr_elems: int, length: int, vec: int):
     return head, nvec, tail0, length - tail0
 
 
-def _covered(plan, V, row_offset_elems, vec, parts=None):
+def _covered(size_class, V, row_offset_elems, vec, parts=None):
     loaded = []
-    P = parts or plan.cluster
+    P = parts or size_class.cluster
     chunk = cuda_plans.slice_length(V, P)
-    nv = (plan.elems + plan.stash) // vec  # register vectors, then the shared-memory ones
-    nt = plan.row_threads
+    nv = (size_class.elems + size_class.stash) // vec  # register vectors, then the shared-memory ones
+    nt = size_class.row_threads
     t = np.arange(nt)
     for rank in range(P):
         start = min(rank * chunk, V)
@@ -246,7 +252,7 @@ def _covered(plan, V, row_offset_elems, vec, parts=None):
         head, nvec, tail0, tail = _slice_geometry(row_offset_elems + start, length, vec)
         assert (row_offset_elems + start + head) % vec == 0 or nvec == 0
         assert head < nt and tail < nt and head < vec and tail < vec
-        assert nvec <= nv * nt, f"slice of {length} overflows {plan}"
+        assert nvec <= nv * nt, f"slice of {length} overflows {size_class}"
         vi = (np.arange(nv)[:, None] * nt + t[None, :]).ravel()  # vector j of thread t
         vi = vi[vi < nvec]
         body = (start + head + vi[:, None] * vec + np.arange(vec)[None, :]).ravel()
@@ -257,31 +263,31 @@ def _covered(plan, V, row_offset_elems, vec, parts=None):
 @pytest.mark.parametrize("dtype, vec", [(d, 16 // itemsize(d)) for d in DTYPES], ids=[dtype_id(d) for d in DTYPES])
 def test_row_and_cluster_slices_cover_each_element_once(dtype, vec):
     Vs = sorted(
-        {v + d for v in sc.DISPATCH_BOUNDARIES for d in (-1, 0, 1)}
+        {v + d for v in cuda_plans.DISPATCH_BOUNDARIES for d in (-1, 0, 1)}
         | {600, 1025, 4099, 30001, 32000, 50257, 128256, 151936, 200064, 202048, 1000003}
     )
     for V in Vs:
         for B in (1, 4096):  # a split row is cut finer for a small batch
-            plan = sc.select_fused_plan(V, dtype)
-            if plan.kind in ("warp", "loop") or (B == 1 and plan.kind != "split"):
+            size_class = select_fused_class(V, dtype)
+            if size_class.kind in ("warp", "loop") or (B == 1 and size_class.kind != "split"):
                 continue
-            parts = cuda_plans.fused_parts(plan, B, V, 132) if plan.kind == "split" else None
+            parts = cuda_plans.fused_parts(size_class, B, V, 132) if size_class.kind == "split" else None
             # Every alignment a row can start at (past a million elements, three of them: the
             # slice arithmetic is the same, and the model's time grows with V).
             for offset in range(vec) if V < 10**6 else (0, 1, vec - 1):
-                counts = _covered(plan, V, offset + 3 * V, vec, parts)
+                counts = _covered(size_class, V, offset + 3 * V, vec, parts)
                 bad = np.flatnonzero(counts != 1)
-                assert not bad.size, f"V={V} offset={offset} {plan}: elements {bad[:8]} covered {counts[bad[:8]]}"
+                assert not bad.size, f"V={V} offset={offset} {size_class}: elements {bad[:8]} covered {counts[bad[:8]]}"
 
 
 def test_small_slices_cover_each_element_once():
     # Rows shorter than a vector, or shorter than the head: the peel must not double count.
-    plan = sc.FusedPlan("row", 128, 16)
+    size_class = cuda_plans.FusedClass("row", 128, 16)
     for vec in (4, 8):
         for V in range(1, 3 * vec + 2):
             for offset in range(vec):
-                assert _covered(plan, V, offset, vec).tolist() == [1] * V, (vec, V, offset)
-    cluster = sc.FusedPlan("cluster", 32, 8, 8)
+                assert _covered(size_class, V, offset, vec).tolist() == [1] * V, (vec, V, offset)
+    cluster = cuda_plans.FusedClass("cluster", 32, 8, 8)
     for V in (1, 7, 9, 63, 64, 65, 200, 2047, 2048):
         for offset in range(8):
             assert _covered(cluster, V, offset, 8).tolist() == [1] * V, (V, offset)

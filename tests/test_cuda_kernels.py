@@ -15,8 +15,9 @@ are in test_accuracy.py.
 import pytest
 import torch
 
-from kernels import SOFTMAX_KERNELS
+from kernels import SOFTMAX_KERNELS, cuda_plans
 from kernels import softmax_cuda as sc
+from kernels.cuda_plans import fused_class_description, select_fused_class
 from tests.helpers import (
     bits,
     check_softmax,
@@ -53,7 +54,7 @@ def verify(record_manifest):
 
 def _near_boundaries():
     vals = set()
-    for b in sc.DISPATCH_BOUNDARIES:
+    for b in cuda_plans.DISPATCH_BOUNDARIES:
         vals.update({b - 1, b, b + 1})
     return sorted(v for v in vals if v >= 1)
 
@@ -65,7 +66,7 @@ def _near_boundaries():
 @pytest.mark.parametrize("V", _near_boundaries())
 def test_fused_at_dispatch_boundaries(V, dtype, verify):
     x = logits(5, V, seed=V, dtype=dtype, device="cuda")  # 5 rows of odd / even length: several alignments
-    verify(run_poisoned(sc.softmax_fused, x), x, f"V={V} {sc.fused_plan(5, V, dtype)}")
+    verify(run_poisoned(sc.softmax_fused, x), x, f"V={V} {fused_class_description(5, V, dtype)}")
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
@@ -77,7 +78,7 @@ def test_fused_at_dispatch_boundaries(V, dtype, verify):
 def test_fused_irregular_lengths(V, dtype, verify):
     B = 9 if V <= 50257 else 3
     x = logits(B, V, seed=V + 1, dtype=dtype, device="cuda")
-    verify(run_poisoned(sc.softmax_fused, x), x, f"V={V} {sc.fused_plan(B, V, dtype)}")
+    verify(run_poisoned(sc.softmax_fused, x), x, f"V={V} {fused_class_description(B, V, dtype)}")
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
@@ -103,7 +104,7 @@ def test_fused_row_loops_past_the_grid(V, dtype, verify):
     # row afresh; 140000 ... 240000 clusters of 13 and 16 CTAs (three of them looping).
     B = 2000 if V <= 1024 else 61
     x = logits(B, V, seed=V + 4, dtype=dtype, device="cuda")
-    verify(run_poisoned(sc.softmax_fused, x, grid_cap=48), x, f"looped V={V} {sc.fused_plan(B, V, dtype)}")
+    verify(run_poisoned(sc.softmax_fused, x, grid_cap=48), x, f"looped V={V} {fused_class_description(B, V, dtype)}")
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
@@ -112,14 +113,14 @@ def test_split_loops_past_the_grid(V, parts, dtype, verify):
     # A grid that is a multiple of the parts: each CTA walks (row, part) items of the same part
     # index, and all of a row's CTAs are resident together, so every meeting completes.
     x = logits(20, V, seed=V + 24, dtype=dtype, device="cuda")
-    split = _plan_of_kind(dtype, "split")
-    got = run_poisoned(sc.softmax_fused, x, plan=split, parts=parts, grid_cap=2 * parts)
+    split = _class_of_kind(dtype, "split")
+    got = run_poisoned(sc.softmax_fused, x, size_class=split, parts=parts, grid_cap=2 * parts)
     verify(got, x, f"split V={V} parts={parts}, grid of {2 * parts} CTAs")
 
 
-def _plan_of_kind(dtype, kind):
-    (plan,) = [p for p in sc.fused_plans(dtype) if p.kind == kind]
-    return plan
+def _class_of_kind(dtype, kind):
+    (size_class,) = [p for p in cuda_plans.fused_classes(dtype) if p.kind == kind]
+    return size_class
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
@@ -128,18 +129,18 @@ def _plan_of_kind(dtype, kind):
 def test_loop_path_at_short_rows(V, parts, dtype, verify):
     # The general fallback normally sees only V > 4194304; run it on short rows, where head /
     # tail peels dominate and many threads have nothing to do, alone and cut over 3 CTAs.
-    loop = sc.fused_plans(dtype)[-1]
+    loop = cuda_plans.fused_classes(dtype)[-1]
     assert loop.kind == "loop"
     x = logits(7, V, seed=V + 5, dtype=dtype, device="cuda")
-    verify(run_poisoned(sc.softmax_fused, x, plan=loop, parts=parts), x, f"loop V={V} parts={parts}")
+    verify(run_poisoned(sc.softmax_fused, x, size_class=loop, parts=parts), x, f"loop V={V} parts={parts}")
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("V", [2, 255, 4097, 20000, 100003])
 def test_split_path_at_short_rows(V, dtype, verify):
-    split = _plan_of_kind(dtype, "split")
+    split = _class_of_kind(dtype, "split")
     x = logits(5, V, seed=V + 21, dtype=dtype, device="cuda")
-    verify(run_poisoned(sc.softmax_fused, x, plan=split), x, f"split V={V}")
+    verify(run_poisoned(sc.softmax_fused, x, size_class=split), x, f"split V={V}")
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
@@ -151,18 +152,18 @@ def test_meetings_in_memory_give_the_same_bits_however_the_row_is_cut(V, dtype):
     # dispatched bits.
     x = logits(3, V, seed=V + 22, dtype=dtype, device="cuda")
     want = run_poisoned(sc.softmax_fused, x)
-    loop = _plan_of_kind(dtype, "loop")
-    split = _plan_of_kind(dtype, "split")
-    runs = {f"loop parts={p}": dict(plan=loop, parts=p) for p in (1, 2, 7, 128)}
-    runs["loop, waits run out"] = dict(plan=loop, parts=5, max_polls=0)
-    runs["loop, grid of 2 CTAs"] = dict(plan=loop, parts=4, grid_cap=2, max_polls=16)
+    loop = _class_of_kind(dtype, "loop")
+    split = _class_of_kind(dtype, "split")
+    runs = {f"loop parts={p}": dict(size_class=loop, parts=p) for p in (1, 2, 7, 128)}
+    runs["loop, waits run out"] = dict(size_class=loop, parts=5, max_polls=0)
+    runs["loop, grid of 2 CTAs"] = dict(size_class=loop, parts=4, grid_cap=2, max_polls=16)
     if V <= split.capacity:
-        first = sc.fused_parts(split, 4096, V, 132)
+        first = cuda_plans.fused_parts(split, 4096, V, 132)
         for p in sorted({first, 2 * first, 64, 128}):
-            if sc.slice_length(V, p) <= split.slice_capacity and p <= 128:
-                runs[f"split parts={p}"] = dict(plan=split, parts=p)
-        runs["split, waits run out"] = dict(plan=split, parts=max(first, 8), max_polls=0)
-        runs["split, grid of 3 CTAs"] = dict(plan=split, parts=max(first, 8), grid_cap=3, max_polls=16)
+            if cuda_plans.slice_length(V, p) <= split.slice_capacity and p <= 128:
+                runs[f"split parts={p}"] = dict(size_class=split, parts=p)
+        runs["split, waits run out"] = dict(size_class=split, parts=max(first, 8), max_polls=0)
+        runs["split, grid of 3 CTAs"] = dict(size_class=split, parts=max(first, 8), grid_cap=3, max_polls=16)
     for what, kwargs in runs.items():
         assert_same_bits(run_poisoned(sc.softmax_fused, x, **kwargs), want, f"V={V} {what}")
 
@@ -174,22 +175,22 @@ def test_split_workspace_is_left_clean_between_launches(verify):
     shapes = [(3, 300007), (1, 1000000), (8, 262145), (3, 300007), (64, 262145), (2, 4194305), (5, 50257)]
     for i, (B, V) in enumerate(shapes * 2):
         x = logits(B, V, seed=i + 23, device="cuda")
-        verify(run_poisoned(sc.softmax_fused, x), x, f"launch {i}: ({B}, {V}) {sc.fused_plan(B, V, x.dtype)}")
+        verify(run_poisoned(sc.softmax_fused, x), x, f"launch {i}: ({B}, {V}) {fused_class_description(B, V, x.dtype)}")
 
 
 @pytest.mark.parametrize("V", [17000, 32000, 50257, 128256])
 def test_cluster_free_fallback(V, verify):
     # What a pre-sm_90 device would run for these rows.
-    plan = sc.select_fused_plan(V, torch.float32, clusters=False)
-    assert plan.cluster == 1
+    size_class = select_fused_class(V, torch.float32, clusters=False)
+    assert size_class.cluster == 1
     x = logits(4, V, seed=V + 6, device="cuda")
-    verify(run_poisoned(sc.softmax_fused, x, plan=plan), x, f"no-cluster V={V} {plan.describe()}")
+    verify(run_poisoned(sc.softmax_fused, x, size_class=size_class), x, f"no-cluster V={V} {size_class.describe()}")
 
 
-def test_forced_plan_too_small_for_the_row_is_rejected():
+def test_forced_class_too_small_for_the_row_is_rejected():
     x = logits(2, 600, seed=7, device="cuda")
     with pytest.raises(ValueError, match="does not fit"):
-        sc.softmax_fused(x, plan=sc.fused_plans(torch.float32)[0])
+        sc.softmax_fused(x, size_class=cuda_plans.fused_classes(torch.float32)[0])
 
 
 # -- layouts ---------------------------------------------------------------------------------------
@@ -207,7 +208,7 @@ def test_fused_every_layout(V, dtype, layout, verify):
     # Contiguous views at every 16-byte alignment class are read in place (the head/tail peel);
     # strided ones are copied first. The output is freshly allocated and aligned.
     x = logits(4, V, seed=V + 8, dtype=dtype, device="cuda", layout=layout)
-    verify(run_poisoned(sc.softmax_fused, x), x, f"{layout} V={V} {sc.fused_plan(4, V, dtype)}")
+    verify(run_poisoned(sc.softmax_fused, x), x, f"{layout} V={V} {fused_class_description(4, V, dtype)}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
@@ -240,13 +241,15 @@ def assert_same_bits(got, expected, what):
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("V", [7, 100, 600, 1024, 1025, 5000, 16384, 20001, 50257, 131072, 151936, 202048, 262144])
 def test_fused_bits_do_not_depend_on_the_size_class(V, dtype):
-    # The row sum is fixed-point, so every plan that holds the row gives the same bits.
+    # The row sum is fixed-point, so every size class that holds the row gives the same bits.
     x = logits(6, V, seed=V + 12, dtype=dtype, device="cuda")
     default = run_poisoned(sc.softmax_fused, x)
-    fitting = [p for p in sc.fused_plans(dtype) if p.capacity is None or p.capacity >= V]
-    assert len(fitting) >= 3, "the split and loop plans hold any row up to 2^22, so at least three plans fit"
-    for plan in fitting:
-        assert_same_bits(run_poisoned(sc.softmax_fused, x, plan=plan), default, f"V={V} {plan.describe()}")
+    fitting = [p for p in cuda_plans.fused_classes(dtype) if p.capacity is None or p.capacity >= V]
+    assert len(fitting) >= 3, "the split and loop classes hold any row up to 2^22, so at least three size classes fit"
+    for size_class in fitting:
+        assert_same_bits(
+            run_poisoned(sc.softmax_fused, x, size_class=size_class), default, f"V={V} {size_class.describe()}"
+        )
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
@@ -272,7 +275,7 @@ def test_fused_bits_do_not_depend_on_the_batch_at_long_rows(V, dtype):
     x = logits(64, V, seed=V + 25, dtype=dtype, device="cuda")
     full = run_poisoned(sc.softmax_fused, x)
     for B in (1, 2, 7, 8, 9, 63):
-        what = f"V={V} B={B} {sc.fused_plan(B, V, dtype)}"
+        what = f"V={V} B={B} {fused_class_description(B, V, dtype)}"
         assert_same_bits(run_poisoned(sc.softmax_fused, x[:B]), full[:B], what)
         assert_same_bits(run_poisoned(sc.softmax_fused, x[64 - B :]), full[64 - B :], f"{what}, last rows")
 

@@ -72,7 +72,7 @@ def test_manifest_from_synthetic_records_validates_against_the_schema():
     built = gpu_manifest()
     jsonschema.validate(built, schema())
     kernels = built["softmax_kernels"]
-    assert kernels["fused"]["us_at_B512"] == pytest.approx(4.0 * (1 + 512 / 4096))
+    assert kernels["fused"][manifest.LAB_POINT_KEY] == pytest.approx(4.0 * (1 + 512 / 4096))
     # frac_of_F_softmax is t(F.softmax) / t(kernel) at the same point of the same run.
     assert kernels["naive"]["frac_of_F_softmax"] == pytest.approx(5.0 / 40.0)
     assert kernels["triton"]["autotune_picked"] == {"BLOCK": 1024, "num_warps": 4}
@@ -148,7 +148,7 @@ def test_a_cpu_run_keeps_the_gpu_sections():
     after = manifest.build_manifest(
         json.loads(json.dumps(before)),
         benchmarks=[],
-        recorded={"torch_port": {"max_abs_diff_to_numpy_reference": 3e-7, "byte_equivalence_at_fp32_cpu": "passed"}},
+        recorded={"torch_port": {"max_abs_diff_to_numpy_reference": 3e-7, "allclose_to_numpy_at_fp32_cpu": "passed"}},
         environment=CPU_ENV,
         today="2026-11-30",
     )
@@ -175,7 +175,7 @@ def test_the_same_measurements_give_a_byte_identical_manifest(tmp_path):
 
 def test_a_changed_value_moves_only_its_own_provenance():
     cpu_values = {
-        "torch_port": {"max_abs_diff_to_numpy_reference": 3e-7, "byte_equivalence_at_fp32_cpu": "passed"},
+        "torch_port": {"max_abs_diff_to_numpy_reference": 3e-7, "allclose_to_numpy_at_fp32_cpu": "passed"},
         "numpy_model": {"verb_form_accuracy": 1.0},
     }
     first = manifest.build_manifest(
@@ -380,9 +380,9 @@ def test_committed_manifest_is_complete(committed):
 
 def test_committed_ratios_are_the_ratios_of_the_recorded_times(committed):
     kernels = committed["softmax_kernels"]
-    base = kernels[manifest.BASELINE]["us_at_B512"]
+    base = kernels[manifest.BASELINE][manifest.LAB_POINT_KEY]
     for name, point in kernels.items():
-        assert point["frac_of_F_softmax"] == pytest.approx(base / point["us_at_B512"], rel=1e-9), name
+        assert point["frac_of_F_softmax"] == pytest.approx(base / point[manifest.LAB_POINT_KEY], rel=1e-9), name
     times = {manifest.case_key(e): e["us_median"] for e in committed["sweep"]}
     copy_GBps = committed["ceilings"]["hbm_copy_TBps"] * 1e3
     for e in committed["sweep"]:
@@ -397,7 +397,7 @@ def test_committed_ratios_are_the_ratios_of_the_recorded_times(committed):
         e["kernel"]: e["us_median"] for e in committed["sweep"] if (e["B"], e["V"], e["dtype"]) == (512, 600, "float32")
     }
     for name, point in kernels.items():
-        assert point["us_at_B512"] == lab[name], name
+        assert point[manifest.LAB_POINT_KEY] == lab[name], name
     for e in (committed.get("call_modes") or {}).get("entries", []):
         for mode, ratio in (e.get("x_F_softmax") or {}).items():
             key = (manifest.BASELINE, e["B"], e["V"], e["dtype"])

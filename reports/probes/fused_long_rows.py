@@ -48,7 +48,7 @@ DECODE_B = (1, 8, 16, 64)
 
 
 def _c(threads, elems, cluster, packed=False):
-    return cp.FusedPlan("cluster", threads, elems, cluster, packed)
+    return cp.FusedClass("cluster", threads, elems, cluster, packed)
 
 
 # Probe-only classes per (dtype, V): the register-only cuts this work tried first (clusters of
@@ -59,12 +59,12 @@ VARIANTS = {
     (FP32, 200064): [_c(512, 32, 13), _c(416, 32, 16)],
     (FP32, 202048): [_c(512, 32, 13), _c(416, 32, 16)],
     (FP32, 262144): [_c(512, 32, 16)],
-    (FP32, 1000000): [cp.FusedPlan("split", 512, 32)],
+    (FP32, 1000000): [cp.FusedClass("split", 512, 32)],
     (BF16, 151936): [_c(160, 64, 16, True)],
     (BF16, 200064): [_c(256, 64, 13, True), _c(224, 64, 16, True)],
     (BF16, 202048): [_c(256, 64, 13, True), _c(224, 64, 16, True)],
     (BF16, 262144): [_c(256, 64, 16, True)],
-    (BF16, 1000000): [cp.FusedPlan("split", 256, 64, packed=True)],
+    (BF16, 1000000): [cp.FusedClass("split", 256, 64, packed=True)],
 }
 
 
@@ -148,13 +148,13 @@ def _fused(**kw):
 
 def large_runs(B, V, dtype):
     runs = {"fused": _fused()}
-    dispatched = sc.select_fused_plan(V, dtype)
-    for plan in VARIANTS.get((dtype, V), []):
-        if plan != dispatched:
-            name = "split_regs" if plan.kind == "split" else f"c{plan.cluster}x{plan.threads}"
-            runs[name] = _fused(plan=plan)
+    dispatched = cp.select_fused_class(V, dtype)
+    for size_class in VARIANTS.get((dtype, V), []):
+        if size_class != dispatched:
+            name = "split_regs" if size_class.kind == "split" else f"c{size_class.cluster}x{size_class.threads}"
+            runs[name] = _fused(size_class=size_class)
     if dispatched.kind == "split":
-        runs["loop"] = _fused(plan=cp.LOOP_PLAN)
+        runs["loop"] = _fused(size_class=cp.LOOP_CLASS)
     return runs
 
 
@@ -194,7 +194,7 @@ def main():
             for B, V in shapes:
                 e = measure_shape(B, V, dtype, large_runs(B, V, dtype), ceiling)
                 e["stage"] = "large"
-                e["plan"] = sc.fused_plan(B, V, dtype)
+                e["size_class"] = cp.fused_class_description(B, V, dtype)
                 entries.append(e)
                 print(f"{e['dtype']} ({B}, {V}) {_short(e)}", flush=True)
                 torch.cuda.empty_cache()
@@ -207,7 +207,7 @@ def main():
             for B, V in shapes:
                 e = measure_shape(B, V, dtype, decode_runs(B, V, dtype), ceiling)
                 e["stage"] = "decode"
-                e["plan"] = sc.fused_plan(B, V, dtype)
+                e["size_class"] = cp.fused_class_description(B, V, dtype)
                 entries.append(e)
                 print(f"{e['dtype']} ({B}, {V}) {_short(e)}", flush=True)
                 save()

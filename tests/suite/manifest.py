@@ -9,6 +9,7 @@ from the complete set of entries, so no number depends on the order in which cas
 """
 
 import datetime
+import functools
 import json
 import math
 import os
@@ -16,7 +17,7 @@ import platform
 import tempfile
 from pathlib import Path
 
-from kernels.spec import BASELINE, LAB_POINT, matrix_bytes, names
+from kernels.spec import BASELINE, DTYPE_IDS, LAB_POINT, matrix_bytes, names
 
 EXPERIMENT = "24-triton-and-pytorch"
 SEED = 42
@@ -28,6 +29,15 @@ REQUIRED_KERNELS = names(lambda s: s.lab_contract)
 AUTOTUNED_KERNELS = names(lambda s: s.autotuned)
 TARGET_KERNELS = names(lambda s: s.gated)
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "reports" / "manifest.schema.json"
+# softmax_kernels' key for a kernel's device time at the lab point, named from that point
+# (kernels/spec.py LAB_POINT): "us_at_B512_V600_fp32".
+LAB_POINT_KEY = f"us_at_B{LAB_POINT[0]}_V{LAB_POINT[1]}_{DTYPE_IDS[LAB_POINT[2]]}"
+# Keys that earlier manifests wrote under other names, old -> new (reports/README.md): what a
+# key held is unchanged, only its name now says what it is. `upgrade` applies the map.
+RENAMED_KEYS = {
+    "softmax_kernels": {"us_at_B512": LAB_POINT_KEY, "frac_of_hbm_peak": "frac_of_copy_bw"},
+    "torch_port": {"byte_equivalence_at_fp32_cpu": "allclose_to_numpy_at_fp32_cpu"},
+}
 
 # The roofline's FLOPs convention: per element one compare (max), one subtract, one exp, one
 # add (sum) and one multiply by the reciprocal of the sum. exp is counted as one operation
@@ -38,13 +48,6 @@ FLOPS_PER_ELEMENT = 5
 DATASHEET = {"NVIDIA H200": {"hbm_TBps": 4.8, "fp32_TFLOPS": 67.0}}
 
 CALL_MODES = ("per_call", "graph")
-BYTE_EQUIVALENCE_PROPERTIES = (
-    "deterministic",
-    "batch_invariant",
-    "position_invariant",
-    "stride_invariant",
-    "graph_invariant",
-)
 
 
 # -- small utilities ---------------------------------------------------------------------------
@@ -97,6 +100,42 @@ def _json(value) -> str:
     return json.dumps(value, sort_keys=True, allow_nan=True)
 
 
+def upgrade(manifest: dict) -> dict:
+    """A copy of a manifest written under earlier key names, in today's names: RENAMED_KEYS, and
+    sweep entries as `upgrade_plan` says."""
+    manifest = json.loads(json.dumps(manifest))
+
+    def renamed(entry, renames):  # in place of the old key, so the order stays the writer's
+        if not isinstance(entry, dict):
+            return entry
+        return {renames.get(k, k) if renames.get(k, k) not in entry else k: v for k, v in entry.items()}
+
+    for section, renames in RENAMED_KEYS.items():
+        values = manifest.get(section)
+        if section == "softmax_kernels" and isinstance(values, dict):
+            manifest[section] = {kernel: renamed(point, renames) for kernel, point in values.items()}
+        elif isinstance(values, dict):
+            manifest[section] = renamed(values, renames)
+    for e in manifest.get("sweep") or []:
+        upgrade_plan(e)
+    return manifest
+
+
+def upgrade_plan(entry: dict) -> dict:
+    """A sweep entry or benchmark record whose `plan` is fused's size-class description, as
+    earlier runs recorded it ("row(cluster=1, ...)"), with `plan` the path name and `size_class`
+    the description, in place. A description starts with its path's name (warpvec's said "warp(...,
+    16-byte vectors)" before it did: it is renamed so). Anything else is left as it is."""
+    plan = entry.get("plan")
+    if isinstance(plan, str) and "(" in plan:
+        path, _, shape = plan.partition("(")
+        if path == "warp" and "16-byte vectors" in plan:
+            path = "warpvec"
+        entry["plan"] = path
+        entry.setdefault("size_class", f"{path}({shape}")
+    return entry
+
+
 def case_key(record: dict) -> tuple:
     return (record["kernel"], int(record["B"]), int(record["V"]), record["dtype"])
 
@@ -130,7 +169,10 @@ def run_environment(gpu: dict | None, args) -> dict:
 # -- the device-time sweep -----------------------------------------------------------------------
 
 _CASE_AND_TIMES = ("kernel", "B", "V", "dtype", "us_median", "us_min", "us_max")
-_SWEEP_RAW = (*_CASE_AND_TIMES, "bytes_by_design", "plan", "autotune_picked")
+# plan: the dispatch path the case took (the kernel's plan(B, V, dtype)); size_class: fused's
+# size class within that path (kernels/cuda_plans.py FusedClass.describe()).
+_SWEEP_EXTRAS = ("plan", "size_class", "autotune_picked")
+_SWEEP_RAW = (*_CASE_AND_TIMES, "bytes_by_design", *_SWEEP_EXTRAS)
 
 
 def _records(benchmarks: list[dict], mode: str) -> list[dict]:
@@ -149,7 +191,7 @@ def raw_sweep_entry(record: dict) -> dict:
         "us_max": record["us_max"],
         "bytes_by_design": record["bytes"],
     }
-    for extra in ("plan", "autotune_picked"):
+    for extra in _SWEEP_EXTRAS:
         if record.get(extra) is not None:
             entry[extra] = record[extra]
     return entry
@@ -171,7 +213,7 @@ def derive_sweep(entries: list[dict], copy_TBps: float | None) -> list[dict]:
         reference = baseline.get(case_key(e)[1:])
         if reference is not None:
             entry["frac_of_F_softmax"] = reference / e["us_median"]
-        for extra in ("plan", "autotune_picked"):
+        for extra in _SWEEP_EXTRAS:
             if extra in e:
                 entry[extra] = e[extra]
         derived.append(entry)
@@ -184,15 +226,15 @@ def sweep_entries(benchmarks: list[dict], copy_TBps: float | None) -> list[dict]
 
 
 def kernel_points(sweep: list[dict]) -> dict:
-    """The lab contract's per-kernel figures at (B, V) = (512, 600), fp32."""
+    """The lab contract's per-kernel figures at the lab point (kernels/spec.py LAB_POINT)."""
     B, V, dtype = LAB_POINT
     points = {}
     for e in sweep:
         if (e["B"], e["V"], e["dtype"]) != (B, V, dtype):
             continue
-        point = {"us_at_B512": e["us_median"], "frac_of_F_softmax": e.get("frac_of_F_softmax")}
+        point = {LAB_POINT_KEY: e["us_median"], "frac_of_F_softmax": e.get("frac_of_F_softmax")}
         if "frac_of_copy_bw" in e:
-            point["frac_of_hbm_peak"] = e["frac_of_copy_bw"]
+            point["frac_of_copy_bw"] = e["frac_of_copy_bw"]
         if "autotune_picked" in e or e["kernel"] in AUTOTUNED_KERNELS:  # the lab contract requires theirs
             point["autotune_picked"] = e.get("autotune_picked") or {"BLOCK": None, "num_warps": None}
         points[e["kernel"]] = point
@@ -499,7 +541,7 @@ def _merge_loss_timings(manifest: dict, benchmarks: list[dict], gpu_model: str |
 
 def empty_manifest(today: str) -> dict:
     """A schema-valid manifest with nothing measured (nulls are placeholders)."""
-    point = {"us_at_B512": None, "frac_of_F_softmax": None}
+    point = {LAB_POINT_KEY: None, "frac_of_F_softmax": None}
     return {
         "experiment": EXPERIMENT,
         "date": today,
@@ -513,7 +555,7 @@ def empty_manifest(today: str) -> dict:
             for k in REQUIRED_KERNELS
         },
         "torch_port": {
-            "byte_equivalence_at_fp32_cpu": None,
+            "allclose_to_numpy_at_fp32_cpu": None,
             "max_abs_diff_to_numpy_reference": None,
             "kernel_swap_changes_top1_token": None,
         },
@@ -567,6 +609,7 @@ def build_manifest(
     today = today or datetime.date.today().isoformat()
     manifest = empty_manifest(today)
     if previous:
+        previous = upgrade(previous)
         manifest.update(json.loads(json.dumps(previous)))
     manifest["experiment"], manifest["seed"] = EXPERIMENT, SEED
     gpu = environment.get("gpu") or {}
@@ -662,6 +705,23 @@ def _merge_timings(manifest: dict, benchmarks: list[dict], gpu_model: str | None
     if calls or floors:
         manifest["call_modes"] = derive_call_modes(list(calls.values()), floors, manifest.get("sweep") or [])
         touched["call_modes"] = ("call_modes",)
+
+
+@functools.cache
+def schema_sections(schema_path: Path = SCHEMA_PATH) -> frozenset:
+    """The sections reports/manifest.schema.json describes (its top-level properties); read with
+    the json module alone, so the check below holds where jsonschema is not installed."""
+    return frozenset(json.loads(Path(schema_path).read_text())["properties"])
+
+
+def check_section(section: str) -> None:
+    """ValueError unless the schema describes `section`: a test recording into a section the
+    schema does not describe fails at once, on a GPU image without jsonschema too."""
+    if section not in schema_sections():
+        raise ValueError(
+            f"manifest section {section!r} is not described in {SCHEMA_PATH.name}: add it there "
+            f"(README: a new manifest section) or record into one of {', '.join(sorted(schema_sections()))}"
+        )
 
 
 def validate(manifest: dict, schema_path: Path = SCHEMA_PATH) -> None:

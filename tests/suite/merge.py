@@ -31,6 +31,8 @@ from tests.suite.manifest import (
     kernel_rank,
     matrix_bytes,
     serialise,
+    upgrade,
+    upgrade_plan,
     validate,
     write_if_changed,
 )
@@ -45,12 +47,14 @@ SIDE_BY_SIDE_KERNELS = names(lambda s: s.gated) + names(lambda s: s.baseline and
 
 def records_from_manifest(manifest: dict) -> tuple[list[dict], dict]:
     """The raw benchmark records a manifest's timings came from (sweep, call modes, floors), and
-    its measured ceilings, so manifests can be merged the way a run merges into one."""
+    its measured ceilings, so manifests can be merged the way a run merges into one. A manifest
+    of earlier key names is read through `manifest.upgrade` (its key map, RENAMED_KEYS)."""
+    manifest = upgrade(manifest)
     records = []
     for e in manifest.get("sweep") or []:
         r = {k: e[k] for k in ("kernel", "B", "V", "dtype", "us_median", "us_min", "us_max")}
         r.update(mode="device", bytes=e["bytes_by_design"])
-        r.update({k: e[k] for k in ("plan", "autotune_picked") if k in e})
+        r.update({k: e[k] for k in ("plan", "size_class", "autotune_picked") if k in e})
         records.append(r)
     calls = manifest.get("call_modes") or {}
     for e in calls.get("entries") or []:
@@ -90,7 +94,7 @@ def records_from_benchmark_json(doc: dict) -> tuple[list[dict], dict, set]:
         if ("kernel" in info or "floor" in info) and stats.get("rounds"):
             info.setdefault("mode", "device")
             us = {f"us_{k}": stats[k] * 1e6 for k in ("median", "min", "max")}
-            records.append({**info, **us})
+            records.append(upgrade_plan({**info, **us}))
     return records, ceilings, models
 
 

@@ -2,18 +2,18 @@
 fixture, combined over tests, and the raw timings of benchmark cases read from pytest-benchmark.
 
 A benchmark case puts raw facts in `benchmark.extra_info` and nothing derived: kernel, B, V,
-dtype, mode ("device", "per_call" or "graph"), bytes (what the kernel moves by design), plan,
-autotune_picked; a launch-floor case puts `floor` (its name) and mode instead of the kernel and
-shape; a softmax-backward or cross-entropy case puts `op` and `impl` instead of the kernel
-(tests/suite/manifest.py: LOSS_OPS). Ratios (to F.softmax, to copy bandwidth) are derived once, from the whole run, by
-tests/suite/manifest.py.
+dtype, mode ("device", "per_call" or "graph"), bytes (what the kernel moves by design), plan
+(the dispatch path, the kernel's plan(B, V, dtype)), size_class (fused's), autotune_picked; a
+launch-floor case puts `floor` (its name) and mode instead of the kernel and shape; a
+softmax-backward or cross-entropy case puts `op` and `impl` instead of the kernel
+(tests/suite/manifest.py: LOSS_OPS). Ratios (to F.softmax, to copy bandwidth) are derived once,
+from the whole run, by tests/suite/manifest.py.
 """
 
 import copy
 import math
 
 RECORD_KEY = "manifest"
-MODES = ("device", "per_call", "graph")
 
 
 def _failed(value) -> bool:
