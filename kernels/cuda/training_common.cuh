@@ -245,6 +245,18 @@ struct FreeSum {
         return t != t ? pos + neg : (t == -SOFTMAX_NEG_INF ? pos : (t == SOFTMAX_NEG_INF ? neg : 0ll));
     }
     __device__ __forceinline__ long long term(float t) const { return finite() ? fixed(t) : count(t); }
+    // The exact product a * b (finite() only) in fixed point: a * b rounded to fp32 plus its
+    // rounding error fma(a, b, -a * b), which is exact (barring flushed denormals) and at most
+    // 2^-24 of the product, so a term stays below 2^(62 - bits) (1 + 2^-24) units and n of them
+    // below 2^63. The bound M covers a * b as the caller's own a * b expression rounds it; the
+    // exact product exceeds that by at most half an ulp, i.e. not past 2^e.
+    __device__ __forceinline__ long long fixed_product(float a, float b) const {
+        const float p = a * b;
+        return fixed(p) + fixed(fmaf(a, b, -p));
+    }
+    __device__ __forceinline__ long long term_product(float a, float b) const {
+        return finite() ? fixed_product(a, b) : count(a * b);
+    }
     // The sum as a float, from the int64 total of term() over all terms.
     __device__ __forceinline__ float finish(long long s) const {
         if (finite()) {
@@ -258,7 +270,33 @@ struct FreeSum {
         // the finite sum is then out of reach and comes out NaN rather than wrong.
         return pos == neg ? SOFTMAX_NAN : (pos ? -SOFTMAX_NEG_INF : SOFTMAX_NEG_INF);
     }
+    // The sum as an unevaluated pair hi + lo: hi = finish(s), and lo the part of s that hi's
+    // rounding to fp32 dropped (exact in int64, then rounded; 0 when !finite()). Together they
+    // carry the fixed point's ~2^-40 relative precision instead of fp32's 2^-24.
+    __device__ __forceinline__ float2 finish_pair(long long s) const {
+        if (!finite()) return make_float2(finish(s), 0.0f);
+        const int e1 = scale_exp >> 1;
+        const float hi = __ll2float_rn(s);              // |s| < 2^63, so hi converts back exactly
+        const float lo = __ll2float_rn(s - __float2ll_rn(hi));
+        return make_float2(hi * pow2f(-e1) * pow2f(e1 - scale_exp), lo * pow2f(-e1) * pow2f(e1 - scale_exp));
+    }
 };
+
+// ---- softmax backward's output, y * (dy - S), with S = hi + lo ----------------------------------
+// Rounded once, nearly: d = dy - hi is split exactly into h + err (TwoSum), so
+// dy - S = h + (err - lo) up to a rounding of the small part, and y * h + y * (err - lo) is one
+// FMA. Two plain roundings (of dy - S, then of the product) would err by up to y * ulp(S) / 2 +
+// ulp(dx) / 2 where dy and S nearly cancel (a confident row: y ~ 1 at the entry whose dy
+// dominates S), more than PyTorch's y * dy - y * S, whose rounding of y * dy also enters its S
+// and cancels. A non-finite h (an infinite dy or S, a NaN) takes the plain product, as the
+// reference's y * (dy - S) does.
+__device__ __forceinline__ float softmax_bwd_out(float y, float dy, float2 S) {
+    const float h = dy - S.x;
+    const float dv = h - dy;
+    const float err = (dy - (h - dv)) + (-S.x - dv);
+    const float m = y * (err - S.y);
+    return fmaf(y, h, fabsf(h) < -SOFTMAX_NEG_INF ? m : 0.0f);
+}
 
 // ---- a 16-byte vector from an address that may not be 16-byte aligned -------------------------
 // For the second operand of a row (dy beside y): its body is read as vectors when it shares the
