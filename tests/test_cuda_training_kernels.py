@@ -559,7 +559,7 @@ def test_ce_plumbing():
     x, t = cross_entropy_inputs(4, 100, seed=18, device="cuda")
     with pytest.raises(ValueError, match="cuda"):
         ct.cross_entropy_fused(x.cpu(), t.cpu())
-    with pytest.raises(ValueError, match="target is on"):
+    with pytest.raises(ValueError, match="targets is on"):
         ct.cross_entropy_fused(x, t.cpu())
     with pytest.raises(ValueError, match="weight is on"):
         ct.cross_entropy_fused(x, t, weight=torch.ones(100))

@@ -35,6 +35,7 @@
 // dy shares y's alignment in that row, element by element otherwise, and dx is stored as vectors
 // when it does. All of that changes how elements are moved, never how they are combined.
 #include "softmax_common.cuh"
+#include "cluster_common.cuh"
 #include "training_common.cuh"
 
 
