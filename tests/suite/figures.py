@@ -199,6 +199,17 @@ def roofline_png(manifest: dict) -> bytes | None:
     return _png(fig)
 
 
+def _fraction_frame(ax, labels: list[str], title: str) -> None:
+    """The frame of a panel of bars of the fraction of copy bandwidth, one group per label."""
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_xlim(-0.6, len(labels) - 0.4)
+    ax.set_ylim(0, 1.12)
+    ax.set_ylabel("fraction of copy bandwidth")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, axis="y", alpha=0.3)
+
+
 def bandwidth_cells(manifest: dict) -> dict[str, dict]:
     """{dtype: {"shapes": [(V, B)], "kernels": [...], "measured": {(V, B, kernel): fraction}}}:
     per dtype, every shape of the sweep (in any dtype) that moves at least TARGET_MIN_BYTES in
@@ -284,17 +295,12 @@ def bandwidth_png(manifest: dict) -> bytes | None:
         for i in range(1, len(shapes)):
             if shapes[i][0] != shapes[i - 1][0]:
                 ax.axvline(i - 0.5, color="grey", lw=0.6, alpha=0.6)
-        ax.set_xticks(range(len(shapes)))
-        ax.set_xticklabels([f"V={v}\nB={b}\n{matrix_bytes(b, v, dtype) / 1e6:.0f} MB" for v, b in shapes], fontsize=7)
-        ax.set_xlim(-0.6, len(shapes) - 0.4)
-        ax.set_ylim(0, 1.12)
-        ax.set_ylabel("fraction of copy bandwidth")
-        ax.set_title(
+        _fraction_frame(
+            ax,
+            [f"V={v}\nB={b}\n{matrix_bytes(b, v, dtype) / 1e6:.0f} MB" for v, b in shapes],
             f"{dtype}: read + write once, as a fraction of the measured copy ({copy_TBps:.2f} TB/s), "
             f"shapes moving >= {TARGET_MIN_BYTES / 1e6:.0f} MB, {_gpu_name(manifest)}",
-            fontsize=9,
         )
-        ax.grid(True, axis="y", alpha=0.3)
         handles = [Patch(color=_color(k), label=k) for k in kernels] + [
             plt.Line2D([], [], color="black", ls="--", label="goal: 0.95 for V >= 4096, 0.90 at V = 600"),
             Patch(facecolor="white", edgecolor="black", hatch="///", label="below its goal (fused, triton)"),
@@ -494,18 +500,13 @@ def loss_timing_png(manifest: dict) -> bytes | None:
                         bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.4, "alpha": 0.85},
                     )
         ax.axhline(goal, color="black", ls="--", lw=1.2)
-        ax.set_xticks(range(len(shapes)))
-        ax.set_xticklabels([f"V={v}\nN={n}" for v, n in shapes], fontsize=7)
-        ax.set_xlim(-0.6, len(shapes) - 0.4)
-        ax.set_ylim(0, 1.12)
-        ax.set_ylabel("fraction of copy bandwidth")
-        ax.set_title(
+        _fraction_frame(
+            ax,
+            [f"V={v}\nN={n}" for v, n in shapes],
             f"{LOSS_TITLES.get(op, op)}, {dtype}: device time, L2 flushed, against the measured copy "
             f"({copy_TBps:.2f} TB/s), {_gpu_name(manifest)}",
-            fontsize=9,
         )
-        ax.grid(True, axis="y", alpha=0.3)
-        handles = [Patch(color=color[impl], label=impl) for k, impl in enumerate(impls)] + [
+        handles = [Patch(color=color[impl], label=impl) for impl in impls] + [
             plt.Line2D([], [], color="black", ls="--", label=f"goal {goal:.2f} of copy"),
             Patch(facecolor="white", edgecolor="black", hatch="///", label=f"below the goal ({', '.join(LOSS_OURS)})"),
         ]
