@@ -210,6 +210,32 @@ def _fraction_frame(ax, labels: list[str], title: str) -> None:
     ax.grid(True, axis="y", alpha=0.3)
 
 
+def _fraction_bar(ax, x: float, width: float, fraction: float, color: str, miss: bool) -> None:
+    """One bar of a fraction of copy bandwidth with its value to three decimals above it; a bar
+    below its goal hatched, its value red."""
+    ax.bar(
+        [x],
+        [fraction],
+        width=width * 0.92,
+        color=color,
+        hatch="///" if miss else None,
+        edgecolor="black" if miss else "none",
+        lw=0.6,
+    )
+    ax.text(
+        x,
+        fraction + 0.01,
+        f"{fraction:.3f}",
+        rotation=90,
+        fontsize=6,
+        ha="center",
+        va="bottom",
+        color="red" if miss else "black",
+        fontweight="bold" if miss else "normal",
+        bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.4, "alpha": 0.85},
+    )
+
+
 def bandwidth_cells(manifest: dict) -> dict[str, dict]:
     """{dtype: {"shapes": [(V, B)], "kernels": [...], "measured": {(V, B, kernel): fraction}}}:
     per dtype, every shape of the sweep (in any dtype) that moves at least TARGET_MIN_BYTES in
@@ -261,28 +287,7 @@ def bandwidth_png(manifest: dict) -> bytes | None:
                     )
                     ax.text(x, 0.02, "not measured", rotation=90, fontsize=6, ha="center", va="bottom", color="grey")
                     continue
-                miss = misses_goal(kernel, V, fraction)
-                ax.bar(
-                    [x],
-                    [fraction],
-                    width=width * 0.92,
-                    color=_color(kernel),
-                    hatch="///" if miss else None,
-                    edgecolor="black" if miss else "none",
-                    lw=0.6,
-                )
-                ax.text(
-                    x,
-                    fraction + 0.01,
-                    f"{fraction:.3f}",
-                    rotation=90,
-                    fontsize=6,
-                    ha="center",
-                    va="bottom",
-                    color="red" if miss else "black",
-                    fontweight="bold" if miss else "normal",
-                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.4, "alpha": 0.85},
-                )
+                _fraction_bar(ax, x, width, fraction, _color(kernel), misses_goal(kernel, V, fraction))
         for V in sorted({v for v, _ in shapes}):
             goal = copy_goal(V)
             span = [i for i, (v, _) in enumerate(shapes) if v == V]
@@ -460,26 +465,7 @@ def loss_timing_png(manifest: dict) -> bytes | None:
                 if e is None:
                     continue
                 x, fraction = i - 0.4 + width * (k + 0.5), e["frac_of_copy_bw"]
-                miss = impl in LOSS_OURS and fraction < goal
-                ax.bar(
-                    [x],
-                    [fraction],
-                    width=width * 0.92,
-                    color=color[impl],
-                    hatch="///" if miss else None,
-                    edgecolor="black" if miss else "none",
-                    lw=0.6,
-                )
-                ax.text(
-                    x,
-                    fraction + 0.01,
-                    f"{fraction:.2f}",
-                    fontsize=6.5,
-                    ha="center",
-                    va="bottom",
-                    color="red" if miss else "black",
-                    fontweight="bold" if miss else "normal",
-                )
+                _fraction_bar(ax, x, width, fraction, color[impl], impl in LOSS_OURS and fraction < goal)
                 ratios = []
                 if impl in LOSS_OURS:
                     for key, short in (("x_eager", "xE"), ("x_compiled", "xC")):
