@@ -42,6 +42,13 @@ def pytest_addoption(parser):
     )
     group.addoption("--no-reports", action="store_true", help="write no reports at the end of the run")
     group.addoption(
+        "--loss-grid",
+        choices=("default", "full"),
+        default="default",
+        help="the shapes tests/test_loss_benchmarks.py times: default (device time at N = 4096, three "
+        "vocabularies, ~90 s) or full (the whole N x V grid in every clock, ~13 min)",
+    )
+    group.addoption(
         "--regression-gate",
         action="store_true",
         help="fail the run when fused or triton fell behind F.softmax, beyond the noise of both runs, "

@@ -70,7 +70,10 @@ def check_backward_inputs(dy, y, *, kernel: str, device_type: str | None = "cuda
             got = str(t.dtype).removeprefix("torch.")
             raise TypeError(f"{kernel} softmax backward: {name} dtype {got} is not supported (supported: {names})")
     if dy.shape != y.shape:
-        raise ValueError(f"{kernel} softmax backward: dy {tuple(dy.shape)} and y {tuple(y.shape)} differ in shape")
+        raise ValueError(
+            f"{kernel} softmax backward: dy {tuple(dy.shape)} and y {tuple(y.shape)} differ in shape; "
+            "they must have one shape"
+        )
     if dy.dtype != y.dtype:
         raise TypeError(f"{kernel} softmax backward: dy is {dy.dtype} and y is {y.dtype}; they must share a dtype")
     if dy.shape[1] == 0:
@@ -130,10 +133,14 @@ def check_cross_entropy_inputs(
         raise TypeError(f"{what}: targets must be int64 or int32 class indices, got {targets.dtype}")
     if reduction not in CROSS_ENTROPY_REDUCTIONS:
         raise ValueError(f"{what}: reduction must be one of {CROSS_ENTROPY_REDUCTIONS}, got {reduction!r}")
-    if not isinstance(label_smoothing, (int, float)) or not 0.0 <= float(label_smoothing) <= 1.0:
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)):
+        raise TypeError(f"{what}: label_smoothing must be a number, got {type(label_smoothing).__name__}")
+    if not 0.0 <= float(label_smoothing) <= 1.0:
         raise ValueError(f"{what}: label_smoothing must be a number in [0, 1], got {label_smoothing!r}")
     if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
         raise TypeError(f"{what}: ignore_index must be an int, got {type(ignore_index).__name__}")
+    if not -(2**63) <= ignore_index < 2**63:
+        raise ValueError(f"{what}: ignore_index {ignore_index} does not fit int64")
     if weight is not None:
         if not isinstance(weight, torch.Tensor):
             raise TypeError(f"{what}: weight must be a torch.Tensor or None, got {type(weight).__name__}")
@@ -143,6 +150,6 @@ def check_cross_entropy_inputs(
             raise TypeError(f"{what}: weight dtype {weight.dtype} is not supported")
     for name, t in (("targets", targets), ("weight", weight)):
         if t is not None and t.device != logits.device:
-            raise ValueError(f"{what}: {name} on {t.device}, logits on {logits.device}")
+            raise ValueError(f"{what}: {name} is on {t.device} and logits on {logits.device}")
     if device_type is not None and logits.device.type != device_type:
         raise ValueError(f"{what}: expected {device_type} tensors, got them on {logits.device}")

@@ -28,21 +28,32 @@ CUPY_IMPLICIT_OPTIONS = ("-ftz=true",)
 TARGET_ARCH = "sm_90"
 PTXAS_CHECK_OPTIONS = ("-Xptxas", "-v,-warn-spills,-Werror")
 
-_INCLUDE_LINE = '#include "softmax_common.cuh"'
+_INCLUDE_RE = re.compile(r'^#include "([\w.]+\.cuh)"$', re.MULTILINE)
 
 
 # ---------------------------------------------------------------------------------------------
 # sources
 
 
-def expand_source(path: Path) -> str:
-    """The .cu text with the shared header pasted in place of its #include, so that the
-    compile cache (keyed on the source text) sees header edits too."""
+def expand_includes(path: Path) -> str:
+    """The .cu text with each `#include "X.cuh"` of kernels/cuda replaced by that file's text,
+    so that the compile cache (keyed on the source text) sees header edits too."""
     text = Path(path).read_text()
-    header = COMMON_HEADER.read_text()
-    if _INCLUDE_LINE not in text:
-        raise RuntimeError(f"{path} does not include softmax_common.cuh")
-    return text.replace(_INCLUDE_LINE, header, 1)
+
+    def paste(m: re.Match) -> str:
+        header = CUDA_DIR / m.group(1)
+        if not header.is_file():
+            raise RuntimeError(f"{path}: included header {m.group(1)} is not in {CUDA_DIR}")
+        return header.read_text()
+
+    return _INCLUDE_RE.sub(paste, text)
+
+
+def expand_source(path: Path) -> str:
+    """expand_includes for a softmax source, which must include softmax_common.cuh."""
+    if f'#include "{COMMON_HEADER.name}"' not in Path(path).read_text():
+        raise RuntimeError(f"{path} does not include {COMMON_HEADER.name}")
+    return expand_includes(path)
 
 
 def fused_instantiations() -> str:

@@ -28,14 +28,18 @@ and such a row's loss and gradient come out NaN.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from typing import NamedTuple
 
 import torch
 
-from .checks import FLOAT_DTYPES, check_backward_inputs, check_cross_entropy_inputs
-from .cuda_build import NVCC_OPTIONS
+from .checks import (
+    CROSS_ENTROPY_REDUCTIONS,
+    FLOAT_DTYPES,
+    check_backward_inputs,
+    check_cross_entropy_inputs,
+    prepare_dx,
+)
 from .cuda_training_plans import (
     BACKWARD_SOURCE,
     CROSS_ENTROPY_SOURCE,
@@ -50,11 +54,12 @@ from .cuda_training_plans import (
     select_plan,
 )
 from .launch import KernelLauncher
-from .softmax_cuda import _sm_count_and_major  # one cache of device facts for every CUDA C kernel
+
+# One cache of device facts and of compiled modules for every CUDA C kernel.
+from .softmax_cuda import _sm_count_and_major, module_function
 
 TRAINING_DTYPES = FLOAT_DTYPES
-REDUCTIONS = ("mean", "sum", "none")
-TARGET_DTYPES = (torch.int64, torch.int32)
+REDUCTIONS = CROSS_ENTROPY_REDUCTIONS
 MAX_V = 2**31 - 2**20  # the kernels index columns with 32-bit ints
 WARP_BLOCKS_PER_SM = 32  # the warp kinds' grid; rows past it are looped over in the kernel
 HELPER_THREADS = 1024  # CE_HELPER_THREADS of cross_entropy.cu
@@ -70,34 +75,14 @@ _SOURCES = {"bwd": BACKWARD_SOURCE, "ce": CROSS_ENTROPY_SOURCE}
 
 # -- compiled kernels, one launcher per (device, kernel) ------------------------------------------
 
-_modules: dict = {}  # (device index, source sha256) -> cupy.RawModule
 _launchers: dict = {}  # (device index, kernel name) -> KernelLauncher
-
-
-def _cupy():
-    try:
-        import cupy
-    except ImportError as e:  # pragma: no cover - depends on the machine
-        raise ImportError(
-            "the CUDA C training kernels need CuPy: pip install cupy-cuda13x "
-            "(or the cupy-cuda12x wheel matching the installed CUDA driver)"
-        ) from e
-    return cupy
 
 
 def _launcher(device_index: int, op: str, name: str, *, block: int, arg_kinds) -> KernelLauncher:
     launcher = _launchers.get((device_index, name))
     if launcher is not None:
         return launcher
-    cp = _cupy()
-    src = module_source(_SOURCES[op])
-    mkey = (device_index, hashlib.sha256(src.encode()).hexdigest())
-    with cp.cuda.Device(device_index):
-        mod = _modules.get(mkey)
-        if mod is None:
-            backend = "nvcc" if cp.cuda.get_nvcc_path() else "nvrtc"  # the source needs no headers
-            mod = _modules[mkey] = cp.RawModule(code=src, options=NVCC_OPTIONS, backend=backend)
-        function = mod.get_function(name).kernel.ptr
+    function = module_function(device_index, module_source(_SOURCES[op]), name)
     launcher = _launchers[(device_index, name)] = KernelLauncher(name, function, arg_kinds=arg_kinds, block=block)
     return launcher
 
@@ -149,22 +134,8 @@ def _make_launch(op: str, dev: int, dtype, plan: TrainingPlan) -> _Launch:
 # -- input checks --------------------------------------------------------------------------------
 
 
-def _dtype_name(dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _check_rows(t, name: str, what: str) -> None:
-    """A 2-D floating tensor of a supported dtype with V >= 1 (the device is checked last, by
-    _check_cuda, so that every other problem is reported the same on any machine)."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{what}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != 2:
-        raise ValueError(f"{what}: {name} must be a 2-D (B, V) tensor, got shape {tuple(t.shape)}")
-    if t.dtype not in TRAINING_DTYPES:
-        names = ", ".join(_dtype_name(d) for d in TRAINING_DTYPES)
-        raise TypeError(f"{what}: {name} dtype {_dtype_name(t.dtype)} is not supported (supported: {names})")
-    if t.shape[1] == 0:
-        raise ValueError(f"{what}: V = 0, a row of no classes")
+def _check_columns(t: torch.Tensor, what: str) -> None:
+    """What the kernels add to kernels.checks: a column index that fits 32 bits."""
     if t.shape[1] >= MAX_V:
         raise ValueError(f"{what}: V = {t.shape[1]} exceeds the kernels' 32-bit column index")
 
@@ -179,7 +150,8 @@ def _unit_rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.shape[1] == 1 or t.stride(1) == 1 else t.contiguous()
 
 
-def _check_out(out, like: torch.Tensor, what: str, *, contiguous: bool) -> None:
+def _check_out(out, like: torch.Tensor, what: str) -> None:
+    """The cross-entropy's `out`: like the logits, with unit stride within its rows."""
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"{what}: out must be a torch.Tensor, got {type(out).__name__}")
     if out.shape != like.shape or out.dtype != like.dtype or out.device != like.device:
@@ -187,9 +159,7 @@ def _check_out(out, like: torch.Tensor, what: str, *, contiguous: bool) -> None:
             f"{what}: out is {tuple(out.shape)} {out.dtype} on {out.device}, "
             f"expected {tuple(like.shape)} {like.dtype} on {like.device}"
         )
-    if contiguous and not out.is_contiguous():
-        raise ValueError(f"{what}: out must be contiguous")
-    if not contiguous and out.shape[1] > 1 and out.stride(1) != 1:
+    if out.shape[1] > 1 and out.stride(1) != 1:
         raise ValueError(f"{what}: out must have unit stride within its rows")
 
 
@@ -212,19 +182,12 @@ def softmax_backward_fused(
     fit it), `grid_cap` caps the grid at that many CTAs so that CTAs loop over rows: both for
     tests that reach every path and loop at small shapes.
     """
-    _check_rows(y, "y", _BWD)
-    _check_rows(dy, "dy", _BWD)
-    if dy.shape != y.shape:
-        raise ValueError(f"{_BWD}: y is {tuple(y.shape)} and dy {tuple(dy.shape)}; they must have one shape")
-    if dy.dtype != y.dtype:
-        raise TypeError(f"{_BWD}: y is {_dtype_name(y.dtype)} and dy {_dtype_name(dy.dtype)}; they must share a dtype")
-    if dy.device != y.device:
-        raise ValueError(f"{_BWD}: y is on {y.device} and dy on {dy.device}")
-    if out is not None:
-        _check_out(out, y, _BWD, contiguous=True)
+    # Everything but the device first (kernels.checks), so a problem reads the same on any machine.
+    check_backward_inputs(dy, y, kernel="fused", device_type=None)
+    _check_columns(y, _BWD)
+    dx = prepare_dx(y, out, kernel="fused")
     _check_cuda(y, "y", _BWD)
     y, dy = _unit_rows(y), _unit_rows(dy)
-    dx = torch.empty(y.shape, dtype=y.dtype, device=y.device) if out is None else out
     B, V = y.shape
     if B == 0:
         return dx
@@ -244,37 +207,18 @@ class TargetError(ValueError):
 
 
 def _check_cross_entropy(logits, target, weight, ignore_index, label_smoothing, reduction, inplace, out):
-    _check_rows(logits, "logits", _CE)
-    if not isinstance(target, torch.Tensor):
-        raise TypeError(f"{_CE}: target must be a torch.Tensor, got {type(target).__name__}")
-    if target.dim() != 1 or target.shape[0] != logits.shape[0]:
-        raise ValueError(
-            f"{_CE}: target must be 1-D with one class index per row of logits ({logits.shape[0]}), "
-            f"got shape {tuple(target.shape)}"
-        )
-    if target.dtype not in TARGET_DTYPES:
-        raise TypeError(f"{_CE}: target must hold int64 (or int32) class indices, got {_dtype_name(target.dtype)}")
-    if target.device != logits.device:
-        raise ValueError(f"{_CE}: target is on {target.device} and logits on {logits.device}")
-    if weight is not None:
-        if not isinstance(weight, torch.Tensor):
-            raise TypeError(f"{_CE}: weight must be a torch.Tensor or None, got {type(weight).__name__}")
-        if weight.shape != (logits.shape[1],):
-            raise ValueError(f"{_CE}: weight must have shape ({logits.shape[1]},), got {tuple(weight.shape)}")
-        if weight.dtype not in TRAINING_DTYPES:
-            raise TypeError(f"{_CE}: weight dtype {_dtype_name(weight.dtype)} is not supported")
-        if weight.device != logits.device:
-            raise ValueError(f"{_CE}: weight is on {weight.device} and logits on {logits.device}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise TypeError(f"{_CE}: ignore_index must be an int, got {type(ignore_index).__name__}")
-    if not -(2**63) <= ignore_index < 2**63:
-        raise ValueError(f"{_CE}: ignore_index {ignore_index} does not fit int64")
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)):
-        raise TypeError(f"{_CE}: label_smoothing must be a number, got {type(label_smoothing).__name__}")
-    if not 0.0 <= float(label_smoothing) <= 1.0:
-        raise ValueError(f"{_CE}: label_smoothing must lie in [0, 1], got {label_smoothing}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"{_CE}: reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
+    # kernels.checks' rules without the device, then the wrapper's own options, the device last.
+    check_cross_entropy_inputs(
+        logits,
+        target,
+        weight=weight,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+        reduction=reduction,
+        kernel="fused",
+        device_type=None,
+    )
+    _check_columns(logits, _CE)
     if inplace:
         if out is not None:
             raise ValueError(f"{_CE}: inplace=True writes the gradient over the logits; out must be None")
@@ -283,7 +227,7 @@ def _check_cross_entropy(logits, target, weight, ignore_index, label_smoothing, 
         if logits.requires_grad:
             raise ValueError(f"{_CE}: inplace=True would overwrite logits that require grad")
     elif out is not None:
-        _check_out(out, logits, _CE, contiguous=False)
+        _check_out(out, logits, _CE)
     _check_cuda(logits, "logits", _CE)
 
 
@@ -388,9 +332,9 @@ def cross_entropy_fused(
 
 
 def registry_softmax_backward(dy: torch.Tensor, y: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The registry's calling convention (kernels.SOFTMAX_BACKWARD_KERNELS): dy first, and the
-    suite-wide input checks of kernels.checks, so every backward rejects bad input alike."""
-    check_backward_inputs(dy, y, kernel="fused")
+    """The registry's calling convention (kernels.SOFTMAX_BACKWARD_KERNELS): dy first. The
+    wrapper applies the suite-wide input checks of kernels.checks, so every backward rejects bad
+    input alike."""
     return softmax_backward_fused(y, dy, out=out)
 
 
@@ -404,17 +348,8 @@ def registry_cross_entropy(
     reduction: str = "mean",
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The registry's calling convention (kernels.CROSS_ENTROPY_KERNELS): (loss, lse, grad), after
-    the suite-wide input checks of kernels.checks."""
-    check_cross_entropy_inputs(
-        logits,
-        targets,
-        weight=weight,
-        ignore_index=ignore_index,
-        label_smoothing=label_smoothing,
-        reduction=reduction,
-        kernel="fused",
-    )
+    """The registry's calling convention (kernels.CROSS_ENTROPY_KERNELS): (loss, lse, grad); the
+    wrapper applies the suite-wide input checks of kernels.checks."""
     loss, grad, lse = cross_entropy_fused(
         logits,
         targets,

@@ -21,13 +21,12 @@ CTAs (2, 4 and 8 for 16-bit storage); the forward's seven-CTA class is left out.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .cuda_build import CUDA_DIR
+from .cuda_build import CUDA_DIR, expand_includes
 from .cuda_plans import FORMATS, as_dtype
 
 BACKWARD_SOURCE = CUDA_DIR / "softmax_backward.cu"
@@ -254,24 +253,9 @@ def cross_entropy_path(B: int, V: int, dtype=torch.float32) -> str:
 
 # -- translation units ----------------------------------------------------------------------------
 
-_INCLUDE_RE = re.compile(r'^#include "([\w.]+\.cuh)"$', re.MULTILINE)
 # Kernels every cross-entropy module holds besides the size classes: the prologue (target
 # checks, weight sums, the gradient scale) and the reduction of the per-row losses.
 CROSS_ENTROPY_HELPERS = ("ce_prologue", "ce_reduce")
-
-
-def expand_includes(path: Path) -> str:
-    """The .cu text with each `#include "X.cuh"` of kernels/cuda replaced by that file's text,
-    so the compile cache (keyed on the source text) sees header edits too."""
-    text = Path(path).read_text()
-
-    def paste(m: re.Match) -> str:
-        header = CUDA_DIR / m.group(1)
-        if not header.is_file():
-            raise RuntimeError(f"{path}: included header {m.group(1)} is not in {CUDA_DIR}")
-        return header.read_text()
-
-    return _INCLUDE_RE.sub(paste, text)
 
 
 def _op_of(path: Path) -> str:

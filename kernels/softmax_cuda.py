@@ -69,10 +69,24 @@ def _cupy():
         import cupy
     except ImportError as e:  # pragma: no cover - depends on the machine
         raise ImportError(
-            "the CUDA C softmax kernels (naive, smem, fused) need CuPy: pip install cupy-cuda13x "
-            "(or the cupy-cuda12x wheel matching the installed CUDA driver)"
+            "the CUDA C kernels (softmax naive, smem, fused; the fused softmax backward and "
+            "cross-entropy) need CuPy: pip install cupy-cuda13x (or the cupy-cuda12x wheel matching "
+            "the installed CUDA driver)"
         ) from e
     return cupy
+
+
+def module_function(device_index: int, src: str, name: str) -> int:
+    """The CUfunction handle of kernel `name` in the translation unit `src` on a device. Each
+    (device, source) is compiled once, for this module's kernels and kernels/cuda_training.py's."""
+    cp = _cupy()
+    mkey = (device_index, hashlib.sha256(src.encode()).hexdigest())
+    with cp.cuda.Device(device_index):
+        mod = _modules.get(mkey)
+        if mod is None:
+            backend = "nvcc" if cp.cuda.get_nvcc_path() else "nvrtc"  # the source needs no headers
+            mod = _modules[mkey] = cp.RawModule(code=src, options=NVCC_OPTIONS, backend=backend)
+        return mod.get_function(name).kernel.ptr
 
 
 def _sm_count_and_major(device_index: int) -> tuple[int, int]:
@@ -94,15 +108,8 @@ def _launcher(
     launcher = _launchers.get(key)
     if launcher is not None:
         return launcher
-    cp = _cupy()
-    src = module_source(path)
-    mkey = (device_index, hashlib.sha256(src.encode()).hexdigest())
-    with cp.cuda.Device(device_index):
-        mod = _modules.get(mkey)
-        if mod is None:
-            backend = "nvcc" if cp.cuda.get_nvcc_path() else "nvrtc"  # the source needs no headers
-            mod = _modules[mkey] = cp.RawModule(code=src, options=NVCC_OPTIONS, backend=backend)
-        function = mod.get_function(name).kernel.ptr
+    function = module_function(device_index, module_source(path), name)
+    with _cupy().cuda.Device(device_index):
         if cluster > PORTABLE_CLUSTER_SIZE:
             driver().set_function_attribute(function, FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, name=name)
         if shared:  # past 48 KB a kernel must ask for its dynamic shared memory first

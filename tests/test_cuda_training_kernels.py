@@ -225,24 +225,12 @@ def test_backward_single_column(dtype):
     assert (run_backward(y, dy) == 0).all(), "softmax of one element has zero gradient"
 
 
-@pytest.mark.parametrize(
-    "V",
-    [
-        4099,
-        50257,
-        pytest.param(
-            262144,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="known miss, measured on the H200: the looping path's largest error is 8.2e-7 against "
-                "PyTorch's 5.8e-7 at V = 262144 (1.4 x); not yet traced to its source",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("V", [4099, 50257, 262144])
 def test_backward_is_no_less_accurate_than_pytorch(V):
-    # fp32: the largest error against float64 is at most PyTorch's own (its row sum is a float
-    # sum; ours exact up to 2^-27 of the largest product), with one rounding of slack.
+    # fp32: the largest error against float64 is at most PyTorch's own, with one rounding of
+    # slack. The even rows' +30 outlier makes y ~ 1 where dy dominates S = sum(y * dy), so
+    # dy - S cancels: a rounding of y * dy that enters S (PyTorch's cancels there, ours must
+    # not add one) or of S itself shows at up to ulp(S) / 2, several times an ulp of dx.
     y, dy = softmax_and_grad(16, V, seed=V + 7, device="cuda", dy_scale=5.0)
     ref = torch.from_numpy(softmax_backward_ref(y=y.double().cpu().numpy(), dy=dy.double().cpu().numpy()))
     ours = (run_backward(y, dy).double().cpu() - ref).abs().max().item()
@@ -571,7 +559,7 @@ def test_ce_plumbing():
     x, t = cross_entropy_inputs(4, 100, seed=18, device="cuda")
     with pytest.raises(ValueError, match="cuda"):
         ct.cross_entropy_fused(x.cpu(), t.cpu())
-    with pytest.raises(ValueError, match="target is on"):
+    with pytest.raises(ValueError, match="targets is on"):
         ct.cross_entropy_fused(x, t.cpu())
     with pytest.raises(ValueError, match="weight is on"):
         ct.cross_entropy_fused(x, t, weight=torch.ones(100))

@@ -2,14 +2,26 @@
 (tests/suite/devicetime.py): cross-entropy loss + gradient as a training step pays for it
 (forward and backward through autograd, the gradient landing in logits.grad), and the softmax
 backward, for every implementation of kernels.CROSS_ENTROPY_KERNELS / SOFTMAX_BACKWARD_KERNELS
-(ours, PyTorch eager, torch.compile) at N in {4096, 16384} x V in {32000, 50257, 128256,
-151936, 262144}, float32 and bfloat16 (per call and graph replay at N = 4096). Device-time cases
-also record the peak memory allocated beyond the inputs during one call. Each case validates its
-output before timing it; ratios are derived by tests/suite/manifest.py (LOSS_OPS) into the
-manifest's cross_entropy_timing and softmax_backward_timing sections, with the issue's goals and
-every miss.
+(ours, PyTorch eager, torch.compile). Device-time cases also record the peak memory allocated
+beyond the inputs during one call. Each case validates its output before timing it; ratios are
+derived by tests/suite/manifest.py (LOSS_OPS) into the manifest's cross_entropy_timing and
+softmax_backward_timing sections, with the issue's goals and every miss, and drawn in
+reports/loss_timing.png.
+
+Two grids (`--loss-grid`):
+- default: device time only, N = 4096, V in {32000, 128256, 262144} (the smallest listed
+  vocabulary, Llama 3's and the largest), float32 and bfloat16, LOSS_ROUNDS rounds: 48 cases,
+  everything the goals are stated in (fraction of copy, x eager, x torch.compile, peak memory).
+  A case's cost is linear in N·V (its bytes), and N = 4096 rows already fill every SM many
+  times over, so N = 16384 measures the same bandwidth at four times the cost; the timed work is
+  a few seconds, the rest is building kernels (CuPy's two modules, Triton's, Inductor's).
+  Estimated ~90 s on the H200, most of it those builds.
+- full: the issue's whole grid, N in {4096, 16384} x V in {32000, 50257, 128256, 151936,
+  262144}, float32 and bfloat16, device time with ROUNDS rounds, plus per call and graph replay
+  at N = 4096 (~13 min on the H200).
 
     pytest -m cuda --benchmark-only tests/test_loss_benchmarks.py
+    pytest -m cuda --benchmark-only tests/test_loss_benchmarks.py --loss-grid=full
     pytest -m cuda --benchmark-only -k "loss-device"       # device time and peak memory only
 """
 
@@ -23,6 +35,7 @@ import torch.nn.functional as F
 from kernels import CROSS_ENTROPY_BASELINE, CROSS_ENTROPY_KERNELS, SOFTMAX_BACKWARD_KERNELS
 from kernels.reference import cross_entropy_ref, softmax_backward_ref
 from tests.suite.devicetime import (
+    ROUNDS,
     calls_per_round,
     capture_graph,
     device_times_us,
@@ -35,25 +48,41 @@ from tests.suite.manifest import LOSS_OPS, matrix_bytes
 pytestmark = pytest.mark.cuda
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-LOSS_N = (4096, 16384)
-LOSS_V = (32000, 50257, 128256, 151936, 262144)
 MODES = ("device", "per_call", "graph")
-
-
 CALL_N = 4096  # per-call and graph modes at the smaller N only: the larger takes ~4 x as long per call
+# grid: (N values, V values, modes, device-time rounds)
+GRIDS = {
+    "default": ((4096,), (32000, 128256, 262144), ("device",), 20),
+    "full": ((4096, 16384), (32000, 50257, 128256, 151936, 262144), MODES, ROUNDS),
+}
+OPS = {"test_cross_entropy_speed": "cross_entropy", "test_softmax_backward_speed": "softmax_backward"}
 
 
-def cases(op: str):
+def cases(op: str, grid: str = "default"):
     impls = CROSS_ENTROPY_KERNELS if op == "cross_entropy" else SOFTMAX_BACKWARD_KERNELS
+    sizes_n, sizes_v, modes, _ = GRIDS[grid]
     return [
         pytest.param(mode, impl, N, V, dtype, id=f"loss-{mode}-{op}-{impl}-N{N}-V{V}-{dtype}")
         for dtype in DTYPES
-        for V in LOSS_V
-        for N in LOSS_N
+        for V in sizes_v
+        for N in sizes_n
         for impl in impls
-        for mode in MODES
+        for mode in modes
         if mode == "device" or N == CALL_N
     ]
+
+
+def pytest_generate_tests(metafunc):
+    op = OPS.get(metafunc.function.__name__)
+    if op is not None:
+        grid = metafunc.config.getoption("loss_grid")
+        metafunc.parametrize("mode, impl, N, V, dtype", cases(op, grid))
+
+
+@pytest.fixture
+def rounds(request):
+    """Device-time rounds of the selected grid."""
+    return GRIDS[request.config.getoption("loss_grid")][3]
 
 
 # -- cross-entropy: one training step's loss and gradient ------------------------------------------
@@ -66,8 +95,19 @@ def _compiled_cross_entropy():
 
 def cross_entropy_step(impl: str, x: torch.Tensor, t: torch.Tensor):
     """A call that computes the mean loss and leaves d loss / d x in x.grad, as a training step
-    does: ours through the custom op (gradient made in the forward, kept by the backward),
-    PyTorch's through F.cross_entropy and autograd, eager or compiled."""
+    does: Triton's through its custom op (gradient made in the forward, kept by the backward),
+    PyTorch's through F.cross_entropy and autograd, eager or compiled; any other implementation
+    of the registry, which has no autograd op (fused), by its own call, whose gradient for the
+    mean is already the step's."""
+    if impl not in ("triton", CROSS_ENTROPY_BASELINE, "torch_compile"):
+        kernel = CROSS_ENTROPY_KERNELS[impl]
+
+        def direct_step():
+            x.grad = None
+            loss, _, x.grad = kernel(x.detach(), t)
+            return loss
+
+        return direct_step
     if impl == "triton":
         from kernels import ops
 
@@ -75,10 +115,8 @@ def cross_entropy_step(impl: str, x: torch.Tensor, t: torch.Tensor):
             return ops.cross_entropy(x, t)[0]
     elif impl == CROSS_ENTROPY_BASELINE:
         loss_fn = F.cross_entropy
-    elif impl == "torch_compile":
-        loss_fn = _compiled_cross_entropy()
     else:
-        raise KeyError(impl)
+        loss_fn = _compiled_cross_entropy()
 
     def step():
         x.grad = None
@@ -114,10 +152,10 @@ def _peak_extra_bytes(call) -> int:
     return max(0, torch.cuda.max_memory_allocated() - before)
 
 
-def _time(benchmark, mode, call, info, validate):
+def _time(benchmark, mode, call, info, validate, rounds):
     if mode == "device":
         info["peak_extra_bytes"] = _peak_extra_bytes(call)
-        times = device_times_us(call)
+        times = device_times_us(call, rounds=rounds)
     elif mode == "per_call":
         info["calls_per_round"] = n = calls_per_round(call)
         times = per_call_times_us(call, calls=n)
@@ -132,8 +170,7 @@ def _time(benchmark, mode, call, info, validate):
     report_times_us(benchmark, times)
 
 
-@pytest.mark.parametrize("mode, impl, N, V, dtype", cases("cross_entropy"))
-def test_cross_entropy_speed(benchmark, mode, impl, N, V, dtype):
+def test_cross_entropy_speed(benchmark, mode, impl, N, V, dtype, rounds):
     g = torch.Generator(device="cuda").manual_seed(N + V)
     x = (torch.randn(N, V, device="cuda", generator=g) * 3).to(DTYPES[dtype]).requires_grad_(True)
     t = torch.randint(0, V, (N,), device="cuda", generator=g)
@@ -142,18 +179,17 @@ def test_cross_entropy_speed(benchmark, mode, impl, N, V, dtype):
     _validate_cross_entropy(impl, x.detach(), t, loss.detach(), x.grad)
     info = {"op": "cross_entropy", "impl": impl, "N": N, "V": V, "dtype": dtype}
     info["bytes"] = matrix_bytes(N, V, dtype, passes=LOSS_OPS["cross_entropy"][2])
-    if impl == "triton":
-        from kernels import triton_cross_entropy
-
-        info["plan"] = triton_cross_entropy.plan(N, V, DTYPES[dtype])
-    _time(benchmark, mode, step, info, lambda: _validate_cross_entropy(impl, x.detach(), t, loss.detach(), x.grad))
+    if not CROSS_ENTROPY_KERNELS[impl].baseline:
+        info["plan"] = CROSS_ENTROPY_KERNELS[impl].plan(N, V, DTYPES[dtype])
+    _time(
+        benchmark, mode, step, info, lambda: _validate_cross_entropy(impl, x.detach(), t, loss.detach(), x.grad), rounds
+    )
 
 
 # -- the softmax backward ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode, impl, N, V, dtype", cases("softmax_backward"))
-def test_softmax_backward_speed(benchmark, mode, impl, N, V, dtype):
+def test_softmax_backward_speed(benchmark, mode, impl, N, V, dtype, rounds):
     g = torch.Generator(device="cuda").manual_seed(N + V)
     y = torch.softmax(torch.randn(N, V, device="cuda", generator=g) * 3, dim=-1).to(DTYPES[dtype])
     dy = torch.randn(N, V, device="cuda", generator=g).to(DTYPES[dtype])
@@ -173,8 +209,6 @@ def test_softmax_backward_speed(benchmark, mode, impl, N, V, dtype):
     validate()
     info = {"op": "softmax_backward", "impl": impl, "N": N, "V": V, "dtype": dtype}
     info["bytes"] = matrix_bytes(N, V, dtype, passes=LOSS_OPS["softmax_backward"][2])
-    if impl == "triton":
-        from kernels import triton_backward
-
-        info["plan"] = triton_backward.plan(N, V, DTYPES[dtype])
-    _time(benchmark, mode, call, info, validate)
+    if not fn.baseline:
+        info["plan"] = fn.plan(N, V, DTYPES[dtype])
+    _time(benchmark, mode, call, info, validate, rounds)

@@ -16,7 +16,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def full_manifest(**overrides):
     built = manifest.build_manifest(
         None,
-        benchmarks=synthetic.lab_records() + synthetic.large_records() + synthetic.call_records(),
+        benchmarks=synthetic.lab_records()
+        + synthetic.large_records()
+        + synthetic.call_records()
+        + synthetic.loss_records(),
         recorded={"ceilings": dict(synthetic.CEILINGS)},
         environment=synthetic.GPU_ENV,
         today="2026-11-29",
@@ -31,7 +34,7 @@ def rendered():
 
 
 def test_every_figure_is_drawn_from_a_complete_manifest(rendered):
-    assert set(rendered) == {"roofline.png", "bandwidth.png", "call_modes.png"}
+    assert set(rendered) == {"roofline.png", "bandwidth.png", "call_modes.png", "loss_timing.png"}
     for name, png in rendered.items():
         assert png.startswith(PNG_MAGIC) and len(png) > 20_000, name
 
@@ -48,6 +51,8 @@ def test_an_unchanged_manifest_draws_the_same_bytes(rendered):
         ("roofline.png", {"sweep": []}),
         ("bandwidth.png", {"sweep": [e for e in full_manifest()["sweep"] if e["B"] * e["V"] < 1e6]}),  # all < 100 MB
         ("call_modes.png", {"call_modes": {"entries": [], "floors": synthetic.FLOORS}}),
+        ("loss_timing.png", {"ceilings": {}}),
+        ("loss_timing.png", {"cross_entropy_timing": {}, "softmax_backward_timing": {}}),
     ],
 )
 def test_a_figure_without_its_data_is_not_drawn(name, missing):
@@ -65,7 +70,10 @@ def test_bandwidth_shows_only_the_kernels_and_shapes_the_goals_apply_to():
 
 def test_write_reports_writes_the_figures_and_rewrites_none_unchanged(tmp_path):
     kwargs = {
-        "benchmarks": synthetic.lab_records() + synthetic.large_records() + synthetic.call_records(),
+        "benchmarks": synthetic.lab_records()
+        + synthetic.large_records()
+        + synthetic.call_records()
+        + synthetic.loss_records(),
         "recorded": {"ceilings": dict(synthetic.CEILINGS)},
         "environment": synthetic.GPU_ENV,
     }

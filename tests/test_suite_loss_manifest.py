@@ -8,37 +8,12 @@ import json
 import pytest
 
 from tests.suite import manifest
-from tests.suite.synthetic import CEILINGS, GPU_ENV
+from tests.suite.synthetic import CEILINGS, GPU_ENV, loss_record
+from tests.suite.synthetic import loss_records as records
 
 jsonschema = pytest.importorskip("jsonschema")
 
 pytestmark = pytest.mark.cpu
-
-
-def loss_record(op, impl, N, V, dtype, us, *, mode="device", peak=None):
-    passes = manifest.LOSS_OPS[op][2]
-    r = {"op": op, "impl": impl, "N": N, "V": V, "dtype": dtype, "mode": mode, "us_median": us}
-    r.update(us_min=us * 0.9, us_max=us * 1.2, bytes=manifest.matrix_bytes(N, V, dtype, passes=passes))
-    if peak is not None:
-        r["peak_extra_bytes"] = peak
-    return r
-
-
-def records():
-    N, V = 4096, 32000
-    logits = manifest.matrix_bytes(N, V, "float32", passes=1)
-    copy_us = 2 * logits / (CEILINGS["hbm_copy_TBps"] * 1e12) * 1e6  # one read + one write at copy speed
-    out = [
-        loss_record("cross_entropy", "triton", N, V, "float32", copy_us / 0.93, peak=logits),
-        loss_record("cross_entropy", "F_cross_entropy", N, V, "float32", copy_us / 0.93 * 3.0, peak=3 * logits),
-        loss_record("cross_entropy", "torch_compile", N, V, "float32", copy_us / 0.93 * 1.1, peak=logits),
-        loss_record("softmax_backward", "triton", N, V, "float32", 1.5 * copy_us / 0.8),
-        loss_record("softmax_backward", "softmax_backward_data", N, V, "float32", 1.5 * copy_us / 0.7),
-    ]
-    for impl, us in (("triton", 40.0), ("F_cross_entropy", 90.0), ("torch_compile", 60.0)):
-        out.append(loss_record("cross_entropy", impl, N, V, "float32", us * 1e3, mode="per_call"))
-        out.append(loss_record("cross_entropy", impl, N, V, "float32", us * 1e3 * 0.9, mode="graph"))
-    return out
 
 
 def build(benchmarks, previous=None):
@@ -60,6 +35,7 @@ def test_loss_sections_derive_ratios_goals_and_validate():
     goals = built["cross_entropy_timing"]["goals"]
     assert goals["cases_checked"] == 1 and goals["cases_missed"] == 1
     assert "x compiled (goal 1.2)" in goals["missed"][0]["why"] and "copy" not in goals["missed"][0]["why"]
+    assert goals["missed"][0]["impl"] == "triton"
     bwd = built["softmax_backward_timing"]
     assert bwd["entries"][0]["bytes_by_design"] == manifest.matrix_bytes(4096, 32000, "float32", passes=3)
     assert bwd["goals"]["cases_missed"] == 1 and "of copy" in bwd["goals"]["missed"][0]["why"]
@@ -82,14 +58,16 @@ def test_the_sections_baselines_are_the_registrys():
 
     assert manifest.LOSS_OPS["cross_entropy"][1] == kernels.CROSS_ENTROPY_BASELINE
     assert manifest.LOSS_OPS["softmax_backward"][1] == kernels.BACKWARD_BASELINE
-    assert {manifest.LOSS_OURS, manifest.LOSS_COMPILED} <= set(kernels.CROSS_ENTROPY_KERNELS)
-    assert {manifest.LOSS_OURS, manifest.LOSS_COMPILED} <= set(kernels.SOFTMAX_BACKWARD_KERNELS)
+    for registry in (kernels.CROSS_ENTROPY_KERNELS, kernels.SOFTMAX_BACKWARD_KERNELS):
+        assert set(manifest.LOSS_OURS) == {k for k, v in registry.items() if not v.baseline}
+        assert manifest.LOSS_COMPILED in registry
 
 
 def test_the_loss_benchmark_grid_is_the_issues():
-    """tests/test_loss_benchmarks.py's cases, checked on the CPU: unique ids, every implementation
-    of each registry at every listed shape and dtype in device time, and every per-call or graph
-    case beside a device-time case."""
+    """tests/test_loss_benchmarks.py's cases, checked on the CPU: unique ids; the full grid has
+    every implementation of each registry at every listed shape and dtype in device time, and
+    every per-call or graph case beside a device-time case; the default grid is part of it, in
+    device time, with every implementation and dtype at the smallest and the largest vocabulary."""
     import collections
 
     import kernels
@@ -99,10 +77,11 @@ def test_the_loss_benchmark_grid_is_the_issues():
         ("cross_entropy", kernels.CROSS_ENTROPY_KERNELS),
         ("softmax_backward", kernels.SOFTMAX_BACKWARD_KERNELS),
     ):
-        cases = [tuple(p.values) for p in bench.cases(op)]
-        ids = [p.id for p in bench.cases(op)]
-        assert [i for i, n in collections.Counter(ids).items() if n > 1] == []
-        device = {c[1:] for c in cases if c[0] == "device"}
+        full = [tuple(p.values) for p in bench.cases(op, "full")]
+        for grid in bench.GRIDS:
+            ids = [p.id for p in bench.cases(op, grid)]
+            assert [i for i, n in collections.Counter(ids).items() if n > 1] == []
+        device = {c[1:] for c in full if c[0] == "device"}
         assert device == {
             (impl, N, V, dtype)
             for impl in registry
@@ -110,5 +89,10 @@ def test_the_loss_benchmark_grid_is_the_issues():
             for V in (32000, 50257, 128256, 151936, 262144)
             for dtype in ("float32", "bfloat16")
         }
-        assert {c[1:] for c in cases if c[0] != "device"} <= device
-        assert {c[0] for c in cases} == {"device", "per_call", "graph"}
+        assert {c[1:] for c in full if c[0] != "device"} <= device
+        assert {c[0] for c in full} == {"device", "per_call", "graph"}
+        default = [tuple(p.values) for p in bench.cases(op)]
+        assert set(default) < set(full) and {c[0] for c in default} == {"device"}
+        assert {
+            (impl, V, dtype) for impl in registry for V in (32000, 262144) for dtype in ("float32", "bfloat16")
+        } <= {(c[1], c[3], c[4]) for c in default}

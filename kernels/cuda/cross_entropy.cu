@@ -31,6 +31,7 @@
 // target's gradient after its own bulk store of it, and writes the row's loss; so writing the
 // gradient over the logits is safe.
 #include "softmax_common.cuh"
+#include "cluster_common.cuh"
 #include "training_common.cuh"
 
 

@@ -8,8 +8,14 @@
 // summed in any order. So dx's bits depend only on the row's values and V: not on B, on the
 // row's position or alignment, on the strides of y and dy, or on the size class. The bound is
 // the products' own max, not max|dy| (y is the forward's output, but nothing checks that it
-// lies in [0, 1]); rounding each term to the fixed point then costs at most 2^-28 of it at
-// V = 2^17, and the float sum PyTorch takes is no more exact than that.
+// lies in [0, 1]).
+//
+// Accuracy where dy - S cancels (a confident row: y ~ 1 at the entry whose dy makes up S):
+// each product enters the sum exactly (y * dy rounded plus its FMA-exact rounding error), the
+// sum leaves as the pair hi + lo, and dx = y * (dy - S) is formed by softmax_bwd_out with about
+// one rounding. Summing the rounded products and rounding S, then dy - S and the product, gave
+// 1.4 x PyTorch's error there at V = 262144 (its y * dy - y * S cancels its own product's
+// rounding); the fixed point's rounding of V terms is ~2^-40 of the largest product.
 //
 // Size classes, chosen by kernels/cuda_training_plans.py as for the forward, each holding two
 // values per element (y and dy), so half the forward's elements per thread:
@@ -29,6 +35,7 @@
 // dy shares y's alignment in that row, element by element otherwise, and dx is stored as vectors
 // when it does. All of that changes how elements are moved, never how they are combined.
 #include "softmax_common.cuh"
+#include "cluster_common.cuh"
 #include "training_common.cuh"
 
 
@@ -58,12 +65,12 @@ __device__ __forceinline__ void bwd_warp_body(const typename Fmt::T* __restrict_
         const FreeSum fs(warp_umax(bound), n_cols);
         long long s = 0;
 #pragma unroll
-        for (int i = 0; i < EW; ++i) s += fs.term(a[i] * b[i]);
-        const float S = fs.finish(warp_sum_fixed(s));
+        for (int i = 0; i < EW; ++i) s += fs.term_product(a[i], b[i]);
+        const float2 S = fs.finish_pair(warp_sum_fixed(s));
 #pragma unroll
         for (int i = 0; i < EW; ++i) {
             const int c = i * 32 + lane;
-            if (c < n_cols) Fmt::store1(xr + c, a[i] * (b[i] - S));
+            if (c < n_cols) Fmt::store1(xr + c, softmax_bwd_out(a[i], b[i], S));
         }
     }
 }
@@ -162,12 +169,12 @@ __device__ __forceinline__ void bwd_row_body(const typename Fmt::T* __restrict__
         }
         const FreeSum fs(bound, n_cols);
 
-        // Pass 2: the products again (the same expressions, so the same values), in fixed
-        // point. Infinite products (a row of overflowing values) are counted instead, from
+        // Pass 2: the products again (the same expressions, so the same values), exactly in
+        // fixed point. Infinite products (a row of overflowing values) are counted instead, from
         // memory, element by element: rare enough not to need a second unrolled copy.
         long long s = 0;
         if (fs.finite()) {
-            s = fs.fixed(hy * hd) + fs.fixed(ty * td);
+            s = fs.fixed_product(hy, hd) + fs.fixed_product(ty, td);
 #pragma unroll
             for (int j = 0; j < NV; ++j) {
                 float a[VEC], b[VEC];
@@ -179,7 +186,7 @@ __device__ __forceinline__ void bwd_row_body(const typename Fmt::T* __restrict__
                     for (int k = 0; k < VEC; ++k) a[k] = fy[j][k], b[k] = xor_float(fd[j][k], zero_a);
                 }
 #pragma unroll
-                for (int k = 0; k < VEC; ++k) s += fs.fixed(a[k] * b[k]);
+                for (int k = 0; k < VEC; ++k) s += fs.fixed_product(a[k], b[k]);
             }
         } else {
             for (int i = tid; i < len; i += NT) s += FreeSum::count(Fmt::load1(ys + i) * Fmt::load1(ds + i));
@@ -192,9 +199,9 @@ __device__ __forceinline__ void bwd_row_body(const typename Fmt::T* __restrict__
 #pragma unroll
             for (int c = 0; c < C; ++c) s += meet.w64[c];
         }
-        const float S = fs.finish(s);
+        const float2 S = fs.finish_pair(s);
 
-        // Pass 3: dx = y * (dy - S).
+        // Pass 3: dx = y * (dy - S), S = hi + lo.
         T* xb = xs + g.head;
 #pragma unroll
         for (int j = 0; j < NV; ++j) {
@@ -209,7 +216,7 @@ __device__ __forceinline__ void bwd_row_body(const typename Fmt::T* __restrict__
                     for (int k = 0; k < VEC; ++k) a[k] = fy[j][k], b[k] = fd[j][k];
                 }
 #pragma unroll
-                for (int k = 0; k < VEC; ++k) o[k] = a[k] * (b[k] - S);
+                for (int k = 0; k < VEC; ++k) o[k] = softmax_bwd_out(a[k], b[k], S);
                 if (o_vec) {
                     st_once(reinterpret_cast<uint4*>(xb) + vi, Fmt::pack(o));
                 } else {
@@ -218,8 +225,8 @@ __device__ __forceinline__ void bwd_row_body(const typename Fmt::T* __restrict__
                 }
             }
         }
-        if (tid < g.head) Fmt::store1(xs + tid, hy * (hd - S));
-        if (tid < g.tail) Fmt::store1(xs + g.tail0 + tid, ty * (td - S));
+        if (tid < g.head) Fmt::store1(xs + tid, softmax_bwd_out(hy, hd, S));
+        if (tid < g.tail) Fmt::store1(xs + g.tail0 + tid, softmax_bwd_out(ty, td, S));
     }
 }
 
@@ -304,7 +311,7 @@ __device__ __forceinline__ void bwd_online_body(const typename Fmt::T* __restric
 
         long long s = 0;
         if (fs.finite()) {
-            s = fs.fixed(hy * hd) + fs.fixed(ty * td);
+            s = fs.fixed_product(hy, hd) + fs.fixed_product(ty, td);
             walk(
                 [&](const uint4 (&ra)[U], const uint4 (&rb)[U], int) {
 #pragma unroll
@@ -313,7 +320,7 @@ __device__ __forceinline__ void bwd_online_body(const typename Fmt::T* __restric
                         Fmt::unpack(ra[u], a);
                         Fmt::unpack(rb[u], b);
 #pragma unroll
-                        for (int k = 0; k < VEC; ++k) s += fs.fixed(a[k] * b[k]);
+                        for (int k = 0; k < VEC; ++k) s += fs.fixed_product(a[k], b[k]);
                     }
                 },
                 true);
@@ -328,10 +335,10 @@ __device__ __forceinline__ void bwd_online_body(const typename Fmt::T* __restric
 #pragma unroll
             for (int c = 0; c < C; ++c) s += meet.w64[c];
         }
-        const float S = fs.finish(s);
+        const float2 S = fs.finish_pair(s);
 
-        if (tid < g.head) Fmt::store1(xs + tid, hy * (hd - S));
-        if (tid < g.tail) Fmt::store1(xs + g.tail0 + tid, ty * (td - S));
+        if (tid < g.head) Fmt::store1(xs + tid, softmax_bwd_out(hy, hd, S));
+        if (tid < g.tail) Fmt::store1(xs + g.tail0 + tid, softmax_bwd_out(ty, td, S));
         T* xb = xs + g.head;
         walk(
             [&](const uint4 (&ra)[U], const uint4 (&rb)[U], int vi0) {
@@ -343,7 +350,7 @@ __device__ __forceinline__ void bwd_online_body(const typename Fmt::T* __restric
                         Fmt::unpack(ra[u], a);
                         Fmt::unpack(rb[u], b);
 #pragma unroll
-                        for (int k = 0; k < VEC; ++k) o[k] = a[k] * (b[k] - S);
+                        for (int k = 0; k < VEC; ++k) o[k] = softmax_bwd_out(a[k], b[k], S);
                         if (o_vec) {
                             st_once(reinterpret_cast<uint4*>(xb) + vi, Fmt::pack(o));
                         } else {

@@ -33,53 +33,9 @@
 // Instantiations are appended by kernels/softmax_cuda.py from its dispatch table, so the
 // kernels compiled here are exactly the ones the dispatcher can launch.
 #include "softmax_common.cuh"
+#include "cluster_common.cuh"
 
 
-// ---- cluster primitives (sm_90), as raw PTX so no cooperative_groups header is needed -------
-// No memory ordering: for a rendezvous whose data is ordered otherwise (an mbarrier's init, by
-// fence.mbarrier_init), so the arrival need not wait for this thread's earlier stores.
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-    asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() {
-    asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
-}
-// The address of `local`'s twin in the shared memory of the CTA of cluster rank `rank`.
-__device__ __forceinline__ unsigned dsmem_address(const void* local, unsigned rank) {
-    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local));
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
-    return remote;
-}
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-
-// ---- mbarriers (sm_90) ------------------------------------------------------------------------
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-// The barrier completes its phase once this arrival is in and `bytes` have landed.
-__device__ __forceinline__ void mbar_expect_bytes(unsigned long long* bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "WAIT_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT_%=;\n"
-        "}\n" ::"r"(smem_u32(bar)),
-        "r"(parity)
-        : "memory");
-}
 // ---- the cluster's two meetings per row, without fences ---------------------------------------
 // Each CTA pushes its part (the slice max, then the slice's fixed-point sum) into a slot of every
 // peer's shared memory with st.async, which counts its bytes on the peer's mbarrier; each CTA
@@ -99,38 +55,12 @@ struct ClusterMeet {
     unsigned long long bar[2];  // [0] the maxima, [1] the sums
 };
 
-// Every thread calls it once, before the first meeting; peers may push only after it returns.
-template <int C>
-__device__ __forceinline__ void meet_init(ClusterMeet<C>& mt) {
-    if (threadIdx.x == 0) {
-        mbar_init(&mt.bar[0], 1);
-        mbar_init(&mt.bar[1], 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    cluster_arrive_relaxed();
-    cluster_wait();
-}
-
-__device__ __forceinline__ void push_f32(const float* slot, float v, const unsigned long long* bar, unsigned rank) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(
-                     dsmem_address(slot, rank)),
-                 "r"(__float_as_uint(v)), "r"(dsmem_address(bar, rank))
-                 : "memory");
-}
-__device__ __forceinline__ void push_s64(const long long* slot, long long v, const unsigned long long* bar,
-                                         unsigned rank) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];\n" ::"r"(
-                     dsmem_address(slot, rank)),
-                 "l"(v), "r"(dsmem_address(bar, rank))
-                 : "memory");
-}
-
 // The row's max from this CTA's `m` (the same in every thread); every thread gets it.
 template <int C>
 __device__ __forceinline__ float meet_max(ClusterMeet<C>& mt, float m, unsigned rank, unsigned parity) {
     const int tid = threadIdx.x;
     if (tid == 0) mbar_expect_bytes(&mt.bar[0], C * 4u);
-    if (tid < C) push_f32(&mt.max_in[rank], m, &mt.bar[0], static_cast<unsigned>(tid));
+    if (tid < C) push_b32(&mt.max_in[rank], __float_as_uint(m), &mt.bar[0], static_cast<unsigned>(tid));
     mbar_wait(&mt.bar[0], parity);
     float r = mt.max_in[0];
 #pragma unroll
@@ -143,20 +73,12 @@ template <int C>
 __device__ __forceinline__ long long meet_sum(ClusterMeet<C>& mt, long long s, unsigned rank, unsigned parity) {
     const int tid = threadIdx.x;
     if (tid == 0) mbar_expect_bytes(&mt.bar[1], C * 8u);
-    if (tid < C) push_s64(&mt.sum_in[rank], s, &mt.bar[1], static_cast<unsigned>(tid));
+    if (tid < C) push_b64(&mt.sum_in[rank], s, &mt.bar[1], static_cast<unsigned>(tid));
     mbar_wait(&mt.bar[1], parity);
     long long r = 0;
 #pragma unroll
     for (int c = 0; c < C; ++c) r += mt.sum_in[c];
     return r;
-}
-
-// v ^ z with z == 0 at run time but not provably so at compile time. Widening the same packed
-// words in two passes would otherwise be merged into one by the compiler (nvcc and ptxas alike),
-// keeping every fp32 copy and every exp live between the passes: exactly the registers the
-// packed form is there to save. Each pass gets its own zero, so no two passes look alike.
-__device__ __forceinline__ uint4 xor_words(uint4 v, unsigned z) {
-    return make_uint4(v.x ^ z, v.y ^ z, v.z ^ z, v.w ^ z);
 }
 
 // ---- meetings through global memory: the split and loop paths ----------------------------

@@ -1,66 +1,10 @@
 // Helpers shared by the training kernels (softmax_backward.cu, cross_entropy.cu), on top of
-// softmax_common.cuh, which must come first. Header-free like it, and pasted in place of its
-// #include line by kernels/cuda_training_plans.py.
+// softmax_common.cuh and cluster_common.cuh, which must come first. Header-free like them, and
+// pasted in place of its #include line by kernels/cuda_build.py (expand_includes).
 //
-// The cluster and mbarrier wrappers below are the same PTX as those of softmax_fused.cu, under the
-// same names; the two never meet in one translation unit. The meetings here are general (any
-// number of 32- and 64-bit words per CTA), where the forward's are specialised to its max and sum.
+// The meetings here are general (any number of 32- and 64-bit words per CTA), where the
+// forward's (softmax_fused.cu) are specialised to its max and sum.
 
-
-// ---- cluster primitives (sm_90), as raw PTX ---------------------------------------------------
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-    asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() {
-    asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
-}
-// The address of `local`'s twin in the shared memory of the CTA of cluster rank `rank`.
-__device__ __forceinline__ unsigned dsmem_address(const void* local, unsigned rank) {
-    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local));
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
-    return remote;
-}
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_bytes(unsigned long long* bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "WAIT_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT_%=;\n"
-        "}\n" ::"r"(smem_u32(bar)),
-        "r"(parity)
-        : "memory");
-}
-__device__ __forceinline__ void push_b32(const unsigned* slot, unsigned v, const unsigned long long* bar,
-                                         unsigned rank) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(
-                     dsmem_address(slot, rank)),
-                 "r"(v), "r"(dsmem_address(bar, rank))
-                 : "memory");
-}
-__device__ __forceinline__ void push_b64(const long long* slot, long long v, const unsigned long long* bar,
-                                         unsigned rank) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];\n" ::"r"(
-                     dsmem_address(slot, rank)),
-                 "l"(v), "r"(dsmem_address(bar, rank))
-                 : "memory");
-}
 
 // ---- a cluster's two meetings per row --------------------------------------------------------
 // As in softmax_fused.cu: each CTA pushes its words into a slot of every peer's shared memory with
@@ -76,18 +20,6 @@ struct Meet {
     long long w64[C * N64];
     unsigned long long bar[2];
 };
-
-// Every thread calls it once, before the first meeting; peers may push only after it returns.
-template <int C, int N32, int N64>
-__device__ __forceinline__ void meet_init(Meet<C, N32, N64>& mt) {
-    if (threadIdx.x == 0) {
-        mbar_init(&mt.bar[0], 1);
-        mbar_init(&mt.bar[1], 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    cluster_arrive_relaxed();
-    cluster_wait();
-}
 
 // Meeting A: this CTA's words v (the same in every thread) to every peer; on return
 // mt.w32[c * N32 + k] holds word k of rank c, for every c.
@@ -116,12 +48,7 @@ __device__ __forceinline__ void meet_b(Meet<C, N32, N64>& mt, const long long (&
     mbar_wait(&mt.bar[1], parity);
 }
 
-// v ^ z with z == 0 at run time but not provably so at compile time (as in softmax_fused.cu):
-// each pass over held data widens or multiplies it afresh instead of keeping an earlier pass's
-// fp32 copies alive, which would cost the registers the held form saves.
-__device__ __forceinline__ uint4 xor_words(uint4 v, unsigned z) {
-    return make_uint4(v.x ^ z, v.y ^ z, v.z ^ z, v.w ^ z);
-}
+// As xor_words of cluster_common.cuh, for a value held as fp32.
 __device__ __forceinline__ float xor_float(float v, unsigned z) {
     return __uint_as_float(__float_as_uint(v) ^ z);
 }
@@ -245,6 +172,18 @@ struct FreeSum {
         return t != t ? pos + neg : (t == -SOFTMAX_NEG_INF ? pos : (t == SOFTMAX_NEG_INF ? neg : 0ll));
     }
     __device__ __forceinline__ long long term(float t) const { return finite() ? fixed(t) : count(t); }
+    // The exact product a * b (finite() only) in fixed point: a * b rounded to fp32 plus its
+    // rounding error fma(a, b, -a * b), which is exact (barring flushed denormals) and at most
+    // 2^-24 of the product, so a term stays below 2^(62 - bits) (1 + 2^-24) units and n of them
+    // below 2^63. The bound M covers a * b as the caller's own a * b expression rounds it; the
+    // exact product exceeds that by at most half an ulp, i.e. not past 2^e.
+    __device__ __forceinline__ long long fixed_product(float a, float b) const {
+        const float p = a * b;
+        return fixed(p) + fixed(fmaf(a, b, -p));
+    }
+    __device__ __forceinline__ long long term_product(float a, float b) const {
+        return finite() ? fixed_product(a, b) : count(a * b);
+    }
     // The sum as a float, from the int64 total of term() over all terms.
     __device__ __forceinline__ float finish(long long s) const {
         if (finite()) {
@@ -258,7 +197,33 @@ struct FreeSum {
         // the finite sum is then out of reach and comes out NaN rather than wrong.
         return pos == neg ? SOFTMAX_NAN : (pos ? -SOFTMAX_NEG_INF : SOFTMAX_NEG_INF);
     }
+    // The sum as an unevaluated pair hi + lo: hi = finish(s), and lo the part of s that hi's
+    // rounding to fp32 dropped (exact in int64, then rounded; 0 when !finite()). Together they
+    // carry the fixed point's ~2^-40 relative precision instead of fp32's 2^-24.
+    __device__ __forceinline__ float2 finish_pair(long long s) const {
+        if (!finite()) return make_float2(finish(s), 0.0f);
+        const int e1 = scale_exp >> 1;
+        const float hi = __ll2float_rn(s);              // |s| < 2^63, so hi converts back exactly
+        const float lo = __ll2float_rn(s - __float2ll_rn(hi));
+        return make_float2(hi * pow2f(-e1) * pow2f(e1 - scale_exp), lo * pow2f(-e1) * pow2f(e1 - scale_exp));
+    }
 };
+
+// ---- softmax backward's output, y * (dy - S), with S = hi + lo ----------------------------------
+// Rounded once, nearly: d = dy - hi is split exactly into h + err (TwoSum), so
+// dy - S = h + (err - lo) up to a rounding of the small part, and y * h + y * (err - lo) is one
+// FMA. Two plain roundings (of dy - S, then of the product) would err by up to y * ulp(S) / 2 +
+// ulp(dx) / 2 where dy and S nearly cancel (a confident row: y ~ 1 at the entry whose dy
+// dominates S), more than PyTorch's y * dy - y * S, whose rounding of y * dy also enters its S
+// and cancels. A non-finite h (an infinite dy or S, a NaN) takes the plain product, as the
+// reference's y * (dy - S) does.
+__device__ __forceinline__ float softmax_bwd_out(float y, float dy, float2 S) {
+    const float h = dy - S.x;
+    const float dv = h - dy;
+    const float err = (dy - (h - dv)) + (-S.x - dv);
+    const float m = y * (err - S.y);
+    return fmaf(y, h, fabsf(h) < -SOFTMAX_NEG_INF ? m : 0.0f);
+}
 
 // ---- a 16-byte vector from an address that may not be 16-byte aligned -------------------------
 // For the second operand of a row (dy beside y): its body is read as vectors when it shares the

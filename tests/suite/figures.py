@@ -6,7 +6,10 @@ the numbers the manifest holds):
 - bandwidth.png: fraction of the measured copy bandwidth per large shape, against the goals,
   with every value written out, misses marked, and cells no run measured shown as such;
 - call_modes.png: device time, per-call wall time and CUDA-graph replay per kernel and shape,
-  with the launch floors, and what separates the clocks (L2 flushed or warm) said on it.
+  with the launch floors, and what separates the clocks (L2 flushed or warm) said on it;
+- loss_timing.png: the training operations (cross-entropy loss + gradient, softmax backward):
+  fraction of copy bandwidth per implementation and shape against the goal, our bars' speed
+  relative to PyTorch eager and torch.compile and their peak memory written on them.
 
 Each `*_png(manifest)` returns PNG bytes, or None when the manifest lacks what the figure needs.
 """
@@ -17,6 +20,9 @@ import math
 from kernels.spec import BASELINE, LAB_POINT, in_grid, matrix_bytes
 from tests.suite.manifest import (
     FLOPS_PER_ELEMENT,
+    LOSS_GOALS,
+    LOSS_OPS,
+    LOSS_OURS,
     QUACK_BF16_COPY_FRACTION,
     TARGET_KERNELS,
     TARGET_MIN_BYTES,
@@ -193,6 +199,43 @@ def roofline_png(manifest: dict) -> bytes | None:
     return _png(fig)
 
 
+def _fraction_frame(ax, labels: list[str], title: str) -> None:
+    """The frame of a panel of bars of the fraction of copy bandwidth, one group per label."""
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_xlim(-0.6, len(labels) - 0.4)
+    ax.set_ylim(0, 1.12)
+    ax.set_ylabel("fraction of copy bandwidth")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, axis="y", alpha=0.3)
+
+
+def _fraction_bar(ax, x: float, width: float, fraction: float, color: str, miss: bool) -> None:
+    """One bar of a fraction of copy bandwidth with its value to three decimals above it; a bar
+    below its goal hatched, its value red."""
+    ax.bar(
+        [x],
+        [fraction],
+        width=width * 0.92,
+        color=color,
+        hatch="///" if miss else None,
+        edgecolor="black" if miss else "none",
+        lw=0.6,
+    )
+    ax.text(
+        x,
+        fraction + 0.01,
+        f"{fraction:.3f}",
+        rotation=90,
+        fontsize=6,
+        ha="center",
+        va="bottom",
+        color="red" if miss else "black",
+        fontweight="bold" if miss else "normal",
+        bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.4, "alpha": 0.85},
+    )
+
+
 def bandwidth_cells(manifest: dict) -> dict[str, dict]:
     """{dtype: {"shapes": [(V, B)], "kernels": [...], "measured": {(V, B, kernel): fraction}}}:
     per dtype, every shape of the sweep (in any dtype) that moves at least TARGET_MIN_BYTES in
@@ -244,28 +287,7 @@ def bandwidth_png(manifest: dict) -> bytes | None:
                     )
                     ax.text(x, 0.02, "not measured", rotation=90, fontsize=6, ha="center", va="bottom", color="grey")
                     continue
-                miss = misses_goal(kernel, V, fraction)
-                ax.bar(
-                    [x],
-                    [fraction],
-                    width=width * 0.92,
-                    color=_color(kernel),
-                    hatch="///" if miss else None,
-                    edgecolor="black" if miss else "none",
-                    lw=0.6,
-                )
-                ax.text(
-                    x,
-                    fraction + 0.01,
-                    f"{fraction:.3f}",
-                    rotation=90,
-                    fontsize=6,
-                    ha="center",
-                    va="bottom",
-                    color="red" if miss else "black",
-                    fontweight="bold" if miss else "normal",
-                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.4, "alpha": 0.85},
-                )
+                _fraction_bar(ax, x, width, fraction, _color(kernel), misses_goal(kernel, V, fraction))
         for V in sorted({v for v, _ in shapes}):
             goal = copy_goal(V)
             span = [i for i, (v, _) in enumerate(shapes) if v == V]
@@ -278,17 +300,12 @@ def bandwidth_png(manifest: dict) -> bytes | None:
         for i in range(1, len(shapes)):
             if shapes[i][0] != shapes[i - 1][0]:
                 ax.axvline(i - 0.5, color="grey", lw=0.6, alpha=0.6)
-        ax.set_xticks(range(len(shapes)))
-        ax.set_xticklabels([f"V={v}\nB={b}\n{matrix_bytes(b, v, dtype) / 1e6:.0f} MB" for v, b in shapes], fontsize=7)
-        ax.set_xlim(-0.6, len(shapes) - 0.4)
-        ax.set_ylim(0, 1.12)
-        ax.set_ylabel("fraction of copy bandwidth")
-        ax.set_title(
+        _fraction_frame(
+            ax,
+            [f"V={v}\nB={b}\n{matrix_bytes(b, v, dtype) / 1e6:.0f} MB" for v, b in shapes],
             f"{dtype}: read + write once, as a fraction of the measured copy ({copy_TBps:.2f} TB/s), "
             f"shapes moving >= {TARGET_MIN_BYTES / 1e6:.0f} MB, {_gpu_name(manifest)}",
-            fontsize=9,
         )
-        ax.grid(True, axis="y", alpha=0.3)
         handles = [Patch(color=_color(k), label=k) for k in kernels] + [
             plt.Line2D([], [], color="black", ls="--", label="goal: 0.95 for V >= 4096, 0.90 at V = 600"),
             Patch(facecolor="white", edgecolor="black", hatch="///", label="below its goal (fused, triton)"),
@@ -409,7 +426,94 @@ def call_modes_png(manifest: dict) -> bytes | None:
     return _png(fig)
 
 
-FIGURES = {"roofline.png": roofline_png, "bandwidth.png": bandwidth_png, "call_modes.png": call_modes_png}
+LOSS_TITLES = {
+    "cross_entropy": "cross-entropy loss + gradient (1 read + 1 write)",
+    "softmax_backward": "softmax backward (2 reads + 1 write)",
+}
+
+
+def loss_timing_png(manifest: dict) -> bytes | None:
+    """One panel per training operation (LOSS_OPS) and dtype: each implementation's fraction of
+    the copy bandwidth (device time) per (N, V), the goal as a dashed line, our bars below it
+    hatched with their value in red; above each of our bars its device-time speed relative to
+    PyTorch eager (xE) and torch.compile (xC) and, where measured, its peak memory beyond the
+    inputs over the matrix's size (pk)."""
+    copy_TBps = (manifest.get("ceilings") or {}).get("hbm_copy_TBps")
+    panels = []
+    for op, (section, _, _) in LOSS_OPS.items():
+        entries = [e for e in (manifest.get(section) or {}).get("entries") or [] if "frac_of_copy_bw" in e]
+        panels += [(op, dtype, [e for e in entries if e["dtype"] == dtype]) for dtype in _dtypes(entries)]
+    if not panels or not copy_TBps:
+        return None
+    plt = _pyplot()
+    from matplotlib.patches import Patch
+
+    every_impl = sorted(
+        {e["impl"] for *_, entries in panels for e in entries}, key=lambda k: (k not in LOSS_OURS, kernel_rank(k), k)
+    )
+    color = {impl: f"C{i}" for i, impl in enumerate(every_impl)}  # one colour per implementation in every panel
+    fig, axes = plt.subplots(len(panels), 1, figsize=(13, 4.2 * len(panels)), squeeze=False)
+    for ax, (op, dtype, entries) in zip(axes[:, 0], panels, strict=True):
+        goal = LOSS_GOALS[op]["frac_of_copy_bw"]
+        shapes = sorted({(e["V"], e["N"]) for e in entries})
+        impls = sorted({e["impl"] for e in entries}, key=lambda k: (k not in LOSS_OURS, kernel_rank(k), k))
+        cell = {(e["V"], e["N"], e["impl"]): e for e in entries}
+        width = 0.8 / len(impls)
+        for i, (V, N) in enumerate(shapes):
+            for k, impl in enumerate(impls):
+                e = cell.get((V, N, impl))
+                if e is None:
+                    continue
+                x, fraction = i - 0.4 + width * (k + 0.5), e["frac_of_copy_bw"]
+                _fraction_bar(ax, x, width, fraction, color[impl], impl in LOSS_OURS and fraction < goal)
+                ratios = []
+                if impl in LOSS_OURS:
+                    for key, short in (("x_eager", "xE"), ("x_compiled", "xC")):
+                        ratio = (e.get(key) or {}).get("device")
+                        if ratio is not None:
+                            ratios.append(f"{short} {ratio:.2f}")
+                    if "peak_extra_over_matrix" in e:
+                        ratios.append(f"pk {e['peak_extra_over_matrix']:.2f}")
+                if ratios:
+                    ax.text(
+                        x,
+                        0.02,
+                        "  ".join(ratios),
+                        rotation=90,
+                        fontsize=6,
+                        ha="center",
+                        va="bottom",
+                        bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.4, "alpha": 0.85},
+                    )
+        ax.axhline(goal, color="black", ls="--", lw=1.2)
+        _fraction_frame(
+            ax,
+            [f"V={v}\nN={n}" for v, n in shapes],
+            f"{LOSS_TITLES.get(op, op)}, {dtype}: device time, L2 flushed, against the measured copy "
+            f"({copy_TBps:.2f} TB/s), {_gpu_name(manifest)}",
+        )
+        handles = [Patch(color=color[impl], label=impl) for impl in impls] + [
+            plt.Line2D([], [], color="black", ls="--", label=f"goal {goal:.2f} of copy"),
+            Patch(facecolor="white", edgecolor="black", hatch="///", label=f"below the goal ({', '.join(LOSS_OURS)})"),
+        ]
+        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0)
+    fig.text(
+        0.01,
+        0.002,
+        "on our bars: xE / xC = speed relative to PyTorch eager / torch.compile (device time); "
+        "pk = peak memory beyond the inputs over the matrix's size",
+        fontsize=7.5,
+    )
+    fig.tight_layout(rect=(0, 0.01, 1, 1))
+    return _png(fig)
+
+
+FIGURES = {
+    "roofline.png": roofline_png,
+    "bandwidth.png": bandwidth_png,
+    "call_modes.png": call_modes_png,
+    "loss_timing.png": loss_timing_png,
+}
 
 
 def render_all(manifest: dict) -> dict[str, bytes]:

@@ -217,3 +217,36 @@ def accuracy_records(device: str = "cuda") -> list[tuple]:
             },
         )
     ]
+
+
+# -- the training operations (tests/test_loss_benchmarks.py) ------------------------------------------
+
+
+def loss_record(op, impl, N, V, dtype, us, *, mode="device", peak=None):
+    from tests.suite.manifest import LOSS_OPS
+
+    passes = LOSS_OPS[op][2]
+    r = {"op": op, "impl": impl, "N": N, "V": V, "dtype": dtype, "mode": mode, "us_median": us}
+    r.update(us_min=us * 0.9, us_max=us * 1.2, bytes=matrix_bytes(N, V, dtype, passes=passes))
+    if peak is not None:
+        r["peak_extra_bytes"] = peak
+    return r
+
+
+def loss_records() -> list[dict]:
+    """Records of tests/test_loss_benchmarks.py's shape at one shape: every clock of the
+    cross-entropy, device time of the softmax backward; triton misses the compiled goal."""
+    N, V = 4096, 32000
+    logits = matrix_bytes(N, V, "float32", passes=1)
+    copy_us = 2 * logits / (CEILINGS["hbm_copy_TBps"] * 1e12) * 1e6  # one read + one write at copy speed
+    out = [
+        loss_record("cross_entropy", "triton", N, V, "float32", copy_us / 0.93, peak=logits),
+        loss_record("cross_entropy", "F_cross_entropy", N, V, "float32", copy_us / 0.93 * 3.0, peak=3 * logits),
+        loss_record("cross_entropy", "torch_compile", N, V, "float32", copy_us / 0.93 * 1.1, peak=logits),
+        loss_record("softmax_backward", "triton", N, V, "float32", 1.5 * copy_us / 0.8),
+        loss_record("softmax_backward", "softmax_backward_data", N, V, "float32", 1.5 * copy_us / 0.7),
+    ]
+    for impl, us in (("triton", 40.0), ("F_cross_entropy", 90.0), ("torch_compile", 60.0)):
+        out.append(loss_record("cross_entropy", impl, N, V, "float32", us * 1e3, mode="per_call"))
+        out.append(loss_record("cross_entropy", impl, N, V, "float32", us * 1e3 * 0.9, mode="graph"))
+    return out
