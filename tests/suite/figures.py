@@ -20,9 +20,9 @@ import math
 from kernels.spec import BASELINE, LAB_POINT, in_grid, matrix_bytes
 from tests.suite.manifest import (
     FLOPS_PER_ELEMENT,
+    LOSS_BASELINES,
     LOSS_GOALS,
     LOSS_OPS,
-    LOSS_OURS,
     QUACK_BF16_COPY_FRACTION,
     TARGET_KERNELS,
     TARGET_MIN_BYTES,
@@ -449,14 +449,15 @@ def loss_timing_png(manifest: dict) -> bytes | None:
     from matplotlib.patches import Patch
 
     every_impl = sorted(
-        {e["impl"] for *_, entries in panels for e in entries}, key=lambda k: (k not in LOSS_OURS, kernel_rank(k), k)
+        {e["impl"] for *_, entries in panels for e in entries}, key=lambda k: (k in LOSS_BASELINES, kernel_rank(k), k)
     )
     color = {impl: f"C{i}" for i, impl in enumerate(every_impl)}  # one colour per implementation in every panel
     fig, axes = plt.subplots(len(panels), 1, figsize=(13, 4.2 * len(panels)), squeeze=False)
     for ax, (op, dtype, entries) in zip(axes[:, 0], panels, strict=True):
         goal = LOSS_GOALS[op]["frac_of_copy_bw"]
         shapes = sorted({(e["V"], e["N"]) for e in entries})
-        impls = sorted({e["impl"] for e in entries}, key=lambda k: (k not in LOSS_OURS, kernel_rank(k), k))
+        impls = sorted({e["impl"] for e in entries}, key=lambda k: (k in LOSS_BASELINES, kernel_rank(k), k))
+        ours = [i for i in impls if i not in LOSS_BASELINES]
         cell = {(e["V"], e["N"], e["impl"]): e for e in entries}
         width = 0.8 / len(impls)
         for i, (V, N) in enumerate(shapes):
@@ -465,9 +466,9 @@ def loss_timing_png(manifest: dict) -> bytes | None:
                 if e is None:
                     continue
                 x, fraction = i - 0.4 + width * (k + 0.5), e["frac_of_copy_bw"]
-                _fraction_bar(ax, x, width, fraction, color[impl], impl in LOSS_OURS and fraction < goal)
+                _fraction_bar(ax, x, width, fraction, color[impl], impl not in LOSS_BASELINES and fraction < goal)
                 ratios = []
-                if impl in LOSS_OURS:
+                if impl not in LOSS_BASELINES:
                     for key, short in (("x_eager", "xE"), ("x_compiled", "xC")):
                         ratio = (e.get(key) or {}).get("device")
                         if ratio is not None:
@@ -494,7 +495,12 @@ def loss_timing_png(manifest: dict) -> bytes | None:
         )
         handles = [Patch(color=color[impl], label=impl) for impl in impls] + [
             plt.Line2D([], [], color="black", ls="--", label=f"goal {goal:.2f} of copy"),
-            Patch(facecolor="white", edgecolor="black", hatch="///", label=f"below the goal ({', '.join(LOSS_OURS)})"),
+            Patch(
+                facecolor="white",
+                edgecolor="black",
+                hatch="///",
+                label=f"below the goal ({', '.join(i for i in impls if i not in LOSS_BASELINES)})",
+            ),
         ]
         ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0)
     fig.text(
