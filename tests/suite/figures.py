@@ -499,7 +499,7 @@ def loss_timing_png(manifest: dict) -> bytes | None:
                 facecolor="white",
                 edgecolor="black",
                 hatch="///",
-                label=f"below the goal ({', '.join(i for i in impls if i not in LOSS_BASELINES)})",
+                label=f"below the goal ({', '.join(ours)})",
             ),
         ]
         ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0)
