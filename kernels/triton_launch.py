@@ -239,30 +239,34 @@ class BoundLaunch:
     def replay(self, launcher: KernelLauncher, x: torch.Tensor, y: torch.Tensor):
         """A function (x, y) -> None that repeats this launch through `launcher` for tensors of
         the layout x, y had (same dtype, V, strides, addresses mod 16, batch class): the
-        arguments in PER_CALL_ARGS are recomputed, the others are this launch's."""
-        names = self.path.arg_names
-        fixed_names = [n for n in names if n not in PER_CALL_ARGS]
-        fixed = tuple(self.values[n] for n in fixed_names)
-        slot = {n: i for i, n in enumerate((*PER_CALL_ARGS, *fixed_names))}
-        order = operator.itemgetter(*[slot[n] for n in names])
-        dx = self.values["X"].data_ptr() - x.data_ptr()  # the base view's offset, in bytes
-        dy = self.values["Y"].data_ptr() - y.data_ptr()
-        dev, grid_of = self.dev, self.grid_of
-        if "WS" in names:
-            P = self.geometry["P"]
+        arguments in PER_CALL_ARGS are recomputed, the others are this launch's.
 
-            def again(x, y):
-                B = x.shape[0]
-                ws = split_workspace(dev, B, P).data_ptr()
-                launcher(dev, grid_of(B), *order((x.data_ptr() + dx, y.data_ptr() + dy, B, ws, *fixed)))
-
-        else:
-
-            def again(x, y):
-                B = x.shape[0]
-                launcher(dev, grid_of(B), *order((x.data_ptr() + dx, y.data_ptr() + dy, B, 0, *fixed)))
-
-        return again
+        Its source is written from the spec (as `dataclasses` writes methods): one call with
+        the arguments in the spec's order, as cheap as a hand-written closure, which matters
+        because this call is all a remembered softmax costs on the host."""
+        env = {
+            "launcher": launcher,
+            "dev": self.dev,
+            "grid_of": self.grid_of,
+            "dx": self.values["X"].data_ptr() - x.data_ptr(),  # the base view's offset, in bytes
+            "dy": self.values["Y"].data_ptr() - y.data_ptr(),
+            "workspace": split_workspace,
+            "P": self.geometry.get("P"),
+        }
+        per_call = {
+            "X": "x.data_ptr() + dx",
+            "Y": "y.data_ptr() + dy",
+            "B": "B",
+            "WS": "workspace(dev, B, P).data_ptr()",
+        }
+        args = []
+        for name in self.path.arg_names:  # names are checked against ARG_MEANINGS: identifiers
+            if name not in per_call:
+                env["fixed_" + name] = self.values[name]
+            args.append(per_call.get(name, "fixed_" + name))
+        source = f"def again(x, y):\n    B = x.shape[0]\n    launcher(dev, grid_of(B), {', '.join(args)})\n"
+        exec(compile(source, f"<replay of the Triton {self.path.name} path>", "exec"), env)
+        return env["again"]
 
 
 # --------------------------------------------------------------------------- the table
