@@ -83,6 +83,30 @@ def kernel_signature(kernel) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(runtime), tuple(constexprs)
 
 
+def kernel_name(kernel) -> str:
+    fn = getattr(kernel, "fn", kernel)
+    return getattr(fn, "__name__", repr(kernel))
+
+
+@functools.cache
+def _runtime_names(kernel) -> tuple:
+    return kernel_signature(kernel)[0]
+
+
+def launch_named(kernel, grid: int, args: dict, **constexprs):
+    """kernel[(grid,)] with every runtime argument named: `args` must hold the kernel's runtime
+    parameters, by name and in its order (ValueError naming both lists otherwise); `constexprs`
+    also carries the compile options (num_warps, ...). For launches that always go through
+    Triton's launcher (the training kernels); the softmax paths use PATH_TABLE."""
+    names = _runtime_names(kernel)
+    if tuple(args) != names:
+        raise ValueError(
+            f"launch of {kernel_name(kernel)}: arguments ({', '.join(args)}) do not match "
+            f"{kernel_name(kernel)}({', '.join(names)}): names and order must be the kernel's"
+        )
+    return kernel[(grid,)](*args.values(), **constexprs)
+
+
 @dataclasses.dataclass(frozen=True)
 class TritonPath:
     """One Triton path: the kernel, its named argument spec, and how a launch is specialised.
@@ -108,16 +132,16 @@ class TritonPath:
     def __post_init__(self):
         names = tuple(n for n, _ in self.args)
         runtime, constexprs = kernel_signature(self.kernel)
-        kernel_name = getattr(getattr(self.kernel, "fn", self.kernel), "__name__", repr(self.kernel))
+        name = kernel_name(self.kernel)
         if names != runtime:
             raise ValueError(
                 f"Triton path {self.name!r}: the argument spec ({', '.join(names)}) does not match "
-                f"{kernel_name}({', '.join(runtime)}): names and order must be the kernel's"
+                f"{name}({', '.join(runtime)}): names and order must be the kernel's"
             )
         if tuple(self.constexprs) != constexprs:
             raise ValueError(
                 f"Triton path {self.name!r}: constexprs ({', '.join(self.constexprs)}) do not match "
-                f"{kernel_name}'s ({', '.join(constexprs)})"
+                f"{name}'s ({', '.join(constexprs)})"
             )
         unknown = [f"{n}: {t}" for n, t in self.args if n not in ARG_MEANINGS or t not in ARG_TYPES]
         if unknown:
