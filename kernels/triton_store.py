@@ -247,7 +247,7 @@ def run_autotune(shapes=LAB_SHAPES, *, dtypes=(torch.float32,), path=None, devic
             x = (torch.randn(B, V, generator=gen) * 3).to(device=f"cuda:{dev}", dtype=dtype)
             y = torch.empty_like(x)
             tile_autotuned.cache.clear()
-            PATH_TABLE["tile"].bind(x, y, {}).autotune()
+            PATH_TABLE["tile"].bind(x, y, {"config": None}, dev=dev).autotune()
             timings = {
                 json.dumps(config_dict(c), sort_keys=True): float(t[0] if isinstance(t, (list, tuple)) else t)
                 for c, t in tile_autotuned.configs_timings.items()
