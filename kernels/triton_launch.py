@@ -89,8 +89,8 @@ def kernel_name(kernel) -> str:
 
 
 @functools.cache
-def _runtime_names(kernel) -> tuple:
-    return kernel_signature(kernel)[0]
+def _runtime_names(fn) -> tuple:  # keyed on the Python function: hashable in every Triton
+    return kernel_signature(fn)[0]
 
 
 def launch_named(kernel, grid: int, args: dict, **constexprs):
@@ -98,7 +98,7 @@ def launch_named(kernel, grid: int, args: dict, **constexprs):
     parameters, by name and in its order (ValueError naming both lists otherwise); `constexprs`
     also carries the compile options (num_warps, ...). For launches that always go through
     Triton's launcher (the training kernels); the softmax paths use PATH_TABLE."""
-    names = _runtime_names(kernel)
+    names = _runtime_names(getattr(kernel, "fn", kernel))
     if tuple(args) != names:
         raise ValueError(
             f"launch of {kernel_name(kernel)}: arguments ({', '.join(args)}) do not match "
