@@ -34,7 +34,7 @@ def main(argv=None) -> int:
         help="BxV shapes to tune on (default: %(default)s)",
     )
     parser.add_argument("--dtypes", nargs="+", choices=DTYPE_NAMES, default=["float32"])
-    parser.add_argument("--path", default=str(st.STORED_PATH), help="file to store the choices in")
+    parser.add_argument("--path", default=str(st.stored_path()), help="file to store the choices in")
     args = parser.parse_args(argv)
 
     if st.INTERPRET or not torch.cuda.is_available():

@@ -29,6 +29,7 @@ import torch
 import triton
 
 from .checks import check_backward_inputs, prepare_dx
+from .triton_launch import launch_named
 from .triton_loss_kernels import (
     softmax_backward_row_kernel,
     softmax_backward_split_kernel,
@@ -134,20 +135,21 @@ def _launch(dy, y, dx, path: str, params: dict) -> None:
     y = y if y.stride(1) == 1 else y.contiguous()
     p = {**launch_params(path, V, y.dtype), **params}
     K = fixed_point_bits(V)
-    strides = (dy.stride(0), y.stride(0), dx.stride(0))
+    strides = {"stride_dy": dy.stride(0), "stride_y": y.stride(0), "stride_dx": dx.stride(0)}
     if path == "row":
         block = max(p["BLOCK"], triton.next_power_of_2(V))
-        softmax_backward_row_kernel[(B,)](dy, y, dx, V, *strides, K, BLOCK=block, num_warps=p["num_warps"])
+        args = {"DY": dy, "Y": y, "DX": dx, "V": V, **strides, "K": K}
+        launch_named(softmax_backward_row_kernel, B, args, BLOCK=block, num_warps=p["num_warps"])
     elif path == "split":
         sp = split_params(V, p)
         P = sp.pop("P")
         ws, cnt = split_workspace(y.device, B, P)
-        softmax_backward_split_kernel[(B * P,)](
-            dy, y, dx, ws, cnt, V, P, *strides, K, **sp, num_warps=p["num_warps"]
-        )  # fmt: skip
+        args = {"DY": dy, "Y": y, "DX": dx, "WS": ws, "CNT": cnt, "V": V, "P": P, **strides, "K": K}
+        launch_named(softmax_backward_split_kernel, B * P, args, **sp, num_warps=p["num_warps"])
     elif path == "tile":
         grid = _programs(B, p["programs_per_sm"], y.device)
-        softmax_backward_tile_kernel[(grid,)](dy, y, dx, B, V, *strides, K, BLOCK=p["BLOCK"], num_warps=p["num_warps"])
+        args = {"DY": dy, "Y": y, "DX": dx, "B": B, "V": V, **strides, "K": K}
+        launch_named(softmax_backward_tile_kernel, grid, args, BLOCK=p["BLOCK"], num_warps=p["num_warps"])
     else:
         raise ValueError(f"{KERNEL_NAME} softmax backward: unknown path {path!r} ({', '.join(PATHS)})")
 

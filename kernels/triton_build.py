@@ -25,20 +25,6 @@ from .spec import DTYPE_IDS, ITEMSIZE
 TARGET_CAPABILITY = 90
 # Pointers 16-byte aligned, as Triton specialises torch allocations.
 _ATTRS = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
-_POINTERS = {"X": "*T", "Y": "*T", "WS": "*i64"}
-_FLOATS = {"SCALE": "fp32"}
-
-
-def signature(kernel, dtype: str) -> dict:
-    """The compile signature of a jitted kernel from its own parameters (so a new argument
-    cannot leave this builder behind): pointers, the fp32 SCALE, i32 otherwise."""
-    sig = {}
-    for p in kernel.params:
-        if p.is_constexpr:
-            sig[p.name] = "constexpr"
-        else:
-            sig[p.name] = _POINTERS.get(p.name, _FLOATS.get(p.name, "i32")).replace("T", dtype)
-    return sig
 
 
 def build(
@@ -48,18 +34,18 @@ def build(
     constexprs: dict,
     num_warps: int,
     num_stages: int = 3,
-    sig: dict | None = None,
+    *,
+    sig: dict,
     maxnreg: int | None = None,
 ) -> dict:
-    """Compile `kernel` for sm_90 with `constexprs` and report its resources; `sig` gives the
-    compile signature where `signature` (made for the softmax kernels) does not fit, `maxnreg`
-    the register cap handed to ptxas."""
+    """Compile `kernel` for sm_90 with the compile signature `sig` and `constexprs`, and report
+    its resources; `maxnreg` is the register cap handed to ptxas."""
     from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource
 
-    src = ASTSource(fn=kernel, signature=sig or signature(kernel, dtype), constexprs=constexprs, attrs=_ATTRS)
+    src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=_ATTRS)
     options = {"num_warps": num_warps, "num_stages": num_stages, **({"maxnreg": maxnreg} if maxnreg else {})}
     c = triton.compile(src, target=GPUTarget("cuda", TARGET_CAPABILITY, 32), options=options)
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
@@ -95,6 +81,27 @@ def build(
     }
 
 
+def build_path(name: str, path: str, p: dict, V: int, dtype_name: str) -> dict:
+    """Build one Triton path as its launches specialise it for contiguous, 16-byte-aligned rows
+    of length V in `dtype_name` (a suite dtype id), all from the path's table entry."""
+    from .triton_launch import PATH_TABLE
+
+    entry = PATH_TABLE[path]
+    dtype = DTYPE_IDS[dtype_name]  # Triton's type names are the suite's ids
+    spec = entry.aot(p, V, dtype, ITEMSIZE[dtype_name])
+    options = dict(spec["options"])
+    return build(
+        f"{name} {dtype}",
+        entry.kernel,
+        dtype,
+        spec["constexprs"],
+        options.pop("num_warps"),
+        options.pop("num_stages", 3),
+        sig=spec["signature"],
+        maxnreg=options.pop("maxnreg", None),
+    )
+
+
 def build_all() -> list[dict]:
     """Every autotune config of the tile kernel, and the row, rows, split and stream kernels as
     the wrapper launches them at typical V, in fp32 and bf16."""
@@ -102,58 +109,19 @@ def build_all() -> list[dict]:
 
     if st.INTERPRET:
         raise RuntimeError("kernels.triton_build needs the compiled kernels: unset TRITON_INTERPRET")
-    K = st.JIT_KERNELS
-    rows = [
-        build("tile fp32", K["tile"], "fp32", {"BLOCK": cfg.kwargs["BLOCK"], "ALIGN": 4}, cfg.num_warps, cfg.num_stages)
-        for cfg in st.CONFIGS
-    ]
+    rows = [build_path("tile", "tile", {"config": st.config_dict(cfg)}, 4096, "float32") for cfg in st.CONFIGS]
     for name in ("float32", "bfloat16"):
-        dtype, tdtype = DTYPE_IDS[name], torch_dtype(name)  # Triton's type names are the suite's ids
-        a = 16 // ITEMSIZE[name]
+        tdtype = torch_dtype(name)
         for V in (4096, 8192, 16384, 32768):
-            p = st.launch_params("row", V, tdtype)
-            rows.append(build(f"row {dtype}", K["row"], dtype, {"BLOCK": p["BLOCK"], "ALIGN": a}, p["num_warps"]))
-        p = st.launch_params("rows", 600, tdtype)
-        rows.append(
-            build(
-                f"rows {dtype}",
-                K["rows"],
-                dtype,
-                {"ROWS": p["ROWS"], "BLOCK_V": p["BLOCK_V"], "ALIGN": a},
-                p["num_warps"],
-            )
-        )
+            rows.append(build_path("row", "row", st.launch_params("row", V, tdtype), V, name))
+        rows.append(build_path("rows", "rows", st.launch_params("rows", 600, tdtype), 600, name))
         # split for a full batch at typical V, and for one row of 262144 on an H200 (the
-        # smallest chunks the batch rule picks).
+        # smallest chunks the batch rule picks). Chunks are cut on 16-byte groups whatever V is:
+        # odd V gets the same vector accesses as even V (Y_ALIGN = ALIGN for contiguous rows).
         for V, B in ((50257, None), (128256, None), (262144, 1)):
             p = st.launch_params("split", V, tdtype, B=B, sms=None if B is None else 132)
-            P = triton.cdiv(V + a - 1, p["CHUNK"])
-            # Chunks are cut on 16-byte groups whatever V is: odd V gets the same vector
-            # accesses as even V (Y_ALIGN = ALIGN for contiguous rows).
-            rows.append(
-                build(
-                    f"split {dtype}",
-                    K["split"],
-                    dtype,
-                    {
-                        "CHUNK": p["CHUNK"],
-                        "P_BLOCK": st.p_block(P, p["num_warps"]),
-                        "FALLBACK_BLOCK": st.fallback_block(p["CHUNK"], p["num_warps"]),
-                        "MAX_SPINS": st.SPLIT_MAX_SPINS,
-                        "ALIGN": a,
-                        "Y_ALIGN": a,
-                        "HOLD_INPUT": p["HOLD_INPUT"],
-                    },
-                    p["num_warps"],
-                    maxnreg=p.get("maxnreg"),
-                )
-            )
-        p = st.launch_params("stream", 128256, tdtype)
-        rows.append(
-            build(
-                f"stream {dtype}", K["stream"], dtype, {"BLOCK": p["BLOCK"], "ALIGN": a, "Y_ALIGN": a}, p["num_warps"]
-            )
-        )
+            rows.append(build_path("split", "split", p, V, name))
+        rows.append(build_path("stream", "stream", st.launch_params("stream", 128256, tdtype), 128256, name))
     return rows
 
 

@@ -47,6 +47,7 @@ import triton
 from .checks import CROSS_ENTROPY_REDUCTIONS as REDUCTIONS
 from .checks import check_cross_entropy_inputs
 from .triton_backward import fixed_point_bits, split_params, split_workspace
+from .triton_launch import launch_named
 from .triton_loss_kernels import (
     cross_entropy_prep_kernel,
     cross_entropy_reduce_kernel,
@@ -125,8 +126,10 @@ def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction
     prep = torch.empty(3, dtype=torch.float32, device=device)
     bad = torch.empty(3, dtype=torch.int64, device=device)
     KN, KV = fixed_point_bits(N), fixed_point_bits(V)
-    cross_entropy_prep_kernel[(1,)](
-        targets, w, prep, bad, N, V, ignore_index, KN, KV,
+    launch_named(
+        cross_entropy_prep_kernel, 1,
+        {"T": targets, "W": w, "PREP": prep, "BAD": bad, "N": N, "V": V, "ignore_index": ignore_index, "KN": KN,
+         "KV": KV},
         BLOCK=_PREP_BLOCK, HAS_WEIGHT=has_weight, MEAN=reduction == "mean", num_warps=4,
     )  # fmt: skip
     if validate and (INTERPRET or not torch.cuda.is_current_stream_capturing()):
@@ -135,29 +138,39 @@ def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction
             raise _target_error(counts, V, ignore_index)
     row_loss = torch.empty(N, dtype=torch.float32, device=device)
     p = {**launch_params(path, V, logits.dtype), **params}
-    args = (x, targets, w, grad, row_loss, lse, prep)
-    scalars = (x.stride(0), grad.stride(0), ignore_index, float(label_smoothing), 1.0 / V, KV, float(2.0**KV))
+    args = {"X": x, "T": targets, "W": w, "G": grad, "LOSS": row_loss, "LSE": lse, "PREP": prep}
+    scalars = {
+        "stride_x": x.stride(0),
+        "stride_g": grad.stride(0),
+        "ignore_index": ignore_index,
+        "eps": float(label_smoothing),
+        "inv_v": 1.0 / V,
+        "KW": KV,
+        "SCALE": float(2.0**KV),
+    }
     flags = {"HAS_WEIGHT": has_weight, "HAS_SMOOTHING": smoothing, "num_warps": p["num_warps"]}
     if path == "row":
         block = max(p["BLOCK"], triton.next_power_of_2(V))
-        cross_entropy_row_kernel[(N,)](*args, V, *scalars, BLOCK=block, **flags)
+        launch_named(cross_entropy_row_kernel, N, {**args, "V": V, **scalars}, BLOCK=block, **flags)
     elif path == "split":
         sp = split_params(V, p)
         P = sp.pop("P")
         ws, cnt = split_workspace(device, N, P)
-        cross_entropy_split_kernel[(N * P,)](*args, ws, cnt, V, P, *scalars, **sp, **flags)
+        launch_named(cross_entropy_split_kernel, N * P, {**args, "WS": ws, "CNT": cnt, "V": V, "P": P, **scalars},
+                     **sp, **flags)  # fmt: skip
     elif path == "tile":
         grid = _programs(N, p["programs_per_sm"], device)
-        cross_entropy_tile_kernel[(grid,)](*args, N, V, *scalars, BLOCK=p["BLOCK"], **flags)
+        launch_named(cross_entropy_tile_kernel, grid, {**args, "B": N, "V": V, **scalars}, BLOCK=p["BLOCK"], **flags)
     else:
         raise ValueError(f"{KERNEL_NAME} cross-entropy: unknown path {path!r} ({', '.join(PATHS)})")
     if reduction == "none":
         loss = row_loss if logits.dtype == torch.float32 else row_loss.to(logits.dtype)
     else:
         loss = torch.empty((), dtype=logits.dtype, device=device)
-        cross_entropy_reduce_kernel[(1,)](
-            row_loss, prep, loss, N, KN, BLOCK=_PREP_BLOCK, MEAN=reduction == "mean", num_warps=4
-        )
+        launch_named(
+            cross_entropy_reduce_kernel, 1, {"LOSS": row_loss, "PREP": prep, "OUT": loss, "N": N, "KN": KN},
+            BLOCK=_PREP_BLOCK, MEAN=reduction == "mean", num_warps=4,
+        )  # fmt: skip
     return CrossEntropyResult(loss, lse, grad)
 
 
@@ -261,8 +274,10 @@ def _scale(grad: torch.Tensor, grad_output: torch.Tensor, out: torch.Tensor) -> 
     block = min(4096, triton.next_power_of_2(V))
 
     def run():
-        cross_entropy_scale_kernel[(N,)](
-            grad, out, go, N, V, grad.stride(0), out.stride(0), stride_go,
+        launch_named(
+            cross_entropy_scale_kernel, N,
+            {"G": grad, "OUT": out, "GO": go, "B": N, "V": V, "stride_g": grad.stride(0), "stride_out": out.stride(0),
+             "stride_go": stride_go},
             BLOCK=block, IN_PLACE=out is grad, num_warps=4,
         )  # fmt: skip
 

@@ -1,4 +1,6 @@
-"""The Triton softmax kernels (what `@triton.jit` compiles); dispatch and launches live in
+"""The Triton softmax kernels (what `@triton.jit` compiles); dispatch lives in
+`kernels.triton_dispatch`, launches in `kernels.triton_launch` (whose path table names every
+kernel's arguments, checked against the signatures here), the public entry in
 `kernels.softmax_triton`.
 
 Every kernel computes, for a row x of V elements,

@@ -1,8 +1,16 @@
-"""The stored autotune choice of the Triton tile kernel (kernels/triton_autotune.json).
+"""Autotuning of the Triton tile kernel: its configs, the stored choice
+(kernels/triton_autotune.json), the order in which a launch looks a config up, and the
+offline tuner behind `python -m kernels.autotune`.
 
 Each stored choice sits under a fingerprint: a hash of the tile kernel's source, the config
 list and the GPU name, so editing the kernel or the configs, or moving to another GPU, makes
 the wrapper ignore it and autotune again on first use (standard `@triton.autotune` behaviour).
+
+The file read and written by default is STORED_PATH, or the file named by the environment
+variable SOFTMAX_SUITE_TRITON_AUTOTUNE_FILE (set it before the first call, or call
+`clear_autotune_memo()` of `kernels.softmax_triton` after changing it).
+
+Under TRITON_INTERPRET=1 the tile path uses `INTERPRETER_CONFIG` and nothing is tuned.
 """
 
 from __future__ import annotations
@@ -16,14 +24,33 @@ from pathlib import Path
 import torch
 import triton
 
+from .spec import LAB_SHAPES
+from .triton_dispatch import INTERPRET
+from .triton_kernels import softmax_tile_kernel
+
 STORED_PATH = Path(__file__).with_name("triton_autotune.json")
+STORED_PATH_ENV = "SOFTMAX_SUITE_TRITON_AUTOTUNE_FILE"
 STORED_FORMAT = 1
 # Fields of an entry whose choices were carried over, unmeasured, from an earlier tile kernel
 # source (its sha256 and why): the next write_stored for that fingerprint removes them.
 CARRIED_OVER_FIELDS = ("choices_measured_with_kernel_source_sha256", "note")
 
+# Every config is valid for every V: BLOCK is a tile width, not a bound on V.
+CONFIGS = [triton.Config({"BLOCK": block}, num_warps=warps) for block in (256, 512, 1024, 2048) for warps in (2, 4, 8)]
+INTERPRETER_CONFIG = {"BLOCK": 1024, "num_warps": 4}
+
 # Bumped by every write, so memos of what the file said know they are stale.
 generation = 0
+
+
+def stored_path() -> Path:
+    """The stored file this process reads and writes by default (STORED_PATH unless the
+    environment variable STORED_PATH_ENV names another)."""
+    env = os.environ.get(STORED_PATH_ENV, "").strip()
+    return Path(env) if env else STORED_PATH
+
+
+# --------------------------------------------------------------------------- fingerprint
 
 
 def config_dict(cfg) -> dict:
@@ -31,30 +58,38 @@ def config_dict(cfg) -> dict:
     return {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
 
 
-def source_hash(kernel) -> str:
-    """sha256 of a jitted kernel's Python source (what `@triton.jit` compiles)."""
-    return hashlib.sha256(inspect.getsource(getattr(kernel, "fn", kernel)).encode()).hexdigest()
+def kernel_source_hash(kernel=None) -> str:
+    """sha256 of a jitted kernel's Python source (what `@triton.jit` compiles); the tile
+    kernel's by default (what the fingerprint covers)."""
+    fn = kernel or softmax_tile_kernel
+    return hashlib.sha256(inspect.getsource(getattr(fn, "fn", fn)).encode()).hexdigest()
 
 
-def configs_hash(configs) -> str:
+def configs_hash(configs=None) -> str:
+    """sha256 of a config list; CONFIGS (as it is at the call) by default."""
+    configs = CONFIGS if configs is None else configs
     text = json.dumps(
         [{**config_dict(c), "num_ctas": c.num_ctas, "maxnreg": c.maxnreg} for c in configs], sort_keys=True
     )
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def fingerprint(gpu_name: str, *, source_hash: str, config_hash: str) -> str:
+def fingerprint(gpu_name: str, *, source_hash: str | None = None, config_hash: str | None = None) -> str:
     """The key a stored choice lives under; any change of kernel, configs or GPU changes it."""
-    return hashlib.sha256("|".join([source_hash, config_hash, gpu_name]).encode()).hexdigest()[:32]
+    parts = [source_hash or kernel_source_hash(), config_hash or configs_hash(), gpu_name]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 
 def choice_key(V: int, dtype: torch.dtype) -> str:
     return f"{int(V)}|{str(dtype).removeprefix('torch.')}"
 
 
+# --------------------------------------------------------------------------- the stored file
+
+
 def read_stored(path=None) -> dict:
     """The stored file as a dict ({} when it does not exist or has another format)."""
-    path = Path(path) if path is not None else STORED_PATH
+    path = Path(path) if path is not None else stored_path()
     if not path.exists():
         return {}
     with open(path) as f:
@@ -64,13 +99,10 @@ def read_stored(path=None) -> dict:
     return data
 
 
-def stored_choice(V: int, dtype: torch.dtype, gpu_name: str, *, source_hash: str, config_hash: str, path=None):
-    """The stored config for (V, dtype) on this GPU, or None when absent or stale."""
-    entry = (
-        read_stored(path)
-        .get("entries", {})
-        .get(fingerprint(gpu_name, source_hash=source_hash, config_hash=config_hash))
-    )
+def stored_choice(V: int, dtype: torch.dtype, gpu_name: str, *, path=None, source_hash=None, config_hash=None):
+    """The stored tile config for (V, dtype) on this GPU, or None when absent or stale."""
+    key = fingerprint(gpu_name, source_hash=source_hash, config_hash=config_hash)
+    entry = read_stored(path).get("entries", {}).get(key)
     if entry is None:
         return None
     choice = entry.get("choices", {}).get(choice_key(V, dtype))
@@ -83,13 +115,16 @@ def stored_choice(V: int, dtype: torch.dtype, gpu_name: str, *, source_hash: str
     }
 
 
-def write_stored(choices: dict, gpu_name: str, *, source_hash: str, config_hash: str, path=None, extra=None) -> Path:
-    """Merge `choices` ({choice_key: config dict}) into the file under this fingerprint.
+def write_stored(choices: dict, gpu_name: str, *, path=None, extra=None, source_hash=None, config_hash=None) -> Path:
+    """Merge `choices` ({choice_key: config dict}) into the file under this kernel's
+    fingerprint on `gpu_name`.
 
     Entries under other fingerprints (other GPUs) are kept; stale ones for this GPU are dropped.
     """
     global generation
-    path = Path(path) if path is not None else STORED_PATH
+    source_hash = source_hash or kernel_source_hash()
+    config_hash = config_hash or configs_hash()
+    path = Path(path) if path is not None else stored_path()
     data = read_stored(path) or {"format": STORED_FORMAT, "entries": {}}
     key = fingerprint(gpu_name, source_hash=source_hash, config_hash=config_hash)
     entries = {k: v for k, v in data.get("entries", {}).items() if v.get("gpu") != gpu_name or k == key}
@@ -118,3 +153,116 @@ def write_stored(choices: dict, gpu_name: str, *, source_hash: str, config_hash:
     os.replace(tmp, path)
     generation += 1
     return path
+
+
+# --------------------------------------------------------------------------- the autotuner
+
+_bench_calls = 0
+
+
+def _bench(kernel_call, quantiles):
+    """The autotuner's timer: triton.testing.do_bench, counted so tests can see re-tuning."""
+    global _bench_calls
+    _bench_calls += 1
+    return triton.testing.do_bench(kernel_call, quantiles=quantiles)
+
+
+def bench_calls() -> int:
+    """How many configs the autotuner has timed in this process."""
+    return _bench_calls
+
+
+# The tile kernel under @triton.autotune, keyed on V (kernels.triton_launch calls it where no
+# choice exists yet; run_autotune times every config with it).
+tile_autotuned = triton.autotune(configs=CONFIGS, key=["V"], do_bench=_bench)(softmax_tile_kernel)
+
+# What the lookups resolved once per process: (device, V, dtype, file generation) -> config,
+# (device, V, dtype) -> config the autotuner picked here, device -> (name, SM count).
+_lookup_memo: dict = {}
+_tuned_here: dict = {}
+_device_info: dict = {}
+
+
+def clear_memo() -> None:
+    """Forget what this process resolved or tuned (the next lookup reads the stored file again)."""
+    _lookup_memo.clear()
+    _tuned_here.clear()
+
+
+def gpu_info(device_index: int) -> tuple:
+    """(name, SM count) of a GPU, read once per process."""
+    info = _device_info.get(device_index)
+    if info is None:
+        props = torch.cuda.get_device_properties(device_index)
+        info = _device_info[device_index] = (props.name, props.multi_processor_count)
+    return info
+
+
+def _device_index(device) -> int:
+    device = torch.device("cuda") if device is None else torch.device(device)
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def autotune_picked(V: int, dtype: torch.dtype = torch.float32, *, device=None, path=None):
+    """The tile config {"BLOCK", "num_warps", "num_stages"} the wrapper uses for rows of length V.
+
+    Order: the stored file (fresh fingerprint only), then what the autotuner chose in this
+    process; None when neither exists yet (the next call autotunes). Under the interpreter it
+    is `INTERPRETER_CONFIG`.
+    """
+    if INTERPRET:
+        return dict(INTERPRETER_CONFIG, num_stages=3)
+    dev = _device_index(device)
+    name = gpu_info(dev)[0]
+    if path is not None:
+        return stored_choice(V, dtype, name, path=path) or _tuned_here.get((dev, int(V), dtype))
+    key = (dev, int(V), dtype, generation)
+    if key not in _lookup_memo:
+        _lookup_memo[key] = stored_choice(V, dtype, name)
+    return _lookup_memo[key] or _tuned_here.get((dev, int(V), dtype))
+
+
+def record_tuned(dev: int, V: int, dtype: torch.dtype) -> None:
+    """Remember the config tile_autotuned just picked for (V, dtype) on `dev`."""
+    _tuned_here[(dev, int(V), dtype)] = config_dict(tile_autotuned.best_config)
+
+
+def run_autotune(shapes=LAB_SHAPES, *, dtypes=(torch.float32,), path=None, device="cuda", seed=0):
+    """Autotune the tile kernel on `shapes` with the GPU's timer and store the choices at `path`.
+
+    The autotuner is keyed on V, so shapes that share V share one choice. Every config is
+    timed on every shape; the choice for a V is the config with the smallest mean slowdown
+    against each shape's own best, so no single B decides alone. Returns the stored record.
+    """
+    from .triton_launch import PATH_TABLE
+
+    if INTERPRET or not torch.cuda.is_available():
+        raise RuntimeError("run_autotune needs a CUDA GPU (and TRITON_INTERPRET unset)")
+    dev = _device_index(device)
+    name = gpu_info(dev)[0]
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    per_v: dict = {}
+    for dtype in dtypes:
+        for B, V in shapes:
+            x = (torch.randn(B, V, generator=gen) * 3).to(device=f"cuda:{dev}", dtype=dtype)
+            y = torch.empty_like(x)
+            tile_autotuned.cache.clear()
+            PATH_TABLE["tile"].bind(x, y, {"config": None}, dev=dev).autotune()
+            timings = {
+                json.dumps(config_dict(c), sort_keys=True): float(t[0] if isinstance(t, (list, tuple)) else t)
+                for c, t in tile_autotuned.configs_timings.items()
+            }
+            per_v.setdefault(choice_key(V, dtype), []).append(
+                {"shape": [B, V], "timings_ms": timings, "best": config_dict(tile_autotuned.best_config)}
+            )
+    choices = {}
+    for key, runs in per_v.items():
+        names = list(runs[0]["timings_ms"])
+        score = {n: sum(r["timings_ms"][n] / min(r["timings_ms"].values()) for r in runs) / len(runs) for n in names}
+        best = min(names, key=score.get)
+        choices[key] = {**json.loads(best), "mean_slowdown": score[best], "runs": runs}
+    tile_autotuned.cache.clear()
+    out_path = write_stored(choices, name, path=path)
+    for key in [k for k in _tuned_here if k[0] == dev]:
+        del _tuned_here[key]
+    return {"path": str(out_path), "gpu": name, "fingerprint": fingerprint(name), "choices": choices}

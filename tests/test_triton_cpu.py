@@ -11,6 +11,8 @@ B and with the number of tiles or chunks per row: cases are chosen to cover each
 values and their pairs, not the full product of all of them.
 """
 
+import dataclasses
+import inspect
 import itertools
 import json
 import os
@@ -28,6 +30,9 @@ from tests.helpers import TRITON_MISSING
 
 if TRITON_MISSING:  # Triton publishes Linux wheels only: every test here needs it
     pytest.skip(TRITON_MISSING, allow_module_level=True)
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from kernels import softmax_triton as st  # noqa: E402
 from tests.helpers import (  # noqa: E402
@@ -190,16 +195,109 @@ def test_split_tags_wrap_around():
     # Words left at the largest tag: the next launch tags its words 0 and still meets.
     x = logits(2, 50, seed=4)
     y = torch.full_like(x, float("nan"))
-    lay = st.split_layout(x, y, CHUNK=16)
-    P = lay["P"]
-    ws = torch.full((st.split_workspace_words(2, P),), 0x7FFFFFFF << 32, dtype=torch.int64)
-    st.JIT_KERNELS["split"][(2 * P,)](
-        lay["xb"], lay["yb"], ws, 50, P, 50, 50, lay["xo"], lay["yo"], st.fixed_point_scale(50),
-        CHUNK=16, P_BLOCK=lay["P_BLOCK"], FALLBACK_BLOCK=lay["FALLBACK_BLOCK"], MAX_SPINS=0,
-        ALIGN=lay["ALIGN"], Y_ALIGN=lay["Y_ALIGN"],
-    )  # fmt: skip
+    launch = st.bind(x, y, "split", CHUNK=16, num_warps=2, max_spins=0)
+    ws = torch.full((st.split_workspace_words(2, launch.geometry["P"]),), 0x7FFFFFFF << 32, dtype=torch.int64)
+    launch.values["WS"] = ws
+    launch()
     assert torch.equal(bits(y), bits(st.run_path(x, "tile")))
     assert torch.equal(ws >> 32, torch.zeros_like(ws)), "every word carries the wrapped tag 0"
+
+
+# ------------------------------------------------------------------ the path table
+
+
+def _swapped(names, a, b):
+    names = list(names)
+    i, j = names.index(a), names.index(b)
+    names[i], names[j] = names[j], names[i]
+    return names
+
+
+@pytest.mark.parametrize("path", sorted(st.PATH_TABLE))
+def test_path_table_rejects_reordered_renamed_or_missing_arguments(path):
+    # Two arguments of one width swapped would pass every width check of a launch and compute
+    # garbage: the table is checked against the kernel's own signature, by name and order.
+    entry = st.PATH_TABLE[path]
+    kernel = entry.kernel.fn.__name__
+    types = dict(entry.args)
+    swapped = _swapped(entry.arg_names, "stride_x", "stride_y")
+    message = rf"path '{path}': the argument spec \(.*stride_y, stride_x.*\) does not match {kernel}"
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(entry, args=tuple((n, types[n]) for n in swapped))
+    with pytest.raises(ValueError, match="does not match"):
+        dataclasses.replace(entry, args=tuple(("stride" if n == "stride_x" else n, t) for n, t in entry.args))
+    with pytest.raises(ValueError, match="does not match"):
+        dataclasses.replace(entry, args=entry.args[:-1])
+    with pytest.raises(ValueError, match="constexprs"):
+        dataclasses.replace(entry, constexprs=entry.constexprs[::-1])
+    assert dataclasses.replace(entry).arg_names == entry.arg_names  # the table itself passes
+
+
+@triton.jit
+def _tile_kernel_with_swapped_strides(X, Y, V, stride_y, stride_x, SCALE, BLOCK: tl.constexpr, ALIGN: tl.constexpr = 1):
+    pass
+
+
+@triton.jit
+def _kernel_with_an_unknown_argument(X, Y, Z, V, stride_x, stride_y, SCALE, BLOCK: tl.constexpr, ALIGN: tl.constexpr):
+    pass
+
+
+def test_path_table_rejects_a_kernel_that_reorders_its_arguments():
+    tile = st.PATH_TABLE["tile"]
+    with pytest.raises(ValueError, match=r"_tile_kernel_with_swapped_strides\(X, Y, V, stride_y, stride_x, SCALE\)"):
+        dataclasses.replace(tile, kernel=_tile_kernel_with_swapped_strides)
+    args = (*tile.args[:2], ("Z", "*T"), *tile.args[2:])
+    with pytest.raises(ValueError, match="arguments a launch cannot pass: Z"):
+        dataclasses.replace(tile, kernel=_kernel_with_an_unknown_argument, args=args)
+
+
+def test_named_launches_of_the_training_kernels_check_names_and_order():
+    # The backward and cross-entropy kernels launch through launch_named: a dict of arguments by
+    # name, held to the kernel's signature before anything is launched.
+    from kernels.triton_launch import launch_named
+    from kernels.triton_loss_kernels import softmax_backward_row_kernel
+
+    t = torch.zeros(1, 4)
+    args = {"DY": t, "Y": t, "DX": t, "V": 4, "stride_dy": 4, "stride_y": 4, "stride_dx": 4, "K": 30}
+    swapped = {n: args[n] for n in _swapped(args, "stride_y", "stride_dx")}
+    with pytest.raises(ValueError, match=r"arguments \(DY, Y, DX, V, stride_dy, stride_dx, stride_y, K\) do not match"):
+        launch_named(softmax_backward_row_kernel, 1, swapped, BLOCK=4)
+    with pytest.raises(ValueError, match="do not match softmax_backward_row_kernel"):
+        launch_named(softmax_backward_row_kernel, 1, {k: v for k, v in args.items() if k != "K"}, BLOCK=4)
+
+
+@pytest.mark.parametrize("path", sorted(st.PATH_TABLE))
+def test_ahead_of_time_signature_comes_from_the_table(path):
+    entry = st.PATH_TABLE[path]
+    sig = entry.signature("bf16")
+    assert list(sig) == list(inspect.signature(entry.kernel.fn).parameters), "every parameter, in the kernel's order"
+    assert all(sig[n] == ("*i64" if n == "WS" else "*bf16") for n in entry.arg_names if n in ("X", "Y", "WS"))
+    assert sig["SCALE"] == "fp32" and all(sig[c] == "constexpr" for c in entry.constexprs)
+
+
+@interpreted
+@pytest.mark.parametrize("path", sorted(SCALED))
+@pytest.mark.parametrize("head", [0, 1])
+def test_remembered_launch_passes_what_a_first_launch_would(path, head):
+    # The fast path (one driver call, GPU only) repeats a launch for tensors of the same layout:
+    # generated from the same table, it must pass exactly the arguments and grid a first launch
+    # of those tensors would, in the spec's order. A recording launcher stands in for the driver.
+    def rows(B, seed):
+        flat = logits(1, B * 40 + head + 3, seed=seed)[0]
+        return flat[head:].as_strided((B, 37), (40, 1)), torch.empty(B, 37)
+
+    x, y = rows(5, 1)
+    first = st.bind(x, y, path, **SCALED[path])
+    calls = []
+    again = first.replay(lambda dev, grid, *args: calls.append((grid, args)), x, y)
+    for B, seed in ((5, 2), (3, 3), (9, 4)):
+        x2, y2 = rows(B, seed)
+        assert x2.data_ptr() % 16 == x.data_ptr() % 16 and y2.data_ptr() % 16 == y.data_ptr() % 16
+        again(x2, y2)
+        want = st.bind(x2, y2, path, **SCALED[path])
+        assert calls[-1] == (want.grid, want.words()), f"{path} B={B}: {calls[-1]} != {(want.grid, want.words())}"
+        assert len(want.words()) == len(first.path.arg_kinds)
 
 
 # Split at any row offset: (head, pad) place rows `head` elements into a buffer with row stride
@@ -356,20 +454,17 @@ def test_public_softmax(B, V, dtype):
 
 
 @interpreted
-def test_empty_batch_returns_without_launch(monkeypatch):
-    class NoLaunch:
-        def __getitem__(self, grid):
-            raise AssertionError("a kernel was launched for B = 0")
-
-    # The names the wrapper launches through (kernels.softmax_triton imports them by name).
-    for name in (f"softmax_{path}_kernel" for path in st.PATHS):
-        monkeypatch.setattr(st, name, NoLaunch())
+def test_empty_batch_returns_without_launch():
+    before = st.launch_count()
     for V in (5, 600, 40000):
         x = torch.empty(0, V)
         y = st.softmax(x)
         assert y.shape == (0, V) and y.dtype == x.dtype
         for path in st.PATHS:
             assert st.run_path(x, path).shape == (0, V)
+    assert st.launch_count() == before, "a kernel was launched for B = 0"
+    st.run_path(logits(1, 5, seed=0), "tile")
+    assert st.launch_count() == before + 1, "launch_count counts the launches it should have seen"
 
 
 @interpreted
@@ -522,6 +617,17 @@ def test_stored_choice_round_trip(tmp_path):
     assert entry["configs_sha256"] == st.configs_hash()
 
 
+def test_the_environment_names_the_stored_file(tmp_path, monkeypatch):
+    path = tmp_path / "elsewhere.json"
+    monkeypatch.setenv(st.STORED_PATH_ENV, str(path))
+    assert st.stored_path() == path
+    st.write_stored({"600|float32": {"BLOCK": 256, "num_warps": 2}}, GPU)
+    assert path.exists()
+    assert st.stored_choice(600, torch.float32, GPU)["BLOCK"] == 256
+    monkeypatch.delenv(st.STORED_PATH_ENV)
+    assert st.stored_path() == st.STORED_PATH
+
+
 def test_measuring_again_drops_a_carried_over_note(tmp_path):
     path = tmp_path / "tune.json"
     st.write_stored({"600|float32": {"BLOCK": 1024, "num_warps": 4}}, GPU, path=path)
@@ -535,7 +641,7 @@ def test_measuring_again_drops_a_carried_over_note(tmp_path):
     assert entry["choices"]["600|float32"]["BLOCK"] == 512
 
 
-def test_changed_source_configs_or_gpu_invalidate_the_stored_choice(tmp_path, monkeypatch):
+def test_changed_source_configs_or_gpu_invalidate_the_stored_choice(tmp_path):
     path = tmp_path / "tune.json"
     st.write_stored({"600|float32": {"BLOCK": 1024, "num_warps": 8}}, GPU, path=path)
     assert st.stored_choice(600, torch.float32, GPU, path=path) is not None
@@ -546,9 +652,8 @@ def test_changed_source_configs_or_gpu_invalidate_the_stored_choice(tmp_path, mo
     # A different config list (one config dropped) changes the config hash ...
     assert st.configs_hash(st.CONFIGS[:-1]) != st.configs_hash()
     assert st.stored_choice(600, torch.float32, GPU, path=path, config_hash=st.configs_hash(st.CONFIGS[:-1])) is None
-    # ... and so does editing the module's list in place, with no argument passed.
-    monkeypatch.setattr(st, "CONFIGS", st.CONFIGS[:-1] + [type(st.CONFIGS[0])({"BLOCK": 4096}, num_warps=16)])
-    assert st.stored_choice(600, torch.float32, GPU, path=path) is None
+    # ... and the hash used when none is passed is that of CONFIGS.
+    assert st.configs_hash() == st.configs_hash(list(st.CONFIGS))
 
 
 def test_source_hash_follows_the_kernel_text():
@@ -597,13 +702,13 @@ def test_repo_autotune_file_matches_the_current_tile_kernel():
     and its config list are unchanged: every entry's fingerprint must still be recomputable."""
     if not st.STORED_PATH.exists():
         pytest.skip("no stored autotune file in the repo")
-    entries = st.read_stored().get("entries", {})
+    entries = st.read_stored(st.STORED_PATH).get("entries", {})
     assert entries, "the stored file holds no entries"
     for key, entry in entries.items():
         assert entry["kernel_source_sha256"] == st.kernel_source_hash(), "tile kernel source changed"
         assert entry["configs_sha256"] == st.configs_hash(), "tile config list changed"
         assert key == st.fingerprint(entry["gpu"])
-        assert st.stored_choice(600, torch.float32, entry["gpu"]) is not None
+        assert st.stored_choice(600, torch.float32, entry["gpu"], path=st.STORED_PATH) is not None
 
 
 def test_the_schema_lists_the_autotune_configs():

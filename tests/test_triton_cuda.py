@@ -12,7 +12,6 @@ if TRITON_MISSING:  # Triton publishes Linux wheels only: every test here needs 
     pytest.skip(TRITON_MISSING, allow_module_level=True)
 
 from kernels import softmax_triton as st  # noqa: E402
-from kernels import triton_store  # noqa: E402
 from tests.helpers import (  # noqa: E402
     bits,
     check_softmax,
@@ -244,23 +243,16 @@ def test_strided_views_on_gpu():
 def test_compiled_kernels_do_not_spill(request):
     """The cubins the launches actually use: registers and spills reported by the driver."""
 
-    def built(name, path, *args, **options):
-        k = st.JIT_KERNELS[path].warmup(*args, grid=(1,), **options)
+    def built(name, x, y, path, **params):
+        # The launch run_path would make, compiled from the path table without launching.
+        k = st.bind(x, y, path, **params).warmup()
         k._init_handles()
         return name, k.n_regs, k.n_spills
 
     x = logits(4, 600, seed=0, device="cuda")
     y = torch.empty_like(x)
     rows = [
-        built(
-            f"tile BLOCK={cfg.kwargs['BLOCK']} w{cfg.num_warps}",
-            "tile",
-            *(x, y, 600, 600, 600, st.fixed_point_scale(600)),
-            BLOCK=cfg.kwargs["BLOCK"],
-            ALIGN=4,
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-        )
+        built(f"tile BLOCK={cfg.kwargs['BLOCK']} w{cfg.num_warps}", x, y, "tile", config=st.config_dict(cfg))
         for cfg in st.CONFIGS
     ]
     # The split and stream kernels at an odd V, as the wrapper launches them (group-aligned
@@ -270,41 +262,11 @@ def test_compiled_kernels_do_not_spill(request):
         V = 50257
         xs = logits(2, V, seed=1, dtype=dtype, device="cuda")
         ys = torch.empty_like(xs)
-        ends = (st.fixed_point_scale(V),)
         name = f"{str(dtype).removeprefix('torch.')} V={V}"
         for B in (None, 1):
             sp = st.launch_params("split", V, dtype, B=B, sms=None if B is None else sms)
-            lay = st.split_layout(xs, ys, CHUNK=sp["CHUNK"], num_warps=sp["num_warps"])
-            P = lay["P"]
-            ws = torch.zeros(st.split_workspace_words(2, P), dtype=torch.int64, device="cuda")
-            aligns = {"ALIGN": lay["ALIGN"], "Y_ALIGN": lay["Y_ALIGN"]}
-            rows.append(
-                built(
-                    f"split {name} CHUNK={sp['CHUNK']}",
-                    "split",
-                    *(lay["xb"], lay["yb"], ws, V, P, V, V, lay["xo"], lay["yo"], *ends),
-                    CHUNK=sp["CHUNK"],
-                    P_BLOCK=lay["P_BLOCK"],
-                    FALLBACK_BLOCK=lay["FALLBACK_BLOCK"],
-                    MAX_SPINS=st.SPLIT_MAX_SPINS,
-                    HOLD_INPUT=sp["HOLD_INPUT"],
-                    num_warps=sp["num_warps"],
-                    maxnreg=sp["maxnreg"],
-                    **aligns,
-                )
-            )
-        ends = (lay["xo"], lay["yo"], st.fixed_point_scale(V))
-        sp = st.launch_params("stream", V, dtype)
-        rows.append(
-            built(
-                f"stream {name}",
-                "stream",
-                *(lay["xb"], lay["yb"], 2, V, V, V, *ends),
-                BLOCK=sp["BLOCK"],
-                num_warps=sp["num_warps"],
-                **aligns,
-            )
-        )
+            rows.append(built(f"split {name} CHUNK={sp['CHUNK']}", xs, ys, "split", **sp))
+        rows.append(built(f"stream {name}", xs, ys, "stream"))
     print()
     for name, regs, spills in rows:
         print(f"  {name:<24} {regs:>3} regs, {spills} spills")
@@ -319,8 +281,8 @@ def test_compiled_kernels_do_not_spill(request):
 
 def test_autotune_once_then_reuse(tmp_path, monkeypatch):
     path = tmp_path / "tune.json"
-    # The wrapper reads the stored file through kernels.triton_store: point it at this test's own.
-    monkeypatch.setattr(triton_store, "STORED_PATH", path)
+    # The wrapper reads the stored file the environment names: point it at this test's own.
+    monkeypatch.setenv(st.STORED_PATH_ENV, str(path))
     st.clear_autotune_memo()
     try:
         _autotune_once_then_reuse(path, monkeypatch)
@@ -357,10 +319,13 @@ def _autotune_once_then_reuse(path, monkeypatch):
     assert st.bench_calls() - before == len(st.CONFIGS)
     assert st.autotune_picked(777, torch.float32) is not None
 
-    # Stale file (the stored fingerprint no longer matches): ignored, tuned again.
-    monkeypatch.setattr(st, "CONFIGS", st.CONFIGS[:-1] + [type(st.CONFIGS[0])({"BLOCK": 128}, num_warps=4)])
+    # Stale file (stored under another config list: the fingerprint no longer matches): ignored.
+    stale = path.parent / "stale.json"
+    other = st.configs_hash(st.CONFIGS[:-1] + [type(st.CONFIGS[0])({"BLOCK": 128}, num_warps=4)])
+    st.write_stored({"600|float32": choice}, torch.cuda.get_device_name(), path=stale, config_hash=other)
+    monkeypatch.setenv(st.STORED_PATH_ENV, str(stale))
     st.clear_autotune_memo()
-    assert st.stored_choice(600, torch.float32, torch.cuda.get_device_name(), path=path) is None
+    assert st.stored_choice(600, torch.float32, torch.cuda.get_device_name()) is None
     assert st.autotune_picked(600, torch.float32) is None
 
 
@@ -369,9 +334,9 @@ def test_repo_autotune_file_is_fresh_for_this_gpu():
     if not st.STORED_PATH.exists():
         pytest.skip("no stored autotune file yet: run python -m kernels.autotune on the GPU")
     name = torch.cuda.get_device_name()
-    entries = st.read_stored().get("entries", {})
+    entries = st.read_stored(st.STORED_PATH).get("entries", {})
     if not any(e.get("gpu") == name for e in entries.values()):
         pytest.skip(f"the stored file holds no choice for {name}")
-    assert st.stored_choice(600, torch.float32, name) is not None, (
+    assert st.stored_choice(600, torch.float32, name, path=st.STORED_PATH) is not None, (
         "the stored choice for this GPU is stale (kernel or config list changed): re-run python -m kernels.autotune"
     )

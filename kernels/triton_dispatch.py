@@ -1,0 +1,231 @@
+"""Where a Triton softmax goes and with what: the dispatch policy, each path's launch
+parameters, and the memory geometry of a launch (alignment, chunk layout, workspace size).
+
+Nothing here launches anything; `kernels.triton_launch` turns these facts into launches and
+`kernels.softmax_triton` is the public entry. Paths (`plan(B, V, dtype)` names the one a call
+takes; `DISPATCH_BOUNDARIES` holds the limits):
+
+  tile   V <= tile_max_v and B < rows_min_b. The autotuned kernel: one program per row, the
+         row read in BLOCK-wide tiles (one read and one write when V <= BLOCK).
+  rows   V <= tile_max_v and B >= rows_min_b. Many short rows: a [ROWS, BLOCK_V] block per
+         program, so each program moves enough bytes to hide memory latency.
+  row    tile_max_v < V <= row_max_v. One program holds the whole row in registers.
+  split  V > row_max_v, except where stream applies. P programs share a row, each holding
+         its chunk in registers (one read, one write), and meet twice through tagged words
+         of a per-row workspace. For a short batch the chunks shrink so that the launch
+         spreads over the GPU (launch_params).
+  stream row_max_v < V <= stream_max_v, 16-bit storage, B >= stream_min_b. A grid of a few
+         programs per SM walks the rows, each read three times in tiles (max, sum, write);
+         the grid bounds the rows in flight so the re-reads come from L2. That holds only
+         while the rows in flight fit L2: longer 16-bit rows split (reports/profiles.md).
+
+Every path gives a row the same bits (the kernels' sums are order-free), so the B threshold
+changes speed, never results.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from .spec import SPEC_BY_NAME
+from .triton_kernels import softmax_tile_kernel
+
+KERNEL_NAME = "triton"
+PATHS = SPEC_BY_NAME[KERNEL_NAME].path_names  # the registry's entry names them
+
+INTERPRET = type(softmax_tile_kernel).__name__ == "InterpretedFunction"
+
+DISPATCH_BOUNDARIES = {
+    "tile_max_v": 2048,  # V above this leaves the tile/rows kernels
+    "rows_min_b": 8192,  # with V <= tile_max_v, B from here on takes the multi-row kernel
+    "row_max_v": 32768,  # V above this: split (or stream, below)
+    "stream_max_v": 65536,  # 16-bit rows up to this long stream from stream_min_b rows on
+    "stream_min_b": 1024,
+}
+
+# The split path's launch parameters, from the H200 sweeps of reports/profiles.md (CHUNK
+# 2048-8192 x 4-8 warps x register caps at B = 1024 and 4096; CHUNK 512-8192 at B <= 64).
+# maxnreg is the register cap handed to ptxas: it sets the programs resident per SM (128: four
+# of four warps, 32 KB of float32 chunk each), hence the bytes in flight, and without a cap
+# sm_90's ptxas spills a few bytes in some of these kernels. HOLD_INPUT (keep the 16-bit chunk,
+# not its float32 exponentials, across the second meeting) measured slower and stays off.
+SPLIT_PARAMS = {"CHUNK": 8192, "num_warps": 4, "HOLD_INPUT": False, "maxnreg": 128}
+# A short batch: chunks halve until the launch has SPLIT_FILL programs per SM, down to
+# SPLIT_MIN_CHUNK (below it a row's meetings, over hundreds of siblings, cost more than the
+# idle SMs would give: 1024-element chunks were 15-100 % slower than 2048 at V = 262144).
+SPLIT_FILL = 1
+SPLIT_MIN_CHUNK = 2048
+
+# Poll bound for the split kernel on a GPU: ~2^20 atomic reads (order of a second) is far
+# beyond the time siblings need to be scheduled; it exists only so a launch cannot hang.
+SPLIT_MAX_SPINS = 1 << 20
+INT32_MAX = 2**31 - 1
+
+
+def fixed_point_scale(V: int) -> float:
+    """2^(62 - ceil(log2 V)): the largest power of two with V * SCALE <= 2^62, so a row's
+    fixed-point sum of exponentials (each term <= SCALE) cannot overflow an int64."""
+    return float(2 ** (62 - (int(V) - 1).bit_length()))
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) -> str:
+    """Name of the path softmax() takes for a (B, V) input: tile, rows, row, split or stream."""
+    b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
+    if V <= b["tile_max_v"]:
+        return "rows" if B >= b["rows_min_b"] else "tile"
+    if V <= b["row_max_v"]:
+        return "row"
+    return long_row_path(dtype, B, V, boundaries=b)
+
+
+def long_row_path(dtype: torch.dtype, B: int = 1, V: int | None = None, *, boundaries=None) -> str:
+    """The path of rows longer than row_max_v: split, except 16-bit rows of at most stream_max_v
+    from stream_min_b rows on (V None: the longest such rows)."""
+    b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
+    short = V is None or V <= b["stream_max_v"]
+    return "stream" if dtype != torch.float32 and B >= b["stream_min_b"] and short else "split"
+
+
+def paths_for(dtype: torch.dtype) -> tuple:
+    """The paths softmax() takes for some input of `dtype` (run_path reaches all of PATHS), as
+    the registry's entry lists them (tests hold `plan` to it)."""
+    return SPEC_BY_NAME[KERNEL_NAME].paths_for(dtype)
+
+
+def launch_params(
+    path: str, V: int, dtype: torch.dtype = torch.float32, *, B: int | None = None, sms: int | None = None
+) -> dict:
+    """The launch parameters a path uses for rows of length V (tile: its config), picked from
+    sweeps on an H200 (reports/profiles.md). split also depends on the batch: with B rows on a
+    GPU of `sms` multiprocessors, its chunks shrink (down to SPLIT_MIN_CHUNK) until the launch
+    has SPLIT_FILL programs per multiprocessor, so a short batch still spreads over the GPU."""
+    if path == "row":
+        block = triton.next_power_of_2(V)
+        if block <= 4096:
+            warps = 4 if dtype == torch.float32 else 8
+        else:
+            warps = 16 if block <= 8192 else 32
+        return {"BLOCK": block, "num_warps": warps}
+    if path == "rows":
+        block_v = triton.next_power_of_2(V)
+        return {"ROWS": max(1, 2048 // block_v), "BLOCK_V": block_v, "num_warps": 4 if block_v >= 512 else 2}
+    if path == "split":
+        p = dict(SPLIT_PARAMS)
+        if B is not None and sms is not None:
+            while p["CHUNK"] > SPLIT_MIN_CHUNK and B * triton.cdiv(V, p["CHUNK"]) < SPLIT_FILL * sms:
+                p["CHUNK"] //= 2
+        return p
+    if path == "stream":
+        # BLOCK 2048-16384 x 4-16 warps x 1-8 programs per SM at B = 512 and 4096, V = 50257
+        # and 128256 (reports/profiles.md): 4096 x 16 x 8 led or tied in bfloat16. Programs
+        # beyond what fits an SM at once run as a second wave.
+        return {"BLOCK": 4096, "num_warps": 16, "programs_per_sm": 8}
+    if path == "tile":
+        from .triton_store import autotune_picked  # the stored or tuned config (or None: tune now)
+
+        return {"config": autotune_picked(V, dtype)}
+    raise ValueError(f"{KERNEL_NAME} softmax: unknown path {path!r} ({', '.join(PATHS)})")
+
+
+# --------------------------------------------------------------------------- memory geometry
+
+
+def vector_align(V: int, stride_x: int, stride_y: int, element_size: int) -> int:
+    """Largest power of two <= 16 bytes' worth of elements dividing V and both row strides:
+    the ALIGN the one-program-per-row kernels are told."""
+    a = 16 // element_size
+    while a > 1 and (V % a or stride_x % a or stride_y % a):
+        a //= 2
+    return a
+
+
+def aligned_base(t: torch.Tensor, a: int):
+    """(view, head): a view of t's storage starting `head` elements before t, at an address
+    that is a multiple of `a` elements, so kernels can index t as view + head + offset with
+    group-aligned offsets. (t, 0) when t starts too close to its storage's beginning."""
+    es = t.element_size()
+    ptr = t.data_ptr()
+    if ptr % es:
+        return t, 0
+    head = (ptr // es) % a
+    if head == 0 or t.storage_offset() < head:
+        return t, 0
+    return t.as_strided(t.shape, t.stride(), t.storage_offset() - head), head
+
+
+def chunk_layout(
+    V: int, stride_x: int, stride_y: int, element_size: int, *, CHUNK: int, align=None, x_head=0, y_head=0, num_warps=4
+) -> dict:
+    """The tensor-free part of split_layout: for rows `x_head` / `y_head` elements past a
+    group boundary (the heads aligned_base found), programs per row P, the groups' widths and
+    the split kernel's P_BLOCK and FALLBACK_BLOCK. The ahead-of-time builds use it directly."""
+    a = align or 16 // element_size  # group width in elements
+    if CHUNK % a:
+        raise ValueError(f"{KERNEL_NAME} softmax: CHUNK {CHUNK} is not a multiple of align {a}")
+    # A row starting h elements past a group boundary spans cdiv(V + h, CHUNK) chunks; h is the
+    # same for every row when the stride is a multiple of the group width.
+    head = x_head % a if stride_x % a == 0 else a - 1
+    P = triton.cdiv(V + head, CHUNK)
+    y_align = a
+    while y_align > 1 and ((y_head - x_head) % y_align or (stride_y - stride_x) % y_align):
+        y_align //= 2
+    return {
+        "P": P,
+        "ALIGN": a,
+        "Y_ALIGN": y_align,
+        "P_BLOCK": p_block(P, num_warps),
+        "FALLBACK_BLOCK": fallback_block(CHUNK, num_warps),
+    }
+
+
+def split_layout(x: torch.Tensor, y: torch.Tensor, *, CHUNK: int, align: int | None = None, num_warps: int = 4) -> dict:
+    """Where the split kernel's chunks (or the stream kernel's tiles, CHUNK = BLOCK) fall for
+    x -> y: the 16-byte-aligned base views and heads, programs per row P (split) and the output
+    alignment. One function for the launches and tests.
+
+    P_BLOCK: see p_block. FALLBACK_BLOCK, the tile of split's streaming fallback (taken only when siblings are not
+    scheduled in time), is one element a thread on a GPU, so it costs the kernel no registers;
+    under the interpreter, where every early chunk takes it, it is wide for speed. The fallback
+    computes the same exact max and sum either way."""
+    a = align or 16 // x.element_size()
+    if CHUNK % a:
+        raise ValueError(f"{KERNEL_NAME} softmax: CHUNK {CHUNK} is not a multiple of align {a}")
+    xb, xo = aligned_base(x, a)
+    yb, yo = aligned_base(y, a)
+    lay = chunk_layout(
+        x.shape[1], x.stride(0), y.stride(0), x.element_size(), CHUNK=CHUNK, align=a, x_head=xo, y_head=yo,
+        num_warps=num_warps,
+    )  # fmt: skip
+    return {"xb": xb, "xo": xo, "yb": yb, "yo": yo, **lay}
+
+
+def p_block(P: int, num_warps: int) -> int:
+    """The split kernel's P_BLOCK: how many of a row's published words a program reads at once.
+    At least 32 * num_warps, so no word is read by two warps and every decision on them is the
+    program's, not a warp's (kernels/triton_kernels.py); otherwise 2P (both meetings in one
+    read each) up to 256, and a row of more programs is met in several reads."""
+    return max(32 * num_warps, min(triton.next_power_of_2(2 * P), 256))
+
+
+def checked_p_block(P_BLOCK: int, num_warps: int) -> int:
+    """P_BLOCK as a launch may use it (a power of two, and >= 32 * num_warps on a GPU)."""
+    if P_BLOCK & (P_BLOCK - 1) or (not INTERPRET and P_BLOCK < 32 * num_warps):
+        # The interpreter runs one thread of a program: there smaller blocks test the loop.
+        raise ValueError(f"{KERNEL_NAME} softmax: P_BLOCK {P_BLOCK} must be a power of two >= 32 * num_warps")
+    return P_BLOCK
+
+
+def fallback_block(CHUNK: int, num_warps: int) -> int:
+    """The split kernel's FALLBACK_BLOCK (see split_layout)."""
+    return min(CHUNK, 1024 if INTERPRET else 32 * num_warps)
+
+
+def split_workspace_words(B: int, P: int) -> int:
+    """int64 words a split launch of B rows and P programs per row uses (3 per program). A
+    workspace must be zeroed when allocated and then serve launches of that P only: each launch
+    tags its words one past the tags the last launch left (kernels/triton_kernels.py)."""
+    return B * 3 * P

@@ -1,0 +1,606 @@
+"""How a Triton softmax path is launched: one table entry per path, and the launches made
+from it.
+
+The table. `PATH_TABLE[path]` is a `TritonPath`: the jitted kernel, its runtime arguments as
+an ordered spec of (name, Triton type), its constexprs, and the functions that give a launch's
+geometry, constexprs, options and grid from the path's launch parameters
+(`kernels.triton_dispatch.launch_params`). Building an entry checks the spec against the
+kernel's own signature, names and order, so an argument reordered, renamed or added on either
+side fails at import with an error naming both lists (widths alone would let two same-width
+arguments swap silently). Everything that passes arguments to a kernel is generated from the
+entry: the first launch through Triton (`BoundLaunch.__call__`), the remembered launch that
+repeats it through one driver call (`BoundLaunch.replay`), the autotuner's call of the tile
+kernel, and the ahead-of-time builds of `kernels.triton_build` (`TritonPath.aot`).
+
+Launches. A kernel is compiled and loaded by Triton's own launcher on its first call for a
+specialisation (dtype, pointer alignment, constexprs, warps); later calls launch the same
+loaded function through `kernels.launch` (one driver call), which is what makes a call cheap.
+A replay recomputes only the arguments in PER_CALL_ARGS (the buffers' addresses, B and the
+workspace); every other argument is fixed by the key the replay is remembered under. The split
+path's workspace is zeroed once per device, stream and P and kept: every launch leaves its
+words tagged for the next, so no fill kernel runs before a launch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import operator
+from collections.abc import Callable
+
+import torch
+import triton
+
+from . import triton_store as store
+from .launch import KernelLauncher, LaunchError, current_stream, driver
+from .triton_dispatch import (
+    DISPATCH_BOUNDARIES,
+    INT32_MAX,
+    INTERPRET,
+    KERNEL_NAME,
+    PATHS,
+    SPLIT_MAX_SPINS,
+    aligned_base,
+    checked_p_block,
+    chunk_layout,
+    fixed_point_scale,
+    launch_params,
+    plan,
+    split_workspace_words,
+    vector_align,
+)
+from .triton_kernels import JIT_KERNELS
+
+# Triton's type names in an argument spec ("T": the storage dtype) -> kernels.launch's kinds.
+ARG_TYPES = {"*T": "ptr", "*i64": "ptr", "i32": "i32", "fp32": "f32"}
+# What a launch can pass, by name: every spec draws on these (kernels/triton_kernels.py).
+ARG_MEANINGS = {
+    "X": "the input rows (a 16-byte-aligned base view for the chunked paths)",
+    "Y": "the output rows (likewise)",
+    "WS": "the split path's int64 workspace",
+    "B": "rows",
+    "V": "row length",
+    "P": "programs per row",
+    "stride_x": "input row stride",
+    "stride_y": "output row stride",
+    "x_off": "the input's head past X",
+    "y_off": "the output's head past Y",
+    "SCALE": "fixed_point_scale(V)",
+}
+# Arguments a remembered launch recomputes on every call; the others are fixed by its key.
+PER_CALL_ARGS = ("X", "Y", "B", "WS")
+
+
+def kernel_signature(kernel) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(runtime parameter names, constexpr names) of a jitted or interpreted kernel, in order."""
+    fn = getattr(kernel, "fn", kernel)
+    runtime, constexprs = [], []
+    for p in inspect.signature(fn).parameters.values():
+        a = p.annotation
+        is_constexpr = a is triton.language.constexpr or (isinstance(a, str) and a.split(".")[-1] == "constexpr")
+        (constexprs if is_constexpr else runtime).append(p.name)
+    return tuple(runtime), tuple(constexprs)
+
+
+def kernel_name(kernel) -> str:
+    fn = getattr(kernel, "fn", kernel)
+    return getattr(fn, "__name__", repr(kernel))
+
+
+@functools.cache
+def _runtime_names(fn) -> tuple:  # keyed on the Python function: hashable in every Triton
+    return kernel_signature(fn)[0]
+
+
+def launch_named(kernel, grid: int, args: dict, **constexprs):
+    """kernel[(grid,)] with every runtime argument named: `args` must hold the kernel's runtime
+    parameters, by name and in its order (ValueError naming both lists otherwise); `constexprs`
+    also carries the compile options (num_warps, ...). For launches that always go through
+    Triton's launcher (the training kernels); the softmax paths use PATH_TABLE."""
+    names = _runtime_names(getattr(kernel, "fn", kernel))
+    if tuple(args) != names:
+        raise ValueError(
+            f"launch of {kernel_name(kernel)}: arguments ({', '.join(args)}) do not match "
+            f"{kernel_name(kernel)}({', '.join(names)}): names and order must be the kernel's"
+        )
+    return kernel[(grid,)](*args.values(), **constexprs)
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonPath:
+    """One Triton path: the kernel, its named argument spec, and how a launch is specialised.
+
+    geometry(p, V, stride_x, stride_y, element_size, align, x_head, y_head) -> dict: what the
+        memory layout decides (ALIGN, and for chunked paths P, Y_ALIGN, P_BLOCK, ...).
+    specialise(p, geometry, V) -> dict: the constexprs (exactly `constexprs`).
+    options(p) -> dict: num_warps and the other compile options.
+    grid(p, geometry, sms) -> (B -> programs).
+    chunked: X and Y are 16-byte-aligned base views of the tensors, with heads x_off, y_off.
+    """
+
+    name: str
+    kernel: object
+    args: tuple  # ((name, Triton type), ...) in the kernel's order
+    constexprs: tuple  # names, in the kernel's order
+    geometry: Callable
+    specialise: Callable
+    options: Callable
+    grid: Callable
+    chunked: bool = False
+
+    def __post_init__(self):
+        names = tuple(n for n, _ in self.args)
+        runtime, constexprs = kernel_signature(self.kernel)
+        name = kernel_name(self.kernel)
+        if names != runtime:
+            raise ValueError(
+                f"Triton path {self.name!r}: the argument spec ({', '.join(names)}) does not match "
+                f"{name}({', '.join(runtime)}): names and order must be the kernel's"
+            )
+        if tuple(self.constexprs) != constexprs:
+            raise ValueError(
+                f"Triton path {self.name!r}: constexprs ({', '.join(self.constexprs)}) do not match "
+                f"{name}'s ({', '.join(constexprs)})"
+            )
+        unknown = [f"{n}: {t}" for n, t in self.args if n not in ARG_MEANINGS or t not in ARG_TYPES]
+        if unknown:
+            raise ValueError(
+                f"Triton path {self.name!r}: arguments a launch cannot pass: {', '.join(unknown)} "
+                f"(names: {', '.join(ARG_MEANINGS)}; types: {', '.join(ARG_TYPES)})"
+            )
+
+    @property
+    def arg_names(self) -> tuple:
+        return tuple(n for n, _ in self.args)
+
+    @property
+    def arg_kinds(self) -> tuple:
+        return tuple(ARG_TYPES[t] for _, t in self.args)
+
+    def signature(self, dtype: str) -> dict:
+        """The ahead-of-time compile signature for storage dtype `dtype` (Triton's name)."""
+        return {
+            **{n: t.replace("T", dtype) for n, t in self.args},
+            **{c: "constexpr" for c in self.constexprs},
+        }
+
+    def aot(self, p: dict, V: int, dtype: str, element_size: int) -> dict:
+        """What an ahead-of-time build of this path for contiguous, 16-byte-aligned rows of
+        length V compiles: {"signature", "constexprs", "options"} (kernels.triton_build)."""
+        g = self.geometry(p, V, V, V, element_size, None, 0, 0)
+        return {"signature": self.signature(dtype), "constexprs": self._specialise(p, g, V), "options": self.options(p)}
+
+    def _specialise(self, p, g, V) -> dict:
+        c = self.specialise(p, g, V)
+        if tuple(c) != self.constexprs:
+            raise ValueError(f"Triton path {self.name!r}: specialise gave {tuple(c)}, the spec says {self.constexprs}")
+        return c
+
+    def bind(self, x: torch.Tensor, y: torch.Tensor, p: dict, *, dev: int = -1, sms: int | None = None):
+        """The launch of this path for x -> y with launch parameters `p` (plus `align`), every
+        argument by name. Tile with no config yet (p["config"] None): a launch for the autotuner."""
+        B, V = x.shape
+        sx, sy = x.stride(0), y.stride(0)
+        if max(sx, sy) > INT32_MAX or B > INT32_MAX:
+            raise ValueError(f"{KERNEL_NAME} softmax: row strides and B must fit 32 bits")
+        es = x.element_size()
+        align = p.get("align")
+        if self.chunked:
+            a = align or 16 // es
+            xb, xo = aligned_base(x, a)
+            yb, yo = aligned_base(y, a)
+        else:
+            xb, xo, yb, yo = x, 0, y, 0
+        g = self.geometry(p, V, sx, sy, es, align, xo, yo)
+        values = {"X": xb, "Y": yb, "B": B, "V": V, "P": g.get("P", 1), "stride_x": sx, "stride_y": sy}
+        values.update(x_off=xo, y_off=yo, SCALE=fixed_point_scale(V))
+        if "WS" in self.arg_names:
+            values["WS"] = split_workspace(dev, B, g["P"])
+        untuned = p.get("config", True) is None
+        return BoundLaunch(
+            path=self,
+            values={n: values[n] for n in self.arg_names},
+            constexprs={"ALIGN": g["ALIGN"]} if untuned else self._specialise(p, g, V),
+            options={} if untuned else self.options(p),
+            grid_of=self.grid(p, g, sms),
+            geometry=g,
+            dev=dev,
+            untuned=untuned,
+        )
+
+
+_launches_through_triton = 0
+
+
+def launch_count() -> int:
+    """Launches made through Triton's own launcher in this process: every launch under the
+    interpreter, the first of each specialisation on a GPU (later ones replay)."""
+    return _launches_through_triton
+
+
+@dataclasses.dataclass
+class BoundLaunch:
+    """One launch of a path with every argument named: `values` in the spec's order."""
+
+    path: TritonPath
+    values: dict
+    constexprs: dict
+    options: dict
+    grid_of: Callable
+    geometry: dict
+    dev: int = -1
+    untuned: bool = False  # the tile kernel before any config is chosen: autotune() only
+
+    @property
+    def args(self) -> tuple:
+        return tuple(self.values[n] for n in self.path.arg_names)
+
+    @property
+    def grid(self) -> int:
+        return self.grid_of(self.values.get("B", self.values["X"].shape[0]))
+
+    def words(self) -> tuple:
+        """The arguments as a driver launch passes them (tensors as addresses)."""
+        return tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in self.args)
+
+    def __call__(self):
+        """Launch through Triton (which compiles and loads on first use); its compiled kernel."""
+        global _launches_through_triton
+        _launches_through_triton += 1
+        return self.path.kernel[(self.grid,)](*self.args, **self.constexprs, **self.options)
+
+    def warmup(self):
+        """Compile without launching (a GPU's compiled kernel, for its resource use)."""
+        return self.path.kernel.warmup(*self.args, grid=(1,), **self.constexprs, **self.options)
+
+    def autotune(self):
+        """The tile kernel through @triton.autotune (its configs give BLOCK and the options)."""
+        global _launches_through_triton
+        _launches_through_triton += 1
+        return store.tile_autotuned[(self.grid,)](*self.args, **self.constexprs)
+
+    def replay(self, launcher: KernelLauncher, x: torch.Tensor, y: torch.Tensor):
+        """A function (x, y) -> None that repeats this launch through `launcher` for tensors of
+        the layout x, y had (same dtype, V, strides, addresses mod 16, batch class): the
+        arguments in PER_CALL_ARGS are recomputed, the others are this launch's.
+
+        Its source is written from the spec (as `dataclasses` writes methods): one call with
+        the arguments in the spec's order, as cheap as a hand-written closure, which matters
+        because this call is all a remembered softmax costs on the host."""
+        env = {
+            "launcher": launcher,
+            "dev": self.dev,
+            "grid_of": self.grid_of,
+            "dx": self.values["X"].data_ptr() - x.data_ptr(),  # the base view's offset, in bytes
+            "dy": self.values["Y"].data_ptr() - y.data_ptr(),
+            "workspace": split_workspace,
+            "P": self.geometry.get("P"),
+        }
+        per_call = {
+            "X": "x.data_ptr() + dx",
+            "Y": "y.data_ptr() + dy",
+            "B": "B",
+            "WS": "workspace(dev, B, P).data_ptr()",
+        }
+        args = []
+        for name in self.path.arg_names:  # names are checked against ARG_MEANINGS: identifiers
+            if name not in per_call:
+                env["fixed_" + name] = self.values[name]
+            args.append(per_call.get(name, "fixed_" + name))
+        source = f"def again(x, y):\n    B = x.shape[0]\n    launcher(dev, grid_of(B), {', '.join(args)})\n"
+        exec(compile(source, f"<replay of the Triton {self.path.name} path>", "exec"), env)
+        return env["again"]
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def _row_geometry(p, V, sx, sy, es, align, x_head, y_head) -> dict:
+    return {"ALIGN": align or vector_align(V, sx, sy, es)}
+
+
+def _chunk_geometry(width: str):
+    def geometry(p, V, sx, sy, es, align, x_head, y_head) -> dict:
+        return chunk_layout(
+            V, sx, sy, es, CHUNK=p[width], align=align, x_head=x_head, y_head=y_head, num_warps=p["num_warps"]
+        )
+
+    return geometry
+
+
+def _warps(p) -> dict:
+    return {"num_warps": p["num_warps"]}
+
+
+def _one_per_row(p, g, sms):
+    return _rows_grid
+
+
+def _rows_grid(B: int) -> int:
+    return B
+
+
+TILE_ARGS = (("X", "*T"), ("Y", "*T"), ("V", "i32"), ("stride_x", "i32"), ("stride_y", "i32"), ("SCALE", "fp32"))
+
+TILE = TritonPath(
+    name="tile",
+    kernel=JIT_KERNELS["tile"],
+    args=TILE_ARGS,
+    constexprs=("BLOCK", "ALIGN"),
+    geometry=_row_geometry,
+    specialise=lambda p, g, V: {"BLOCK": p["config"]["BLOCK"], "ALIGN": g["ALIGN"]},
+    options=lambda p: {"num_warps": p["config"]["num_warps"], "num_stages": p["config"].get("num_stages", 3)},
+    grid=_one_per_row,
+)
+ROW = TritonPath(
+    name="row",
+    kernel=JIT_KERNELS["row"],
+    args=TILE_ARGS,
+    constexprs=("BLOCK", "ALIGN"),
+    geometry=_row_geometry,
+    specialise=lambda p, g, V: {"BLOCK": max(p["BLOCK"], triton.next_power_of_2(V)), "ALIGN": g["ALIGN"]},
+    options=_warps,
+    grid=_one_per_row,
+)
+ROWS = TritonPath(
+    name="rows",
+    kernel=JIT_KERNELS["rows"],
+    args=(
+        ("X", "*T"),
+        ("Y", "*T"),
+        ("B", "i32"),
+        ("V", "i32"),
+        ("stride_x", "i32"),
+        ("stride_y", "i32"),
+        ("SCALE", "fp32"),
+    ),  # fmt: skip
+    constexprs=("ROWS", "BLOCK_V", "ALIGN"),
+    geometry=_row_geometry,
+    specialise=lambda p, g, V: {
+        "ROWS": p["ROWS"],
+        "BLOCK_V": max(p["BLOCK_V"], triton.next_power_of_2(V)),
+        "ALIGN": g["ALIGN"],
+    },  # fmt: skip
+    options=_warps,
+    grid=lambda p, g, sms: functools.partial(_cdiv, d=p["ROWS"]),
+)
+SPLIT = TritonPath(
+    name="split",
+    kernel=JIT_KERNELS["split"],
+    args=(
+        ("X", "*T"),
+        ("Y", "*T"),
+        ("WS", "*i64"),
+        ("V", "i32"),
+        ("P", "i32"),
+        ("stride_x", "i32"),
+        ("stride_y", "i32"),
+        ("x_off", "i32"),
+        ("y_off", "i32"),
+        ("SCALE", "fp32"),
+    ),  # fmt: skip
+    constexprs=("CHUNK", "P_BLOCK", "FALLBACK_BLOCK", "MAX_SPINS", "ALIGN", "Y_ALIGN", "HOLD_INPUT"),
+    geometry=_chunk_geometry("CHUNK"),
+    specialise=lambda p, g, V: {
+        "CHUNK": p["CHUNK"],
+        "P_BLOCK": checked_p_block(p.get("P_BLOCK", g["P_BLOCK"]), p["num_warps"]),
+        "FALLBACK_BLOCK": g["FALLBACK_BLOCK"],
+        "MAX_SPINS": p.get("max_spins", 0 if INTERPRET else SPLIT_MAX_SPINS),
+        "ALIGN": g["ALIGN"],
+        "Y_ALIGN": g["Y_ALIGN"],
+        "HOLD_INPUT": bool(p.get("HOLD_INPUT", False)),
+    },
+    options=lambda p: {"num_warps": p["num_warps"], **({"maxnreg": p["maxnreg"]} if p.get("maxnreg") else {})},
+    grid=lambda p, g, sms: functools.partial(operator.mul, g["P"]),
+    chunked=True,
+)
+STREAM = TritonPath(
+    name="stream",
+    kernel=JIT_KERNELS["stream"],
+    args=(
+        ("X", "*T"),
+        ("Y", "*T"),
+        ("B", "i32"),
+        ("V", "i32"),
+        ("stride_x", "i32"),
+        ("stride_y", "i32"),
+        ("x_off", "i32"),
+        ("y_off", "i32"),
+        ("SCALE", "fp32"),
+    ),  # fmt: skip
+    constexprs=("BLOCK", "ALIGN", "Y_ALIGN"),
+    geometry=_chunk_geometry("BLOCK"),
+    specialise=lambda p, g, V: {"BLOCK": p["BLOCK"], "ALIGN": g["ALIGN"], "Y_ALIGN": g["Y_ALIGN"]},
+    options=_warps,
+    # A few programs per SM walk the rows (two under the interpreter, so the rows loop runs).
+    grid=lambda p, g, sms: functools.partial(min, 2 if sms is None else p["programs_per_sm"] * sms),
+    chunked=True,
+)
+
+
+def _cdiv(B: int, d: int) -> int:
+    return -(-B // d)
+
+
+PATH_TABLE = {entry.name: entry for entry in (TILE, ROW, ROWS, SPLIT, STREAM)}
+assert tuple(sorted(PATH_TABLE)) == tuple(sorted(PATHS)), "the table and the registry name the same paths"
+
+
+# --------------------------------------------------------------------------- workspace
+
+# (device, stream, P) -> the split path's workspace, zeroed when allocated; every launch leaves
+# its words tagged for the next one, so no fill kernel runs before a launch. One per P: the
+# tags of a row's words stay in step only while the same programs write the same words.
+# Superseded buffers are kept alive (they are small): a CUDA graph captured with one still
+# points at it.
+_workspaces: dict = {}
+_retired_workspaces: list = []
+
+
+def split_workspace(dev: int, B: int, P: int) -> torch.Tensor:
+    """The split path's workspace for B rows of P programs on device `dev` (-1: the CPU)."""
+    words = split_workspace_words(B, P)
+    key = (dev, 0 if INTERPRET else current_stream(dev), P)
+    ws = _workspaces.get(key)
+    if ws is not None and ws.numel() >= words:
+        return ws
+    device = "cpu" if INTERPRET else f"cuda:{dev}"
+    if not INTERPRET and torch.cuda.is_current_stream_capturing():
+        # Memory allocated during a capture belongs to the graph: use it, never cache it. The
+        # zero fill is captured too, so every replay starts from untagged words.
+        return torch.zeros(words, dtype=torch.int64, device=device)
+    if ws is not None:
+        _retired_workspaces.append(ws)
+    ws = _workspaces[key] = torch.zeros(max(words, 3 * P * 64), dtype=torch.int64, device=device)
+    return ws
+
+
+# --------------------------------------------------------------------------- launches
+
+# (kernel, device, dtype, pointer alignments, constexprs and options) -> KernelLauncher, or
+# None where this kernel must go through Triton's own launcher.
+_launchers: dict = {}
+_UNBUILT = object()
+
+
+def _driver_launcher(compiled, name: str, kinds) -> KernelLauncher | None:
+    """A direct launcher for a kernel Triton compiled and loaded, or None where its launch
+    needs more than one plain driver call (scratch memory, clusters, cooperative or PDL)."""
+    md = getattr(compiled, "metadata", None)
+    function = getattr(compiled, "function", None)
+    if md is None or not function:
+        return None
+    if (
+        getattr(md, "num_ctas", 1) != 1
+        or getattr(md, "global_scratch_size", 0)
+        or getattr(md, "profile_scratch_size", 0)
+        or getattr(md, "launch_cooperative_grid", False)
+        or getattr(md, "launch_pdl", False)
+    ):
+        return None
+    sizes = driver().param_sizes(function)
+    if sizes is None or len(sizes) < len(kinds):
+        return None
+    try:
+        return KernelLauncher(
+            name,
+            function,
+            arg_kinds=kinds,
+            block=32 * md.num_warps,
+            shared=md.shared,
+            extra_null_params=len(sizes) - len(kinds),
+        )
+    except LaunchError:
+        return None
+
+
+def gpu_sms(dev: int) -> int | None:
+    """Multiprocessors of the launch's GPU (None under the interpreter: no batch rule)."""
+    return None if INTERPRET else store.gpu_info(dev)[1]
+
+
+def bind(x: torch.Tensor, y: torch.Tensor, path: str, params: dict) -> BoundLaunch:
+    """The launch of `path` for x -> y, its launch parameters (`launch_params`; tile: the
+    stored or tuned config) overridden by `params`, every argument by name; not launched."""
+    entry = PATH_TABLE.get(path)
+    if entry is None:
+        raise ValueError(f"{KERNEL_NAME} softmax: unknown path {path!r} ({', '.join(PATHS)})")
+    B, V = x.shape
+    dev = -1 if INTERPRET else x.get_device()
+    sms = gpu_sms(dev)
+    if path == "tile":
+        device = None if INTERPRET else dev
+        p = {**params, "config": params.get("config") or store.autotune_picked(V, x.dtype, device=device)}
+    else:
+        p = {**launch_params(path, V, x.dtype, B=B, sms=sms), **params}
+    return entry.bind(x, y, p, dev=dev, sms=sms)
+
+
+def launch(x: torch.Tensor, y: torch.Tensor, path: str, params: dict):
+    """Launch `path` for x -> y (params override its launch parameters). Returns a function
+    (x, y) -> None that repeats this launch for any tensors of the same layout and batch class
+    (the remembered launch), or None where none applies (the interpreter, a kernel Triton must
+    launch, or the tile kernel's first autotuning)."""
+    bound = bind(x, y, path, params)
+    if bound.untuned:
+        # No stored or earlier choice: standard autotune on first use of this V.
+        bound.autotune()
+        store.record_tuned(bound.dev, x.shape[1], x.dtype)
+        return None
+    if INTERPRET:
+        bound()
+        return None
+    entry, dev = bound.path, bound.dev
+    pointers = tuple(v.data_ptr() % 16 == 0 for v in bound.values.values() if isinstance(v, torch.Tensor))
+    key = (entry.kernel, dev, x.dtype, pointers, tuple(bound.constexprs.items()), tuple(bound.options.items()))
+    launcher = _launchers.get(key, _UNBUILT)
+    if launcher is _UNBUILT:
+        launcher = _launchers[key] = _driver_launcher(bound(), entry.kernel.__name__, entry.arg_kinds)
+    elif launcher is None:
+        bound()
+    else:
+        launcher(dev, bound.grid, *bound.words())
+    return launcher and bound.replay(launcher, x, y)
+
+
+# (path, device, V, dtype, row strides, both addresses mod 16, stored-choice generation, batch
+# class) -> the remembered launch. Everything a launch derives from these (alignment hints,
+# chunk layout, the specialisation Triton compiled) is the same for every tensor that shares them.
+_repeat: dict = {}
+
+
+def clear() -> None:
+    """Forget the remembered launches (launchers and workspaces stay: they are keyed exactly)."""
+    _repeat.clear()
+    _long_row_class.cache_clear()
+
+
+def run(x: torch.Tensor, y: torch.Tensor, path: str, params: dict):
+    """softmax x -> y through `path`; the remembered launch for this layout (None: none)."""
+    if INTERPRET or params:
+        launch(x, y, path, params)
+        return None
+    B, V = x.shape
+    dev = x.get_device()
+    key = (
+        path,
+        dev,
+        V,
+        x.dtype,
+        x.stride(0),
+        y.stride(0),
+        x.data_ptr() % 16,
+        y.data_ptr() % 16,
+        store.generation,
+        batch_class(B, V, x.dtype, dev),
+    )
+    again = _repeat.get(key)
+    if again is None:
+        again = launch(x, y, path, params)
+        if again is not None:
+            _repeat[key] = again
+    else:
+        again(x, y)
+    return again
+
+
+_ROWS_MIN_B = DISPATCH_BOUNDARIES["rows_min_b"]
+_ROW_MAX_V = DISPATCH_BOUNDARIES["row_max_v"]
+
+
+def batch_class(B: int, V: int, dtype: torch.dtype, dev: int):
+    """What a launch takes from B beyond the path: for long rows, the path (split or stream)
+    and split's parameters, which shrink for short batches. Part of the remembered launches'
+    keys, so a launch is reused only for batches it was made for."""
+    if V <= _ROW_MAX_V:
+        return B >= _ROWS_MIN_B
+    return _long_row_class(B, V, dtype, dev)
+
+
+@functools.lru_cache(maxsize=4096)
+def _long_row_class(B: int, V: int, dtype: torch.dtype, dev: int) -> tuple:
+    path = plan(B, V, dtype)
+    if path != "split":
+        return (path,)
+    return (path, *sorted(launch_params(path, V, dtype, B=B, sms=gpu_sms(dev)).items()))
