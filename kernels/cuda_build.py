@@ -7,10 +7,14 @@ kernels compiled are exactly the ones the dispatcher can launch.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
 import shutil
 import subprocess
 import tempfile
+from functools import cache
 from pathlib import Path
 
 from .cuda_plans import FORMATS, fused_classes
@@ -113,30 +117,68 @@ def parse_ptxas_report(text: str) -> dict[str, dict[str, int]]:
     return report
 
 
+# The offline builds are cached on disk, keyed on everything that decides their outcome: nvcc's
+# version, the architecture, every option and the full translation unit (header inlined, kernels
+# instantiated), so an edit to any of them builds again. Kept: the builds that succeeded and
+# those ptxas rejected (a verdict on the code, e.g. a spill under -Werror); not other failures.
+# SOFTMAX_SUITE_NVCC_CACHE names the folder; "0" turns the cache off.
+NVCC_CACHE_ENV = "SOFTMAX_SUITE_NVCC_CACHE"
+_PTXAS_ERROR_RE = re.compile(r"^ptxas error\s*:", re.MULTILINE)
+
+
+def nvcc_cache_dir() -> Path | None:
+    setting = os.environ.get(NVCC_CACHE_ENV)
+    if setting == "0":
+        return None
+    if setting:
+        return Path(setting)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "softmax-suite" / "nvcc"
+
+
+@cache
+def _nvcc_version(nvcc: str) -> str:
+    res = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=False)
+    return res.stdout + res.stderr
+
+
 def compile_offline(
     path: Path, *, arch: str = TARGET_ARCH, nvcc: str | None = None, extra=(), source: str | None = None
 ) -> subprocess.CompletedProcess:
     """nvcc -cubin the translation unit for `path` (or the given `source` text, compiled under
-    `path`'s name) with the runtime options plus ptxas checks."""
+    `path`'s name) with the runtime options plus ptxas checks. A build already done with the same
+    nvcc, options and source returns its recorded result (see NVCC_CACHE_ENV)."""
     nvcc = nvcc or shutil.which("nvcc")
     if nvcc is None:
         raise FileNotFoundError("nvcc not found on PATH")
+    text = module_source(path) if source is None else source
+    name = Path(path).name
+    options = [f"-arch={arch}", "-cubin", *NVCC_OPTIONS, *CUPY_IMPLICIT_OPTIONS, *PTXAS_CHECK_OPTIONS, *extra]
+    folder = nvcc_cache_dir()
+    entry = None
+    if folder is not None:
+        key = hashlib.sha256("\0".join([_nvcc_version(nvcc), name, *options, text]).encode()).hexdigest()
+        entry = folder / f"{key}.json"
+        try:
+            kept = json.loads(entry.read_text())
+            return subprocess.CompletedProcess(kept["args"], kept["returncode"], kept["stdout"], kept["stderr"])
+        except (OSError, ValueError, KeyError):
+            pass
     with tempfile.TemporaryDirectory() as tmp:
-        cu = Path(tmp) / Path(path).name
-        cu.write_text(module_source(path) if source is None else source)
-        cmd = [
-            nvcc,
-            f"-arch={arch}",
-            "-cubin",
-            "-o",
-            str(cu.with_suffix(".cubin")),
-            *NVCC_OPTIONS,
-            *CUPY_IMPLICIT_OPTIONS,
-            *PTXAS_CHECK_OPTIONS,
-            *extra,
-            str(cu),
-        ]
-        return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
+        cu = Path(tmp) / name
+        cu.write_text(text)
+        cmd = [nvcc, *options[:2], "-o", str(cu.with_suffix(".cubin")), *options[2:], str(cu)]
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
+    if entry is not None and (res.returncode == 0 or _PTXAS_ERROR_RE.search(res.stdout + res.stderr)):
+        try:
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            partial = entry.with_suffix(f".{os.getpid()}.tmp")
+            kept = {"args": cmd, "returncode": res.returncode, "stdout": res.stdout, "stderr": res.stderr}
+            partial.write_text(json.dumps(kept))
+            partial.replace(entry)  # atomic: a parallel run reads a whole entry or none
+        except OSError:
+            pass  # a read-only home: build every time
+    return res
 
 
 def format_ptxas_report(report: dict[str, dict[str, int]]) -> str:

@@ -96,6 +96,41 @@ ptxas info    : Used 21 registers, used 0 barriers
     }
 
 
+FAKE_NVCC = """#!/bin/sh
+# Counts its builds; its ptxas "rejects" a source holding SPILL, and it "crashes" on one holding CRASH.
+[ "$1" = "--version" ] && echo "fake nvcc 1.0" && exit 0
+echo build >> "$(dirname "$0")/builds"
+for last; do :; done
+if grep -q SPILL "$last"; then echo "ptxas error   : Registers are spilled to local memory"; exit 255; fi
+if grep -q CRASH "$last"; then echo "Killed" >&2; exit 137; fi
+echo "ptxas info    : Compiling entry function 'k' for '$1'"
+"""
+
+
+def test_offline_builds_are_cached_on_everything_that_decides_them(tmp_path, monkeypatch):
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text(FAKE_NVCC)
+    nvcc.chmod(0o755)
+    monkeypatch.setenv(cuda_build.NVCC_CACHE_ENV, str(tmp_path / "cache"))
+    cu = tmp_path / "k.cu"
+
+    def build(source, **kw):
+        res = cuda_build.compile_offline(cu, nvcc=str(nvcc), source=source, **kw)
+        return res.returncode, res.stdout, (tmp_path / "builds").read_text().count("build")
+
+    built = (0, "ptxas info    : Compiling entry function 'k' for '-arch=sm_90'\n", 1)
+    assert build("one") == built
+    assert build("one") == built, "the same build ran again"
+    assert build("two")[2] == 2, "a changed source must build again"
+    assert build("one", arch="sm_80")[2] == 3, "another architecture must build again"
+    assert build("one", extra=("-G",))[2] == 4, "another option must build again"
+    # ptxas's verdict on the code is kept; a build that died for another reason is not.
+    assert build("SPILL")[0::2] == (255, 5) and build("SPILL")[0::2] == (255, 5)
+    assert build("CRASH")[0::2] == (137, 6) and build("CRASH")[0::2] == (137, 7)
+    monkeypatch.setenv(cuda_build.NVCC_CACHE_ENV, "0")
+    assert build("one")[2] == 8, "SOFTMAX_SUITE_NVCC_CACHE=0 builds every time"
+
+
 def test_every_dispatchable_kernel_is_instantiated():
     src = cuda_build.module_source(cuda_build.CU_SOURCES[2])
     names = cuda_build.expected_kernels(cuda_build.CU_SOURCES[2])
