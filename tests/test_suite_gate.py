@@ -433,7 +433,7 @@ def test_a_malformed_baseline_stops_the_run_with_its_name(tmp_path, fake_smi):
 
 def test_gate_options_and_marker_are_documented():
     readme = (ROOT / "README.md").read_text()
-    for text in ("--regression-gate", "--record-baseline", '-m "cuda and gated"', "reports/baselines/"):
+    for text in ("--regression-gate", "--record-baseline", "--gate-quick", '-m "cuda and gated"', "reports/baselines/"):
         assert text in readme, text
     assert "gated:" in (ROOT / "pytest.ini").read_text()
 
