@@ -30,6 +30,9 @@ manifest of single medians) counts with UNKNOWN_NOISE: only large drops fail aga
 
 Baselines live in reports/baselines/<model-slug>.json, one per GPU model: a run on a model
 without one passes with a note, and `--record-baseline` writes (or refreshes) this model's file.
+
+The quick gate (`--gate-quick`, `QuickSelection`): a run of only the (case, mode) pairs the
+baseline of this GPU model gates, device time in QUICK_DEVICE_ROUNDS rounds; the rule is the same.
 """
 
 import argparse
