@@ -26,6 +26,7 @@ _coverage_result = pytest.StashKey[coverage.CoverageResult]()
 _gate_result = pytest.StashKey[gate.GateResult]()
 _baseline_recorded = pytest.StashKey[str]()
 _written = pytest.StashKey[list]()
+_quick_line = pytest.StashKey[str]()
 
 
 def pytest_addoption(parser):
@@ -69,6 +70,16 @@ def pytest_addoption(parser):
         help="write this run's paired measurements as the baseline of its GPU model, DIR/<model>.json "
         "(default: reports/baselines/), keeping the cases it did not time",
     )
+    group.addoption(
+        "--gate-quick",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="GPU_MODEL",
+        help="run only the benchmark cases the regression gate compares: the (case, mode) pairs the baseline "
+        "of this GPU model (or GPU_MODEL) gates in --regression-baseline, with fewer device-time rounds; every "
+        "gated case where the model has no baseline (tests/suite/gate.py)",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -105,6 +116,11 @@ def pytest_collection_modifyitems(config, items):
     )
     if message:
         pytest.exit(message, returncode=markers.NO_GPU_EXIT_STATUS)
+    if config.getoption("gate_quick") is not None:
+        try:
+            config.stash[_quick_line] = gate.select_quick(config, items, gpus.describe_gpu)
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
 
 
 @pytest.fixture(autouse=True)
@@ -200,6 +216,9 @@ def pytest_terminal_summary(terminalreporter, config):
     recorded = config.stash.get(_baseline_recorded, None)
     if recorded:
         terminalreporter.write_line(recorded)
+    quick = config.stash.get(_quick_line, None)
+    if quick:
+        terminalreporter.write_line(quick)
     result = config.stash.get(_gate_result, None)
     if result is not None:
         for line in result.lines():

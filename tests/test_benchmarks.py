@@ -7,11 +7,15 @@ derives every ratio from the whole run when it ends.
     pytest -m cuda --benchmark-only -k lab               # the lab's grid only
     pytest -m cuda --benchmark-only -k "call- or floor-" # per-call and graph modes, launch floors
     pytest -m cuda --benchmark-only --regression-gate    # and fail on a regression (README: GPU CI job)
-    pytest -m "cuda and gated" --benchmark-only --regression-gate   # only the cases the gate reads
+    pytest -m "cuda and gated" --benchmark-only --regression-gate   # every case of the gated kernels
+    pytest tests/test_benchmarks.py --benchmark-only --gate-quick --regression-gate  # only what the gate compares
 
 The cases of the gated kernels (tests/suite/gate.py: fused, Triton) carry the marker `gated` and
 time their kernel and F.softmax in interleaved rounds, keeping the per-round ratios for the gate;
-the kernel's own times reach pytest-benchmark as in every other case.
+the kernel's own times reach pytest-benchmark as in every other case. --gate-quick keeps only
+the (case, mode) pairs the baseline of this GPU model gates (tests/suite/gate.py): the device-time
+case of each gated shape, timing its graph replay too where that gates it, and the per-call
+cases per-call time gates; device time then takes gate.QUICK_DEVICE_ROUNDS rounds.
 """
 
 import functools
@@ -258,13 +262,16 @@ def test_softmax_speed(benchmark, request, kernel, B, V, dtype):
             info,
             "device",
             lambda rounds: interleaved_device_times_us([lambda: fn(x), lambda: reference(x)], rounds=rounds),
-            rounds=ROUNDS,
+            rounds=gate.device_rounds(request.config, ROUNDS),
             gpu_model=info["gpu"],
         )
         # Where a launch is too short for the device clock, the gate reads graph replay: timed
-        # here for the shapes no call-mode case times.
+        # here for the shapes no call-mode case times, and under --gate-quick (which runs no
+        # graph-replay case) for the shapes whose baseline it gates.
         short = info["paired_F_softmax_us"]["device"] < gate.GRAPH_MEASURED_BELOW_US
-        if short and (B, V, dtype) not in CALL_SHAPES:
+        graph = short and (B, V, dtype) not in CALL_SHAPES
+        quick = gate.quick_of(request.config)
+        if quick.times_graph(gate.case_key(info), graph) if quick else graph:
             measure = graph_pair(kernel, fn, x)
             gate.measure_paired(request.config, info, "graph", measure, rounds=CALL_ROUNDS, gpu_model=info["gpu"])
     else:

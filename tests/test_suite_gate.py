@@ -433,6 +433,157 @@ def test_a_malformed_baseline_stops_the_run_with_its_name(tmp_path, fake_smi):
 
 def test_gate_options_and_marker_are_documented():
     readme = (ROOT / "README.md").read_text()
-    for text in ("--regression-gate", "--record-baseline", '-m "cuda and gated"', "reports/baselines/"):
+    for text in ("--regression-gate", "--record-baseline", "--gate-quick", '-m "cuda and gated"', "reports/baselines/"):
         assert text in readme, text
     assert "gated:" in (ROOT / "pytest.ini").read_text()
+
+
+# -- the quick gate (--gate-quick) -----------------------------------------------------------------------------
+
+
+def quick_baseline() -> dict:
+    """Three cases: a long call (device time and per call gate it), a short one (graph replay
+    gates it) and one whose kernel the gate does not compare."""
+    figure = {"ratio": 1.2, "ci": [1.19, 1.21], "iqr": [1.195, 1.205], "rounds": 100}
+    cases = [
+        {"kernel": "fused", "B": 512, "V": 600, "dtype": "float32", "F_softmax_device_us": 150.0},
+        {"kernel": "triton", "B": 1, "V": 600, "dtype": "float32", "F_softmax_device_us": 7.0},
+    ]
+    for case in cases:
+        case["modes"] = {m: dict(figure) for m in gate.MODES}
+    return gate.baseline_document(synthetic.GPU_ENV["gpu"], cases, recorded={"date": "2026-12-01"}, source="test")
+
+
+def test_the_quick_selection_is_the_pairs_the_baseline_gates():
+    doc = quick_baseline()
+    selection = gate.quick_selection({MODEL: (doc, "b.json")}, MODEL)
+    assert selection.pairs == {
+        ("fused", 512, 600, "float32"): ("device", "per_call"),
+        ("triton", 1, 600, "float32"): ("graph",),
+    }
+    # The device-time item of every gated case (it gives F.softmax's device time), timing the
+    # graph replay where that gates the case; per-call items where per call gates; no graph item.
+    assert selection.keeps("fused", 512, 600, "float32") and selection.keeps("triton", 1, 600, "float32")
+    assert selection.keeps("fused", 512, 600, "float32", "per_call")
+    assert not selection.keeps("triton", 1, 600, "float32", "per_call")
+    assert not selection.keeps("fused", 512, 600, "float32", "graph")
+    assert not selection.keeps("fused", 4096, 50257, "bfloat16")  # not in the baseline
+    assert not selection.keeps("naive", 512, 600, "float32")  # not a gated kernel
+    assert selection.times_graph(("triton", 1, 600, "float32"), False)
+    assert not selection.times_graph(("fused", 512, 600, "float32"), True)
+    assert selection.describe(3).startswith(f"gate quick selection ({MODEL}; baseline b.json): 3 items for the 3 pairs")
+    assert "1 in device time, 1 in graph replay, 1 in per call" in selection.describe(3)
+
+
+def test_without_a_baseline_the_quick_selection_runs_every_gated_case():
+    selection = gate.quick_selection({MODEL: (quick_baseline(), "b.json")}, "NVIDIA L4", "baselines/")
+    assert selection.pairs is None
+    assert selection.keeps("fused", 4096, 50257, "bfloat16", "graph") and selection.keeps("triton", 1, 600, "float32")
+    assert not selection.keeps("naive", 512, 600, "float32")
+    assert selection.times_graph(("fused", 1, 600, "float32"), True) is True
+    assert selection.times_graph(("fused", 1, 600, "float32"), False) is False
+    assert "no baseline for NVIDIA L4 (baselines/): every gated case runs" in selection.describe(9)
+
+
+def quick_run(path, tmp_path, *args):
+    folder = tmp_path / "baselines"
+    folder.mkdir(exist_ok=True)
+    gate.write_baseline(folder, quick_baseline())
+    proc = run_pytest(
+        str(CASES / "gate_quick_case.py"),
+        "-s",
+        "--reports-dir",
+        str(tmp_path / "reports"),
+        f"--regression-baseline={folder}",
+        *args,
+        env={"PATH": path},
+    )
+    out = proc.stdout + proc.stderr
+    return proc, out, sorted(line for line in out.splitlines() if line.startswith("TIMED"))
+
+
+def test_gate_quick_runs_only_what_the_gate_compares_end_to_end(tmp_path, fake_smi):
+    proc, out, timed = quick_run(fake_smi, tmp_path, "--gate-quick")  # the model from nvidia-smi
+    assert proc.returncode == 0, out
+    rounds = gate.QUICK_DEVICE_ROUNDS
+    assert timed == [
+        f"TIMED device fused 512 600 float32 rounds={rounds} graph=False",
+        f"TIMED device triton 1 600 float32 rounds={rounds} graph=True",
+        "TIMED per_call fused 512 600 float32",
+    ]
+    assert "3 passed, 8 deselected" in out
+    assert f"gate quick selection (NVIDIA H200; baseline {tmp_path / 'baselines' / 'nvidia-h200.json'}): 3 items" in out
+    # Another model, named on the command line, has no baseline: every gated kernel's case runs.
+    proc, out, timed = quick_run(fake_smi, tmp_path, "--gate-quick=NVIDIA L4")
+    assert proc.returncode == 0, out
+    assert len(timed) == 9 and not any("naive" in t or "not gated" in t for t in timed)
+    assert "no baseline for NVIDIA L4" in out
+
+
+# -- the rule on the H200's recorded rounds ------------------------------------------------------------------
+
+RECORDED_RUN = ROOT / "reports" / "runs" / "h200-gated-benchmarks.json"
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    """The paired rounds of `pytest -m "cuda and gated" --benchmark-only` on the H200 (100
+    device-time rounds, 15 in graph replay and per call) and the baseline they make."""
+    records = [b["extra_info"] for b in json.loads(RECORDED_RUN.read_text())["benchmarks"]]
+    environment = {"gpu": {"model": records[0]["gpu"], "compute_capability": "9.0"}}
+    return records, gate.baseline_from_records(records, environment, today="2026-12-01")
+
+
+def rounds_of(records, pick, factor=lambda key, mode: 1.0) -> list[dict]:
+    """The records with each mode's rounds cut to pick(rounds) and divided by factor(key, mode)."""
+    out = []
+    for r in records:
+        r = dict(r)
+        r["paired_ratios"] = {
+            m: [x / factor(gate.case_key(r), m) for x in pick(v)] for m, v in r.get("paired_ratios", {}).items()
+        }
+        r.pop("remeasured_ratios", None)
+        out.append(r)
+    return out
+
+
+def stream_cases(baseline) -> set:
+    """The gated cases that Triton's stream path times (16-bit rows of 32769-65536, B >= 1024)."""
+    from kernels.softmax_triton import plan
+
+    return {
+        gate.case_key(c)
+        for c in baseline["cases"]
+        if c["kernel"] == "triton" and plan(c["B"], c["V"], getattr(__import__("torch"), c["dtype"])) == "stream"
+    }
+
+
+@pytest.mark.skipif(not RECORDED_RUN.exists(), reason=f"{RECORDED_RUN} is not in this checkout")
+def test_on_the_recorded_rounds_quick_runs_pass_and_a_planted_slowdown_fails_exactly_its_cases(recorded):
+    records, baseline = recorded
+    model = baseline["gpu"]["model"]
+    first, second = (lambda v: v[: len(v) // 2]), (lambda v: v[len(v) // 2 :])
+    quick = lambda v: v[: gate.QUICK_DEVICE_ROUNDS]  # noqa: E731
+    # Unchanged: a quick run's first 40 device-time rounds (and the 15 of the others), or either
+    # half of the run, against the baseline of the whole run flags nothing.
+    for pick in (quick, first, second):
+        result = gate.evaluate(baseline, rounds_of(records, pick), model)
+        assert not result.failed and result.flagged == [], result.lines()
+        assert sum(result.compared.values()) > 150
+    # Halves of the run against each other (two "runs" of unchanged code): nothing flagged.
+    for one, other in ((first, second), (second, first)):
+        half = gate.baseline_from_records(rounds_of(records, one), {"gpu": baseline["gpu"]})
+        result = gate.evaluate(half, rounds_of(records, other), model)
+        assert result.flagged == [], result.lines()
+    # 10 % in the stream path: exactly its cases regress (device time gates both); 3 % passes.
+    planted = stream_cases(baseline)
+    assert planted == {("triton", 4096, 50257, "bfloat16"), ("triton", 32768, 50257, "bfloat16")}
+    assert all(gate.gating_modes(c) == ("device",) for c in baseline["cases"] if gate.case_key(c) in planted)
+    for slowdown, regressed in ((1.10, planted), (1.03, set())):
+        slower = rounds_of(records, quick, lambda key, mode, s=slowdown: s if key in planted else 1.0)
+        for r in slower:  # the re-measurement finds the same slowdown
+            r["remeasured_ratios"] = {m: v * 3 for m, v in r["paired_ratios"].items()}
+        result = gate.evaluate(baseline, slower, model)
+        assert {f["key"] for f in result.regressions} == regressed, result.lines()
+        assert result.failed == bool(regressed)
+        assert all(f["verdict"] == "regressed" for f in result.flagged), result.lines()

@@ -30,6 +30,9 @@ manifest of single medians) counts with UNKNOWN_NOISE: only large drops fail aga
 
 Baselines live in reports/baselines/<model-slug>.json, one per GPU model: a run on a model
 without one passes with a note, and `--record-baseline` writes (or refreshes) this model's file.
+
+The quick gate (`--gate-quick`, `QuickSelection`): a run of only the (case, mode) pairs the
+baseline of this GPU model gates, device time in QUICK_DEVICE_ROUNDS rounds; the rule is the same.
 """
 
 import argparse
@@ -380,6 +383,111 @@ def record_baseline(directory: Path, records: list[dict], environment: dict, tod
     written = write_baseline(directory, doc)
     state = "written" if written else "unchanged"
     return f"baseline for {model} {state}: {path} ({len(doc['cases'])} cases)"
+
+
+# -- the quick gate: only what the gate compares ------------------------------------------------------------
+
+# Device-time rounds of a gated case under --gate-quick. The floor of 2 % per run, not the rounds,
+# sets the noise of the device-time cases the gate can resolve: in the H200's recorded rounds the
+# median's interval was within the floor in 100 of 110 device-gated cases at 100 rounds and in 95
+# at 40, and the cases above it (20-45 us, where rounds alternate with the order of the pair) are
+# as wide at 100 rounds as at 40. Graph replay and per call keep CALL_ROUNDS (15) rounds.
+QUICK_DEVICE_ROUNDS = 40
+
+
+@dataclass(frozen=True)
+class QuickSelection:
+    """Which benchmark cases a --gate-quick run times: the (case, mode) pairs the baseline of
+    this GPU model gates (`gating_modes`), graph replay included, and nothing else. `pairs` is
+    None where this model has no baseline: then every gated case runs, so that one can be
+    recorded."""
+
+    model: str | None
+    source: str
+    pairs: dict | None  # (kernel, B, V, dtype) -> the modes that gate it
+
+    def keeps(self, kernel: str, B: int, V: int, dtype: str, mode: str = "device") -> bool:
+        """Whether the test item timing (kernel, B, V, dtype) in `mode` runs: a device-time item
+        (`mode` "device", which times the graph replay of a graph-gated shape too) for every case
+        the baseline gates; a per-call item where per-call time gates the case; no graph-replay
+        item (the device-time item times it)."""
+        if kernel not in GATED_KERNELS:
+            return False
+        if self.pairs is None:
+            return True
+        modes = self.pairs.get((kernel, int(B), int(V), dtype))
+        if modes is None:
+            return False
+        return mode == "device" or (mode == "per_call" and "per_call" in modes)
+
+    def times_graph(self, key: tuple, otherwise: bool) -> bool:
+        """Whether the device-time item of `key` also times its graph replay: where graph replay
+        gates it; `otherwise` (the full run's rule) where this model has no baseline."""
+        return otherwise if self.pairs is None else "graph" in self.pairs.get(tuple(key), ())
+
+    def describe(self, kept: int) -> str:
+        if self.pairs is None:
+            return (
+                f"gate quick selection: no baseline for {self.model or 'this GPU'} ({self.source}): every gated "
+                f"case runs ({kept} items), {QUICK_DEVICE_ROUNDS} device-time rounds"
+            )
+        counts = {m: sum(m in modes for modes in self.pairs.values()) for m in MODES}
+        by_mode = ", ".join(f"{counts[m]} in {MODE_NAMES[m]}" for m in MODES if counts[m])
+        return (
+            f"gate quick selection ({self.model}; baseline {self.source}): {kept} items for the "
+            f"{sum(counts.values())} pairs it gates ({by_mode}), {QUICK_DEVICE_ROUNDS} device-time rounds"
+        )
+
+
+def quick_selection(baselines: dict[str, tuple[dict, str]], model: str | None, where: str = "") -> QuickSelection:
+    """The QuickSelection of GPU `model` from the loaded baselines ({model: (doc, source)})."""
+    doc, source = baselines.get(model, (None, where or "none found"))
+    if doc is None:
+        return QuickSelection(model, source, None)
+    return QuickSelection(model, source, {case_key(c): gating_modes(c) for c in doc["cases"] if gating_modes(c)})
+
+
+def split_quick_items(items, selection: QuickSelection) -> tuple[list, list]:
+    """(kept, deselected) test items under --gate-quick: the gated benchmark cases
+    `selection` keeps; every other item (correctness tests, ceilings, other kernels) goes."""
+    kept, dropped = [], []
+    for item in items:
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        keep = (
+            item.get_closest_marker("gated") is not None
+            and {"kernel", "B", "V", "dtype"} <= params.keys()
+            and selection.keeps(
+                params["kernel"], params["B"], params["V"], params["dtype"], params.get("mode", "device")
+            )
+        )
+        (kept if keep else dropped).append(item)
+    return kept, dropped
+
+
+QUICK = pytest.StashKey[QuickSelection]()
+
+
+def select_quick(config, items: list, describe_gpu) -> str:
+    """--gate-quick at collection: keep (in place) the items of this GPU model's QuickSelection
+    (the model named by the option, else describe_gpu()'s), report the others deselected, keep
+    the selection in the session for the benchmark cases, and return the line that says what ran."""
+    where = config.getoption("regression_baseline")
+    model = config.getoption("gate_quick") or (describe_gpu() or {}).get("model")
+    selection = config.stash[QUICK] = quick_selection(load_baselines(Path(where)), model, where)
+    items[:], deselected = split_quick_items(items, selection)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+    return selection.describe(len(items))
+
+
+def quick_of(config) -> QuickSelection | None:
+    """The session's QuickSelection where --gate-quick is on, else None."""
+    return config.stash.get(QUICK, None)
+
+
+def device_rounds(config, default: int) -> int:
+    """Device-time rounds of a gated case: QUICK_DEVICE_ROUNDS under --gate-quick."""
+    return QUICK_DEVICE_ROUNDS if quick_of(config) is not None else default
 
 
 # -- in the session: flag and re-measure ------------------------------------------------------------------
