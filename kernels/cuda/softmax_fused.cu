@@ -318,7 +318,7 @@ __device__ __forceinline__ void fused_warp_body(const typename Fmt::T* __restric
         float m = v[0];
 #pragma unroll
         for (int i = 1; i < EW; ++i) m = fmaxf(m, v[i]);
-        m = warp_max(m);
+        m = exp_reference<Fmt>(warp_max(m));  // exp's reference point (softmax_common.cuh)
         // Padding (-inf) contributes exp(-inf) = 0. An all -inf row gives NaN, as torch does.
         long long s = 0;
 #pragma unroll
@@ -490,6 +490,7 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
         m = block_max<NW>(m, red_max);
         if (C > 1) m = meet_max(meet, m, rank, parity);
         if (SPLIT && parts > 1) m = split_meet_max<Fmt, NT>(split, w, m, xr, n_cols, smeet, red_max);
+        m = exp_reference<Fmt>(m);  // from here on exp's reference point (softmax_common.cuh)
 
         // exp(x - row max), kept in place (softmax_common.cuh). An all -inf row gives
         // NaN throughout, as torch does; -inf elements of any other row give 0.
@@ -630,6 +631,7 @@ __device__ __forceinline__ void fused_loop_body(const typename Fmt::T* __restric
         }
         m = block_max<NW>(m, red_m);
         if (parts > 1) m = split_meet_max<Fmt, NT>(split, w, m, xr, n_cols, smeet, red_m);
+        m = exp_reference<Fmt>(m);
 
         long long s = to_fixed(softmax_exp<Fmt>(hx, m), fscale) + to_fixed(softmax_exp<Fmt>(tx, m), fscale);
         for (int base = 0; base < g.nvec; base += U * NT) {
