@@ -22,8 +22,8 @@ writes, under DIR:
 
 One case alone, as reports/probes/ncu_shape.py does it (two warm-up launches skipped):
 
-    ncu --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \\
-        -k regex:'softmax_split_kernel' --launch-skip 2 --launch-count 1 \\
+    ncu --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \\
+        --section WarpStateStats -k regex:'softmax_split_kernel' --launch-skip 2 --launch-count 1 \\
         python reports/probes/ncu_missed_shapes.py --workload DIR --only triton-bf16-split-262144 --no-profiler-range
 
 Inputs are randn * 3 drawn on the device; outputs are not checked here (the cuda suite does).
@@ -140,7 +140,8 @@ def workload(out: Path, only: str | None, profiler_range: bool) -> None:
 def run_ncu(out: Path, ncu: str, only: str | None, timeout: float) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rep = out / STEM
-    cmd = [ncu, "--force-overwrite", "--export", str(rep), "--profile-from-start", "off", "-k", KERNEL_FILTER]
+    cmd = [ncu, "--force-overwrite", "--export", str(rep), "--clock-control", "none", "--profile-from-start", "off"]
+    cmd += ["-k", KERNEL_FILTER]  # unmodified clocks, as profiles.md measured
     for s in SECTIONS:
         cmd += ["--section", s]
     cmd += [sys.executable, str(Path(__file__).resolve()), "--workload", str(out)]
