@@ -60,6 +60,7 @@ CASES = (
 )
 KERNEL_FILTER = "regex:softmax_(split|stream)_kernel|fused_(split|cluster)_"
 WARMUP = 2
+STALL_METRICS = r"regex:^smsp__average_warps_issue_stalled_\w+_per_issue_active\.ratio$"
 STALL_RE = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
 # Summary columns: (label, candidate metric names, first found wins).
 COLUMNS = (
@@ -144,6 +145,7 @@ def run_ncu(out: Path, ncu: str, only: str | None, timeout: float) -> int:
     cmd += ["-k", KERNEL_FILTER]  # unmodified clocks, as profiles.md measured
     for s in SECTIONS:
         cmd += ["--section", s]
+    cmd += ["--metrics", STALL_METRICS]  # WarpStateStats' breakdown, asked for by name so the raw page has it
     cmd += [sys.executable, str(Path(__file__).resolve()), "--workload", str(out)]
     if only:
         cmd += ["--only", only]
