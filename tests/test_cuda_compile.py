@@ -58,12 +58,6 @@ def test_compiles_for_sm90_without_spills(path, record_manifest):
 
 
 @needs_nvcc
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect: with the accurate fp32 exponential, sm_80's ptxas spills 4 bytes in "
-    "fused_split_f32_t512_e24_s40 (sm_90 builds it without spills); the class needs a smaller slice "
-    "for pre-sm_90 GPUs",
-)
 def test_fused_builds_for_gpus_without_clusters():
     # Before sm_90 the cluster entry points (and their st.async / mbarrier meetings) are left
     # out, and select_fused_class(clusters=False) never picks them: the sm_80 build must hold

@@ -57,20 +57,28 @@ __device__ __forceinline__ float ex2_approx(float t) {
 // of |a| in all. The 16-bit outputs' exp.
 __device__ __forceinline__ float fast_exp(float a) { return ex2_approx(a * SOFTMAX_LOG2E); }
 
-// exp(x - m) to ex2's 2 ulps plus half an ulp, however far x lies below m. Three errors of the
-// fast form are carried along exactly and put back through exp(s + c) = 2^t * (1 + c):
-//   s = x - m rounded:   err = (x - m) - s, exact by 2Sum (F.softmax keeps this one: half an
-//                        ulp of s, i.e. |x - m| * 2^-24 relative);
+// exp(x - r) to ex2's 2 ulps plus half an ulp, however far x lies below r, the row's reference
+// point (exp_reference: its max rounded up onto a grid, below). Three errors of the fast form
+// are carried along exactly and put back through exp(s + c) = 2^t * (1 + c):
+//   s = x - r rounded:   err = x - ((x - r) + r), exact (below; F.softmax keeps this error:
+//                        half an ulp of s, i.e. |x - max| * 2^-24 relative);
 //   t = s * L rounded:   s * L - t, exact by an fma;
 //   L != log2(e):        s * (log2(e) - L).
 // |c| < 1e-5 where the result is not 0, so the first order is all it needs. An infinite s
-// (x = -inf, or x - m overflowing) makes c NaN and p 0: fminf takes c to 1, the result to 0. A
+// (x = -inf, or x - r overflowing) makes c NaN and p 0: fminf takes c to 1, the result to 0. A
 // NaN s (an all -inf row) stays NaN through p.
-__device__ __forceinline__ float exp_accurate(float x, float m) {
-    const float s = x - m;
-    const float xs = s + m;  // 2Sum of x and -m
-    const float ms = s - xs;
-    const float err = (x - xs) - (m + ms);
+//
+// Why three operations give err exactly (2Sum takes six): r is a multiple of 2^-17, and every s
+// that can give a nonzero output has |s| < 88 (past that ex2.approx.ftz of s * L is 0), so r is
+// a multiple of ulp(s) and z = s + r is one too. z is then exact: where x and r are both
+// negative, or x lies within a factor of two of r, s is exact already and z = x; otherwise
+// |z| <= 2^(e_s + 1), e_s the binade of s. So x - z is the rounding error of s, which a float
+// holds exactly. (With the raw max for r this fails where the max has bits below ulp(s): a max
+// of 3.1415927 with x = -50, say.) reports/probes/cuda_exp_model.py checks it on 6.6 million
+// pairs against exact rationals and models the whole fp32 path in NumPy.
+__device__ __forceinline__ float exp_accurate(float x, float r) {
+    const float s = x - r;
+    const float err = x - (s + r);
     const float t = s * SOFTMAX_LOG2E;
     const float t_err = fmaf(s, -SOFTMAX_LOG2E, t);  // t - s * L, exactly
     float c = fmaf(s, SOFTMAX_LOG2E_REST, err);
@@ -79,43 +87,66 @@ __device__ __forceinline__ float exp_accurate(float x, float m) {
     return fmaf(p, c, p);
 }
 
-// exp(x - m) for an output of format Fmt.
+// The reference point exp(x - r) is taken from, for a row whose max is m: m itself for the
+// fast forms; for the accurate form, m rounded up onto the multiples of 2^-17 (exact: m * 2^17
+// is below 2^23 in magnitude there; |m| >= 64 is such a multiple already, and +-inf and NaN pass
+// unchanged). r - m < 2^-17, so the largest term is exp(m - r) > 1 - 8e-6, at most 1, and
+// every output is the same quotient: exp(x - r) / sum exp(x_j - r) = exp(x - m) / sum exp(x_j - m).
+// r depends only on m, which is exact in any order, so the bits stay order-free.
 template <class Fmt>
-__device__ __forceinline__ float softmax_exp(float x, float m) {
+__device__ __forceinline__ float exp_reference(float m) {
     if constexpr (Fmt::ACCURATE) {
-        return exp_accurate(x, m);
+        return fabsf(m) < 64.0f ? ceilf(m * 131072.0f) * (1.0f / 131072.0f) : m;
     } else {
-        return fast_exp(x - m);
+        return m;
     }
 }
 
-// A row's normaliser: its sum of exponentials rounded to float (hi), and inv = 1 / hi rounded
-// once. (Carrying the sum's rounding error as well would save half an ulp, common to the whole
-// row, at a register per thread that the largest Triton row class does not have.)
+// exp(x - r) for an output of format Fmt; r = exp_reference<Fmt>(row max).
+template <class Fmt>
+__device__ __forceinline__ float softmax_exp(float x, float r) {
+    if constexpr (Fmt::ACCURATE) {
+        return exp_accurate(x, r);
+    } else {
+        return fast_exp(x - r);
+    }
+}
+
+// A row's normaliser: its sum of exponentials rounded to float (hi), inv = 1 / hi rounded once,
+// and inv_lo = inv * (1 - inv * hi), what inv leaves of 1 / hi to first order (the residual
+// 1 - inv * hi is exact by an fma). (Carrying the sum's rounding error as well would save half an
+// ulp, common to the whole row, at a register per thread that the largest Triton row class does
+// not have.)
 struct RowScale {
-    float hi, inv;
+    float inv, inv_lo;
 };
+__device__ __forceinline__ RowScale row_scale_of(float hi, float inv) {
+    return {inv, inv * fmaf(-inv, hi, 1.0f)};
+}
 
 // From a fixed-point sum (scale = 2^K, see below): scaled exactly.
 __device__ __forceinline__ RowScale row_scale(long long s, float fscale) {
     const float hi = static_cast<float>(s);
     const float unit = __int_as_float((127 + 127) * (1 << 23) - __float_as_int(fscale));  // 1 / fscale, exactly
-    return {hi * unit, fscale / hi};
+    return row_scale_of(hi * unit, fscale / hi);
 }
 __device__ __forceinline__ RowScale row_scale(double s) {
     const float hi = static_cast<float>(s);
-    return {hi, 1.0f / hi};
+    return row_scale_of(hi, 1.0f / hi);
 }
-__device__ __forceinline__ RowScale row_scale(float s) { return {s, 1.0f / s}; }
+__device__ __forceinline__ RowScale row_scale(float s) { return row_scale_of(s, 1.0f / s); }
 
-// e / hi for an output of format Fmt. fp32: the quotient rounded once (up to a residual that
-// only underflow loses), from the product with inv and one correction step; 16-bit: the
-// product with inv (two roundings, far below the storage rounding).
+// e / hi for an output of format Fmt. fp32: e * (inv + inv_lo) rounded once, i.e. the quotient
+// rounded once up to 2^-47 relative (the term e * inv_lo flushes to 0 for quotients below
+// 2^-102: there the product with inv, within an ulp); 16-bit: the product with inv (two
+// roundings, far below the storage rounding).
 template <class Fmt>
 __device__ __forceinline__ float softmax_normalise(float e, const RowScale& r) {
-    float q = e * r.inv;
-    if constexpr (Fmt::ACCURATE) q = fmaf(fmaf(-q, r.hi, e), r.inv, q);
-    return q;
+    if constexpr (Fmt::ACCURATE) {
+        return fmaf(e, r.inv, e * r.inv_lo);
+    } else {
+        return e * r.inv;
+    }
 }
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -156,11 +187,11 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 
 // ---- order-free sums: exponentials in 64-bit fixed point ---------------------------------------
 // A row's sum of exp(x - max) is accumulated as integers: term = trunc(e * 2^K) with
-// K = 62 - ceil(log2 V), so V terms of at most 2^K (the max's own term is exactly 2^K) stay
+// K = 62 - ceil(log2 V), so V terms of at most 2^K (exp(x - r) <= 1, exp_reference) stay
 // below 2^62. Integer addition is associative, so the sum, and with it every output bit, is the
 // same however the row was split over lanes, warps, CTAs or a cluster, and whatever the row's
-// alignment. Truncation costs less than V / 2^K relative to a sum >= 2^K: 4e-9 at V = 128256.
-// The max needs no such care: it is exact in any order.
+// alignment. Truncation costs less than V / 2^K relative to a sum of about 2^K or more: 4e-9
+// at V = 128256. The max needs no such care: it is exact in any order.
 __device__ __forceinline__ float fixed_point_scale(int n_cols) {
     const int bits = n_cols > 1 ? 32 - __clz(n_cols - 1) : 0;  // ceil(log2 n_cols)
     return __int_as_float((127 + 62 - bits) << 23);             // 2^(62 - bits), exactly

@@ -240,7 +240,7 @@ __device__ __forceinline__ void fused_warp_body(const typename Fmt::T* __restric
         float m = v[0];
 #pragma unroll
         for (int i = 1; i < EW; ++i) m = fmaxf(m, v[i]);
-        m = warp_max(m);
+        m = exp_reference<Fmt>(warp_max(m));  // exp's reference point (softmax_common.cuh)
         // Padding (-inf) contributes exp(-inf) = 0. An all -inf row gives NaN, as torch does.
         long long s = 0;
 #pragma unroll
@@ -263,6 +263,12 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define SOFTMAX_STASH_EXP true
+#else
+#define SOFTMAX_STASH_EXP false
+#endif
 
 // ---- warp, block (C == 1) or cluster (C > 1) per row -----------------------------------------
 // NT threads own a row slice; thread t holds body vectors t, t+NT, t+2NT, ... of it (a warp's
@@ -287,9 +293,10 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // ES > 0: each thread holds ES more elements (ES / VEC more vectors, numbered after its register
 // vectors) in dynamic shared memory, copied there by cp.async without passing through
 // registers, so a CTA holds NT * (E + ES) elements at the occupancy of NT * E. A thread reads
-// back only the vectors it copied itself, so no barrier guards them; they are kept in storage
-// form and widened (and exponentiated) again in each pass, as PACKED does, with the same
-// expressions, so the bits are those of the register classes.
+// back (and rewrites) only the vectors it copied itself, so no barrier guards them. fp32: the
+// sum pass overwrites them with their exponentials, which the write pass normalises; 16-bit:
+// they are kept in storage form and widened and exponentiated again in each pass, as PACKED
+// does. Either way with the same expressions, so the bits are those of the register classes.
 //
 // out_vec_ok says whether y - x is a multiple of 16 bytes. Then the output slice has the same
 // alignment as the input slice and the body is stored as vectors; otherwise element by element.
@@ -310,6 +317,12 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
     constexpr int NVF = PACKED ? 1 : NV;  // fp32 copies held (a dummy of one when PACKED)
     constexpr int NVR = PACKED ? NV : 1;  // raw vectors held (a dummy of one otherwise)
     constexpr int NS = ES / VEC;          // vectors per thread in shared memory
+    // fp32 storage: the sum pass writes its exponentials over the stashed inputs (same size), so
+    // the write pass only normalises them; 16-bit storage has no room and exponentiates again.
+    // (The same values either way: this changes no bit.) Before sm_90 the split class, the only
+    // stashed one there, exponentiates again too: keeping the exponentials costs registers that
+    // sm_80's ptxas does not find within the 64 the launch bounds allow (it spills).
+    constexpr bool STASH_EXP = sizeof(T) == sizeof(float) && SOFTMAX_STASH_EXP;
     static_assert(ES % VEC == 0, "shared-memory elements per thread must be whole vectors");
     static_assert(ES == 0 || RPB == 1, "shared-memory slices only for block rows");
 
@@ -412,6 +425,7 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
         m = block_max<NW>(m, red_max);
         if (C > 1) m = meet_max(meet, m, rank, parity);
         if (SPLIT && parts > 1) m = split_meet_max<Fmt, NT>(split, w, m, xr, n_cols, smeet, red_max);
+        m = exp_reference<Fmt>(m);  // from here on exp's reference point (softmax_common.cuh)
 
         // exp(x - row max), kept in place (softmax_common.cuh). An all -inf row gives
         // NaN throughout, as torch does; -inf elements of any other row give 0.
@@ -439,7 +453,11 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
                 float f[VEC];
                 Fmt::unpack(stash[q * NT + tid], f);
 #pragma unroll
-                for (int k = 0; k < VEC; ++k) s += to_fixed(softmax_exp<Fmt>(f[k], m), fscale);
+                for (int k = 0; k < VEC; ++k) {
+                    f[k] = softmax_exp<Fmt>(f[k], m);
+                    s += to_fixed(f[k], fscale);
+                }
+                if constexpr (STASH_EXP) stash[q * NT + tid] = Fmt::pack(f);
             }
         }
         s = block_sum_fixed<NW>(s, red_sum);
@@ -477,7 +495,8 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
                 float o[VEC];
                 Fmt::unpack(stash[q * NT + tid], o);
 #pragma unroll
-                for (int k = 0; k < VEC; ++k) o[k] = softmax_normalise<Fmt>(softmax_exp<Fmt>(o[k], m), rs);
+                for (int k = 0; k < VEC; ++k)
+                    o[k] = softmax_normalise<Fmt>(STASH_EXP ? o[k] : softmax_exp<Fmt>(o[k], m), rs);
                 if (out_vec_ok) {
                     st_once(yv + vi, Fmt::pack(o));
                 } else {
@@ -552,6 +571,7 @@ __device__ __forceinline__ void fused_loop_body(const typename Fmt::T* __restric
         }
         m = block_max<NW>(m, red_m);
         if (parts > 1) m = split_meet_max<Fmt, NT>(split, w, m, xr, n_cols, smeet, red_m);
+        m = exp_reference<Fmt>(m);
 
         long long s = to_fixed(softmax_exp<Fmt>(hx, m), fscale) + to_fixed(softmax_exp<Fmt>(tx, m), fscale);
         for (int base = 0; base < g.nvec; base += U * NT) {

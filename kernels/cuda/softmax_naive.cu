@@ -14,6 +14,7 @@ softmax_naive_f32(const float* __restrict__ x, float* __restrict__ y, long long 
     for (int c = 0; c < n_cols; ++c) m = fmaxf(m, xr[c]);
     // An all -inf row gives -inf - -inf = NaN here, matching torch.softmax. The serial sum is
     // accumulated in double: in float, 128K terms added one by one drift by ~1e-4.
+    m = exp_reference<FmtF32>(m);
     double s = 0.0;
     for (int c = 0; c < n_cols; ++c) s += softmax_exp<FmtF32>(xr[c], m);
     const RowScale rs = row_scale(s);

@@ -22,7 +22,7 @@ softmax_smem_f32(const float* __restrict__ x, float* __restrict__ y, long long n
             if (tid < stride) buf[tid] = fmaxf(buf[tid], buf[tid + stride]);
             __syncthreads();
         }
-        const float row_max = buf[0];
+        const float row_max = exp_reference<FmtF32>(buf[0]);  // exp's reference point
         __syncthreads();  // buf[0] is read by all before buf is reused for the sum
 
         float s = 0.0f;
