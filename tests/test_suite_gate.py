@@ -131,6 +131,31 @@ def test_which_mode_gates_a_case(f_us, measured, expected):
     assert gate.gating_modes(case) == expected
 
 
+@pytest.mark.parametrize(
+    "f_us, device_ratio, measured, expected",
+    [
+        (44.0, 5.4, ("device", "graph"), ("graph",)),  # the kernel's own launch is 8 us: graph replay
+        (44.0, 5.4, ("device",), ("device",)),  # ... where the baseline has it
+        (44.0, 2.0, ("device", "graph"), ("device",)),  # 22 us of its own: the device clock holds
+        (130.0, 7.0, ("device", "graph", "per_call"), ("graph", "per_call")),
+    ],
+)
+def test_a_kernel_too_short_for_the_device_clock_is_gated_in_graph_replay(f_us, device_ratio, measured, expected):
+    case = {"F_softmax_device_us": f_us, "modes": {m: figure(device_ratio if m == "device" else 1.0) for m in measured}}
+    assert gate.gating_modes(case) == expected
+
+
+def test_the_quick_selection_times_graph_replay_where_the_rule_wants_it():
+    # A baseline recorded before graph replay was taken for a short case still has the quick
+    # run time it, so the next recording holds it.
+    short = {"kernel": "triton", "B": 1, "V": 128256, "dtype": "float32", "F_softmax_device_us": 44.0}
+    long = {"kernel": "triton", "B": 4096, "V": 128256, "dtype": "float32", "F_softmax_device_us": 2000.0}
+    doc = {"cases": [dict(short, modes={"device": figure(5.4)}), dict(long, modes={"device": figure(1.7)})]}
+    selection = gate.quick_selection({"NVIDIA H200": (doc, "test")}, "NVIDIA H200")
+    assert selection.times_graph(gate.case_key(short), False)
+    assert not selection.times_graph(gate.case_key(long), False)
+
+
 # -- baselines --------------------------------------------------------------------------------------------
 
 
