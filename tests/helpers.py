@@ -1027,7 +1027,8 @@ def _report(what: str, got: np.ndarray, ref: np.ndarray, tol: np.ndarray) -> Non
     if inf_mismatch.any():
         problems.append(f"{int(inf_mismatch.sum())} infinities that differ: " + _where(inf_mismatch, got, ref))
     finite = np.isfinite(got) & np.isfinite(ref)
-    err = np.abs(np.where(finite, got - ref, 0.0))
+    with np.errstate(invalid="ignore"):  # inf - inf where either is infinite: compared above
+        err = np.abs(np.where(finite, got - ref, 0.0))
     off = finite & (err > np.broadcast_to(tol, got.shape))
     if off.any():
         problems.append(
