@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The regression gate's "Done when" evidence (issue 21) in one GPU call of at most ~540 s.
+# The regression gate checked against itself on one GPU, in at most ~540 s:
 # Run from the repository root with $OUT set (an empty folder for the results):
 #
 #   OUT=/tmp/out bash plants/gate-experiment.sh
