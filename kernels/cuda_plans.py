@@ -140,14 +140,10 @@ _KINDS = {
 PATHS = tuple(_KINDS)
 
 
-@dataclass(frozen=True)
-class FusedClass:
-    kind: str  # one of PATHS
-    threads: int  # per CTA
-    elems: int  # per thread (warp kinds: per lane); 0 for loop (it walks the row)
-    cluster: int = 1
-    packed: bool = False  # row / cluster / split only: the body is held in 16-bit storage form
-    stash: int = 0  # cluster / split only: elements per thread held in shared memory besides
+class RowShape:
+    """How a size class's CTA covers rows, from its `kind` and `threads` (shared by the forward
+    classes and the training kernels' plans): the warp kinds give each row a warp, the others
+    the whole CTA."""
 
     @property
     def row_threads(self) -> int:
@@ -157,6 +153,16 @@ class FusedClass:
     @property
     def rows_per_block(self) -> int:
         return self.threads // 32 if self.kind in ("warp", "warpvec") else 1
+
+
+@dataclass(frozen=True)
+class FusedClass(RowShape):
+    kind: str  # one of PATHS
+    threads: int  # per CTA
+    elems: int  # per thread (warp kinds: per lane); 0 for loop (it walks the row)
+    cluster: int = 1
+    packed: bool = False  # row / cluster / split only: the body is held in 16-bit storage form
+    stash: int = 0  # cluster / split only: elements per thread held in shared memory besides
 
     @property
     def slice_capacity(self) -> int | None:

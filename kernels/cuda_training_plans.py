@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from .cuda_build import CUDA_DIR, expand_includes
-from .cuda_plans import FORMATS, as_dtype
+from .cuda_plans import FORMATS, RowShape, as_dtype
 
 BACKWARD_SOURCE = CUDA_DIR / "softmax_backward.cu"
 CROSS_ENTROPY_SOURCE = CUDA_DIR / "cross_entropy.cu"
@@ -114,22 +114,13 @@ _MACRO_PREFIX = {"bwd": "SOFTMAX_BWD_", "ce": "CROSS_ENTROPY_"}
 
 
 @dataclass(frozen=True)
-class TrainingPlan:
+class TrainingPlan(RowShape):
     op: str  # one of OPS
     kind: str  # one of PATHS
     threads: int  # per CTA
     elems: int  # per thread (warp kinds: per lane); 0 for online (loops)
     cluster: int = 1
     packed: bool = False
-
-    @property
-    def row_threads(self) -> int:
-        """Threads that share one row slice."""
-        return 32 if self.kind in ("warp", "warpvec") else self.threads
-
-    @property
-    def rows_per_block(self) -> int:
-        return self.threads // 32 if self.kind in ("warp", "warpvec") else 1
 
     @property
     def capacity(self) -> int | None:

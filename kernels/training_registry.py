@@ -93,7 +93,21 @@ def compiled_softmax_backward(dy, y, *, out=None):
     return dx if out is None else prepare_dx(y, out, kernel="torch_compile").copy_(dx)
 
 
-def _torch_cross_entropy_grad(loss_fn, logits, targets, weight, ignore_index, label_smoothing, reduction, out):
+def _torch_cross_entropy_grad(
+    loss_fn, logits, targets, weight, ignore_index, label_smoothing, reduction, out, *, kernel, device_type
+):
+    """A PyTorch baseline's (loss, lse, grad): the inputs checked as `kernel`, then `loss_fn`'s
+    forward, its autograd backward, torch.logsumexp."""
+    check_cross_entropy_inputs(
+        logits,
+        targets,
+        weight=weight,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+        reduction=reduction,
+        kernel=kernel,
+        device_type=device_type,
+    )
     x = logits.detach().requires_grad_(True)
     with torch.enable_grad():
         loss = loss_fn(x, targets, weight, ignore_index, label_smoothing, reduction)
@@ -114,18 +128,17 @@ def torch_cross_entropy(
     logits, targets, *, weight=None, ignore_index=-100, label_smoothing=0.0, reduction="mean", out=None
 ):
     """The baseline: F.cross_entropy forward, its autograd backward, torch.logsumexp."""
-    check_cross_entropy_inputs(
+    return _torch_cross_entropy_grad(
+        _f_cross_entropy,
         logits,
         targets,
-        weight=weight,
-        ignore_index=ignore_index,
-        label_smoothing=label_smoothing,
-        reduction=reduction,
+        weight,
+        ignore_index,
+        label_smoothing,
+        reduction,
+        out,
         kernel=CROSS_ENTROPY_BASELINE,
         device_type=None,
-    )
-    return _torch_cross_entropy_grad(
-        _f_cross_entropy, logits, targets, weight, ignore_index, label_smoothing, reduction, out
     )
 
 
@@ -138,18 +151,17 @@ def compiled_cross_entropy(
     logits, targets, *, weight=None, ignore_index=-100, label_smoothing=0.0, reduction="mean", out=None
 ):
     """The second baseline: torch.compile(F.cross_entropy), forward and backward."""
-    check_cross_entropy_inputs(
+    return _torch_cross_entropy_grad(
+        _compiled_cross_entropy(),
         logits,
         targets,
-        weight=weight,
-        ignore_index=ignore_index,
-        label_smoothing=label_smoothing,
-        reduction=reduction,
+        weight,
+        ignore_index,
+        label_smoothing,
+        reduction,
+        out,
         kernel="torch_compile",
         device_type="cuda",
-    )
-    return _torch_cross_entropy_grad(
-        _compiled_cross_entropy(), logits, targets, weight, ignore_index, label_smoothing, reduction, out
     )
 
 
