@@ -154,6 +154,29 @@ class RowShape:
     def rows_per_block(self) -> int:
         return self.threads // 32 if self.kind in ("warp", "warpvec") else 1
 
+    # A subclass gives its table of kinds -> (kernel-name, description, instantiation formats),
+    # the fields they are formatted with, and the prefix of its instantiation macros.
+    def _kinds(self) -> dict:
+        raise NotImplementedError
+
+    def _fields(self, dtype) -> dict:
+        raise NotImplementedError
+
+    def _macro_prefix(self) -> str:
+        return ""
+
+    def kernel_name(self, dtype: torch.dtype) -> str:
+        return self._kinds()[self.kind][0].format(**self._fields(dtype))
+
+    def describe(self) -> str:
+        return self._kinds()[self.kind][1].format(**self._fields(torch.float32))
+
+    def instantiation(self, dtype: torch.dtype) -> str:
+        if self.packed and dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"{self.describe()} is for 16-bit storage, not {dtype}")
+        fields = self._fields(dtype)
+        return self._macro_prefix() + self._kinds()[self.kind][2].format(name=self.kernel_name(dtype), **fields)
+
 
 @dataclass(frozen=True)
 class FusedClass(RowShape):
@@ -205,17 +228,8 @@ class FusedClass(RowShape):
             "loop_elems": LOOP_ELEMS,
         }
 
-    def kernel_name(self, dtype: torch.dtype) -> str:
-        return _KINDS[self.kind][0].format(**self._fields(dtype))
-
-    def describe(self) -> str:
-        return _KINDS[self.kind][1].format(**self._fields(torch.float32))
-
-    def instantiation(self, dtype: torch.dtype) -> str:
-        if self.packed and dtype not in (torch.bfloat16, torch.float16):
-            raise ValueError(f"{self.describe()} is for 16-bit storage, not {dtype}")
-        fields = self._fields(dtype)
-        return _KINDS[self.kind][2].format(name=self.kernel_name(dtype), **fields)
+    def _kinds(self) -> dict:
+        return _KINDS
 
 
 _WARP_TABLE = [(v, FusedClass("warp", 32 * WARP_ROWS_PER_BLOCK, ew)) for v, ew in _WARP_CLASSES] + [

@@ -147,17 +147,11 @@ class TrainingPlan(RowShape):
             "cluster_arg": f", {self.cluster}" if self.cluster > 1 else "",
         }
 
-    def kernel_name(self, dtype: torch.dtype) -> str:
-        return _KINDS[self.kind][0].format(**self._fields(dtype))
+    def _kinds(self) -> dict:
+        return _KINDS
 
-    def describe(self) -> str:
-        return _KINDS[self.kind][1].format(**self._fields(torch.float32))
-
-    def instantiation(self, dtype: torch.dtype) -> str:
-        if self.packed and dtype not in (torch.bfloat16, torch.float16):
-            raise ValueError(f"{self.describe()} is for 16-bit storage, not {dtype}")
-        fields = self._fields(dtype)
-        return _MACRO_PREFIX[self.op] + _KINDS[self.kind][2].format(name=self.kernel_name(dtype), **fields)
+    def _macro_prefix(self) -> str:
+        return _MACRO_PREFIX[self.op]
 
 
 def _width(dtype) -> int:

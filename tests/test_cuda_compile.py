@@ -17,7 +17,7 @@ from kernels import softmax_cuda as sc
 from kernels.cuda_build import FUSED_SOURCE
 from kernels.cuda_plans import fused_class_description, select_fused_class
 from kernels.spec import itemsize
-from tests.helpers import dtype_id
+from tests.helpers import assert_builds_clean, dtype_id
 
 pytestmark = pytest.mark.cpu
 
@@ -46,15 +46,7 @@ def test_compiles_for_sm90_without_spills(path, record_manifest):
         max_stack_bytes=worst_stack,
         max_registers=max((r.get("registers", 0) for r in report.values()), default=0),
     )
-    missing = sorted(set(expected) - set(report))
-    assert not missing, f"{path.name}: entry points the dispatcher launches were not compiled: {missing}"
-    for name in expected:
-        r = report[name]
-        assert {"registers", "stack_bytes", "spill_stores", "spill_loads"} <= set(r), (name, r)
-        assert r["stack_bytes"] == 0, f"{name}: {r['stack_bytes']} bytes stack frame (arrays in local memory)"
-        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, f"{name} spills: {r}"
-        # The launch bounds promise >= 1024 resident threads per SM: at most 64 registers.
-        assert r["registers"] <= 64, f"{name} uses {r['registers']} registers"
+    assert_builds_clean(report, expected, path.name)
 
 
 @needs_nvcc
