@@ -26,55 +26,6 @@ def softmax_ref(x) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-# -- training: the softmax backward and cross-entropy ----------------------------------------------
-
-
-def cross_entropy_rows_ref(logits, target, *, weight=None, ignore_index=-100, label_smoothing=0.0):
-    """F.cross_entropy per row with class-index targets, in float64: (loss, grad, lse).
-
-    loss (N,): reduction="none"'s value. For a row with target t != ignore_index, weights w
-    (ones if None) and smoothing e, with log-probabilities lp = x - lse,
-        loss = (1 - e) * w_t * (-lp_t) + e / V * sum_j w_j * (-lp_j)      (no e term if e == 0)
-    and 0 for an ignored row. grad (N, V): d loss.sum() / d logits,
-        (1 - e) * w_t * (p_j - [j == t]) + e / V * (W * p_j - w_j),       W = sum_j w_j,
-    p_t - 1 taken as expm1(lp_t) so that confident rows keep their digits; an ignored row's
-    gradient is 0 times that (0, or NaN where p is NaN, as in PyTorch). lse (N,): log-sum-exp
-    per row as torch.logsumexp (a row of -inf gives -inf, one with +inf gives +inf).
-    "mean" is loss.sum() / (sum of w_t over the rows not ignored), its gradient grad / that.
-    Log-probabilities follow torch.log_softmax: a row whose max is infinite or NaN is NaN
-    throughout. A target neither ignore_index nor in [0, V) raises ValueError.
-    """
-    x = np.asarray(logits, dtype=np.float64)
-    t = np.asarray(target).astype(np.int64)
-    N, V = x.shape
-    w = np.ones(V) if weight is None else np.asarray(weight, dtype=np.float64)
-    e = float(label_smoothing)
-    ignored = t == ignore_index
-    bad = ~ignored & ((t < 0) | (t >= V))
-    if bad.any():
-        raise ValueError(f"targets {sorted(set(t[bad].tolist()))} outside [0, {V}) and not ignore_index")
-    ts = np.where(ignored, 0, t)
-    rows = np.arange(N)
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        m = x.max(axis=1, initial=-np.inf) if V else np.full(N, -np.inf)
-        shifted = x - m[:, None]
-        log_s = np.log(np.exp(shifted).sum(axis=1))
-        lse = np.where(np.isinf(m), m, m + log_s)
-        lp = shifted - log_s[:, None]
-        p = np.exp(lp)
-        w_t = np.where(ignored, 0.0, w[ts])
-        loss = w_t * -lp[rows, ts]
-        if e > 0:
-            loss = (1 - e) * loss + e / V * (w[None, :] * -lp).sum(axis=1)
-        loss = np.where(ignored, 0.0, loss)
-        p_minus_onehot = p.copy()
-        p_minus_onehot[rows, ts] = np.expm1(lp[rows, ts])
-        grad = ((1 - e) * w_t)[:, None] * p_minus_onehot
-        if e > 0:
-            grad = grad + np.where(ignored, 0.0, e / V)[:, None] * (w.sum() * p - w[None, :])
-    return loss, grad, lse
-
-
 # -- the softmax backward and cross-entropy ------------------------------------------------------
 
 
@@ -87,67 +38,62 @@ def softmax_backward_ref(dy, y) -> np.ndarray:
         return y * (dy - (y * dy).sum(axis=-1, keepdims=True))
 
 
-def logsumexp_ref(x) -> np.ndarray:
-    """log(sum(exp(x))) over the last axis in float64; -inf for a row of -inf (torch.logsumexp)."""
-    x = np.asarray(x, dtype=np.float64)
-    m = x.max(axis=-1)
-    safe = np.where(np.isneginf(m), 0.0, m)
-    with np.errstate(divide="ignore"):
-        return np.where(np.isneginf(m), -np.inf, safe + np.log(np.exp(x - safe[..., None]).sum(axis=-1)))
-
-
 def cross_entropy_ref(x, targets, *, weight=None, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
     """F.cross_entropy with class-index targets, in float64: (loss, lse, grad).
 
-    loss: a float for "mean" / "sum", shape (N,) for "none". lse: (N,). grad: d loss / d x for
-    "mean" / "sum", and of loss.sum() for "none" (a grad_output of ones). PyTorch's semantics:
-    a row whose target is ignore_index contributes 0 to the loss and to the denominator; the
-    weighted mean divides by the sum of the non-ignored rows' target weights, and the label
-    smoothing term by the same; every row's loss is
+    For a row with target t != ignore_index, class weights w (ones if None), smoothing e and
+    log-probabilities lp = x - lse,
 
-        (1 - e) * w_t * (lse - x_t) + e / V * sum_j w_j * (lse - x_j).
+        loss = (1 - e) * w_t * (-lp_t) + e / V * sum_j w_j * (-lp_j)       (no e term if e == 0)
+        grad = (1 - e) * w_t * (p_j - [j == t]) + e / V * (W * p_j - w_j),  W = sum_j w_j,
 
-    The gradient of an ignored row is 0. p_t - 1 at the target is taken as minus the sum of the
-    other probabilities, so confident rows keep their digits. A target outside [0, V) that is
-    not ignore_index raises ValueError.
+    p_t - 1 taken as minus the sum of the other probabilities, so that confident rows keep their
+    digits. loss: shape (N,) for "none", a float for "sum" and "mean"; "mean" divides the sum by
+    the sum of w_t over the rows not ignored (0 / 0 = NaN when every row is ignored) and so does
+    its gradient. grad: d loss / d x ("none": of loss.sum(), a grad_output of ones). lse (N,):
+    torch.logsumexp per row (a row of -inf gives -inf, one with +inf gives +inf, NaN gives NaN).
+
+    PyTorch's semantics at the edges (checked against F.cross_entropy in the tests): an ignored
+    row has loss 0 and contributes nothing to the sum or to the mean's denominator, and its
+    gradient is 0 times the row's probabilities, so 0, or NaN throughout where they are NaN (a
+    NaN, a +inf or no finite logit in the row), whatever the reduction. Log-probabilities follow
+    torch.log_softmax: a row whose max is infinite or NaN is NaN throughout. A target neither
+    ignore_index nor in [0, V) raises ValueError.
     """
     x = np.asarray(x, dtype=np.float64)
     t = np.asarray(targets).astype(np.int64)
     N, V = x.shape
     w = np.ones(V) if weight is None else np.asarray(weight, dtype=np.float64)
-    eps = float(label_smoothing)
+    e = float(label_smoothing)
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be mean, sum or none, got {reduction!r}")
     ignored = t == ignore_index
     bad = ~ignored & ((t < 0) | (t >= V))
     if bad.any():
         raise ValueError(f"targets {np.unique(t[bad]).tolist()} outside [0, {V}) and not ignore_index")
     ts = np.where(ignored, 0, t)
     rows = np.arange(N)
-    lse = logsumexp_ref(x)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         # Relative to the row's max, so rows of huge logits (1e30) keep their probabilities.
-        z = x - x.max(axis=1, keepdims=True)
-        logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-        p = np.exp(logp)
+        m = x.max(axis=1, initial=-np.inf) if V else np.full(N, -np.inf)
+        shifted = x - m[:, None]
+        log_s = np.log(np.exp(shifted).sum(axis=1))
+        lse = np.where(np.isinf(m), m, m + log_s)
+        lp = shifted - log_s[:, None]
+        p = np.exp(lp)
         w_t = np.where(ignored, 0.0, w[ts])
-        loss = w_t * -logp[rows, ts]
-        if eps > 0:
-            loss = (1 - eps) * loss + eps / V * -(logp * w[None, :]).sum(axis=1)
+        loss = w_t * -lp[rows, ts]
+        if e > 0:
+            loss = (1 - e) * loss + e / V * (w[None, :] * -lp).sum(axis=1)
         loss = np.where(ignored, 0.0, loss)
-        others = np.where(np.arange(V)[None, :] == ts[:, None], 0.0, p).sum(axis=1)
-        q = p.copy()
-        q[rows, ts] = -others  # p_t - 1
-        grad = w_t[:, None] * q
-        if eps > 0:
-            grad = (1 - eps) * grad + eps / V * (w.sum() * p - w[None, :])
-        grad = np.where(ignored[:, None], 0.0, grad)
-    if reduction == "none":
-        return loss, lse, grad
-    total = loss.sum()
-    if reduction == "sum":
-        return float(total), lse, grad
-    if reduction != "mean":
-        raise ValueError(f"reduction must be mean, sum or none, got {reduction!r}")
-    denominator = w_t.sum()
-    with np.errstate(invalid="ignore", divide="ignore"):
-        # All rows ignored: 0 / 0 = NaN for the loss, as PyTorch gives; their gradient stays 0.
-        return float(total / denominator), lse, np.where(ignored[:, None], 0.0, grad / denominator)
+        p_minus_onehot = p.copy()
+        p_minus_onehot[rows, ts] = -np.where(np.arange(V)[None, :] == ts[:, None], 0.0, p).sum(axis=1)
+        grad = ((1 - e) * w_t)[:, None] * p_minus_onehot
+        if e > 0:
+            grad = grad + np.where(ignored, 0.0, e / V)[:, None] * (w.sum() * p - w[None, :])
+        if reduction == "none":
+            return loss, lse, grad
+        if reduction == "sum":
+            return float(loss.sum()), lse, grad
+        denominator = w_t.sum()
+        return float(loss.sum() / denominator), lse, np.where(ignored[:, None], grad, grad / denominator)
