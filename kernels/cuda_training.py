@@ -15,7 +15,8 @@ any stride (a tensor whose elements are strided within a row is copied first); o
 new contiguous tensors unless `out` is given. Each row's result is bitwise independent of the
 batch, of the row's position and alignment, of the strides and of the size class, because
 every row sum is taken in 64-bit fixed point (see the .cu files). Which size class a shape
-takes: `backward_plan` / `backward_path` and `cross_entropy_plan` / `cross_entropy_path`.
+takes: `backward_class_description` / `backward_path` and `cross_entropy_class_description` /
+`cross_entropy_path`.
 
 Cross-entropy runs three kernels: a one-block prologue over the targets (which counts and
 weighs the rows and finds any target out of range), the fused pass, and for "mean" / "sum" a
@@ -44,14 +45,14 @@ from .cuda_training_plans import (
     BACKWARD_SOURCE,
     CROSS_ENTROPY_SOURCE,
     PATHS,
-    TrainingPlan,
+    TrainingClass,
+    backward_class_description,
     backward_path,
-    backward_plan,
+    cross_entropy_class_description,
     cross_entropy_path,
-    cross_entropy_plan,
     module_source,
-    plans,
-    select_plan,
+    select_training_class,
+    training_classes,
 )
 from .launch import KernelLauncher
 
@@ -88,47 +89,47 @@ def _launcher(device_index: int, op: str, name: str, *, block: int, arg_kinds) -
 
 
 class _Launch(NamedTuple):
-    """A plan resolved for one device and dtype: its launcher and the grid arithmetic."""
+    """A size class resolved for one device and dtype: its launcher and the grid arithmetic."""
 
-    plan: TrainingPlan
+    size_class: TrainingClass
     launcher: KernelLauncher
     grid_limit: int  # in row units: blocks for the warp kinds, CTA groups (clusters) otherwise
 
     def grid(self, B: int, grid_cap: int | None = None) -> int:
-        units = min(-(-B // self.plan.rows_per_block), self.grid_limit)
+        units = min(-(-B // self.size_class.rows_per_block), self.grid_limit)
         if grid_cap is not None:
-            units = max(1, min(units, grid_cap // self.plan.cluster))
-        return units * self.plan.cluster
+            units = max(1, min(units, grid_cap // self.size_class.cluster))
+        return units * self.size_class.cluster
 
 
-_dispatch: dict = {}  # (op, dtype, V, device) -> the dispatched plan's _Launch
+_dispatch: dict = {}  # (op, dtype, V, device) -> the dispatched size class's _Launch
 
 
-def _resolve(op: str, what: str, dev: int, V: int, dtype, plan: TrainingPlan | None) -> _Launch:
-    if plan is None:
+def _resolve(op: str, what: str, dev: int, V: int, dtype, size_class: TrainingClass | None) -> _Launch:
+    if size_class is None:
         key = (op, dtype, V, dev)
         entry = _dispatch.get(key)
         if entry is None:
-            chosen = select_plan(op, V, dtype, clusters=_sm_count_and_major(dev)[1] >= 9)
+            chosen = select_training_class(op, V, dtype, clusters=_sm_count_and_major(dev)[1] >= 9)
             entry = _dispatch[key] = _make_launch(op, dev, dtype, chosen)
         return entry
-    if plan not in plans(op, dtype):
-        raise ValueError(f"{what}: {plan} is not a plan of this kernel for {dtype}")
-    if plan.capacity is not None and V > plan.capacity:
-        raise ValueError(f"{what}: V = {V} does not fit {plan.describe()}")
-    if plan.cluster > 1 and _sm_count_and_major(dev)[1] < 9:
-        raise ValueError(f"{what}: {plan.describe()} needs thread-block clusters (sm_90 or newer)")
-    return _make_launch(op, dev, dtype, plan)
+    if size_class not in training_classes(op, dtype):
+        raise ValueError(f"{what}: {size_class} is not a size class of this kernel for {dtype}")
+    if size_class.capacity is not None and V > size_class.capacity:
+        raise ValueError(f"{what}: V = {V} does not fit {size_class.describe()}")
+    if size_class.cluster > 1 and _sm_count_and_major(dev)[1] < 9:
+        raise ValueError(f"{what}: {size_class.describe()} needs thread-block clusters (sm_90 or newer)")
+    return _make_launch(op, dev, dtype, size_class)
 
 
-def _make_launch(op: str, dev: int, dtype, plan: TrainingPlan) -> _Launch:
+def _make_launch(op: str, dev: int, dtype, size_class: TrainingClass) -> _Launch:
     kinds = _BWD_ARGS if op == "bwd" else _CE_ARGS
-    launcher = _launcher(dev, op, plan.kernel_name(dtype), block=plan.threads, arg_kinds=kinds)
-    if plan.kind in ("warp", "warpvec"):
+    launcher = _launcher(dev, op, size_class.kernel_name(dtype), block=size_class.threads, arg_kinds=kinds)
+    if size_class.kind in ("warp", "warpvec"):
         limit = _sm_count_and_major(dev)[0] * WARP_BLOCKS_PER_SM
     else:
-        limit = _MAX_GRID_X // plan.cluster
-    return _Launch(plan, launcher, limit)
+        limit = _MAX_GRID_X // size_class.cluster
+    return _Launch(size_class, launcher, limit)
 
 
 # -- input checks --------------------------------------------------------------------------------
@@ -171,14 +172,14 @@ def softmax_backward_fused(
     dy: torch.Tensor,
     *,
     out: torch.Tensor | None = None,
-    plan: TrainingPlan | None = None,
+    size_class: TrainingClass | None = None,
     grid_cap: int | None = None,
 ) -> torch.Tensor:
     """dx = y * (dy - sum(y * dy, -1)) over rows of (B, V) tensors y (the softmax's output) and
     dy (the gradient of it); float32 / bfloat16 / float16, y and dy of one dtype.
 
-    `out`, if given, receives dx (contiguous, y's shape and dtype). `plan` forces a size class
-    (one of `kernels.cuda_training_plans.plans("bwd", dtype)`; ValueError if the row does not
+    `out`, if given, receives dx (contiguous, y's shape and dtype). `size_class` forces a
+    size class (one of `kernels.cuda_training_plans.training_classes("bwd", dtype)`; ValueError if the row does not
     fit it), `grid_cap` caps the grid at that many CTAs so that CTAs loop over rows: both for
     tests that reach every path and loop at small shapes.
     """
@@ -192,7 +193,7 @@ def softmax_backward_fused(
     if B == 0:
         return dx
     dev = y.get_device()
-    entry = _resolve("bwd", _BWD, dev, V, y.dtype, plan)
+    entry = _resolve("bwd", _BWD, dev, V, y.dtype, size_class)
     entry.launcher(
         dev, entry.grid(B, grid_cap), y.data_ptr(), y.stride(0), dy.data_ptr(), dy.stride(0), dx.data_ptr(), B, V
     )
@@ -254,7 +255,7 @@ def cross_entropy_fused(
     reduction: str = "mean",
     inplace: bool = False,
     out: torch.Tensor | None = None,
-    plan: TrainingPlan | None = None,
+    size_class: TrainingClass | None = None,
     grid_cap: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """F.cross_entropy(logits, target, weight=, ignore_index=, label_smoothing=, reduction=) and
@@ -296,7 +297,7 @@ def cross_entropy_fused(
     if inplace:  # the logits are about to be overwritten: no launch on a bad target
         _raise_for_targets(stats, t, V, ignore_index)
 
-    entry = _resolve("ce", _CE, dev, V, x.dtype, plan)
+    entry = _resolve("ce", _CE, dev, V, x.dtype, size_class)
     entry.launcher(
         dev,
         entry.grid(N, grid_cap),
@@ -367,13 +368,13 @@ __all__ = [
     "cross_entropy_fused",
     "registry_softmax_backward",
     "registry_cross_entropy",
-    "backward_plan",
+    "backward_class_description",
     "backward_path",
-    "cross_entropy_plan",
+    "cross_entropy_class_description",
     "cross_entropy_path",
     "PATHS",
     "REDUCTIONS",
     "TRAINING_DTYPES",
     "TargetError",
-    "TrainingPlan",
+    "TrainingClass",
 ]

@@ -2,15 +2,15 @@
 and the fused cross-entropy (kernels/cuda/cross_entropy.cu).
 
 As `kernels.cuda_plans` does for the forward, each table is the single source of the kernels
-compiled (`module_source` instantiates exactly these), of the dispatch (`select_plan`, used by
+compiled (`module_source` instantiates exactly these), of the dispatch (`select_training_class`, used by
 `kernels.cuda_training`) and of the boundaries the tests probe. V counts elements.
 
   warp      one warp per row, lane l holding elements l, l + 32, ... (element-wise loads)
   warpvec   one warp per row, 16-byte vectors with a head / tail peel, several rows a block
   row       one block per row, the row held in registers
   cluster   a thread-block cluster per row (sm_90), each CTA holding a slice in registers
-  online    rows past every class: passes that re-read the row, by a cluster of
-            ONLINE_CLUSTER CTAs on sm_90 (so each SM re-reads an eighth of a row and the
+  loop      rows past every class: passes that re-read the row, by a cluster of
+            LOOP_CLUSTER CTAs on sm_90 (so each SM re-reads an eighth of a row and the
             re-reads stay in L2) or by one block before sm_90
 
 Both ops share one table (below), with half the forward's elements per thread; the vectorised
@@ -34,12 +34,12 @@ CROSS_ENTROPY_SOURCE = CUDA_DIR / "cross_entropy.cu"
 TRAINING_SOURCES = (BACKWARD_SOURCE, CROSS_ENTROPY_SOURCE)
 
 OPS = ("bwd", "ce")  # kernel name prefixes: softmax backward, cross-entropy
-PATHS = ("warp", "warpvec", "row", "cluster", "online")
+PATHS = ("warp", "warpvec", "row", "cluster", "loop")
 WARP_ROWS_PER_BLOCK = 4
 WARPVEC_ROWS_PER_BLOCK = 8
-ONLINE_THREADS = 1024
-ONLINE_VECTORS = 2  # 16-byte vectors of each operand per thread in flight per step of the online passes
-ONLINE_CLUSTER = 8  # CTAs sharing a row on the online path where clusters exist
+LOOP_THREADS = 1024
+LOOP_VECTORS = 2  # 16-byte vectors of each operand per thread in flight per step of the loop's passes
+LOOP_CLUSTER = 8  # CTAs sharing a row on the loop path where clusters exist
 
 # (max V, elements per lane): lane-strided warp rows, the same for every op and dtype.
 _WARP_CLASSES = ((32, 1), (64, 2), (128, 4))
@@ -104,28 +104,28 @@ _KINDS = {  # kind -> (kernel name, description, instantiation macro)
         "cluster(cluster={cluster}, threads={threads}, elems/thread={elems}{packed})",
         "CLUSTER({name}, {fmt}, {threads}, {elems}, {cluster}, {pk})",
     ),
-    "online": (
-        "{op}_online_{sfx}_t{threads}_c{cluster}",
-        "online(cluster={cluster}, threads={threads}, three passes)",
-        "ONLINE{cl}({name}, {fmt}, {threads}, {online_elems}{cluster_arg})",
+    "loop": (
+        "{op}_loop_{sfx}_t{threads}_c{cluster}",
+        "loop(cluster={cluster}, threads={threads}, three passes)",
+        "LOOP{cl}({name}, {fmt}, {threads}, {loop_elems}{cluster_arg})",
     ),
 }
 _MACRO_PREFIX = {"bwd": "SOFTMAX_BWD_", "ce": "CROSS_ENTROPY_"}
 
 
 @dataclass(frozen=True)
-class TrainingPlan(RowShape):
+class TrainingClass(RowShape):
     op: str  # one of OPS
     kind: str  # one of PATHS
     threads: int  # per CTA
-    elems: int  # per thread (warp kinds: per lane); 0 for online (loops)
+    elems: int  # per thread (warp kinds: per lane); 0 for loop (it walks the row)
     cluster: int = 1
     packed: bool = False
 
     @property
     def capacity(self) -> int | None:
-        """Largest V this plan holds on chip (None: any V)."""
-        if self.kind == "online":
+        """Largest V this size class holds on chip (None: any V)."""
+        if self.kind == "loop":
             return None
         return self.row_threads * self.elems * self.cluster
 
@@ -142,7 +142,7 @@ class TrainingPlan(RowShape):
             "p": "_p" if self.packed else "",
             "packed": ", packed 16-bit" if self.packed else "",
             "pk": "true" if self.packed else "false",
-            "online_elems": ONLINE_VECTORS * 16 // torch.tensor([], dtype=dtype).element_size(),
+            "loop_elems": LOOP_VECTORS * 16 // torch.tensor([], dtype=dtype).element_size(),
             "cl": "_CLUSTER" if self.cluster > 1 else "",
             "cluster_arg": f", {self.cluster}" if self.cluster > 1 else "",
         }
@@ -158,33 +158,33 @@ def _width(dtype) -> int:
     return 4 if dtype == torch.float32 else 2
 
 
-def _table(op: str, dtype) -> list[tuple[int, TrainingPlan]]:
-    """(max V, plan) of every on-chip class of `op` for `dtype`, shortest rows first."""
+def _table(op: str, dtype) -> list[tuple[int, TrainingClass]]:
+    """(max V, size class) of every on-chip class of `op` for `dtype`, shortest rows first."""
     warpvec, rows = _TABLES[_width(dtype)]
     warp_threads = 32 * WARP_ROWS_PER_BLOCK
-    plans = [(v, TrainingPlan(op, "warp", warp_threads, e)) for v, e in _WARP_CLASSES]
-    plans += [(v, TrainingPlan(op, "warpvec", 32 * WARPVEC_ROWS_PER_BLOCK, e)) for v, e in warpvec]
-    plans += [(v, TrainingPlan(op, "cluster" if c > 1 else "row", t, e, c, pk)) for v, t, e, c, pk in rows]
-    return plans
+    table = [(v, TrainingClass(op, "warp", warp_threads, e)) for v, e in _WARP_CLASSES]
+    table += [(v, TrainingClass(op, "warpvec", 32 * WARPVEC_ROWS_PER_BLOCK, e)) for v, e in warpvec]
+    table += [(v, TrainingClass(op, "cluster" if c > 1 else "row", t, e, c, pk)) for v, t, e, c, pk in rows]
+    return table
 
 
-def online_plan(op: str, *, clusters: bool = True) -> TrainingPlan:
-    return TrainingPlan(op, "online", ONLINE_THREADS, 0, ONLINE_CLUSTER if clusters else 1)
+def loop_class(op: str, *, clusters: bool = True) -> TrainingClass:
+    return TrainingClass(op, "loop", LOOP_THREADS, 0, LOOP_CLUSTER if clusters else 1)
 
 
-def plans(op: str, dtype) -> list[TrainingPlan]:
-    """Every plan of `op` that can be launched for `dtype`, the two online plans last (the
+def training_classes(op: str, dtype) -> list[TrainingClass]:
+    """Every size class of `op` that can be launched for `dtype`, the two loop classes last (the
     cluster one, then the one-block one)."""
-    return [p for _, p in _table(op, dtype)] + [online_plan(op), online_plan(op, clusters=False)]
+    return [p for _, p in _table(op, dtype)] + [loop_class(op), loop_class(op, clusters=False)]
 
 
-def select_plan(op: str, V: int, dtype=torch.float32, *, clusters: bool = True) -> TrainingPlan:
-    """The plan for rows of V elements of `dtype`; `clusters=False` is what a device without
+def select_training_class(op: str, V: int, dtype=torch.float32, *, clusters: bool = True) -> TrainingClass:
+    """The size class for rows of V elements of `dtype`; `clusters=False` is what a device without
     thread-block clusters (before sm_90) runs."""
-    for vmax, plan in _table(op, dtype):
-        if V <= vmax and (clusters or plan.cluster == 1):
-            return plan
-    return online_plan(op, clusters=clusters)
+    for vmax, size_class in _table(op, dtype):
+        if V <= vmax and (clusters or size_class.cluster == 1):
+            return size_class
+    return loop_class(op, clusters=clusters)
 
 
 def boundaries(op: str, dtype) -> list[int]:
@@ -207,33 +207,33 @@ def _dtype(dtype, what: str) -> torch.dtype:
         raise TypeError(f"{what}: dtype {dtype} is not supported (float32, bfloat16, float16)") from None
 
 
-def _plan_for(op: str, what: str, B: int, V: int, dtype) -> TrainingPlan | None:
+def _class_for(op: str, what: str, B: int, V: int, dtype) -> TrainingClass | None:
     dtype = _dtype(dtype, what)
     if V < 1:
         raise ValueError(f"{what}: V must be >= 1, got {V}")
-    return None if B == 0 else select_plan(op, V, dtype)
+    return None if B == 0 else select_training_class(op, V, dtype)
 
 
-def backward_plan(B: int, V: int, dtype=torch.float32) -> str:
+def backward_class_description(B: int, V: int, dtype=torch.float32) -> str:
     """Description of the path the fused softmax backward takes for (B, V) rows on sm_90."""
-    plan = _plan_for("bwd", "fused softmax backward", B, V, dtype)
-    return "empty(no launch)" if plan is None else plan.describe()
+    size_class = _class_for("bwd", "fused softmax backward", B, V, dtype)
+    return "empty(no launch)" if size_class is None else size_class.describe()
 
 
 def backward_path(B: int, V: int, dtype=torch.float32) -> str:
     """The path name (one of PATHS) the fused softmax backward takes for (B, V) on sm_90."""
-    return select_plan("bwd", V, _dtype(dtype, "fused softmax backward")).kind
+    return select_training_class("bwd", V, _dtype(dtype, "fused softmax backward")).kind
 
 
-def cross_entropy_plan(B: int, V: int, dtype=torch.float32) -> str:
+def cross_entropy_class_description(B: int, V: int, dtype=torch.float32) -> str:
     """Description of the path the fused cross-entropy takes for (N, V) logits on sm_90."""
-    plan = _plan_for("ce", "fused cross-entropy", B, V, dtype)
-    return "empty(no launch)" if plan is None else plan.describe()
+    size_class = _class_for("ce", "fused cross-entropy", B, V, dtype)
+    return "empty(no launch)" if size_class is None else size_class.describe()
 
 
 def cross_entropy_path(B: int, V: int, dtype=torch.float32) -> str:
     """The path name (one of PATHS) the fused cross-entropy takes for (N, V) on sm_90."""
-    return select_plan("ce", V, _dtype(dtype, "fused cross-entropy")).kind
+    return select_training_class("ce", V, _dtype(dtype, "fused cross-entropy")).kind
 
 
 # -- translation units ----------------------------------------------------------------------------
@@ -253,10 +253,10 @@ def _op_of(path: Path) -> str:
 
 
 def module_source(path: Path) -> str:
-    """The full translation unit for a training source: headers inlined, every plan of its op
+    """The full translation unit for a training source: headers inlined, every size class of its op
     instantiated for every dtype."""
     op = _op_of(path)
-    lines = [p.instantiation(dt) for dt in FORMATS for p in plans(op, dt)]
+    lines = [p.instantiation(dt) for dt in FORMATS for p in training_classes(op, dt)]
     return (
         expand_includes(path)
         + "\n// ---- instantiations generated from the dispatch table ----\n"
@@ -268,26 +268,26 @@ def module_source(path: Path) -> str:
 def expected_kernels(path: Path) -> list[str]:
     """Entry points the translation unit for `path` defines (on sm_90)."""
     op = _op_of(path)
-    names = [p.kernel_name(dt) for dt in FORMATS for p in plans(op, dt)]
+    names = [p.kernel_name(dt) for dt in FORMATS for p in training_classes(op, dt)]
     return names + list(CROSS_ENTROPY_HELPERS) if op == "ce" else names
 
 
 __all__ = [
     "OPS",
     "PATHS",
-    "TrainingPlan",
+    "TrainingClass",
     "TRAINING_SOURCES",
     "BACKWARD_SOURCE",
     "CROSS_ENTROPY_SOURCE",
     "CROSS_ENTROPY_HELPERS",
-    "plans",
-    "select_plan",
-    "online_plan",
+    "training_classes",
+    "select_training_class",
+    "loop_class",
     "boundaries",
     "all_boundaries",
-    "backward_plan",
+    "backward_class_description",
     "backward_path",
-    "cross_entropy_plan",
+    "cross_entropy_class_description",
     "cross_entropy_path",
     "module_source",
     "expected_kernels",

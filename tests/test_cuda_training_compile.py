@@ -66,15 +66,17 @@ def test_builds_for_sm90_without_spills(path):
 @pytest.mark.slow
 @pytest.mark.parametrize("path", tp.TRAINING_SOURCES, ids=SOURCE_IDS)
 def test_builds_for_gpus_without_clusters(path):
-    # Before sm_90 the cluster entry points (the online cluster ones too) are left out, and
-    # select_plan(clusters=False) never picks them: the sm_80 build holds every other plan.
+    # Before sm_90 the cluster entry points (the loop's cluster ones too) are left out, and
+    # select_training_class(clusters=False) never picks them: the sm_80 build holds every other size class.
     op = OPS[path.name]
     built = set(_build(path, "sm_80"))
     helpers = set(tp.CROSS_ENTROPY_HELPERS) if op == "ce" else set()
-    assert built == {p.kernel_name(dt) for dt in DTYPES for p in tp.plans(op, dt) if p.cluster == 1} | helpers
+    assert (
+        built == {p.kernel_name(dt) for dt in DTYPES for p in tp.training_classes(op, dt) if p.cluster == 1} | helpers
+    )
     for dt in DTYPES:
         for V in (1, 100, 600, 16384, 16385, 50257, 131072, 200000):
-            assert tp.select_plan(op, V, dt, clusters=False).kernel_name(dt) in built, (V, dt)
+            assert tp.select_training_class(op, V, dt, clusters=False).kernel_name(dt) in built, (V, dt)
 
 
 def test_every_planned_kernel_is_instantiated_once():
@@ -82,8 +84,8 @@ def test_every_planned_kernel_is_instantiated_once():
         op = OPS[path.name]
         src = tp.module_source(path)
         assert not re.search(r"^\s*#include", src, re.MULTILINE), f"{path.name}: a header was not inlined"
-        names = [p.kernel_name(dt) for dt in DTYPES for p in tp.plans(op, dt)]
-        assert len(names) == len(set(names)), f"{path.name}: two plans share a kernel name"
+        names = [p.kernel_name(dt) for dt in DTYPES for p in tp.training_classes(op, dt)]
+        assert len(names) == len(set(names)), f"{path.name}: two size classes share a kernel name"
         for name in names:
             assert src.count(f"({name},") == 1, f"{name} is not instantiated exactly once"
 
@@ -105,11 +107,13 @@ def test_boundaries_are_the_plan_capacities(op, dtype):
     assert bounds == sorted(bounds) and len(set(bounds)) == len(bounds)
     assert set(bounds) <= set(tp.all_boundaries(op))
     for v in bounds:
-        assert tp.select_plan(op, v, dtype).capacity == v, v
-        assert tp.select_plan(op, v, dtype) != tp.select_plan(op, v + 1, dtype), f"no path change at V = {v}"
-    last = tp.select_plan(op, bounds[-1] + 1, dtype)
-    assert last.kind == "online" and last.cluster == tp.ONLINE_CLUSTER
-    assert {p.kind for p in tp.plans(op, dtype)} == set(tp.PATHS)
+        assert tp.select_training_class(op, v, dtype).capacity == v, v
+        assert tp.select_training_class(op, v, dtype) != tp.select_training_class(op, v + 1, dtype), (
+            f"no path change at V = {v}"
+        )
+    last = tp.select_training_class(op, bounds[-1] + 1, dtype)
+    assert last.kind == "loop" and last.cluster == tp.LOOP_CLUSTER
+    assert {p.kind for p in tp.training_classes(op, dtype)} == set(tp.PATHS)
 
 
 @pytest.mark.parametrize("op", tp.OPS)
@@ -117,20 +121,20 @@ def test_boundaries_are_the_plan_capacities(op, dtype):
 @pytest.mark.parametrize("V", [1, 2, 31, 33, 129, 256, 257, 600, 1025, 4097, 16384, 16385, 50257, 131072, 262144])
 def test_plan_holds_the_row(op, dtype, V):
     for clusters in (True, False):
-        plan = tp.select_plan(op, V, dtype, clusters=clusters)
-        assert clusters or plan.cluster == 1
-        if plan.capacity is not None:
-            assert V <= plan.capacity
-            assert -(-V // plan.cluster) <= plan.row_threads * plan.elems  # each slice fits its CTA
+        size_class = tp.select_training_class(op, V, dtype, clusters=clusters)
+        assert clusters or size_class.cluster == 1
+        if size_class.capacity is not None:
+            assert V <= size_class.capacity
+            assert -(-V // size_class.cluster) <= size_class.row_threads * size_class.elems  # each slice fits its CTA
         smaller = [b for b in tp.boundaries(op, dtype) if b < V]
-        if smaller and plan.kind != "online" and clusters:
-            assert tp.select_plan(op, smaller[-1], dtype).capacity < V  # the first fit is taken
+        if smaller and size_class.kind != "loop" and clusters:
+            assert tp.select_training_class(op, smaller[-1], dtype).capacity < V  # the first fit is taken
 
 
 def test_packed_rows_only_for_16_bit_storage():
     for op in tp.OPS:
-        assert not any(p.packed for p in tp.plans(op, torch.float32))
-        packed = {p for dt in (torch.bfloat16, torch.float16) for p in tp.plans(op, dt) if p.packed}
+        assert not any(p.packed for p in tp.training_classes(op, torch.float32))
+        packed = {p for dt in (torch.bfloat16, torch.float16) for p in tp.training_classes(op, dt) if p.packed}
         assert packed, "no packed 16-bit class"
         for p in packed:
             assert p.kind in ("row", "cluster")
@@ -141,39 +145,39 @@ def test_packed_rows_only_for_16_bit_storage():
 def test_long_rows_without_clusters_use_one_block():
     for op in tp.OPS:
         for V in (16385, 50257, 131072, 262144):
-            plan = tp.select_plan(op, V, clusters=False)
-            assert plan.kind == "online" and plan.cluster == 1
-        assert tp.select_plan(op, 50257).kind == "cluster"
-        assert tp.select_plan(op, 262144).kind == "online" and tp.select_plan(op, 262144).cluster == 8
-        assert tp.select_plan(op, 16384, clusters=False).kind == "row"
+            size_class = tp.select_training_class(op, V, clusters=False)
+            assert size_class.kind == "loop" and size_class.cluster == 1
+        assert tp.select_training_class(op, 50257).kind == "cluster"
+        assert tp.select_training_class(op, 262144).kind == "loop" and tp.select_training_class(op, 262144).cluster == 8
+        assert tp.select_training_class(op, 16384, clusters=False).kind == "row"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "bf16", "float16"])
 def test_plan_names(dtype):
-    assert ct.backward_plan(4096, 100, dtype).startswith("warp(")
-    assert ct.backward_plan(8, 4096, dtype).startswith("row(cluster=1")
-    assert ct.cross_entropy_plan(8, 50257, dtype).startswith("cluster(cluster=")
-    assert ct.cross_entropy_plan(2, 262144, dtype) == "online(cluster=8, threads=1024, three passes)"
-    assert ct.backward_plan(0, 600, dtype).startswith("empty")
+    assert ct.backward_class_description(4096, 100, dtype).startswith("warp(")
+    assert ct.backward_class_description(8, 4096, dtype).startswith("row(cluster=1")
+    assert ct.cross_entropy_class_description(8, 50257, dtype).startswith("cluster(cluster=")
+    assert ct.cross_entropy_class_description(2, 262144, dtype) == "loop(cluster=8, threads=1024, three passes)"
+    assert ct.backward_class_description(0, 600, dtype).startswith("empty")
     assert ct.cross_entropy_path(4, 200, dtype) == "warpvec"
-    assert ct.backward_path(4, 300000, dtype) == "online"
+    assert ct.backward_path(4, 300000, dtype) == "loop"
     for B, V in ((1, 7), (64, 600), (3, 50257)):
         assert ct.backward_path(B, V, dtype) in tp.PATHS and ct.cross_entropy_path(B, V, dtype) in tp.PATHS
 
 
 def test_plan_functions_reject_bad_arguments():
     with pytest.raises(TypeError, match="softmax backward: dtype torch.float64"):
-        ct.backward_plan(4, 8, torch.float64)
+        ct.backward_class_description(4, 8, torch.float64)
     with pytest.raises(TypeError, match="cross-entropy: dtype int8"):
         ct.cross_entropy_path(4, 8, "int8")
     with pytest.raises(ValueError):
-        ct.cross_entropy_plan(4, 0)
+        ct.cross_entropy_class_description(4, 0)
 
 
 # -- the kernels' index arithmetic, replayed ----------------------------------------------------------
 # ce_row_body / bwd_row_body: CTA `rank` of a cluster owns the slice [rank * chunk, ...), thread
 # t holds body vectors t, t + NT, ... after a scalar head up to the first 16-byte boundary, and
-# one tail element. The online bodies walk vectors base + u * NT + t. The owner of column c is
+# one tail element. The loop bodies walk vectors base + u * NT + t. The owner of column c is
 #   l < head: l;  l >= tail0: l - tail0;  else ((l - head) / VEC) % NT   (l = c - slice start).
 
 
@@ -185,12 +189,12 @@ def _slice_geometry(addr_elems: int, length: int, vec: int):
     return head, nvec, tail0, length - tail0
 
 
-def _holders(plan, V, row_offset, vec):
+def _holders(size_class, V, row_offset, vec):
     """(rank, thread) holding each column as the kernel's loads place them (every column must
     be held exactly once: asserted here), and the owner formula's (rank, thread) per column."""
-    C = plan.cluster
+    C = size_class.cluster
     chunk = (-(-V // C) + 7) // 8 * 8 if C > 1 else V
-    nt = plan.row_threads
+    nt = size_class.row_threads
     cols, ranks, threads = [], [], []
     owner_rank = np.full(V, -1)
     owner_thread = np.full(V, -1)
@@ -199,8 +203,8 @@ def _holders(plan, V, row_offset, vec):
         length = min(V - start, chunk)
         head, nvec, tail0, tail = _slice_geometry(row_offset + start, length, vec)
         assert head < vec and tail < vec and head <= nt and tail <= nt
-        if plan.kind != "online":
-            assert nvec <= (plan.elems // vec) * nt, f"slice of {length} overflows {plan}"
+        if size_class.kind != "loop":
+            assert nvec <= (size_class.elems // vec) * nt, f"slice of {length} overflows {size_class}"
         vi = np.repeat(np.arange(nvec), vec)
         body = start + head + vi * vec + np.tile(np.arange(vec), nvec)
         ends = np.concatenate([np.arange(head), np.arange(tail)])
@@ -213,7 +217,7 @@ def _holders(plan, V, row_offset, vec):
         owner_thread[start : start + length] = own
     cols, ranks, threads = np.concatenate(cols), np.concatenate(ranks), np.concatenate(threads)
     counts = np.bincount(cols, minlength=V)
-    assert (counts == 1).all(), f"{plan.describe()}: columns held {counts.min()} to {counts.max()} times"
+    assert (counts == 1).all(), f"{size_class.describe()}: columns held {counts.min()} to {counts.max()} times"
     held_rank = np.empty(V, dtype=np.int64)
     held_thread = np.empty(V, dtype=np.int64)
     held_rank[cols] = ranks
@@ -229,14 +233,18 @@ def test_every_column_is_held_once_and_its_owner_holds_it(vec):
     )
     for op in tp.OPS:
         for V in Vs:
-            for plan in {tp.select_plan(op, V, dtype), tp.select_plan(op, V, dtype, clusters=False)}:
-                if plan.kind == "warp":
+            for size_class in {
+                tp.select_training_class(op, V, dtype),
+                tp.select_training_class(op, V, dtype, clusters=False),
+            }:
+                if size_class.kind == "warp":
                     continue
                 for offset in range(vec):  # every alignment a row can start at
-                    (hr, ht), (orank, othread) = _holders(plan, V, offset + 5 * V, vec)
+                    (hr, ht), (orank, othread) = _holders(size_class, V, offset + 5 * V, vec)
                     wrong = np.flatnonzero((hr != orank) | (ht != othread))
                     assert not wrong.size, (
-                        f"{op} V={V} {plan.describe()} offset {offset}: owner formula wrong at columns {wrong[:5]}"
+                        f"{op} V={V} {size_class.describe()} offset {offset}: "
+                        f"owner formula wrong at columns {wrong[:5]}"
                     )
 
 
@@ -246,16 +254,16 @@ def test_short_slices_and_warp_rows():
     for vec in (4, 8):
         for V in range(1, 3 * vec + 2):
             for offset in range(vec):
-                (hr, ht), (orank, othread) = _holders(tp.TrainingPlan("ce", "row", 64, 8), V, offset, vec)
+                (hr, ht), (orank, othread) = _holders(tp.TrainingClass("ce", "row", 64, 8), V, offset, vec)
                 assert (ht == othread).all() and (hr == orank).all()
-        cluster = tp.TrainingPlan("ce", "cluster", 32, 8, 8)
+        cluster = tp.TrainingClass("ce", "cluster", 32, 8, 8)
         for V in (1, 7, 9, 63, 65, 200, 2047, 2048):
             for offset in range(vec):
                 (hr, ht), (orank, othread) = _holders(cluster, V, offset, vec)
                 assert (ht == othread).all() and (hr == orank).all()
     for V in (1, 5, 32, 33, 100, 128):
-        plan = tp.select_plan("ce", V)
-        assert plan.kind == "warp" and V <= 32 * plan.elems
+        size_class = tp.select_training_class("ce", V)
+        assert size_class.kind == "warp" and V <= 32 * size_class.elems
 
 
 # -- input checks that need no GPU -------------------------------------------------------------------

@@ -4,7 +4,7 @@ references of kernels/reference.py, with tolerances derived from the kernels' fl
 (tests.helpers.backward_error_bound, cross_entropy_expected: TOLERANCES' training rows), outputs
 poisoned with NaN before the kernels write them.
 
-Probed: every dispatch boundary and size class (forced plans too, and the cluster-free plans a
+Probed: every dispatch boundary and size class (forced size classes too, and the cluster-free ones a
 pre-sm_90 device runs), every input layout of y, dy and the logits, rows looping past the grid,
 the bitwise claims (a row's bits depend only on its values, its target and V: not on the batch,
 the row's position or alignment, the strides, the size class), every option of cross-entropy
@@ -120,8 +120,8 @@ BWD_BOUNDARY_V = _near(tp.all_boundaries("bwd"))
 CE_BOUNDARY_V = _near(tp.all_boundaries("ce"))
 
 
-def _plans_fitting(op, V, dtype):
-    return [p for p in tp.plans(op, dtype) if p.capacity is None or p.capacity >= V]
+def _classes_fitting(op, V, dtype):
+    return [p for p in tp.training_classes(op, dtype) if p.capacity is None or p.capacity >= V]
 
 
 # ================================================================================================
@@ -133,7 +133,7 @@ def _plans_fitting(op, V, dtype):
 @pytest.mark.parametrize("V", BWD_BOUNDARY_V)
 def test_backward_at_dispatch_boundaries(V, dtype):
     y, dy = softmax_and_grad(5, V, seed=V, dtype=dtype, device="cuda")
-    assert_backward_close(run_backward(y, dy), dy, y, what=f"V={V} {ct.backward_plan(5, V, dtype)}")
+    assert_backward_close(run_backward(y, dy), dy, y, what=f"V={V} {ct.backward_class_description(5, V, dtype)}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -141,19 +141,26 @@ def test_backward_at_dispatch_boundaries(V, dtype):
 def test_backward_irregular_lengths(V, dtype):
     B = 9 if V <= 50257 else 3
     y, dy = softmax_and_grad(B, V, seed=V + 1, dtype=dtype, device="cuda", dy_scale=4.0)
-    assert_backward_close(run_backward(y, dy), dy, y, what=f"V={V} {ct.backward_plan(B, V, dtype)}")
+    assert_backward_close(run_backward(y, dy), dy, y, what=f"V={V} {ct.backward_class_description(B, V, dtype)}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("V", [7, 300, 1000, 5000, 20000, 70000, 140001])
 def test_backward_every_plan_and_looping_grid(V, dtype):
-    # Every plan that holds the row (forced), each with a grid of 3 CTAs (or clusters) so that
-    # CTAs loop over rows; and the cluster-free plan a pre-sm_90 device would pick.
+    # Every size class that holds the row (forced), each with a grid of 3 CTAs (or clusters) so that
+    # CTAs loop over rows; and the cluster-free size class a pre-sm_90 device would pick.
     y, dy = softmax_and_grad(11, V, seed=V + 2, dtype=dtype, device="cuda")
-    for plan in _plans_fitting("bwd", V, dtype):
-        assert_backward_close(run_backward(y, dy, plan=plan, grid_cap=3 * plan.cluster), dy, y, what=plan.describe())
-    plan = tp.select_plan("bwd", V, dtype, clusters=False)
-    assert_backward_close(run_backward(y, dy, plan=plan), dy, y, what=f"no clusters: {plan.describe()}")
+    for size_class in _classes_fitting("bwd", V, dtype):
+        assert_backward_close(
+            run_backward(y, dy, size_class=size_class, grid_cap=3 * size_class.cluster),
+            dy,
+            y,
+            what=size_class.describe(),
+        )
+    size_class = tp.select_training_class("bwd", V, dtype, clusters=False)
+    assert_backward_close(
+        run_backward(y, dy, size_class=size_class), dy, y, what=f"no clusters: {size_class.describe()}"
+    )
 
 
 def _layout_pairs(dtype):
@@ -181,8 +188,8 @@ def test_backward_every_layout_of_y_and_dy(V, dtype):
 def test_backward_bits_depend_only_on_the_row(V, dtype):
     y, dy = softmax_and_grad(9, V, seed=V + 4, dtype=dtype, device="cuda")
     full = run_backward(y, dy)
-    for plan in _plans_fitting("bwd", V, dtype):
-        assert_same_bits(run_backward(y, dy, plan=plan), full, f"V={V} {plan.describe()}")
+    for size_class in _classes_fitting("bwd", V, dtype):
+        assert_same_bits(run_backward(y, dy, size_class=size_class), full, f"V={V} {size_class.describe()}")
     assert_same_bits(run_backward(y, dy, grid_cap=1), full, f"V={V} one CTA (or cluster) looping")
     for row in (0, 4, 8):
         assert_same_bits(
@@ -242,7 +249,7 @@ def test_backward_plumbing():
     with pytest.raises(ValueError, match="cuda"):
         ct.softmax_backward_fused(y, dy.cpu())
     with pytest.raises(ValueError, match="does not fit"):
-        ct.softmax_backward_fused(y, dy, plan=tp.plans("bwd", torch.float32)[0])
+        ct.softmax_backward_fused(y, dy, size_class=tp.training_classes("bwd", torch.float32)[0])
     # The adapter with the registry's argument order (dy first).
     assert_same_bits(ct.registry_softmax_backward(dy, y), ct.softmax_backward_fused(y, dy), "registry order")
 
@@ -290,13 +297,13 @@ def check_ce(x, t, what, **opts):
 @pytest.mark.parametrize("V", CE_BOUNDARY_V)
 def test_ce_at_dispatch_boundaries(V, dtype):
     x, t = cross_entropy_inputs(7, V, seed=V, dtype=dtype, device="cuda")
-    check_ce(x, t, f"V={V} {ct.cross_entropy_plan(7, V, dtype)}", reduction="none")
+    check_ce(x, t, f"V={V} {ct.cross_entropy_class_description(7, V, dtype)}", reduction="none")
 
 
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
 @pytest.mark.parametrize("opts", OPTIONS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("V", [100, 200, 3000, 50257, 140001])  # warp, warpvec, row, cluster, online
+@pytest.mark.parametrize("V", [100, 200, 3000, 50257, 140001])  # warp, warpvec, row, cluster, loop
 def test_ce_options(V, dtype, opts, reduction):
     N = 12 if V <= 50257 else 5
     # Rows with -inf logits have an infinite smoothing loss, which would make every sum inf.
@@ -305,7 +312,9 @@ def test_ce_options(V, dtype, opts, reduction):
         N, V, seed=V + 1, dtype=dtype, device="cuda", ignore_index=opts.get("ignore_index", -100), neg_inf=neg_inf
     )
     o = _options(opts, V, V)
-    check_ce(x, t, f"V={V} {ct.cross_entropy_plan(N, V, dtype)} {opts} {reduction}", reduction=reduction, **o)
+    check_ce(
+        x, t, f"V={V} {ct.cross_entropy_class_description(N, V, dtype)} {opts} {reduction}", reduction=reduction, **o
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -316,10 +325,10 @@ def test_ce_every_plan_and_looping_grid(V, dtype, opts):
     o = _options(opts, V, V)
     base = run_cross_entropy(x, t, reduction="none", **o)
     assert_cross_entropy_close(base, x, t, what=f"V={V} default", reduction="none", **o)
-    for plan in _plans_fitting("ce", V, dtype) + [tp.select_plan("ce", V, dtype, clusters=False)]:
-        got = run_cross_entropy(x, t, reduction="none", plan=plan, grid_cap=3 * plan.cluster, **o)
+    for size_class in _classes_fitting("ce", V, dtype) + [tp.select_training_class("ce", V, dtype, clusters=False)]:
+        got = run_cross_entropy(x, t, reduction="none", size_class=size_class, grid_cap=3 * size_class.cluster, **o)
         for name, a, b in zip(("loss", "grad", "lse"), got, base, strict=True):
-            assert_same_bits(a, b, f"V={V} {plan.describe()} {name}")
+            assert_same_bits(a, b, f"V={V} {size_class.describe()} {name}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -574,7 +583,7 @@ def test_ce_plumbing():
     with pytest.raises(ValueError, match="weight is on"):
         ct.cross_entropy_fused(x, t, weight=torch.ones(100))
     with pytest.raises(ValueError, match="does not fit"):
-        ct.cross_entropy_fused(x, t, plan=tp.plans("ce", torch.float32)[0])
+        ct.cross_entropy_fused(x, t, size_class=tp.training_classes("ce", torch.float32)[0])
     # The adapter with the registry's return order (loss, lse, grad).
     a = ct.registry_cross_entropy(x, t, label_smoothing=0.1)
     b = ct.cross_entropy_fused(x, t, label_smoothing=0.1)

@@ -25,7 +25,7 @@
 //     exact integer difference, so the gradient of a confident row keeps its digits.
 //
 // Size classes as the forward's (kernels/cuda_training_plans.py), each thread holding its
-// share of the logits: ce_warp, ce_warpvec, ce_row, ce_cluster (sm_90) and ce_online (three
+// share of the logits: ce_warp, ce_warpvec, ce_row, ce_cluster (sm_90) and ce_loop (three
 // passes; a cluster of 8 CTAs per row on sm_90). The column of the target is handled by the one
 // thread that holds it (its "owner"): it loads x_t before any store of the row, rewrites the
 // target's gradient after its own bulk store of it, and writes the row's loss; so writing the
@@ -395,7 +395,7 @@ __device__ __forceinline__ void ce_row_body(CE_PARAMS(typename Fmt::T)) {
 // Each CTA walks its slice U vectors a thread at a time: max and min; the exp sum with the
 // smoothing sum; the gradient. The first two read through __ldg so the data stays in L2.
 template <class Fmt, int NT, int EL, int C>
-__device__ __forceinline__ void ce_online_body(CE_PARAMS(typename Fmt::T)) {
+__device__ __forceinline__ void ce_loop_body(CE_PARAMS(typename Fmt::T)) {
     typedef typename Fmt::T T;
     constexpr int VEC = Fmt::VEC;
     constexpr int NW = NT / 32;
@@ -669,9 +669,9 @@ extern "C" __global__ void __launch_bounds__(CE_HELPER_THREADS, 1)
         ce_row_body<FMT, NT, E, 1, 1, PACKED>(CE_CALL);                                    \
     }
 
-#define CROSS_ENTROPY_ONLINE(NAME, FMT, NT, EL)                                          \
+#define CROSS_ENTROPY_LOOP(NAME, FMT, NT, EL)                                            \
     extern "C" __global__ void __launch_bounds__(NT, 1024 / (NT)) NAME(CE_PARAMS(FMT::T)) { \
-        ce_online_body<FMT, NT, EL, 1>(CE_CALL);                                           \
+        ce_loop_body<FMT, NT, EL, 1>(CE_CALL);                                             \
     }
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
@@ -680,12 +680,12 @@ extern "C" __global__ void __launch_bounds__(CE_HELPER_THREADS, 1)
         NAME(CE_PARAMS(FMT::T)) {                                                                           \
         ce_row_body<FMT, NT, E, C, 1, PACKED>(CE_CALL);                                                     \
     }
-#define CROSS_ENTROPY_ONLINE_CLUSTER(NAME, FMT, NT, EL, C)                                                  \
+#define CROSS_ENTROPY_LOOP_CLUSTER(NAME, FMT, NT, EL, C)                                                    \
     extern "C" __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(NT, 1024 / (NT))                 \
         NAME(CE_PARAMS(FMT::T)) {                                                                           \
-        ce_online_body<FMT, NT, EL, C>(CE_CALL);                                                            \
+        ce_loop_body<FMT, NT, EL, C>(CE_CALL);                                                              \
     }
 #else
 #define CROSS_ENTROPY_CLUSTER(NAME, FMT, NT, E, C, PACKED)
-#define CROSS_ENTROPY_ONLINE_CLUSTER(NAME, FMT, NT, EL, C)
+#define CROSS_ENTROPY_LOOP_CLUSTER(NAME, FMT, NT, EL, C)
 #endif

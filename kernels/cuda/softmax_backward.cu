@@ -25,7 +25,7 @@
 //   bwd_cluster   V <= 131072 (sm_90): a cluster of up to 8 CTAs per row, each holding a slice;
 //                 the CTAs meet twice through distributed shared memory (the max of |y * dy|,
 //                 then the fixed-point sum).
-//   bwd_online    longer rows (and, before sm_90, rows past 16384): three passes over the row
+//   bwd_loop      longer rows (and, before sm_90, rows past 16384): three passes over the row
 //                 (the bound, the sum, the output), the re-reads mostly served by L2. On sm_90
 //                 a cluster of 8 CTAs shares each row, so the row's re-read working set per SM
 //                 is an eighth of it and stays in L2 at any batch size.
@@ -235,9 +235,9 @@ __device__ __forceinline__ void bwd_row_body(const typename Fmt::T* __restrict__
 // thread: the bound, the fixed-point sum, then the output. The first two passes read through
 // the read-only path (__ldg) so the data stays in L2 for the next.
 template <class Fmt, int NT, int EL, int C>
-__device__ __forceinline__ void bwd_online_body(const typename Fmt::T* __restrict__ y, long long y_stride,
-                                                const typename Fmt::T* __restrict__ dy, long long dy_stride,
-                                                typename Fmt::T* __restrict__ dx, long long n_rows, int n_cols) {
+__device__ __forceinline__ void bwd_loop_body(const typename Fmt::T* __restrict__ y, long long y_stride,
+                                              const typename Fmt::T* __restrict__ dy, long long dy_stride,
+                                              typename Fmt::T* __restrict__ dx, long long n_rows, int n_cols) {
     typedef typename Fmt::T T;
     constexpr int VEC = Fmt::VEC;
     constexpr int NW = NT / 32;
@@ -386,9 +386,9 @@ __device__ __forceinline__ void bwd_online_body(const typename Fmt::T* __restric
         bwd_row_body<FMT, NT, E, 1, 1, PACKED>(y, y_stride, dy, dy_stride, dx, n_rows, n_cols);     \
     }
 
-#define SOFTMAX_BWD_ONLINE(NAME, FMT, NT, EL)                                                       \
+#define SOFTMAX_BWD_LOOP(NAME, FMT, NT, EL)                                                         \
     extern "C" __global__ void __launch_bounds__(NT, 1024 / (NT)) NAME(BWD_ARGS(FMT)) {                  \
-        bwd_online_body<FMT, NT, EL, 1>(y, y_stride, dy, dy_stride, dx, n_rows, n_cols);            \
+        bwd_loop_body<FMT, NT, EL, 1>(y, y_stride, dy, dy_stride, dx, n_rows, n_cols);              \
     }
 
 // Clusters exist from sm_90 on; before it these entry points are left out and the dispatcher
@@ -399,12 +399,12 @@ __device__ __forceinline__ void bwd_online_body(const typename Fmt::T* __restric
         NAME(BWD_ARGS(FMT)) {                                                                            \
         bwd_row_body<FMT, NT, E, C, 1, PACKED>(y, y_stride, dy, dy_stride, dx, n_rows, n_cols);     \
     }
-#define SOFTMAX_BWD_ONLINE_CLUSTER(NAME, FMT, NT, EL, C)                                            \
+#define SOFTMAX_BWD_LOOP_CLUSTER(NAME, FMT, NT, EL, C)                                              \
     extern "C" __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(NT, 1024 / (NT))         \
         NAME(BWD_ARGS(FMT)) {                                                                            \
-        bwd_online_body<FMT, NT, EL, C>(y, y_stride, dy, dy_stride, dx, n_rows, n_cols);            \
+        bwd_loop_body<FMT, NT, EL, C>(y, y_stride, dy, dy_stride, dx, n_rows, n_cols);              \
     }
 #else
 #define SOFTMAX_BWD_CLUSTER(NAME, FMT, NT, E, C, PACKED)
-#define SOFTMAX_BWD_ONLINE_CLUSTER(NAME, FMT, NT, EL, C)
+#define SOFTMAX_BWD_LOOP_CLUSTER(NAME, FMT, NT, EL, C)
 #endif
