@@ -35,6 +35,7 @@ from tests.helpers import (
     cross_entropy_expected,
     cross_entropy_inputs,
     dtype_id,
+    fixed_point_error,
     layouts,
     softmax_and_grad,
 )
@@ -432,16 +433,16 @@ def test_ce_confident_rows_keep_their_digits(V, dtype):
     p = np.exp(xd - lse_ref[:, None])
     p[rows, t] = 0.0
     E_t = (p * d).sum(axis=1) / p.sum(axis=1)
-    u = FP32_EPS / 2
-    bits_v = math.ceil(math.log2(V))
-    # One rounding into dtype: relative, and absolute where fp16 turns subnormal.
-    storage, floor = (
-        (0.0, 0.0) if dtype == torch.float32 else (TOLERANCES[dtype].storage, TOLERANCES[dtype].train_floor_abs)
-    )
+    # TOLERANCES' cross-entropy row: ce_ulps eps per unit of E_t + 2; the exp sum's rounding to
+    # nearest, at most V / 2 units of 2^-K (fixed_point_error(V) is V of them; p_t - 1 divides by
+    # the sum once more); one rounding into dtype, relative, and absolute where fp16 turns subnormal.
+    tol = TOLERANCES[dtype]
+    c = tol.ce_ulps * FP32_EPS
+    storage, floor = (0.0, 0.0) if dtype == torch.float32 else (tol.storage, tol.train_floor_abs)
     loss_err = np.abs(loss.double().cpu().numpy() - loss_ref)
     pm1_err = np.abs(grad[rows, t.cuda()].double().cpu().numpy() - pm1_ref)
-    loss_bound = (16 * u * (E_t + 2) + storage) * loss_ref + 2.0 ** (2 * bits_v - 62) + floor
-    pm1_bound = (16 * u * (E_t + 2) + storage) * np.abs(pm1_ref) + 2.0 ** (2 * bits_v - 61) + floor
+    loss_bound = (c * (E_t + 2) + storage) * loss_ref + fixed_point_error(V) + floor
+    pm1_bound = (c * (E_t + 2) + storage) * np.abs(pm1_ref) + 2 * fixed_point_error(V) + floor
     assert (loss_err <= loss_bound).all(), f"confident rows' loss lost digits: {loss_err / loss_ref} relative"
     assert (pm1_err <= pm1_bound).all(), f"confident rows' p_t - 1 lost digits: {pm1_err / np.abs(pm1_ref)} relative"
 
