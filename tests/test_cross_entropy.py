@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 import kernels
 from kernels import CROSS_ENTROPY_KERNELS
-from tests.helpers import TRITON_MISSING
+from tests.helpers import FP32_EPS, TOLERANCES, TRITON_MISSING
 
 if TRITON_MISSING:  # Triton publishes Linux wheels only: what this file tests needs it
     pytest.skip(TRITON_MISSING, allow_module_level=True)
@@ -229,28 +229,55 @@ def test_bits_depend_on_neither_batch_order_nor_layout():
         assert torch.equal(bits(a), bits(b)), f"{reduction}: the loss depends on the order of the rows"
 
 
-IGNORED_NAN_ROWS = [
-    pytest.param(
-        "triton",
-        marks=pytest.mark.xfail(
-            reason="the Triton kernels write 0 into an ignored row's gradient even where the row's probabilities "
-            "are NaN; PyTorch (and kernels.reference.cross_entropy_ref) give NaN there"
-        ),
-    ),
-    kernels.CROSS_ENTROPY_BASELINE,
-]
+def triton_differs_from_pytorch(reason: str) -> list:
+    """Kernel names for a case where the Triton kernels are known to depart from PyTorch: the
+    Triton one as an xfail with the reason, and PyTorch's own, which must pass the same check."""
+    return [pytest.param("triton", marks=pytest.mark.xfail(reason=reason)), kernels.CROSS_ENTROPY_BASELINE]
+
+
+def runnable(kernel: str):
+    """The registry's kernel, or a skip where it is a Triton kernel and this process does not
+    interpret them (test_interpreted_in_a_subprocess runs it)."""
+    k = CROSS_ENTROPY_KERNELS[kernel]
+    if not k.baseline and not tce.INTERPRET:
+        pytest.skip("needs the interpreted kernels; test_interpreted_in_a_subprocess runs them")
+    return k
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("kernel", IGNORED_NAN_ROWS)
+@pytest.mark.parametrize(
+    "kernel",
+    triton_differs_from_pytorch(
+        "the Triton kernels form the loss as lse - x_t in float32: at logits of 1e30, lse rounds to x_t and the "
+        "row's loss, log 2, comes out 0 (the CUDA C kernels form (max - x_t) + log1p(...))"
+    ),
+)
+def test_a_row_of_huge_logits_keeps_its_loss(kernel):
+    # Two logits of 1e30 share the mass: the loss is log 2 and the gradient +-1/2, to float32's
+    # precision (TOLERANCES' ce_ulps), however large the logits.
+    x = torch.tensor([[1e30, -1e30, 1e30, 0.0], [1e30, -1e30, 1e30, 0.0]])
+    t = torch.tensor([2, 1])
+    result = run_cross_entropy_poisoned(runnable(kernel), x, t, reduction="none")
+    rel = TOLERANCES[torch.float32].ce_ulps * FP32_EPS
+    assert result.loss[0].item() == pytest.approx(math.log(2), rel=rel), f"{kernel}: loss {result.loss[0].item()}"
+    assert result.loss[1].item() == pytest.approx(2e30 + math.log(2), rel=rel)
+    assert result.grad[0].tolist() == pytest.approx([0.5, 0.0, -0.5, 0.0], rel=rel, abs=0.0)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize(
+    "kernel",
+    triton_differs_from_pytorch(
+        "the Triton kernels write 0 into an ignored row's gradient even where the row's probabilities are NaN; "
+        "PyTorch (and kernels.reference.cross_entropy_ref) give NaN there"
+    ),
+)
 @pytest.mark.filterwarnings("ignore:invalid value encountered in log:RuntimeWarning")  # the interpreter's log(NaN)
 @pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")  # and log(0): no finite logit
 def test_an_ignored_row_whose_probabilities_are_nan_has_a_nan_gradient(kernel):
     # PyTorch's semantics: an ignored row's loss is 0 and its gradient 0 times its probabilities,
     # so NaN throughout a row holding a NaN or no finite logit, in every reduction.
-    k = CROSS_ENTROPY_KERNELS[kernel]
-    if not k.baseline and not tce.INTERPRET:
-        pytest.skip("needs the interpreted kernels; test_interpreted_in_a_subprocess runs them")
+    k = runnable(kernel)
     x = logits(4, 9, seed=3)
     x[1, 4] = math.nan
     x[2] = -math.inf
