@@ -108,6 +108,8 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(markers.platform_marker_message(errors))
     if os.environ.get("PYTEST_XDIST_WORKER"):
         markers.skip_benchmarks(items)
+        if markers.selects_cuda(config.getoption("markexpr")):
+            markers.heaviest_first(items)
     message = markers.gate_cuda_items(
         items,
         markexpr=config.getoption("markexpr"),

@@ -123,7 +123,36 @@ def logits(
     if recipe == "span":
         outliers = False  # a +30 would leave every other entry 30 nats down: the span is the point
     where = torch.device(device) if on_device else torch.device("cpu")
-    wide = torch.float32 if on_device else torch.float64
+    draw = (B, V, seed, outliers, neg_inf, float(scale), tuple(neg_inf_rows), recipe)
+    if not on_device:
+        x = _host_draw(*draw)
+        # The draw is shared by every call with the same arguments: a cast or placement that
+        # would return it as it is must copy it.
+        x = x.to(dtype, copy=True) if torch.device(device).type == "cpu" else x.to(dtype)
+    else:
+        x = _draw(where, torch.float32, *draw).to(dtype)
+    return _place(x, layout, torch.device(device))
+
+
+# Host draws are deterministic in their arguments, and the same one is asked for in many layouts,
+# dtypes and kernels (a coverage cell, a property per path): the newest ones are kept, up to this
+# many bytes per process, so a large shape is drawn once per process instead of once per call.
+_DRAW_CACHE_BYTES = 1 << 30
+_draws: dict = {}
+
+
+def _host_draw(*draw) -> torch.Tensor:
+    x = _draws.pop(draw, None)
+    if x is None:
+        x = _draw(torch.device("cpu"), torch.float64, *draw)
+    _draws[draw] = x  # newest last
+    while sum(t.numel() * t.element_size() for t in _draws.values()) > _DRAW_CACHE_BYTES and len(_draws) > 1:
+        del _draws[next(iter(_draws))]
+    return x
+
+
+def _draw(where, wide, B, V, seed, outliers, neg_inf, scale, neg_inf_rows, recipe) -> torch.Tensor:
+    """The recipe's values in `wide` (float64 on the host, float32 drawn on a device), uncast."""
     g = torch.Generator(device=where).manual_seed(seed)
 
     def randint(high, n):
@@ -166,7 +195,7 @@ def logits(
         x = x - finite.max(dim=1, keepdim=True).values + target[:, None]
     for row in neg_inf_rows:
         x[row] = -math.inf
-    return _place(x.to(dtype), layout, torch.device(device))
+    return x
 
 
 def _place(values: torch.Tensor, layout: str, device: torch.device) -> torch.Tensor:

@@ -103,11 +103,12 @@ def test_the_remembered_common_call_gives_the_checked_calls_bits(kernel, path, B
     """A call without `out` is served, from its second time for a layout on, by a launch
     remembered for that layout (kernels.softmax_cuda / softmax_triton). In every layout, it must
     give the bits of the fully checked call into a given output, return a new tensor each time,
-    and follow new data at the same layout."""
+    and follow new data at the same layout. The checked call itself is held to the reference in
+    the first layout here; in every layout it is the coverage matrix's cell at this path."""
     fn = SOFTMAX_KERNELS[kernel]
     skip_unless_runnable(fn)
     assert fn.plan(B, V, dtype) == path
-    for layout in layouts(dtype):
+    for i, layout in enumerate(layouts(dtype)):
         x = logits(B, V, seed=B + V, dtype=dtype, device="cuda", layout=layout)
         checked = run_poisoned(fn, x)
         first, second = fn(x), fn(x)
@@ -116,7 +117,8 @@ def test_the_remembered_common_call_gives_the_checked_calls_bits(kernel, path, B
             assert torch.equal(bits(got), bits(checked)), f"{kernel}/{path}/{layout}: the common call differs"
         other = logits(B, V, seed=B + V + 1, dtype=dtype, device="cuda", layout=layout)
         assert torch.equal(bits(fn(other)), bits(run_poisoned(fn, other))), f"{kernel}/{path}/{layout}: stale data"
-        check_softmax(second, x, what=f"{kernel}/{path}/{layout} common call")
+        if i == 0:
+            check_softmax(second, x, what=f"{kernel}/{path}/{layout} common call")
 
 
 # -- custom operators -----------------------------------------------------------------------------------

@@ -6,15 +6,18 @@ sum are compared here as raw bits (uint32 views of float32, int64 ids): the embe
 the weights through NumPy -> torch -> NumPy, and the token ids both backends are given. So are
 the torch model against itself: run twice, a sequence in other batches and at other batch indices.
 
-Batch invariance of the torch model on this CPU (MKL, one thread), measured for T = 1..32 with a
-batch of 1 against a batch of 4 holding three other sequences:
-- holds for the explicit attention at T = 4 and T >= 12, for nn.MultiheadAttention at T >= 4;
-- does not hold for T <= 3 (either attention): a Linear over fewer than 4 rows (B*T <= 3) takes
-  another MKL kernel than the same rows among 4 or more, so qkv, the MLP and the LM head differ
-  in the last bits;
-- does not hold for the explicit attention at 5 <= T <= 11: `q @ k.transpose(-2, -1)` on the
-  per-head views of the qkv output (strided, not contiguous) gives a batch of 1 other bits than
-  a batch of 4; on contiguous q and k it does not.
+Batch invariance of the torch model on a CPU (MKL, one thread), measured for T = 1..32 with a
+batch of 1 against a batch of 4 holding three other sequences, depends on which MKL kernels the
+CPU gets for small products:
+- on an AVX-512 Xeon it held for the explicit attention at T = 4 and T >= 12, for
+  nn.MultiheadAttention at T >= 4; on a Xeon with AMX (Sapphire Rapids) it held for both
+  attentions at T >= 11 only;
+- below that, a Linear over a few rows (B*T small) takes another MKL kernel than the same rows
+  among more, so qkv, the MLP and the LM head differ in the last bits; and `q @ k.transpose(-2,
+  -1)` on the per-head views of the qkv output (strided, not contiguous) can give a batch of 1
+  other bits than a batch of 4.
+So the claim is made at T >= 12, where every CPU measured agrees; below it is the BLAS's choice,
+not the port's.
 The same sequence at index 0 and at index 3 of one batch of 4 gets the same bits at every T.
 The tests below assert what holds.
 """
@@ -32,7 +35,7 @@ pytestmark = pytest.mark.cpu
 
 RANDOM_VOCAB = 601
 # (attention, T) at which a sequence alone and among three others get the same bits (see above).
-BATCH_INVARIANT_T = {"explicit": (12, 16, 31, 32), "mha": (4, 8, 16, 32)}
+BATCH_INVARIANT_T = {"explicit": (12, 16, 31, 32), "mha": (12, 16, 24, 32)}
 POSITION_T = (1, 3, 5, 11, 16, 32)
 
 

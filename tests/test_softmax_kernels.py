@@ -336,3 +336,20 @@ class TestEdges:
         assert not x.is_contiguous()
         k = SOFTMAX_KERNELS[kernel]
         check_softmax(run_poisoned(k, x), x, what=f"{kernel} on a strided view", kernel=k)
+
+
+@pytest.mark.cpu
+def test_inputs_are_reproducible_and_owned_by_the_caller():
+    """`logits` keeps its host draws for reuse: the same arguments give the same values in every
+    layout and dtype, and a caller that writes into its tensor changes no later call's input."""
+    from tests.helpers import logits
+
+    first = logits(6, 70, seed=11, dtype=torch.float64)
+    want = first.clone()
+    first.fill_(0.0)
+    again = logits(6, 70, seed=11, dtype=torch.float64)
+    assert torch.equal(again, want) and again.data_ptr() != first.data_ptr()
+    strided = logits(6, 70, seed=11, dtype=torch.float64, layout="col_stride")
+    assert not strided.is_contiguous() and torch.equal(strided, want)
+    assert torch.equal(logits(6, 70, seed=11, dtype=torch.bfloat16), want.to(torch.bfloat16))
+    assert not torch.equal(logits(6, 70, seed=12, dtype=torch.float64), want)

@@ -91,6 +91,22 @@ def test_only_benchmark_cases_are_skipped_under_xdist():
 # -- the rules, in a pytest subprocess -------------------------------------------------------------
 
 
+def test_a_parallel_cuda_run_starts_the_largest_inputs_first():
+    def item(name, **params):
+        return SimpleNamespace(name=name, callspec=SimpleNamespace(params=params))
+
+    items = [
+        item("small", B=5, V=100),
+        SimpleNamespace(name="unparametrized"),
+        item("large", B=1024, V=32769),
+        item("no shape", kernel="fused"),
+        item("middle", B=64, V=1000),
+        item("also small", B=100, V=5),
+    ]
+    markers.heaviest_first(items)
+    assert [i.name for i in items] == ["large", "middle", "small", "also small", "unparametrized", "no shape"]
+
+
 def test_a_test_without_exactly_one_platform_marker_is_a_collection_error(tmp_path):
     result = run_pytest(str(CASES / "unmarked_case.py"), "--reports-dir", str(tmp_path))
     assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
