@@ -27,6 +27,7 @@ _gate_result = pytest.StashKey[gate.GateResult]()
 _baseline_recorded = pytest.StashKey[str]()
 _written = pytest.StashKey[list]()
 _quick_line = pytest.StashKey[str]()
+_balanced = pytest.StashKey[bool]()
 
 
 def pytest_addoption(parser):
@@ -85,12 +86,19 @@ def pytest_addoption(parser):
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
     markers.quiet_benchmarks_in_workers(config.option, is_worker=hasattr(config, "workerinput"))
-    markers.parallel_cpu_by_default(
+    config.stash[_balanced] = markers.parallel_cpu_by_default(
         config.option,
         config.getoption("markexpr"),
         is_worker=hasattr(config, "workerinput"),
         collect_only=config.getoption("collectonly"),
     )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.stash.get(_balanced, False):
+        return markers.balanced_scheduler(config, log)
+    return None
 
 
 @pytest.hookimpl(optionalhook=True)
