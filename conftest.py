@@ -133,15 +133,19 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _seed_everything(request):
-    """A fixed seed per test, different between tests: reproducible, yet no two tests share inputs."""
+    """A fixed seed per test, different between tests: reproducible, yet no two tests share inputs.
+    torch is seeded where it is imported: a test file that uses it imports it when collected, and
+    a process that never needs it (a child run of the suite's own tests) is spared its import."""
     import numpy as np
-    import torch
 
+    torch = sys.modules.get("torch")
     seed = zlib.crc32(request.node.nodeid.encode())
     np.random.seed(seed)
-    torch.manual_seed(seed)
+    if torch is not None:
+        torch.manual_seed(seed)
     yield
-    if request.node.get_closest_marker("cuda") and torch.cuda.is_initialized():
+    torch = sys.modules.get("torch")  # the test may have imported it
+    if torch is not None and request.node.get_closest_marker("cuda") and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
         if "cupy" in sys.modules:
             sys.modules["cupy"].get_default_memory_pool().free_all_blocks()
