@@ -28,6 +28,7 @@ _baseline_recorded = pytest.StashKey[str]()
 _written = pytest.StashKey[list]()
 _quick_line = pytest.StashKey[str]()
 _balanced = pytest.StashKey[bool]()
+_cpu_coverage = pytest.StashKey[list]()
 
 
 def pytest_addoption(parser):
@@ -99,6 +100,13 @@ def pytest_xdist_make_scheduler(config, log):
     if config.stash.get(_balanced, False):
         return markers.balanced_scheduler(config, log)
     return None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    lines = getattr(node, "workeroutput", {}).get(markers.CPU_COVERAGE_KEY)
+    if lines is not None:
+        node.config.stash[_cpu_coverage] = lines
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -181,8 +189,15 @@ def pytest_runtest_logreport(report):
 
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
-    if hasattr(config, "workerinput") or config.getoption("collectonly"):
-        return  # xdist workers write nothing; the controller gathers their records
+    if hasattr(config, "workerinput"):
+        # xdist workers write nothing (the controller gathers their records); they tell it what
+        # the summary says of the kernels, which their tests loaded.
+        config.workeroutput[markers.CPU_COVERAGE_KEY] = markers.run_cpu_coverage_lines(
+            config.getoption("markexpr"), collect_only=config.getoption("collectonly")
+        )
+        return
+    if config.getoption("collectonly"):
+        return
     covered = config.stash[_coverage_result] = _coverage.result()
     if covered.failed and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -217,11 +232,13 @@ def pytest_terminal_summary(terminalreporter, config):
     covered = config.stash.get(_coverage_result, None)
     for line in covered.lines() if covered else ():
         terminalreporter.write_line(line, red=covered.failed, bold=covered.failed)
-    if markers.selects_cpu(config.getoption("markexpr")) and not config.getoption("collectonly"):
-        from kernels import SOFTMAX_KERNELS
-
-        for line in markers.cpu_coverage_lines(SOFTMAX_KERNELS.values()):
-            terminalreporter.write_line(line, yellow=True)
+    lines = config.stash.get(_cpu_coverage, None)
+    if lines is None:
+        lines = markers.run_cpu_coverage_lines(
+            config.getoption("markexpr"), collect_only=config.getoption("collectonly")
+        )
+    for line in lines or ():
+        terminalreporter.write_line(line, yellow=True)
     written = config.stash.get(_written, None)
     if written:
         terminalreporter.write_line("reports written: " + ", ".join(str(p) for p in written))

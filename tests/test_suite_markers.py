@@ -184,3 +184,14 @@ def test_small_files_travel_whole_and_large_files_test_by_test():
     ]
     assert markers.whole_files(ids, max_tests=3) == {"tests/test_small.py"}
     assert markers.whole_files(ids, max_tests=4) == {"tests/test_small.py", "tests/test_big.py"}
+
+
+def test_a_run_that_loaded_no_kernel_registry_says_nothing_of_the_kernels():
+    import kernels.registry
+
+    loaded = {"kernels.registry": kernels.registry}
+    expected = markers.cpu_coverage_lines(kernels.registry.SOFTMAX_KERNELS.values())
+    assert expected and markers.run_cpu_coverage_lines("cpu", collect_only=False, modules=loaded) == expected
+    assert markers.run_cpu_coverage_lines("cpu", collect_only=False, modules={}) is None
+    assert markers.run_cpu_coverage_lines("cuda", collect_only=False, modules=loaded) is None
+    assert markers.run_cpu_coverage_lines("cpu", collect_only=True, modules=loaded) is None

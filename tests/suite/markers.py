@@ -3,6 +3,7 @@ xdist, and what becomes of cuda tests on a machine whose GPU cannot be used."""
 
 import os
 import re
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -60,6 +61,23 @@ def cpu_coverage_lines(kernels) -> list[str]:
     for reason, names in missing.items():
         lines.append(f"not verified on this machine: {', '.join(names)} ({reason})")
     return lines
+
+
+# The key under which an xdist worker hands run_cpu_coverage_lines to the controller.
+CPU_COVERAGE_KEY = "softmax_suite_cpu_coverage"
+
+
+def run_cpu_coverage_lines(markexpr: str | None, *, collect_only: bool, modules=sys.modules) -> list[str] | None:
+    """cpu_coverage_lines of the kernel registry for this process's run, or None where the run
+    says nothing of the kernels: it selects no cpu test, only collects, or never loaded the
+    registry (it ran none of the kernels' cases: a child run of the suite's own tests, which the
+    registry would cost the import of torch). Under xdist the workers, which loaded it, compute
+    the lines for the controller."""
+    if not selects_cpu(markexpr) or collect_only or "kernels.registry" not in modules:
+        return None
+    from kernels import SOFTMAX_KERNELS
+
+    return cpu_coverage_lines(SOFTMAX_KERNELS.values())
 
 
 def skip_benchmarks(items) -> None:
