@@ -27,6 +27,8 @@ _gate_result = pytest.StashKey[gate.GateResult]()
 _baseline_recorded = pytest.StashKey[str]()
 _written = pytest.StashKey[list]()
 _quick_line = pytest.StashKey[str]()
+_balanced = pytest.StashKey[bool]()
+_cpu_coverage = pytest.StashKey[list]()
 
 
 def pytest_addoption(parser):
@@ -85,12 +87,26 @@ def pytest_addoption(parser):
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
     markers.quiet_benchmarks_in_workers(config.option, is_worker=hasattr(config, "workerinput"))
-    markers.parallel_cpu_by_default(
+    config.stash[_balanced] = markers.parallel_cpu_by_default(
         config.option,
         config.getoption("markexpr"),
         is_worker=hasattr(config, "workerinput"),
         collect_only=config.getoption("collectonly"),
     )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.stash.get(_balanced, False):
+        return markers.balanced_scheduler(config, log)
+    return None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    lines = getattr(node, "workeroutput", {}).get(markers.CPU_COVERAGE_KEY)
+    if lines is not None:
+        node.config.stash[_cpu_coverage] = lines
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -127,15 +143,19 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _seed_everything(request):
-    """A fixed seed per test, different between tests: reproducible, yet no two tests share inputs."""
+    """A fixed seed per test, different between tests: reproducible, yet no two tests share inputs.
+    torch is seeded where it is imported: a test file that uses it imports it when collected, and
+    a process that never needs it (a child run of the suite's own tests) is spared its import."""
     import numpy as np
-    import torch
 
+    torch = sys.modules.get("torch")
     seed = zlib.crc32(request.node.nodeid.encode())
     np.random.seed(seed)
-    torch.manual_seed(seed)
+    if torch is not None:
+        torch.manual_seed(seed)
     yield
-    if request.node.get_closest_marker("cuda") and torch.cuda.is_initialized():
+    torch = sys.modules.get("torch")  # the test may have imported it
+    if torch is not None and request.node.get_closest_marker("cuda") and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
         if "cupy" in sys.modules:
             sys.modules["cupy"].get_default_memory_pool().free_all_blocks()
@@ -171,8 +191,15 @@ def pytest_runtest_logreport(report):
 
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
-    if hasattr(config, "workerinput") or config.getoption("collectonly"):
-        return  # xdist workers write nothing; the controller gathers their records
+    if hasattr(config, "workerinput"):
+        # xdist workers write nothing (the controller gathers their records); they tell it what
+        # the summary says of the kernels, which their tests loaded.
+        config.workeroutput[markers.CPU_COVERAGE_KEY] = markers.run_cpu_coverage_lines(
+            config.getoption("markexpr"), collect_only=config.getoption("collectonly")
+        )
+        return
+    if config.getoption("collectonly"):
+        return
     covered = config.stash[_coverage_result] = _coverage.result()
     if covered.failed and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -207,11 +234,13 @@ def pytest_terminal_summary(terminalreporter, config):
     covered = config.stash.get(_coverage_result, None)
     for line in covered.lines() if covered else ():
         terminalreporter.write_line(line, red=covered.failed, bold=covered.failed)
-    if markers.selects_cpu(config.getoption("markexpr")) and not config.getoption("collectonly"):
-        from kernels import SOFTMAX_KERNELS
-
-        for line in markers.cpu_coverage_lines(SOFTMAX_KERNELS.values()):
-            terminalreporter.write_line(line, yellow=True)
+    lines = config.stash.get(_cpu_coverage, None)
+    if lines is None:
+        lines = markers.run_cpu_coverage_lines(
+            config.getoption("markexpr"), collect_only=config.getoption("collectonly")
+        )
+    for line in lines or ():
+        terminalreporter.write_line(line, yellow=True)
     written = config.stash.get(_written, None)
     if written:
         terminalreporter.write_line("reports written: " + ", ".join(str(p) for p in written))

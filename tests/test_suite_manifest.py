@@ -414,3 +414,15 @@ def test_committed_manifest_is_what_the_builder_derives_from_its_raw_values(comm
     if "call_modes" in committed:
         section = committed["call_modes"]
         assert manifest.derive_call_modes(section["entries"], section["floors"], committed["sweep"]) == section
+
+
+def test_versions_read_without_importing_are_the_imported_ones(monkeypatch):
+    import numpy
+    import torch
+
+    imported = manifest.software_versions()
+    assert imported["torch"] == torch.__version__ and imported["numpy"] == numpy.__version__
+    for name in ("torch", "numpy"):
+        monkeypatch.delitem(sys.modules, name)  # as in a process that never imported them
+    assert manifest.software_versions() == imported
+    assert "torch" not in sys.modules, "reading the versions imported torch"

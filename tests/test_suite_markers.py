@@ -191,3 +191,23 @@ def test_benchmark_timing_is_off_in_xdist_workers():
     assert not markers.quiet_benchmarks_in_workers(option, is_worker=False) and not option.benchmark_disable
     assert markers.quiet_benchmarks_in_workers(option, is_worker=True) and option.benchmark_disable
     assert not markers.quiet_benchmarks_in_workers(SimpleNamespace(), is_worker=True)  # no pytest-benchmark
+
+
+def test_small_files_travel_whole_and_large_files_test_by_test():
+    ids = [f"tests/test_big.py::test_case[{i}]" for i in range(4)] + [
+        "tests/test_small.py::test_a",
+        "tests/test_small.py::test_b",
+    ]
+    assert markers.whole_files(ids, max_tests=3) == {"tests/test_small.py"}
+    assert markers.whole_files(ids, max_tests=4) == {"tests/test_small.py", "tests/test_big.py"}
+
+
+def test_a_run_that_loaded_no_kernel_registry_says_nothing_of_the_kernels():
+    import kernels.registry
+
+    loaded = {"kernels.registry": kernels.registry}
+    expected = markers.cpu_coverage_lines(kernels.registry.SOFTMAX_KERNELS.values())
+    assert expected and markers.run_cpu_coverage_lines("cpu", collect_only=False, modules=loaded) == expected
+    assert markers.run_cpu_coverage_lines("cpu", collect_only=False, modules={}) is None
+    assert markers.run_cpu_coverage_lines("cuda", collect_only=False, modules=loaded) is None
+    assert markers.run_cpu_coverage_lines("cpu", collect_only=True, modules=loaded) is None

@@ -27,7 +27,9 @@ JSON and --benchmark-compare are in the clock that was measured.
 
 import time
 
-import torch
+# torch is imported by the clocks that run (below, in each function that times): the rest
+# (report_times_us, paired_ratios, FedClock) also serves processes that never touch torch, such
+# as the child runs of the suite's own tests, which its import would cost a second each.
 
 WARMUP = 3
 ROUNDS = 100
@@ -61,6 +63,8 @@ def interleaved_device_times_us(
 ) -> list[list[float]]:
     """Device time of each of `fns` in `rounds` interleaved rounds (one launch of each per round,
     L2 flushed before every launch); one list of times per function, in µs."""
+    import torch
+
     for fn in fns:
         for _ in range(warmup):
             fn()
@@ -86,6 +90,8 @@ def interleaved_device_times_us(
 def calls_per_round(fn, *, warmup: int = WARMUP, synchronize=None, clock=time.perf_counter) -> int:
     """CALLS_PER_ROUND, or fewer where one call (timed alone after warm-up) is so slow that a
     round would run past MAX_ROUND_SECONDS; never fewer than MIN_CALLS_PER_ROUND."""
+    import torch
+
     synchronize = synchronize or torch.cuda.synchronize
     for _ in range(warmup):
         fn()
@@ -128,6 +134,8 @@ def interleaved_per_call_times_us(
 ) -> list[list[float]]:
     """per_call_times_us for each of `fns` in interleaved rounds: every round times `calls`
     back-to-back calls of each function, each run ending in its own synchronize."""
+    import torch
+
     synchronize = synchronize or torch.cuda.synchronize
     for fn in fns:
         for _ in range(warmup):
@@ -152,6 +160,8 @@ def capture_graph(fn, *, warmup: int = WARMUP):
     must not happen inside the capture. The output lives in the graph's private memory pool
     and is rewritten by every replay, so a test can poison it, replay, and check it.
     """
+    import torch
+
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -179,6 +189,8 @@ def interleaved_graph_replay_times_us(
     graphs: list, *, replays: int = CALLS_PER_ROUND, rounds: int = CALL_ROUNDS
 ) -> list[list[float]]:
     """graph_replay_times_us for each of `graphs` in interleaved rounds."""
+    import torch
+
     for graph in graphs:
         graph.replay()
     torch.cuda.synchronize()

@@ -149,13 +149,28 @@ def _case_order(entry: dict) -> tuple:
 
 
 def software_versions() -> dict:
-    """Versions of what the suite runs on, without importing CUDA-touching code paths."""
+    """Versions of what the suite runs on: the imported module's own version, else the installed
+    distribution's (read without importing it: a pytest process that imported no torch, such as
+    the xdist controller or a child run of the suite's own tests, is spared a second of import);
+    None for a package that is not installed."""
+    import importlib.metadata
+    import sys
+
     versions = {"python": platform.python_version()}
+    providers = None
     for name in ("torch", "triton", "cupy", "numpy"):
-        try:
-            versions[name] = __import__(name).__version__
-        except Exception:  # a missing or broken package is recorded as absent, not fatal
-            versions[name] = None
+        module = sys.modules.get(name)
+        version = getattr(module, "__version__", None)
+        if version is None:
+            # The distribution's name may differ from the import name (cupy-cuda12x provides cupy).
+            providers = importlib.metadata.packages_distributions() if providers is None else providers
+            for distribution in providers.get(name, ()):
+                try:
+                    version = importlib.metadata.version(distribution)
+                    break
+                except importlib.metadata.PackageNotFoundError:
+                    continue
+        versions[name] = None if version is None else str(version)
     return versions
 
 

@@ -3,6 +3,7 @@ xdist, and what becomes of cuda tests on a machine whose GPU cannot be used."""
 
 import os
 import re
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -60,6 +61,23 @@ def cpu_coverage_lines(kernels) -> list[str]:
     for reason, names in missing.items():
         lines.append(f"not verified on this machine: {', '.join(names)} ({reason})")
     return lines
+
+
+# The key under which an xdist worker hands run_cpu_coverage_lines to the controller.
+CPU_COVERAGE_KEY = "softmax_suite_cpu_coverage"
+
+
+def run_cpu_coverage_lines(markexpr: str | None, *, collect_only: bool, modules=sys.modules) -> list[str] | None:
+    """cpu_coverage_lines of the kernel registry for this process's run, or None where the run
+    says nothing of the kernels: it selects no cpu test, only collects, or never loaded the
+    registry (it ran none of the kernels' cases: a child run of the suite's own tests, which the
+    registry would cost the import of torch). Under xdist the workers, which loaded it, compute
+    the lines for the controller."""
+    if not selects_cpu(markexpr) or collect_only or "kernels.registry" not in modules:
+        return None
+    from kernels import SOFTMAX_KERNELS
+
+    return cpu_coverage_lines(SOFTMAX_KERNELS.values())
 
 
 def skip_benchmarks(items) -> None:
@@ -126,17 +144,58 @@ _BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_TH
 def parallel_cpu_by_default(
     option, markexpr: str | None, *, is_worker: bool, collect_only: bool, environ=os.environ
 ) -> bool:
-    """Spread a plain `pytest -m cpu` over CPU_WORKERS xdist workers, one test file per worker
-    (the coverage matrix checks its own cells). An explicit -n (or -p no:xdist), another marker
-    expression, --collect-only, or an xdist worker itself keeps pytest's own choice. Each worker
-    gets one BLAS thread: two workers with two threads each thrash on two cores. Returns whether
-    it changed anything."""
+    """Spread a plain `pytest -m cpu` over CPU_WORKERS xdist workers, small files whole and the
+    tests of large files one by one (`balanced_scheduler`; the coverage matrix checks its own
+    cells across workers). An explicit -n (or -p no:xdist), another marker expression,
+    --collect-only, or an xdist worker itself keeps pytest's own choice. Each worker gets one
+    BLAS thread: two workers with two threads each thrash on two cores. Returns whether it
+    changed anything: the caller then asks xdist for `balanced_scheduler`."""
     if is_worker or collect_only or (markexpr or "").strip() != "cpu":
         return False
     if not hasattr(option, "numprocesses") or option.numprocesses is not None:
         return False
     option.numprocesses = CPU_WORKERS
-    option.dist = "loadfile"
+    option.dist = "load"
     for name in _BLAS_THREAD_VARIABLES:
         environ.setdefault(name, "1")
     return True
+
+
+# A file of at most this many selected tests goes to one worker whole: the suite's small files
+# share a module-scoped result between their tests (a child pytest run, drawn figures), which
+# two workers would each compute. Larger files are the per-case grids, spread test by test.
+WHOLE_FILE_MAX_TESTS = 32
+
+
+def whole_files(nodeids, max_tests: int = WHOLE_FILE_MAX_TESTS) -> set[str]:
+    """The test files of `nodeids` that hold at most `max_tests` of them."""
+    counts: dict[str, int] = {}
+    for nodeid in nodeids:
+        file = nodeid.split("::", 1)[0]
+        counts[file] = counts.get(file, 0) + 1
+    return {file for file, n in counts.items() if n <= max_tests}
+
+
+def balanced_scheduler(config, log):
+    """The xdist scheduler of a plain `pytest -m cpu`: each small file (whole_files) is one unit
+    of work, each test of a larger file is one. Units are handed out largest first (xdist's
+    loadscope order), so the small files' long tests start early and the many short cases of
+    the grids come last, where a worker that finishes early takes the next one: both workers end
+    within about one test of each other. (Whole files, one per worker, left one worker idle
+    while the other ran the last long file; xdist's own loadgroup does not group under
+    pytest 9.2.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Balanced(LoadScopeScheduling):
+        whole: set[str] = set()
+
+        def schedule(self):
+            if self.collection is None and self.registered_collections:
+                self.whole = whole_files(next(iter(self.registered_collections.values())))
+            super().schedule()
+
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return file if file in self.whole else nodeid
+
+    return Balanced(config, log)
