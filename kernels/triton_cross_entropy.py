@@ -12,8 +12,8 @@ its combination with label smoothing.
     result.grad      (N, V), the logits' dtype: d loss / d logits (for "none": of loss.sum())
 
 Launches, in order on the stream:
-  prep    one program: the mean's denominator, the sum of the class weights, and the targets
-          that are neither in [0, V) nor ignore_index (count, least and largest).
+  prep    one program: the mean's denominator, the sum and the largest |w| of the class weights,
+          and the targets that are neither in [0, V) nor ignore_index (count, least and largest).
   row     V <= row_max_v: one program per row with the row in registers, or
   split   V > row_max_v: P = cdiv(V, CHUNK) programs per row, each with a CHUNK of the logits in
           registers (one read, one write), meeting twice through a per-row workspace (the max
@@ -123,7 +123,7 @@ def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction
     has_weight = weight is not None
     w = (weight if weight.is_contiguous() else weight.contiguous()) if has_weight else lse  # lse: unused pointer
     smoothing = float(label_smoothing) > 0.0
-    prep = torch.empty(3, dtype=torch.float32, device=device)
+    prep = torch.empty(4, dtype=torch.float32, device=device)
     bad = torch.empty(3, dtype=torch.int64, device=device)
     KN, KV = fixed_point_bits(N), fixed_point_bits(V)
     launch_named(
