@@ -263,9 +263,10 @@ def _ce_row_outputs(m, S_fix, SCALE, x_t, w_t, w_all, q, eps, inv_v, ignored, va
     # rounding of 1 + z divided back out (exact for 1 + z == 1), with one log and one division a
     # row.
     fin = tl.abs(m) < INF
-    z = (S_fix - tl.cast(SCALE, tl.int64)).to(tl.float32) * (1.0 / SCALE)
+    unit = ((254 << 23) - tl.cast(SCALE, tl.int32, bitcast=True)).to(tl.float32, bitcast=True)  # 2^-K
+    z = (S_fix - tl.cast(SCALE, tl.int64)).to(tl.float32) * unit
     one_z = 1.0 + z
-    L = tl.where(one_z == 1.0, z, tl.log(one_z) * (z / (one_z - 1.0)))
+    L = tl.where(one_z == 1.0, z, tl.log(one_z) * tl.fdiv(z, one_z - 1.0))
     lse = tl.where(fin, m + L, m)  # +-inf rows give +-inf, NaN rows NaN, as torch.logsumexp
     if HAS_SMOOTHING:
         loss = (1.0 - eps) * w_t * ((m - x_t) + L) + (eps * inv_v) * (w_all * L - q)
