@@ -1,8 +1,8 @@
 """Cross-entropy with its gradient, verified like the forward softmax: every kernel of
 `kernels.CROSS_ENTROPY_KERNELS` against the float64 NumPy reference (kernels.reference.
 cross_entropy_ref) for the loss, the per-row log-sum-exp and the gradient, within the error
-bounds of tests.helpers.cross_entropy_error_bounds, into a NaN-poisoned gradient buffer; with
-PyTorch's semantics for ignore_index, label_smoothing, reduction and class weights; on the
+bounds of tests.helpers.cross_entropy_expected (the CUDA C kernels' too), into a NaN-poisoned
+gradient buffer; with PyTorch's semantics for ignore_index, label_smoothing, reduction and class weights; on the
 edge rows of tests.helpers.edge_rows (ignored, confident, -inf, huge, all-equal); bit for bit
 independent of the batch, the row's order, the layout and the path; the torch.library op with
 its autograd and torch.compile; and a corpus of wrong kernels the checks must reject.
@@ -33,7 +33,7 @@ from tests.helpers import (  # noqa: E402
     assert_no_less_accurate_than_torch,
     bits,
     check_cross_entropy,
-    cross_entropy_error_bounds,
+    cross_entropy_expected,
     dtype_id,
     edge_rows,
     layouts,
@@ -525,7 +525,8 @@ def test_cuda_error_is_no_worse_than_pytorchs(dtype, record_manifest):
     t = torch.cat([targets(62, V, seed=V, device="cuda"), edge_rows(V, seed=1, device="cuda")[1]])
     ours = CROSS_ENTROPY_KERNELS["triton"](x, t)
     check_cross_entropy(ours, x, t)
-    ref, tol = cross_entropy_error_bounds(x, t)["grad"]
+    exp = cross_entropy_expected(x, t, reduction="mean")
+    ref, tol = exp["grad"], exp["grad_tol"]
     theirs = CROSS_ENTROPY_KERNELS[kernels.CROSS_ENTROPY_BASELINE](x, t)
     ratio = assert_no_less_accurate_than_torch(ours[2], theirs[2], ref, tol, dtype, what=f"triton {dtype_id(dtype)}")
     record_manifest("cross_entropy_accuracy", **{f"grad_ratio_to_pytorch_{dtype_id(dtype)}": ratio["x_torch"]})
