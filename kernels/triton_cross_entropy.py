@@ -17,7 +17,7 @@ Launches, in order on the stream:
   row     V <= row_max_v: one program per row with the row in registers, or
   split   V > row_max_v: P = cdiv(V, CHUNK) programs per row, each with a CHUNK of the logits in
           registers (one read, one write), meeting twice through a per-row workspace (the max
-          and the largest |w x|, then the fixed-point sums; bounded waits, a program whose
+          and the min, then the fixed-point sums; bounded waits, a program whose
           siblings are not running streams the row itself), or
   tile    (not dispatched; run_path reaches it) a grid of a few programs per SM walking the
           rows, three passes over tiles per row (max, fixed-point sums, gradient).

@@ -7,9 +7,10 @@ programs or rows, nor on the batch size or the row's position:
 
   * sums of exponentials exp(x - max) in [0, 1] use the forward's scale, 2^K with
     K = 62 - ceil(log2 n) for n terms (each term truncated toward zero), so n * 2^K <= 2^62;
-  * sums of signed terms of any magnitude (y * dy, w * x, per-row losses, class weights) first
-    take the largest finite |term| (exact in any order), read its binary exponent E from the
-    float's bits (|term| < 2^E), and add trunc(term * 2^(K - E)) in int64: every term is then
+  * sums of signed terms of any magnitude (y * dy, per-row losses, class weights) first
+    take the largest finite |term| (exact in any order; for cross-entropy's w (x - max), the
+    bound max|w| (max - min) instead), read its binary exponent E from the float's bits
+    (|term| < 2^E), and add trunc(term * 2^(K - E)) in int64: every term is then
     below 2^K in magnitude and n of them stay below 2^62. The result is the integer sum times
     2^(E - K), both powers of two built from exponent bits (no rounding). Non-finite terms
     (±inf, NaN) are kept out of the integer sum and added separately in float: a sum of values

@@ -452,6 +452,30 @@ def test_cuda_edge_rows_every_path_and_layout(path, dtype, V):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("V", (37, 50257))
+@pytest.mark.parametrize("kernel", ["triton", kernels.CROSS_ENTROPY_BASELINE])
+def test_cuda_rows_of_nan_and_inf(kernel, V):
+    """The cpu case (test_an_ignored_row_whose_probabilities_are_nan_has_a_nan_gradient) compiled:
+    the row max's NaN propagation is the GPU's max.NaN there, not the interpreter's; and PyTorch's
+    CUDA kernels against the reference, which follows PyTorch on the CPU."""
+    x = logits(6, V, seed=V, device="cuda")
+    x[1, 4], x[2], x[3, 5], x[4, 7] = math.nan, -math.inf, math.inf, math.nan
+    t = torch.tensor([0, -100, -100, -100, 2, 3], device="cuda")
+    fns = [(kernel, CROSS_ENTROPY_KERNELS[kernel])]
+    if kernel == "triton":
+        fns = [(f"triton {path}", run_path(path, **(SCALED[path] if V < 1000 else {}))) for path in tce.PATHS]
+    for name, fn in fns:
+        if name == "triton row" and V > tce.DISPATCH_BOUNDARIES["row_max_v"]:
+            continue
+        for case in OPTION_CASES:
+            o = options(*case, V=V, device="cuda")
+            result = run_cross_entropy_poisoned(fn, x, t, **o)
+            assert torch.isnan(result.grad[1:5]).all() and torch.isfinite(result.grad[[0, 5]]).all(), name
+            if kernel == "triton" or V < 1000:  # PyTorch's float32 smoothing sums drift past the bounds at V = 50257
+                check_cross_entropy(result, x, t, what=f"{name} V={V}: rows of NaN, {case_id(case)}", **o)
+
+
+@pytest.mark.cuda
 def test_cuda_past_two_to_the_31_elements():
     """8193 x 262144 bf16 logits = 2^31 + 262144 elements: the last row starts past 2^31, where an
     int32 offset wraps. Its loss, lse and gradient equal the reference and the row alone."""
