@@ -12,12 +12,12 @@ its combination with label smoothing.
     result.grad      (N, V), the logits' dtype: d loss / d logits (for "none": of loss.sum())
 
 Launches, in order on the stream:
-  prep    one program: the mean's denominator, the sum of the class weights, and the targets
-          that are neither in [0, V) nor ignore_index (count, least and largest).
+  prep    one program: the mean's denominator, the sum and the largest |w| of the class weights,
+          and the targets that are neither in [0, V) nor ignore_index (count, least and largest).
   row     V <= row_max_v: one program per row with the row in registers, or
   split   V > row_max_v: P = cdiv(V, CHUNK) programs per row, each with a CHUNK of the logits in
           registers (one read, one write), meeting twice through a per-row workspace (the max
-          and the largest |w x|, then the fixed-point sums; bounded waits, a program whose
+          and the min, then the fixed-point sums; bounded waits, a program whose
           siblings are not running streams the row itself), or
   tile    (not dispatched; run_path reaches it) a grid of a few programs per SM walking the
           rows, three passes over tiles per row (max, fixed-point sums, gradient).
@@ -87,7 +87,9 @@ def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict
     if path == "split":
         return {"CHUNK": 4096, "num_warps": 8}
     if path == "tile":
-        return {"BLOCK": 4096, "num_warps": 8, "programs_per_sm": 2}
+        # 8 elements per thread and tensor: the smoothing sum's three accumulators (fixed-point
+        # q, its non-finite part, the exp sum) stay in registers on sm_90 (kernels.triton_loss_build).
+        return {"BLOCK": 2048, "num_warps": 8, "programs_per_sm": 2}
     raise ValueError(f"{KERNEL_NAME} cross-entropy: unknown path {path!r} ({', '.join(PATHS)})")
 
 
@@ -123,7 +125,7 @@ def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction
     has_weight = weight is not None
     w = (weight if weight.is_contiguous() else weight.contiguous()) if has_weight else lse  # lse: unused pointer
     smoothing = float(label_smoothing) > 0.0
-    prep = torch.empty(3, dtype=torch.float32, device=device)
+    prep = torch.empty(4, dtype=torch.float32, device=device)
     bad = torch.empty(3, dtype=torch.int64, device=device)
     KN, KV = fixed_point_bits(N), fixed_point_bits(V)
     launch_named(

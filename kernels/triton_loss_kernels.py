@@ -7,9 +7,10 @@ programs or rows, nor on the batch size or the row's position:
 
   * sums of exponentials exp(x - max) in [0, 1] use the forward's scale, 2^K with
     K = 62 - ceil(log2 n) for n terms (each term truncated toward zero), so n * 2^K <= 2^62;
-  * sums of signed terms of any magnitude (y * dy, w * x, per-row losses, class weights) first
-    take the largest finite |term| (exact in any order), read its binary exponent E from the
-    float's bits (|term| < 2^E), and add trunc(term * 2^(K - E)) in int64: every term is then
+  * sums of signed terms of any magnitude (y * dy, per-row losses, class weights) first
+    take the largest finite |term| (exact in any order; for cross-entropy's w (x - max), the
+    bound max|w| (max - min) instead), read its binary exponent E from the float's bits
+    (|term| < 2^E), and add trunc(term * 2^(K - E)) in int64: every term is then
     below 2^K in magnitude and n of them stay below 2^62. The result is the integer sum times
     2^(E - K), both powers of two built from exponent bits (no rounding). Non-finite terms
     (±inf, NaN) are kept out of the integer sum and added separately in float: a sum of values
@@ -227,18 +228,53 @@ def softmax_backward_split_kernel(
 
 # ------------------------------------------------------------------------------ cross-entropy
 #
-# Per row i with target t (PyTorch's semantics; w = class weights, 1 without; e = label smoothing):
-#   lse   = m + log(sum exp(x - m))                          m = max x
-#   loss  = (1 - e) * w_t * (lse - x_t) + e / V * (W_all * lse - sum_j w_j x_j)     W_all = sum w
+# Per row i with target t (PyTorch's semantics; w = class weights, 1 without; e = label smoothing),
+# every term relative to the row's max m, so that no large values cancel (a row of logits near
+# 1e30 keeps its loss, log 2, and a confident row its small one):
+#   L     = log(sum exp(x - m))                 lse = m + L
+#   loss  = (1 - e) * w_t * ((m - x_t) + L) + e / V * (W_all * L - q)      W_all = sum w
+#           q = sum_j w_j (x_j - m)
 #   dloss/dx_j = (1 - e) * w_t * (p_j - [j == t]) + e / V * (W_all * p_j - w_j)       p = softmax
 # times GSCALE (1 / sum of the rows' w_t for reduction="mean", 1 otherwise). A row whose target
-# is ignore_index has loss 0 and gradient 0; a target outside [0, V) gives NaN (the wrapper
-# raises a ValueError before launching unless told not to look).
+# is ignore_index has loss 0 and gradient 0 times its probabilities (0, or NaN throughout a row
+# whose max is not finite: a NaN, a +inf or no finite logit), as PyTorch gives; a target outside
+# [0, V) gives NaN (the wrapper raises a ValueError before launching unless told not to look).
 #
-# p_t - 1 at the target is -(S - E_t) / S: S the fixed-point sum of the row's exponentials, E_t
-# the target's own term, so 1 - p_t (the gradient's only large entry, and the one that decides
-# training on confident rows) is an exact integer difference rounded once, not 1 minus a
-# probability near 1.
+# L = log1p(z) with z = (S - 2^K) / 2^K: S the fixed-point sum of the row's exponentials, in
+# which the max's own term is exactly 2^K, so S - 2^K (the other terms) is an exact integer.
+# p_t - 1 at the target is -(S - E_t) / S likewise, E_t the target's own term: 1 - p_t (the
+# gradient's only large entry, and the one that decides training on confident rows) is an exact
+# integer difference rounded once, not 1 minus a probability near 1. q is an order-free sum whose
+# scale comes from its bound max|w| * (m - min x) (PREP[3] = max|w|), known once the max and the
+# min are: no pass of its own.
+#
+# The row's max propagates NaN (a reduction with a NaN-propagating combine: max.NaN on sm_80+,
+# the same one instruction as tl.max's), so a row holding a NaN has m = NaN as in PyTorch.
+
+
+@triton.jit
+def _max_propagating_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _ce_row_outputs(m, S_fix, SCALE, x_t, w_t, w_all, q, eps, inv_v, ignored, valid, HAS_SMOOTHING: tl.constexpr):
+    # A row's lse, its loss and whether its max is finite, from the max, the exponentials' sum S
+    # and (smoothing) q, per the derivation above. log1p(z) as log(1 + z) z / ((1 + z) - 1), the
+    # rounding of 1 + z divided back out (exact for 1 + z == 1), with one log and one division a
+    # row.
+    fin = tl.abs(m) < INF
+    unit = ((254 << 23) - tl.cast(SCALE, tl.int32, bitcast=True)).to(tl.float32, bitcast=True)  # 2^-K
+    z = (S_fix - tl.cast(SCALE, tl.int64)).to(tl.float32) * unit
+    one_z = 1.0 + z
+    L = tl.where(one_z == 1.0, z, tl.log(one_z) * tl.fdiv(z, one_z - 1.0))
+    lse = tl.where(fin, m + L, m)  # +-inf rows give +-inf, NaN rows NaN, as torch.logsumexp
+    if HAS_SMOOTHING:
+        loss = (1.0 - eps) * w_t * ((m - x_t) + L) + (eps * inv_v) * (w_all * L - q)
+    else:
+        loss = w_t * ((m - x_t) + L)
+    loss = tl.where(ignored, 0.0, tl.where(valid & fin, loss, float("nan")))
+    return lse, loss, fin
 
 
 @triton.jit
@@ -263,9 +299,9 @@ def cross_entropy_row_kernel(
         w_t = 1.0
         w_j = tl.where(mask, 1.0, 0.0)
         w_all = V * 1.0  # V may be the constexpr 1
-    # The sums: exponentials at the fixed scale, and (label smoothing) w_j * x_j order-free.
+    # The sums: exponentials at the fixed scale, and (label smoothing) q order-free.
     x = tl.load(X + row * stride_x + cols, mask=mask, other=-INF).to(tl.float32)
-    m = tl.max(x, axis=0)
+    m = tl.reduce(x, 0, _max_propagating_nan)
     e = _exp(x, m, G.dtype.element_ty)
     e_fix = (e * SCALE).to(tl.int64)
     S_fix = tl.sum(e_fix, axis=0)
@@ -273,37 +309,34 @@ def cross_entropy_row_kernel(
     # reduction would cost the interpreter more than the load costs the GPU).
     x_t = tl.load(X + row * stride_x + t_safe).to(tl.float32)
     E_t = _fixed(_exp(x_t, m, G.dtype.element_ty), SCALE)
+    q = 0.0
     if HAS_SMOOTHING:
-        wx = tl.where(mask, w_j * x, 0.0)
-        finite = tl.abs(wx) < INF
-        amax = tl.max(tl.where(finite, tl.abs(wx), 0.0), axis=0)
-        biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        bound = tl.load(PREP + 3) * (m - tl.min(tl.where(mask, x, INF), axis=0))
+        biased = (bound.to(tl.int32, bitcast=True) >> 23) & 0xFF
         shift = tl.minimum(KW - tl.where(biased == 0, -126, biased - 126), 126)
         up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
         down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
-        wx_fix = tl.sum(tl.where(finite, wx * up, 0.0).to(tl.int64), axis=0)
-        wx_sum = wx_fix.to(tl.float32) * down + tl.sum(tl.where(finite, 0.0, wx), axis=0)
+        wd = tl.where(mask, w_j * (x - m), 0.0)
+        finite = tl.abs(wd) < INF
+        q_fix = tl.sum(tl.where(finite, wd * up, 0.0).to(tl.int64), axis=0)
+        q = q_fix.to(tl.float32) * down + tl.sum(tl.where(finite, 0.0, wd), axis=0)
     # The row's results.
-    S = S_fix.to(tl.float32)
-    lse = tl.where(m == -INF, -INF, m + tl.log(S / SCALE))
-    if HAS_SMOOTHING:
-        loss = (1.0 - eps) * w_t * (lse - x_t) + (eps * inv_v) * (w_all * lse - wx_sum)
-    else:
-        loss = w_t * (lse - x_t)
-    loss = tl.where(ignored, 0.0, tl.where(valid, loss, float("nan")))
+    lse, loss, fin = _ce_row_outputs(m, S_fix, SCALE, x_t, w_t, w_all, q, eps, inv_v, ignored, valid, HAS_SMOOTHING)
     tl.store(LSE + row, lse)
     tl.store(LOSS + row, loss)
-    # The gradient: p_j - [j == t] with p_t - 1 = -(S - E_t) / S, smoothing, reduction's scale.
+    # The gradient: p_j - [j == t] with p_t - 1 = -(S - E_t) / S, smoothing, reduction's scale;
+    # NaN throughout a row whose max is not finite (its probabilities are).
     hi, inv = _row_scale(S_fix, SCALE)
-    pm1 = -((S_fix - E_t).to(tl.float32) / S)
+    inv = tl.where(fin, inv, float("nan"))
+    pm1 = tl.where(fin, -((S_fix - E_t).to(tl.float32) / S_fix.to(tl.float32)), float("nan"))
     p = _normalise(e, hi, inv, G.dtype.element_ty)
-    q = tl.where(cols == t_safe, pm1, p)
+    pq = tl.where(cols == t_safe, pm1, p)
     if HAS_SMOOTHING:
-        g = (1.0 - eps) * w_t * q + (eps * inv_v) * (w_all * p - w_j)
+        g = (1.0 - eps) * w_t * pq + (eps * inv_v) * (w_all * p - w_j)
     else:
-        g = w_t * q
+        g = w_t * pq
     g = g * tl.load(PREP + 2)
-    g = tl.where(ignored, 0.0, tl.where(valid, g, float("nan")))
+    g = tl.where(ignored, tl.where(fin, 0.0, float("nan")), tl.where(valid, g, float("nan")))
     tl.store(G + row * stride_g + cols, g.to(G.dtype.element_ty), mask=mask)
 
 
@@ -313,8 +346,8 @@ def cross_entropy_tile_kernel(
     BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
 ):  # fmt: skip
     # Rows longer than a program's registers: a grid of programs walks the rows, each row in
-    # three passes over tiles (max [and largest |w x|], fixed-point sums, gradient). The same
-    # arithmetic as the row kernel element for element, so both give a row the same bits.
+    # three passes over tiles (max [and min], fixed-point sums, gradient). The same arithmetic
+    # as the row kernel element for element, so both give a row the same bits.
     cols = tl.arange(0, BLOCK)
     row = tl.program_id(0).to(tl.int64)
     while row < B:
@@ -329,35 +362,29 @@ def cross_entropy_tile_kernel(
             w_t = 1.0
             w_all = V * 1.0
         x_row = X + row * stride_x
-        # Pass 1: the max, and the largest finite |w_j x_j|.
+        # Pass 1: the max (NaN-propagating), and the min for the smoothing sum's scale.
         m_l = tl.full([BLOCK], -INF, tl.float32)
-        amax_l = tl.zeros([BLOCK], tl.float32)
-        inf_l = tl.zeros([BLOCK], tl.float32)
+        mn_l = tl.full([BLOCK], INF, tl.float32)
         start = 0
         while start < V:
             idx = start + cols
             mask = idx < V
             x = tl.load(x_row + idx, mask=mask, other=-INF).to(tl.float32)
-            m_l = tl.maximum(m_l, x)
+            m_l = tl.maximum(m_l, x, propagate_nan=tl.PropagateNan.ALL)
             if HAS_SMOOTHING:
-                if HAS_WEIGHT:
-                    w_j = tl.load(W + idx, mask=mask, other=0.0).to(tl.float32)
-                else:
-                    w_j = tl.where(mask, 1.0, 0.0)
-                wx = tl.where(mask, w_j * x, 0.0)
-                finite = tl.abs(wx) < INF
-                amax_l = tl.maximum(amax_l, tl.where(finite, tl.abs(wx), 0.0))
-                inf_l += tl.where(finite, 0.0, wx)
+                mn_l = tl.minimum(mn_l, tl.where(mask, x, INF))
             start += BLOCK
-        m = tl.max(m_l, axis=0)
-        amax = tl.max(amax_l, axis=0)
-        biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
-        shift = tl.minimum(KW - tl.where(biased == 0, -126, biased - 126), 126)
-        up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
-        down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+        m = tl.reduce(m_l, 0, _max_propagating_nan)
+        if HAS_SMOOTHING:
+            bound = tl.load(PREP + 3) * (m - tl.min(mn_l, axis=0))
+            biased = (bound.to(tl.int32, bitcast=True) >> 23) & 0xFF
+            shift = tl.minimum(KW - tl.where(biased == 0, -126, biased - 126), 126)
+            up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+            down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
         # Pass 2: the fixed-point sums.
         s_l = tl.zeros([BLOCK], tl.int64)
-        wx_l = tl.zeros([BLOCK], tl.int64)
+        q_l = tl.zeros([BLOCK], tl.int64)
+        inf_l = tl.zeros([BLOCK], tl.float32)
         start = 0
         while start < V:
             idx = start + cols
@@ -369,26 +396,26 @@ def cross_entropy_tile_kernel(
                     w_j = tl.load(W + idx, mask=mask, other=0.0).to(tl.float32)
                 else:
                     w_j = tl.where(mask, 1.0, 0.0)
-                wx = tl.where(mask, w_j * x, 0.0)
-                wx_l += tl.where(tl.abs(wx) < INF, wx * up, 0.0).to(tl.int64)
+                wd = tl.where(mask, w_j * (x - m), 0.0)
+                finite = tl.abs(wd) < INF
+                q_l += tl.where(finite, wd * up, 0.0).to(tl.int64)
+                inf_l += tl.where(finite, 0.0, wd)
             start += BLOCK
         S_fix = tl.sum(s_l, axis=0)
         x_t = tl.load(x_row + t_safe).to(tl.float32)
         E_t = _fixed(_exp(x_t, m, G.dtype.element_ty), SCALE)
-        S = S_fix.to(tl.float32)
-        lse = tl.where(m == -INF, -INF, m + tl.log(S / SCALE))
+        q = 0.0
         if HAS_SMOOTHING:
-            wx_sum = tl.sum(wx_l, axis=0).to(tl.float32) * down + tl.sum(inf_l, axis=0)
-            loss = (1.0 - eps) * w_t * (lse - x_t) + (eps * inv_v) * (w_all * lse - wx_sum)
-        else:
-            loss = w_t * (lse - x_t)
-        loss = tl.where(ignored, 0.0, tl.where(valid, loss, float("nan")))
+            q = tl.sum(q_l, axis=0).to(tl.float32) * down + tl.sum(inf_l, axis=0)
+        lse, loss, fin = _ce_row_outputs(m, S_fix, SCALE, x_t, w_t, w_all, q, eps, inv_v, ignored, valid, HAS_SMOOTHING)
         tl.store(LSE + row, lse)
         tl.store(LOSS + row, loss)
         # Pass 3: the gradient.
         hi, inv = _row_scale(S_fix, SCALE)
-        pm1 = -((S_fix - E_t).to(tl.float32) / S)
+        inv = tl.where(fin, inv, float("nan"))
+        pm1 = tl.where(fin, -((S_fix - E_t).to(tl.float32) / S_fix.to(tl.float32)), float("nan"))
         gscale = tl.load(PREP + 2)
+        g_ignored = tl.where(fin, 0.0, float("nan"))
         g_row = G + row * stride_g
         start = 0
         while start < V:
@@ -396,17 +423,17 @@ def cross_entropy_tile_kernel(
             mask = idx < V
             x = tl.load(x_row + idx, mask=mask, other=-INF, eviction_policy="evict_first").to(tl.float32)
             p = _normalise(_exp(x, m, G.dtype.element_ty), hi, inv, G.dtype.element_ty)
-            q = tl.where(idx == t_safe, pm1, p)
+            pq = tl.where(idx == t_safe, pm1, p)
             if HAS_SMOOTHING:
                 if HAS_WEIGHT:
                     w_j = tl.load(W + idx, mask=mask, other=0.0).to(tl.float32)
                 else:
                     w_j = tl.where(mask, 1.0, 0.0)
-                g = (1.0 - eps) * w_t * q + (eps * inv_v) * (w_all * p - w_j)
+                g = (1.0 - eps) * w_t * pq + (eps * inv_v) * (w_all * p - w_j)
             else:
-                g = w_t * q
+                g = w_t * pq
             g = g * gscale
-            g = tl.where(ignored, 0.0, tl.where(valid, g, float("nan")))
+            g = tl.where(ignored, g_ignored, tl.where(valid, g, float("nan")))
             tl.store(g_row + idx, g.to(G.dtype.element_ty), mask=mask)
             start += BLOCK
         row += tl.num_programs(0)
@@ -421,11 +448,12 @@ def cross_entropy_split_kernel(
     # A row too long for one program's registers is shared by P programs, each keeping a CHUNK of
     # the logits in registers: one read and one write. They meet twice, as the softmax backward's
     # split kernel does, through 5 P words a row in WS and three counters in CNT:
-    #   WS [0, P)    chunk max (float bits)                 CNT 0: chunks that published meeting 1
-    #   WS [P, 2P)   chunk's largest finite |w x| (bits)
-    #   WS [2P, 3P)  chunk's sum of non-finite w x (bits)
-    #   WS [3P, 4P)  chunk's fixed-point sum of exp(x - m)  CNT 1: chunks that published meeting 2
-    #   WS [4P, 5P)  chunk's fixed-point sum of w x         CNT 2: programs done with the row
+    #   WS [0, P)    chunk max (float bits)                   CNT 0: chunks that published meeting 1
+    #   WS [P, 2P)   chunk min (float bits; smoothing)
+    #   WS [2P, 3P)  chunk's fixed-point sum of exp(x - m)    CNT 1: chunks that published meeting 2
+    #   WS [3P, 4P)  chunk's fixed-point sum of finite w (x - m)
+    #   WS [4P, 5P)  chunk's sum of non-finite w (x - m) (float bits)
+    #                                                         CNT 2: programs done with the row
     # Waits are bounded; a program whose siblings do not arrive in time streams the row itself.
     # Chunk 0 writes the row's loss and lse; every chunk writes its part of the gradient.
     pid = tl.program_id(0).to(tl.int64)
@@ -453,55 +481,43 @@ def cross_entropy_split_kernel(
     slot_ok = slots < P
     fcols = tl.arange(0, FALLBACK_BLOCK)
 
-    # Meeting 1: the row's max, the largest finite |w x| and the non-finite w x.
-    m_c = tl.max(x, axis=0)
-    if HAS_SMOOTHING:
-        wx = tl.where(mask, w_j * x, 0.0)
-        finite = tl.abs(wx) < INF
-        a_c = tl.max(tl.where(finite, tl.abs(wx), 0.0), axis=0)
-        f_c = tl.sum(tl.where(finite, 0.0, wx), axis=0)
-        tl.atomic_xchg(ws + P + chunk, a_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
-        tl.atomic_xchg(ws + 2 * P + chunk, f_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
+    # Meeting 1: the row's max (NaN-propagating) and min.
+    m_c = tl.reduce(x, 0, _max_propagating_nan)
     tl.atomic_xchg(ws + chunk, m_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
+    if HAS_SMOOTHING:
+        mn_c = tl.min(tl.where(mask, x, INF), axis=0)
+        tl.atomic_xchg(ws + P + chunk, mn_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
     tl.atomic_add(cnt, 1, sem="release")
     ready = tl.atomic_add(cnt, 0, sem="acquire")
     spins = 0
     while (ready < P) & (spins < MAX_SPINS):
         ready = tl.atomic_add(cnt, 0, sem="acquire")
         spins += 1
+    mn = tl.full([], INF, tl.float32)
     if ready == P:
         # volatile: read from L2, not from an L1 line another program on this SM left behind.
         m_w = tl.load(ws + slots, mask=slot_ok, other=0, volatile=True)
-        m = tl.max(tl.where(slot_ok, m_w.to(tl.int32).to(tl.float32, bitcast=True), -INF), axis=0)
+        m = tl.reduce(tl.where(slot_ok, m_w.to(tl.int32).to(tl.float32, bitcast=True), -INF), 0, _max_propagating_nan)
         if HAS_SMOOTHING:
-            a_w = tl.load(ws + P + slots, mask=slot_ok, other=0, volatile=True)
-            f_w = tl.load(ws + 2 * P + slots, mask=slot_ok, other=0, volatile=True)
-            amax = tl.max(tl.where(slot_ok, a_w.to(tl.int32).to(tl.float32, bitcast=True), 0.0), axis=0)
-            F = tl.sum(tl.where(slot_ok, f_w.to(tl.int32).to(tl.float32, bitcast=True), 0.0), axis=0)
+            mn_w = tl.load(ws + P + slots, mask=slot_ok, other=0, volatile=True)
+            mn = tl.min(tl.where(slot_ok, mn_w.to(tl.int32).to(tl.float32, bitcast=True), INF), axis=0)
     else:
         m_run = tl.full([FALLBACK_BLOCK], -INF, tl.float32)
-        a_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
-        f_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
+        mn_run = tl.full([FALLBACK_BLOCK], INF, tl.float32)
         start = 0
         while start < V:
             idx = start + fcols
             xx = tl.load(x_row + idx, mask=idx < V, other=-INF).to(tl.float32)
-            m_run = tl.maximum(m_run, xx)
+            m_run = tl.maximum(m_run, xx, propagate_nan=tl.PropagateNan.ALL)
             if HAS_SMOOTHING:
-                if HAS_WEIGHT:
-                    ww = tl.load(W + idx, mask=idx < V, other=0.0).to(tl.float32)
-                else:
-                    ww = tl.where(idx < V, 1.0, 0.0)
-                wxx = tl.where(idx < V, ww * xx, 0.0)
-                a_run = tl.maximum(a_run, tl.where(tl.abs(wxx) < INF, tl.abs(wxx), 0.0))
-                f_run += tl.where(tl.abs(wxx) < INF, 0.0, wxx)
+                mn_run = tl.minimum(mn_run, tl.where(idx < V, xx, INF))
             start += FALLBACK_BLOCK
-        m = tl.max(m_run, axis=0)
+        m = tl.reduce(m_run, 0, _max_propagating_nan)
         if HAS_SMOOTHING:
-            amax = tl.max(a_run, axis=0)
-            F = tl.sum(f_run, axis=0)
+            mn = tl.min(mn_run, axis=0)
     if HAS_SMOOTHING:
-        biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+        bound = tl.load(PREP + 3) * (m - mn)
+        biased = (bound.to(tl.int32, bitcast=True) >> 23) & 0xFF
         shift = tl.minimum(KW - tl.where(biased == 0, -126, biased - 126), 126)
         up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
         down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
@@ -509,23 +525,32 @@ def cross_entropy_split_kernel(
     # Meeting 2: the fixed-point sums, every chunk relative to the same m and scale.
     e = _exp(x, m, G.dtype.element_ty)
     s_c = tl.sum((e * SCALE).to(tl.int64), axis=0)
-    tl.atomic_xchg(ws + 3 * P + chunk, s_c, sem="relaxed")
+    tl.atomic_xchg(ws + 2 * P + chunk, s_c, sem="relaxed")
     if HAS_SMOOTHING:
-        wx_c = tl.sum(tl.where(finite, wx * up, 0.0).to(tl.int64), axis=0)
-        tl.atomic_xchg(ws + 4 * P + chunk, wx_c, sem="relaxed")
+        wd = tl.where(mask, w_j * (x - m), 0.0)
+        finite = tl.abs(wd) < INF
+        q_c = tl.sum(tl.where(finite, wd * up, 0.0).to(tl.int64), axis=0)
+        f_c = tl.sum(tl.where(finite, 0.0, wd), axis=0)
+        tl.atomic_xchg(ws + 3 * P + chunk, q_c, sem="relaxed")
+        tl.atomic_xchg(ws + 4 * P + chunk, f_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
     tl.atomic_add(cnt + 1, 1, sem="release")
     ready = tl.atomic_add(cnt + 1, 0, sem="acquire")
     spins = 0
     while (ready < P) & (spins < MAX_SPINS):
         ready = tl.atomic_add(cnt + 1, 0, sem="acquire")
         spins += 1
+    Q_fix = tl.zeros([], tl.int64)
+    F = tl.zeros([], tl.float32)
     if ready == P:
-        S_fix = tl.sum(tl.load(ws + 3 * P + slots, mask=slot_ok, other=0, volatile=True), axis=0)
+        S_fix = tl.sum(tl.load(ws + 2 * P + slots, mask=slot_ok, other=0, volatile=True), axis=0)
         if HAS_SMOOTHING:
-            WX_fix = tl.sum(tl.load(ws + 4 * P + slots, mask=slot_ok, other=0, volatile=True), axis=0)
+            Q_fix = tl.sum(tl.load(ws + 3 * P + slots, mask=slot_ok, other=0, volatile=True), axis=0)
+            f_w = tl.load(ws + 4 * P + slots, mask=slot_ok, other=0, volatile=True)
+            F = tl.sum(tl.where(slot_ok, f_w.to(tl.int32).to(tl.float32, bitcast=True), 0.0), axis=0)
     else:
         s_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
-        wx_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
+        q_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
+        f_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
         start = 0
         while start < V:
             idx = start + fcols
@@ -536,12 +561,14 @@ def cross_entropy_split_kernel(
                     ww = tl.load(W + idx, mask=idx < V, other=0.0).to(tl.float32)
                 else:
                     ww = tl.where(idx < V, 1.0, 0.0)
-                wxx = tl.where(idx < V, ww * xx, 0.0)
-                wx_run += tl.where(tl.abs(wxx) < INF, wxx * up, 0.0).to(tl.int64)
+                wdd = tl.where(idx < V, ww * (xx - m), 0.0)
+                q_run += tl.where(tl.abs(wdd) < INF, wdd * up, 0.0).to(tl.int64)
+                f_run += tl.where(tl.abs(wdd) < INF, 0.0, wdd)
             start += FALLBACK_BLOCK
         S_fix = tl.sum(s_run, axis=0)
         if HAS_SMOOTHING:
-            WX_fix = tl.sum(wx_run, axis=0)
+            Q_fix = tl.sum(q_run, axis=0)
+            F = tl.sum(f_run, axis=0)
 
     # Leave: the last program out zeroes the row's counters for the next launch.
     if tl.atomic_add(cnt + 2, 1, sem="acq_rel") == P - 1:
@@ -552,27 +579,24 @@ def cross_entropy_split_kernel(
     # The row's results: the row kernel's arithmetic.
     x_t = tl.load(x_row + t_safe).to(tl.float32)
     E_t = _fixed(_exp(x_t, m, G.dtype.element_ty), SCALE)
-    S = S_fix.to(tl.float32)
-    lse = tl.where(m == -INF, -INF, m + tl.log(S / SCALE))
+    q = 0.0
     if HAS_SMOOTHING:
-        wx_sum = WX_fix.to(tl.float32) * down + F
-        loss = (1.0 - eps) * w_t * (lse - x_t) + (eps * inv_v) * (w_all * lse - wx_sum)
-    else:
-        loss = w_t * (lse - x_t)
-    loss = tl.where(ignored, 0.0, tl.where(valid, loss, float("nan")))
+        q = Q_fix.to(tl.float32) * down + F
+    lse, loss, fin = _ce_row_outputs(m, S_fix, SCALE, x_t, w_t, w_all, q, eps, inv_v, ignored, valid, HAS_SMOOTHING)
     if chunk == 0:
         tl.store(LSE + row, lse)
         tl.store(LOSS + row, loss)
     hi, inv = _row_scale(S_fix, SCALE)
-    pm1 = -((S_fix - E_t).to(tl.float32) / S)
+    inv = tl.where(fin, inv, float("nan"))
+    pm1 = tl.where(fin, -((S_fix - E_t).to(tl.float32) / S_fix.to(tl.float32)), float("nan"))
     p = _normalise(e, hi, inv, G.dtype.element_ty)
-    q = tl.where(cols == t_safe, pm1, p)
+    pq = tl.where(cols == t_safe, pm1, p)
     if HAS_SMOOTHING:
-        g = (1.0 - eps) * w_t * q + (eps * inv_v) * (w_all * p - w_j)
+        g = (1.0 - eps) * w_t * pq + (eps * inv_v) * (w_all * p - w_j)
     else:
-        g = w_t * q
+        g = w_t * pq
     g = g * tl.load(PREP + 2)
-    g = tl.where(ignored, 0.0, tl.where(valid, g, float("nan")))
+    g = tl.where(ignored, tl.where(fin, 0.0, float("nan")), tl.where(valid, g, float("nan")))
     tl.store(G + row * stride_g + cols, g.to(G.dtype.element_ty), mask=mask)
 
 
@@ -584,6 +608,7 @@ def cross_entropy_prep_kernel(
     # count), the sum of all class weights, and the targets that are neither in [0, V) nor
     # ignore_index (count, least and largest), each in any order with the same bits.
     #   PREP[0] = sum of class weights   PREP[1] = sum of the rows' w_t   PREP[2] = gradient scale
+    #   PREP[3] = largest finite |class weight| (1 without weights: the smoothing sum's bound)
     #   BAD[0] = bad targets, BAD[1] = least, BAD[2] = largest of them
     cols = tl.arange(0, BLOCK)
     bad_l = tl.zeros([BLOCK], tl.int64)
@@ -652,9 +677,12 @@ def cross_entropy_prep_kernel(
             all_l += tl.where(tl.abs(w) < INF, w * up, 0.0).to(tl.int64)
             start += BLOCK
         w_all = tl.sum(all_l, axis=0).to(tl.float32) * down + tl.sum(inf_l, axis=0)
+        w_max = amax
     else:
         w_rows = tl.sum(cnt_l, axis=0).to(tl.float32)
         w_all = V * 1.0
+        w_max = w_rows * 0.0 + 1.0
+    tl.store(PREP + 3, w_max)
     tl.store(PREP + 0, w_all)
     tl.store(PREP + 1, w_rows)
     if MEAN:

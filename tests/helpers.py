@@ -341,10 +341,11 @@ def run_poisoned(fn, x: torch.Tensor, *, out_offset: int = 0, **kwargs) -> torch
 #   of one rounded to nearest (CUDA).
 #
 #   cross-entropy: ce_ulps eps per chain of roundings (exponential, logarithm, sums), the same
-#   storage, floor and fixed_point_error, in two derivations written beside their functions:
-#   cross_entropy_expected (the CUDA C kernels, which form lse - x_t as (max - x_t) + log1p(...)
-#   and are held to that) and cross_entropy_error_bounds (the Triton kernels, which form
-#   lse - x_t in float32 and are allowed its rounding, ce_ulps eps |x_t|).
+#   storage, floor and fixed_point_error, in one derivation written beside its function,
+#   cross_entropy_expected, for both kernel families: each forms the loss relative to the row's
+#   max, (max - x_t) + log1p(...), the smoothing sum as sum w_j (x_j - max), and p_t - 1 from an
+#   exact integer difference, so none is allowed the rounding of lse - x_t (eps |x_t|) or of
+#   1 minus a probability near 1 (eps p_t).
 #
 # The ratio rule for the training operations: the worst error over the tensor, in units of
 # the bound above (|error| / bound, element by element), at most train_k times that of
@@ -1060,10 +1061,11 @@ def assert_backward_as_accurate_as_torch(dx, dy, y, *, what: str = "softmax back
 def cross_entropy_expected(
     logits_, target, *, weight=None, ignore_index=-100, label_smoothing=0.0, reduction="none"
 ) -> dict:
-    """kernels.reference.cross_entropy_ref of everything cross_entropy_fused (the CUDA C
-    kernels) returns, and the tolerances a correct float32 kernel meets, derived from its
-    arithmetic: keys loss, grad, lse and loss_tol, grad_tol, lse_tol (float64 arrays; the loss a
-    0-d array for "mean" / "sum"). c = TOLERANCES' ce_ulps (eps), storage and floor its rows.
+    """kernels.reference.cross_entropy_ref of everything a cross-entropy kernel returns (the CUDA
+    C kernels' cross_entropy_fused, the Triton kernels), and the tolerances a correct float32
+    kernel meets, derived from their arithmetic: keys loss, grad, lse and loss_tol, grad_tol,
+    lse_tol (float64 arrays; the loss a 0-d array for "mean" / "sum"). c = TOLERANCES' ce_ulps
+    (eps), storage and floor its rows.
 
     Per row, with m the max, L = lse - m, E = sum_j p_j |x_j - m| (the exponentials' argument
     rounding costs up to 1.5 u |x_j - m| each), alpha = (1 - e) w_t, beta = e W / V and the
@@ -1071,10 +1073,10 @@ def cross_entropy_expected(
       lse   u (4 |lse| + 4 E + 12)
       loss  c eps (alpha (|m - x_t| + |L| + E + 2) + e / V (W (|L| + E + 2) + |q|)) plus the
             smoothing sum's truncation, q = sum_j w_j (x_j - m); then one rounding into dtype
-      grad  c eps (|g| (alpha + beta) p_j (|x_j - m| + E + 4) + |g| e w_j / V) at every j, plus at
-            the target c eps |g| alpha |p_t - 1| (E_t + E + 2), E_t the mean distance of the other
-            classes' mass (which p_t - 1 is), and the exp sum's truncation; then one rounding into
-            dtype.
+      grad  c eps (|g| (alpha + beta) p_j (|x_j - m| + E + 4) + |g| e w_j / V) at every j but the
+            target, where alpha's share is c eps |g| alpha |p_t - 1| (E_t + E + 2) instead, E_t
+            the mean distance of the other classes' mass (which p_t - 1 is), and the exp sum's
+            truncation; then one rounding into dtype.
     "mean" / "sum" add the order-free sum over the rows (its truncation and one rounding).
     """
     from kernels.reference import cross_entropy_ref
@@ -1124,7 +1126,11 @@ def cross_entropy_expected(
         g = np.where(ignored, 0.0, 1.0 / counted if reduction == "mean" else 1.0)
         grad = np.where(ignored[:, None], grad, grad * g[:, None])
         coef = np.abs(g) * (np.abs(alpha) + np.abs(beta))
-        grad_tol = c * (coef[:, None] * p * (d + E[:, None] + 4) + (np.abs(g) * gam)[:, None] * np.abs(wv)[None, :])
+        # At the target, alpha multiplies p_t - 1, bounded relatively below (target_extra), not
+        # eps p_t: a kernel that forms 1 - p_t as 1 minus a probability near 1 fails there.
+        is_t = np.arange(V)[None, :] == ts[:, None]
+        coef_j = np.where(is_t, (np.abs(g) * np.abs(beta))[:, None], coef[:, None])
+        grad_tol = c * (coef_j * p * (d + E[:, None] + 4) + (np.abs(g) * gam)[:, None] * np.abs(wv)[None, :])
         # p_t - 1 = -(the other classes' mass): its error follows their mean distance to the max.
         others = p.sum(axis=1) - p[rows, ts]
         E_t = np.where(others > 0, (E - p[rows, ts] * d[rows, ts]) / np.where(others > 0, others, 1.0), 0.0)
@@ -1165,79 +1171,9 @@ def assert_cross_entropy_close(result, logits_, target, *, what: str = "", **opt
     return out
 
 
-def cross_entropy_error_bounds(logits, target, *, weight=None, ignore_index=-100, label_smoothing=0.0,
-                               reduction="mean", dtype=None) -> dict:  # fmt: skip
-    """cross_entropy_ref's values and the per-element bounds a correct float32 kernel of the
-    Triton kind meets: {"loss": (ref, tol), "lse": ..., "grad": ...}. c = TOLERANCES' ce_ulps:
-
-      p_j carries float32 error ~ (c + |x_j - max|) eps (the exponential's argument is rounded
-      at |x_j - max|); u_j = p_j (c + |x_j - max|). The gradient's entry at the target, p_t - 1,
-      is allowed the error of the other entries (sum of u_k, k != t) plus its own relative
-      error, never eps * p_t: a kernel that forms 1 - p_t as 1 minus a probability near 1 fails
-      on confident rows. The exponential sums in fixed point add fixed_point_error(V); then one
-      rounding into the stored dtype (storage) and its floor.
-    """
-    from kernels.reference import cross_entropy_ref
-
-    dtype = logits.dtype if dtype is None else dtype
-    x = logits.detach().to("cpu", torch.float64).numpy()
-    t = target.detach().cpu().numpy().astype(np.int64)
-    w = None if weight is None else weight.detach().to("cpu", torch.float64).numpy()
-    loss, lse, grad = cross_entropy_ref(
-        x, t, weight=w, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction
-    )
-    N, V = x.shape
-    eps = float(label_smoothing)
-    wv = np.ones(V) if w is None else w
-    ignored = t == ignore_index
-    ts = np.where(ignored, 0, t)
-    rows = np.arange(N)
-    table = TOLERANCES[dtype]
-    C = table.ce_ulps
-    e32 = C * FP32_EPS
-    fix = fixed_point_error(V)
-    with np.errstate(invalid="ignore", over="ignore"):
-        m = x.max(axis=1, keepdims=True)
-        p = softmax_ref(x)
-        u = np.where(p > 0, p * (C + np.abs(x - m)), 0.0)  # error scale of each probability, in eps
-        U = u.sum(axis=1)
-        w_t = np.where(ignored, 0.0, wv[ts])
-        W_abs = np.abs(wv).sum()
-        lse_mag = np.abs(lse) + C + U
-        row_mag = np.abs(w_t) * (lse_mag + np.abs(x[rows, ts]))
-        if eps > 0:
-            row_mag = (1 - eps) * row_mag + eps / V * (W_abs * lse_mag + np.abs(wv[None, :] * x).sum(axis=1))
-        row_mag = np.where(ignored, 0.0, row_mag)
-        is_t = np.arange(V)[None, :] == ts[:, None]
-        # p_j - [j == t]: a probability's own error, and its share of the error of the row's sum;
-        # at the target, the others' errors and its relative error, not eps * p_t.
-        q_mag = u + p * U[:, None]
-        q_mag = np.where(is_t, (U - u[rows, ts])[:, None] + (1 - p) * (U[:, None] + C), q_mag)
-        g_mag = np.abs(w_t)[:, None] * q_mag
-        g_fix = np.abs(w_t)[:, None] * np.where(is_t, fix, fix * p)
-        if eps > 0:
-            g_mag = (1 - eps) * g_mag + eps / V * (W_abs * u + C * np.abs(wv)[None, :])
-            g_fix = (1 - eps) * g_fix + eps / V * W_abs * fix * p
-        scale = 1.0
-        if reduction == "mean":
-            scale = 1.0 / abs(w_t.sum()) if w_t.sum() != 0 else 1.0
-        g_mag = np.where(ignored[:, None], 0.0, g_mag * scale)
-        g_fix = np.where(ignored[:, None], 0.0, g_fix * scale)
-    rounding, floor = table.storage, table.train_floor_abs
-    grad_tol = FP32_EPS * g_mag + g_fix + (rounding + e32) * np.abs(grad) + floor
-    lse_tol = FP32_EPS * lse_mag + fix + e32 * np.abs(lse)
-    row_tol = e32 * row_mag + fix * row_mag
-    if reduction == "none":
-        loss_tol = row_tol + (rounding + e32) * np.abs(loss) + floor
-    else:
-        total_tol = row_tol.sum() * (scale if reduction == "mean" else 1.0)
-        loss_tol = np.asarray(total_tol + (rounding + e32) * abs(loss) + floor)
-    return {"loss": (np.asarray(loss), loss_tol), "lse": (lse, lse_tol), "grad": (grad, grad_tol)}
-
-
 def check_cross_entropy(result, logits, target, *, what: str = "cross-entropy", **options) -> dict:
-    """result = (loss, lse, grad) against cross_entropy_ref within cross_entropy_error_bounds
-    (through assert_within):
+    """result = (loss, lse, grad) against cross_entropy_ref within cross_entropy_expected's bounds
+    (through assert_within; reduction "mean" unless options say otherwise):
     values, NaN where the reference has NaN (an all -inf row, a weight-0 target on -inf), the
     loss's shape and dtype (the logits'), lse float32. Returns the worst error relative to the
     bound for each of loss, lse and grad (<= 1 passes)."""
@@ -1248,11 +1184,12 @@ def check_cross_entropy(result, logits, target, *, what: str = "cross-entropy", 
     assert loss.dtype == logits.dtype, f"{what}: loss dtype {loss.dtype}, logits {logits.dtype}"
     assert lse.shape == (N,) and lse.dtype == torch.float32, f"{what}: lse {tuple(lse.shape)} {lse.dtype}"
     assert grad.shape == logits.shape and grad.dtype == logits.dtype, f"{what}: grad {tuple(grad.shape)} {grad.dtype}"
-    bounds = cross_entropy_error_bounds(logits, target, **options)
+    exp = cross_entropy_expected(logits, target, **{"reduction": reduction, **options})
     worst = {}
     for name, got in (("loss", loss), ("lse", lse), ("grad", grad)):
-        ref, tol = bounds[name]
-        worst[name] = assert_within(got, ref, tol, f"{what}: {name} ({dtype_id(logits.dtype)}, {options})")
+        worst[name] = assert_within(
+            got, exp[name], exp[f"{name}_tol"], f"{what}: {name} ({dtype_id(logits.dtype)}, {options})"
+        )
     return worst
 
 
