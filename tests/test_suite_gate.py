@@ -495,7 +495,9 @@ def test_the_quick_selection_is_the_pairs_the_baseline_gates():
     assert not selection.keeps("fused", 4096, 50257, "bfloat16")  # not in the baseline
     assert not selection.keeps("naive", 512, 600, "float32")  # not a gated kernel
     assert selection.times_graph(("triton", 1, 600, "float32"), False)
-    assert not selection.times_graph(("fused", 512, 600, "float32"), True)
+    assert not selection.times_graph(("fused", 512, 600, "float32"), False)
+    # A case this run finds short is timed in graph replay too, whatever its baseline held.
+    assert selection.times_graph(("fused", 512, 600, "float32"), True)
     assert selection.describe(3).startswith(f"gate quick selection ({MODEL}; baseline b.json): 3 items for the 3 pairs")
     assert "1 in device time, 1 in graph replay, 1 in per call" in selection.describe(3)
 

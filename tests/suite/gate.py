@@ -437,13 +437,13 @@ class QuickSelection:
 
     def times_graph(self, key: tuple, otherwise: bool) -> bool:
         """Whether the device-time item of `key` also times its graph replay: where graph replay
-        gates it, or would once measured (a case too short for the device clock); `otherwise`
-        (the full run's rule) where this model has no baseline."""
-        return (
-            otherwise
-            if self.pairs is None
-            else tuple(key) in self.wants_graph or "graph" in self.pairs.get(tuple(key), ())
-        )
+        gates it, or would once measured (a case too short for the device clock by the baseline),
+        or where `otherwise`, this run's own finding that the case is short, says so: a kernel
+        that became faster than its baseline (a new path) gets the graph figure its next
+        recorded baseline gates it by."""
+        if self.pairs is None:
+            return otherwise
+        return otherwise or tuple(key) in self.wants_graph or "graph" in self.pairs.get(tuple(key), ())
 
     def describe(self, kept: int) -> str:
         if self.pairs is None:
