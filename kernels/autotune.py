@@ -1,6 +1,6 @@
 """Tune the Triton softmax tile kernel once on this GPU and store the choice in the repo.
 
-    python -m kernels.autotune                       # lab shapes, float32, kernels/triton_autotune.json
+    python -m kernels.autotune                       # TUNE_SHAPES, every dtype, kernels/triton_autotune.json
     python -m kernels.autotune --shapes 64x600 4096x600 --dtypes float32 bfloat16 --path /tmp/t.json
 
 Later runs of `kernels.softmax_triton.softmax` read the file and launch the stored config
@@ -30,10 +30,10 @@ def main(argv=None) -> int:
         "--shapes",
         nargs="+",
         type=_shape,
-        default=list(st.LAB_SHAPES),
+        default=list(st.TUNE_SHAPES),
         help="BxV shapes to tune on (default: %(default)s)",
     )
-    parser.add_argument("--dtypes", nargs="+", choices=DTYPE_NAMES, default=["float32"])
+    parser.add_argument("--dtypes", nargs="+", choices=DTYPE_NAMES, default=list(DTYPE_NAMES))
     parser.add_argument("--path", default=str(st.stored_path()), help="file to store the choices in")
     args = parser.parse_args(argv)
 
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     print(f"GPU {record['gpu']}  fingerprint {record['fingerprint']}  -> {record['path']}")
     for key, choice in sorted(record["choices"].items()):
         print(
-            f"  V|dtype {key}: BLOCK={choice['BLOCK']} num_warps={choice['num_warps']} "
+            f"  bucket|dtype {key}: BLOCK={choice['BLOCK']} num_warps={choice['num_warps']} "
             f"(mean slowdown vs per-shape best {choice['mean_slowdown']:.3f})"
         )
         for run in choice["runs"]:

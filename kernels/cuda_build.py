@@ -60,17 +60,35 @@ def expand_source(path: Path) -> str:
     return expand_includes(path)
 
 
-def fused_instantiations() -> str:
-    lines = [size_class.instantiation(dt) for dt in FORMATS for size_class in fused_classes(dt)]
+def instantiations(lines) -> str:
+    """The instantiation lines appended to a source, under one heading."""
     return "\n// ---- instantiations generated from the dispatch table ----\n" + "\n".join(lines) + "\n"
 
 
+def fused_instantiations() -> str:
+    return instantiations([size_class.instantiation(dt) for dt in FORMATS for size_class in fused_classes(dt)])
+
+
 def module_source(path: Path) -> str:
-    """The full translation unit compiled for `path` (header inlined, kernels instantiated)."""
+    """The full translation unit for `path` (header inlined, every kernel instantiated): what the
+    offline build reports check."""
     src = expand_source(path)
     if Path(path).name == "softmax_fused.cu":
         src += fused_instantiations()
     return src
+
+
+def kernel_source(path: Path, name: str) -> str:
+    """The translation unit compiled when kernel `name` of `path` is first launched: the source
+    with that one size class instantiated (nvcc takes about half a second for it, 14 s for all of
+    them), or the whole source where it instantiates nothing."""
+    if Path(path).name != "softmax_fused.cu":
+        return module_source(path)
+    for dt in FORMATS:
+        for size_class in fused_classes(dt):
+            if size_class.kernel_name(dt) == name:
+                return expand_source(path) + instantiations([size_class.instantiation(dt)])
+    raise ValueError(f"{name!r} is not a kernel of {Path(path).name}")
 
 
 def expected_kernels(path: Path) -> list[str]:

@@ -50,7 +50,7 @@ from .cuda_training_plans import (
     backward_path,
     cross_entropy_class_description,
     cross_entropy_path,
-    module_source,
+    kernel_source,
     select_training_class,
     training_classes,
 )
@@ -83,7 +83,7 @@ def _launcher(device_index: int, op: str, name: str, *, block: int, arg_kinds) -
     launcher = _launchers.get((device_index, name))
     if launcher is not None:
         return launcher
-    function = module_function(device_index, module_source(_SOURCES[op]), name)
+    function = module_function(device_index, kernel_source(_SOURCES[op], name), name)
     launcher = _launchers[(device_index, name)] = KernelLauncher(name, function, arg_kinds=arg_kinds, block=block)
     return launcher
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .cuda_build import CUDA_DIR, expand_includes
+from .cuda_build import CUDA_DIR, expand_includes, instantiations
 from .cuda_plans import FORMATS, RowShape, as_dtype
 
 BACKWARD_SOURCE = CUDA_DIR / "softmax_backward.cu"
@@ -254,15 +254,23 @@ def _op_of(path: Path) -> str:
 
 def module_source(path: Path) -> str:
     """The full translation unit for a training source: headers inlined, every size class of its op
-    instantiated for every dtype."""
+    instantiated for every dtype (what the offline build reports check)."""
     op = _op_of(path)
-    lines = [p.instantiation(dt) for dt in FORMATS for p in training_classes(op, dt)]
-    return (
-        expand_includes(path)
-        + "\n// ---- instantiations generated from the dispatch table ----\n"
-        + "\n".join(lines)
-        + "\n"
-    )
+    lines = [size_class.instantiation(dt) for dt in FORMATS for size_class in training_classes(op, dt)]
+    return expand_includes(path) + instantiations(lines)
+
+
+def kernel_source(path: Path, name: str) -> str:
+    """The translation unit compiled when kernel `name` of a training source is first launched: the
+    source with that one size class instantiated (the helpers need none)."""
+    op = _op_of(path)
+    if op == "ce" and name in CROSS_ENTROPY_HELPERS:
+        return expand_includes(path) + instantiations([])
+    for dt in FORMATS:
+        for size_class in training_classes(op, dt):
+            if size_class.kernel_name(dt) == name:
+                return expand_includes(path) + instantiations([size_class.instantiation(dt)])
+    raise ValueError(f"{name!r} is not a kernel of {Path(path).name}")
 
 
 def expected_kernels(path: Path) -> list[str]:
@@ -290,6 +298,7 @@ __all__ = [
     "cross_entropy_class_description",
     "cross_entropy_path",
     "module_source",
+    "kernel_source",
     "expected_kernels",
     "expand_includes",
 ]

@@ -26,8 +26,9 @@ from typing import NamedTuple
 
 import torch
 
+from .build_once import build_lock
 from .checks import check_softmax_input, prepare_output
-from .cuda_build import FUSED_SOURCE, NAIVE_SOURCE, NVCC_OPTIONS, SMEM_SOURCE, module_source
+from .cuda_build import FUSED_SOURCE, NAIVE_SOURCE, NVCC_OPTIONS, SMEM_SOURCE, kernel_source
 from .cuda_plans import (
     FORMATS,
     LOOP_CLASS,
@@ -78,15 +79,21 @@ def _cupy():
 
 def module_function(device_index: int, src: str, name: str) -> int:
     """The CUfunction handle of kernel `name` in the translation unit `src` on a device. Each
-    (device, source) is compiled once, for this module's kernels and kernels/cuda_training.py's."""
+    (device, source) is compiled once per process, for this module's kernels and
+    kernels/cuda_training.py's, and once per machine (CuPy's on-disk cache, build_once)."""
     cp = _cupy()
-    mkey = (device_index, hashlib.sha256(src.encode()).hexdigest())
+    sha = hashlib.sha256(src.encode()).hexdigest()
+    mkey = (device_index, sha)
     with cp.cuda.Device(device_index):
         mod = _modules.get(mkey)
-        if mod is None:
-            backend = "nvcc" if cp.cuda.get_nvcc_path() else "nvrtc"  # the source needs no headers
-            mod = _modules[mkey] = cp.RawModule(code=src, options=NVCC_OPTIONS, backend=backend)
-        return mod.get_function(name).kernel.ptr
+        if mod is not None:
+            return mod.get_function(name).kernel.ptr
+        backend = "nvcc" if cp.cuda.get_nvcc_path() else "nvrtc"  # the source needs no headers
+        with build_lock(f"cupy {backend} {sha} {cp.cuda.Device(device_index).compute_capability}"):
+            mod = cp.RawModule(code=src, options=NVCC_OPTIONS, backend=backend)
+            function = mod.get_function(name).kernel.ptr  # compiles (or loads from the cache) now
+        _modules[mkey] = mod
+        return function
 
 
 def _sm_count_and_major(device_index: int) -> tuple[int, int]:
@@ -108,7 +115,7 @@ def _launcher(
     launcher = _launchers.get(key)
     if launcher is not None:
         return launcher
-    function = module_function(device_index, module_source(path), name)
+    function = module_function(device_index, kernel_source(path, name), name)
     with _cupy().cuda.Device(device_index):
         if cluster > PORTABLE_CLUSTER_SIZE:
             driver().set_function_attribute(function, FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, name=name)

@@ -22,6 +22,9 @@ is exactly SCALE): 4e-9 at V = 128256. Because neither the max nor the fixed-poi
 on how a row is cut into tiles, programs or chunks, a row's output bits depend only on its
 values and V: not on B, on the row's position or alignment, on the row stride, or on which path
 the dispatch takes. An all -inf row gives m = -inf, e = NaN and a NaN output, as F.softmax does.
+The max propagates NaN (_row_max: max.NaN on sm_80+, one instruction as tl.max's), and a row
+whose max is not a finite number or -inf (a NaN, or a +inf whose inf - inf is NaN) is NaN
+throughout (_softmax_scale), as F.softmax gives it.
 
 ALIGN (from the wrapper) divides V and both row strides; saying so lets Triton use ALIGN-wide
 vector accesses. It changes how elements are loaded, never how they are combined. Integer
@@ -65,6 +68,17 @@ def _exp(x, m, OUT: tl.constexpr):
 
 
 @triton.jit
+def _nan_max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _row_max(x, axis):
+    # The max along `axis`, NaN if any element is NaN (tl.max would skip it).
+    return tl.reduce(x, axis, _nan_max)
+
+
+@triton.jit
 def _row_scale(S, SCALE):
     # A row's normaliser from its fixed-point sum S: -hi with hi = S / SCALE rounded to float
     # (SCALE is a power of two: its reciprocal, built from the exponent bits, scales exactly),
@@ -72,6 +86,14 @@ def _row_scale(S, SCALE):
     hi = S.to(tl.float32)
     unit = ((254 << 23) - tl.cast(SCALE, tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
     return hi * -unit, tl.div_rn(SCALE, hi)
+
+
+@triton.jit
+def _softmax_scale(S, SCALE, m):
+    # _row_scale, with 1 / hi NaN where the row's max m is NaN or +inf, so that every output
+    # of such a row is NaN (its sum holds an inf - inf, which S, an integer, cannot carry).
+    neg_hi, inv = _row_scale(S, SCALE)
+    return neg_hi, tl.where(m < float("inf"), inv, float("nan"))
 
 
 @triton.jit
@@ -110,8 +132,9 @@ def softmax_tile_kernel(X, Y, V, stride_x, stride_y, SCALE, BLOCK: tl.constexpr,
         # The row fits one tile: one read, one write.
         mask = (cols // ALIGN) < V_A  # == cols < V, constant over ALIGN-groups
         x = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
-        e = _exp(x, tl.max(x, axis=0), Y.dtype.element_ty)
-        neg_hi, inv = _row_scale(tl.sum(_fixed(e, SCALE), axis=0), SCALE)
+        m = _row_max(x, 0)
+        e = _exp(x, m, Y.dtype.element_ty)
+        neg_hi, inv = _softmax_scale(tl.sum(_fixed(e, SCALE), axis=0), SCALE, m)
         tl.store(y_row + cols, _normalise(e, neg_hi, inv, Y.dtype.element_ty).to(Y.dtype.element_ty), mask=mask)
     else:
         # Three passes over tiles (max, fixed-point sum, write); the re-reads of a row of at
@@ -123,9 +146,9 @@ def softmax_tile_kernel(X, Y, V, stride_x, stride_y, SCALE, BLOCK: tl.constexpr,
         while start < V:
             idx = tl.multiple_of(start, BLOCK) + cols
             x = tl.load(x_row + idx, mask=(idx // ALIGN) < V_A, other=-float("inf")).to(tl.float32)
-            m_lane = tl.maximum(m_lane, x)
+            m_lane = _nan_max(m_lane, x)
             start += BLOCK
-        m = tl.max(m_lane, axis=0)
+        m = _row_max(m_lane, 0)
         s_lane = tl.zeros([BLOCK], tl.int64)
         start = 0
         while start < V:
@@ -133,7 +156,7 @@ def softmax_tile_kernel(X, Y, V, stride_x, stride_y, SCALE, BLOCK: tl.constexpr,
             x = tl.load(x_row + idx, mask=(idx // ALIGN) < V_A, other=-float("inf")).to(tl.float32)
             s_lane += _fixed(_exp(x, m, Y.dtype.element_ty), SCALE)
             start += BLOCK
-        neg_hi, inv = _row_scale(tl.sum(s_lane, axis=0), SCALE)
+        neg_hi, inv = _softmax_scale(tl.sum(s_lane, axis=0), SCALE, m)
         start = 0
         while start < V:
             idx = tl.multiple_of(start, BLOCK) + cols
@@ -151,8 +174,9 @@ def softmax_row_kernel(X, Y, V, stride_x, stride_y, SCALE, BLOCK: tl.constexpr, 
     cols = tl.arange(0, BLOCK)
     mask = (cols // ALIGN) < V // ALIGN  # == cols < V, constant over ALIGN-groups
     x = tl.load(X + tl.multiple_of(row * stride_x, ALIGN) + cols, mask=mask, other=-float("inf")).to(tl.float32)
-    e = _exp(x, tl.max(x, axis=0), Y.dtype.element_ty)
-    neg_hi, inv = _row_scale(tl.sum(_fixed(e, SCALE), axis=0), SCALE)
+    m = _row_max(x, 0)
+    e = _exp(x, m, Y.dtype.element_ty)
+    neg_hi, inv = _softmax_scale(tl.sum(_fixed(e, SCALE), axis=0), SCALE, m)
     y = _normalise(e, neg_hi, inv, Y.dtype.element_ty)
     tl.store(Y + tl.multiple_of(row * stride_y, ALIGN) + cols, y.to(Y.dtype.element_ty), mask=mask)
 
@@ -168,8 +192,9 @@ def softmax_rows_kernel(X, Y, B, V, stride_x, stride_y, SCALE, ROWS: tl.constexp
     y_off = tl.multiple_of(rows * stride_y, ALIGN)
     # Rows past B load -inf throughout and turn to NaN, but are never stored.
     x = tl.load(X + x_off[:, None] + cols[None, :], mask=mask, other=-float("inf")).to(tl.float32)
-    e = _exp(x, tl.max(x, axis=1)[:, None], Y.dtype.element_ty)
-    neg_hi, inv = _row_scale(tl.sum(_fixed(e, SCALE), axis=1), SCALE)
+    m = _row_max(x, 1)
+    e = _exp(x, m[:, None], Y.dtype.element_ty)
+    neg_hi, inv = _softmax_scale(tl.sum(_fixed(e, SCALE), axis=1), SCALE, m)
     y = _normalise(e, neg_hi[:, None], inv[:, None], Y.dtype.element_ty)
     tl.store(Y + y_off[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
@@ -192,8 +217,9 @@ _TAG_MASK = tl.constexpr(0x7FFFFFFF)  # tags wrap in 31 bits: a word stays a non
 
 @triton.jit
 def _maximum(a, b):
-    # Compares as float32 (the interpreter compares 16-bit floats by their bits), keeps the type.
-    return tl.where(a.to(tl.float32) > b.to(tl.float32), a, b)
+    # Compares as float32 (the interpreter compares 16-bit floats by their bits), keeps the type;
+    # a NaN wins, as in _nan_max.
+    return tl.where((a.to(tl.float32) > b.to(tl.float32)) | (a != a), a, b)
 
 
 @triton.jit
@@ -236,7 +262,7 @@ def _meet_max(words, P, chunk, own_word, tag, SLOTS: tl.constexpr, MAX_SPINS: tl
         c = base + lanes
         w, n = _gather(words + c, c < P, c == chunk, own_word, tag, MAX_SPINS)
         m_p = tl.where(c < P, (w & _LOW).to(tl.int32).to(tl.float32, bitcast=True), -float("inf"))
-        m = tl.maximum(m, tl.max(m_p, axis=0))
+        m = _nan_max(m, _row_max(m_p, 0))
         stale += n
         base += SLOTS
     return m, stale
@@ -303,7 +329,7 @@ def softmax_split_kernel(X, Y, WS, V, P, stride_x, stride_y, x_off, y_off, SCALE
     if HOLD_INPUT:
         m_in = tl.reduce(x_in, 0, _maximum).to(tl.float32)  # no float32 copy before meeting 1
     else:
-        m_in = tl.max(x, axis=0)
+        m_in = _row_max(x, 0)
     # Edges: the first ALIGN offsets of the row and the partial group at its end, each element
     # once (the tail part skips what the head part covers). Only chunk 0 loads and stores them.
     e = tl.arange(0, 2 * ALIGN)
@@ -321,7 +347,7 @@ def softmax_split_kernel(X, Y, WS, V, P, stride_x, stride_y, x_off, y_off, SCALE
     tag_hi = tag << 32
 
     # Meeting 1: the row's max.
-    m_c = tl.maximum(m_in, tl.max(xe, axis=0))
+    m_c = _nan_max(m_in, _row_max(xe, 0))
     my_max = tag_hi | (m_c.to(tl.int32, bitcast=True).to(tl.int64) & _LOW)
     tl.atomic_xchg(ws_row + chunk, my_max, sem="relaxed")
     m, stale = _meet_max(ws_row, P, chunk, my_max, tag, P_BLOCK, MAX_SPINS)
@@ -330,9 +356,9 @@ def softmax_split_kernel(X, Y, WS, V, P, stride_x, stride_y, x_off, y_off, SCALE
         start = 0
         while start < V:
             idx = start + fcols
-            m_run = tl.maximum(m_run, tl.load(x_row + idx, mask=idx < V, other=-float("inf")).to(tl.float32))
+            m_run = _nan_max(m_run, tl.load(x_row + idx, mask=idx < V, other=-float("inf")).to(tl.float32))
             start += FALLBACK_BLOCK
-        m = tl.max(m_run, axis=0)
+        m = _row_max(m_run, 0)
 
     # Meeting 2: the row's fixed-point sum, every chunk relative to the same m.
     tl.debug_barrier()  # here, not between the conversions and the additions of the sum below
@@ -354,7 +380,7 @@ def softmax_split_kernel(X, Y, WS, V, P, stride_x, stride_y, x_off, y_off, SCALE
             start += FALLBACK_BLOCK
         s = tl.sum(s_run, axis=0)
 
-    neg_hi, inv = _row_scale(s, SCALE)
+    neg_hi, inv = _softmax_scale(s, SCALE, m)
     if HOLD_INPUT:
         if x_in.dtype == tl.bfloat16:
             x = (x_in.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
@@ -399,9 +425,9 @@ def softmax_stream_kernel(X, Y, B, V, stride_x, stride_y, x_off, y_off, SCALE,
         while start < end:
             mask = _group_mask(grp, start, g_lo, g_hi, ALIGN)
             x = tl.load(X + tl.multiple_of(start, ALIGN) + cols, mask=mask, other=-float("inf"))
-            m_lane = tl.maximum(m_lane, x.to(tl.float32))
+            m_lane = _nan_max(m_lane, x.to(tl.float32))
             start += BLOCK
-        m = tl.maximum(tl.max(m_lane, axis=0), tl.max(xe, axis=0))
+        m = _nan_max(_row_max(m_lane, 0), _row_max(xe, 0))
 
         ee = _exp(xe, m, Y.dtype.element_ty)
         s_lane = tl.zeros([BLOCK], tl.int64)
@@ -412,7 +438,7 @@ def softmax_stream_kernel(X, Y, B, V, stride_x, stride_y, x_off, y_off, SCALE,
             s_lane += _fixed(_exp(x.to(tl.float32), m, Y.dtype.element_ty), SCALE)
             start += BLOCK
         s = tl.sum(s_lane, axis=0) + tl.sum(_fixed(ee, SCALE), axis=0)
-        neg_hi, inv = _row_scale(s, SCALE)
+        neg_hi, inv = _softmax_scale(s, SCALE, m)
 
         # Output element of input offset o sits at Y + o + shift.
         shift = tl.multiple_of(y_off + row * stride_y - xs, Y_ALIGN)

@@ -33,6 +33,7 @@ import torch
 import triton
 
 from . import triton_store as store
+from .build_once import build_lock
 from .launch import KernelLauncher, LaunchError, current_stream, driver
 from .triton_dispatch import (
     DISPATCH_BOUNDARIES,
@@ -517,6 +518,12 @@ def bind(x: torch.Tensor, y: torch.Tensor, path: str, params: dict) -> BoundLaun
     return entry.bind(x, y, p, dev=dev, sms=sms)
 
 
+def _build_key(bound: BoundLaunch, x: torch.Tensor) -> str:
+    """What decides the kernel Triton compiles for a launch, as text for build_once's lock."""
+    pointers = tuple(v.data_ptr() % 16 == 0 for v in bound.values.values() if isinstance(v, torch.Tensor))
+    return repr((bound.path.kernel.__name__, str(x.dtype), pointers, bound.constexprs, bound.options))
+
+
 def launch(x: torch.Tensor, y: torch.Tensor, path: str, params: dict):
     """Launch `path` for x -> y (params override its launch parameters). Returns a function
     (x, y) -> None that repeats this launch for any tensors of the same layout and batch class
@@ -524,8 +531,9 @@ def launch(x: torch.Tensor, y: torch.Tensor, path: str, params: dict):
     launch, or the tile kernel's first autotuning)."""
     bound = bind(x, y, path, params)
     if bound.untuned:
-        # No stored or earlier choice: standard autotune on first use of this V.
-        bound.autotune()
+        # No stored or earlier choice: standard autotune on first use of this V's bucket.
+        with build_lock(f"triton autotune {store.choice_key(x.shape[1], x.dtype)} {_build_key(bound, x)}"):
+            bound.autotune()
         store.record_tuned(bound.dev, x.shape[1], x.dtype)
         return None
     if INTERPRET:
@@ -536,7 +544,10 @@ def launch(x: torch.Tensor, y: torch.Tensor, path: str, params: dict):
     key = (entry.kernel, dev, x.dtype, pointers, tuple(bound.constexprs.items()), tuple(bound.options.items()))
     launcher = _launchers.get(key, _UNBUILT)
     if launcher is _UNBUILT:
-        launcher = _launchers[key] = _driver_launcher(bound(), entry.kernel.__name__, entry.arg_kinds)
+        # The first launch compiles (or loads from Triton's cache): once per machine.
+        with build_lock(f"triton {_build_key(bound, x)}"):
+            compiled = bound()
+        launcher = _launchers[key] = _driver_launcher(compiled, entry.kernel.__name__, entry.arg_kinds)
     elif launcher is None:
         bound()
     else:

@@ -2,6 +2,12 @@
 (kernels/triton_autotune.json), the order in which a launch looks a config up, and the
 offline tuner behind `python -m kernels.autotune`.
 
+A choice serves a bucket of row lengths, the next power of two of V (at least MIN_BUCKET): the
+tile kernel's best BLOCK and warp count follow the row's size class, not its exact length, so a
+row of a length nobody tuned for takes its bucket's choice instead of timing twelve configs
+(each a compile) in every process. The offline tuner times TUNE_SHAPES: a few batch sizes in
+every bucket of the tile path.
+
 Each stored choice sits under a fingerprint: a hash of the tile kernel's source, the config
 list and the GPU name, so editing the kernel or the configs, or moving to another GPU, makes
 the wrapper ignore it and autotune again on first use (standard `@triton.autotune` behaviour).
@@ -25,12 +31,12 @@ import torch
 import triton
 
 from .spec import LAB_SHAPES
-from .triton_dispatch import INTERPRET
+from .triton_dispatch import DISPATCH_BOUNDARIES, INTERPRET
 from .triton_kernels import softmax_tile_kernel
 
 STORED_PATH = Path(__file__).with_name("triton_autotune.json")
 STORED_PATH_ENV = "SOFTMAX_SUITE_TRITON_AUTOTUNE_FILE"
-STORED_FORMAT = 1
+STORED_FORMAT = 2  # 2: choices keyed on V's bucket (1: on V itself)
 # Fields of an entry whose choices were carried over, unmeasured, from an earlier tile kernel
 # source (its sha256 and why): the next write_stored for that fingerprint removes them.
 CARRIED_OVER_FIELDS = ("choices_measured_with_kernel_source_sha256", "note")
@@ -80,8 +86,33 @@ def fingerprint(gpu_name: str, *, source_hash: str | None = None, config_hash: s
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 
+MIN_BUCKET = 16
+
+
+def v_bucket(V: int) -> int:
+    """The bucket of row lengths a choice serves: the next power of two of V, at least MIN_BUCKET."""
+    return max(MIN_BUCKET, triton.next_power_of_2(int(V)))
+
+
+def _tune_shapes() -> tuple:
+    """LAB_SHAPES, and in every other bucket of the tile path an odd V three quarters of the way
+    up at a short and a long batch."""
+    lab_buckets = {v_bucket(V) for _, V in LAB_SHAPES}
+    shapes = list(LAB_SHAPES)
+    bucket = MIN_BUCKET
+    while bucket <= DISPATCH_BOUNDARIES["tile_max_v"]:
+        if bucket not in lab_buckets:
+            shapes += [(B, 3 * bucket // 4 + 1) for B in (64, 4096)]
+        bucket *= 2
+    return tuple(shapes)
+
+
+TUNE_SHAPES = _tune_shapes()
+
+
 def choice_key(V: int, dtype: torch.dtype) -> str:
-    return f"{int(V)}|{str(dtype).removeprefix('torch.')}"
+    """Where the choice for rows of length V in `dtype` is stored: "bucket|dtype"."""
+    return f"{v_bucket(V)}|{str(dtype).removeprefix('torch.')}"
 
 
 # --------------------------------------------------------------------------- the stored file
@@ -100,7 +131,8 @@ def read_stored(path=None) -> dict:
 
 
 def stored_choice(V: int, dtype: torch.dtype, gpu_name: str, *, path=None, source_hash=None, config_hash=None):
-    """The stored tile config for (V, dtype) on this GPU, or None when absent or stale."""
+    """The stored tile config for rows of length V (its bucket's) in `dtype` on this GPU, or None
+    when absent or stale."""
     key = fingerprint(gpu_name, source_hash=source_hash, config_hash=config_hash)
     entry = read_stored(path).get("entries", {}).get(key)
     if entry is None:
@@ -176,8 +208,8 @@ def bench_calls() -> int:
 # choice exists yet; run_autotune times every config with it).
 tile_autotuned = triton.autotune(configs=CONFIGS, key=["V"], do_bench=_bench)(softmax_tile_kernel)
 
-# What the lookups resolved once per process: (device, V, dtype, file generation) -> config,
-# (device, V, dtype) -> config the autotuner picked here, device -> (name, SM count).
+# What the lookups resolved once per process: (device, bucket, dtype, file generation) -> config,
+# (device, bucket, dtype) -> config the autotuner picked here, device -> (name, SM count).
 _lookup_memo: dict = {}
 _tuned_here: dict = {}
 _device_info: dict = {}
@@ -214,25 +246,27 @@ def autotune_picked(V: int, dtype: torch.dtype = torch.float32, *, device=None, 
         return dict(INTERPRETER_CONFIG, num_stages=3)
     dev = _device_index(device)
     name = gpu_info(dev)[0]
+    bucket = v_bucket(V)
     if path is not None:
-        return stored_choice(V, dtype, name, path=path) or _tuned_here.get((dev, int(V), dtype))
-    key = (dev, int(V), dtype, generation)
+        return stored_choice(V, dtype, name, path=path) or _tuned_here.get((dev, bucket, dtype))
+    key = (dev, bucket, dtype, generation)
     if key not in _lookup_memo:
         _lookup_memo[key] = stored_choice(V, dtype, name)
-    return _lookup_memo[key] or _tuned_here.get((dev, int(V), dtype))
+    return _lookup_memo[key] or _tuned_here.get((dev, bucket, dtype))
 
 
 def record_tuned(dev: int, V: int, dtype: torch.dtype) -> None:
-    """Remember the config tile_autotuned just picked for (V, dtype) on `dev`."""
-    _tuned_here[(dev, int(V), dtype)] = config_dict(tile_autotuned.best_config)
+    """Remember the config tile_autotuned just picked for rows of length V in `dtype` on `dev`:
+    the choice of V's bucket for the rest of this process."""
+    _tuned_here[(dev, v_bucket(V), dtype)] = config_dict(tile_autotuned.best_config)
 
 
-def run_autotune(shapes=LAB_SHAPES, *, dtypes=(torch.float32,), path=None, device="cuda", seed=0):
+def run_autotune(shapes=TUNE_SHAPES, *, dtypes=(torch.float32,), path=None, device="cuda", seed=0):
     """Autotune the tile kernel on `shapes` with the GPU's timer and store the choices at `path`.
 
-    The autotuner is keyed on V, so shapes that share V share one choice. Every config is
-    timed on every shape; the choice for a V is the config with the smallest mean slowdown
-    against each shape's own best, so no single B decides alone. Returns the stored record.
+    Shapes whose V share a bucket share one choice. Every config is timed on every shape; the
+    choice for a bucket is the config with the smallest mean slowdown against each shape's own
+    best, so no single shape decides alone. Returns the stored record.
     """
     from .triton_launch import PATH_TABLE
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import cuda_build, cuda_plans
+from kernels import cuda_build, cuda_plans, cuda_training_plans
 from kernels import softmax_cuda as sc
 from kernels.cuda_build import FUSED_SOURCE
 from kernels.cuda_plans import fused_class_description, select_fused_class
@@ -125,6 +125,66 @@ def test_every_dispatchable_kernel_is_instantiated():
         assert f"({name}," in src, f"{name} is not instantiated"
     for path in cuda_build.CU_SOURCES:
         assert '#include "softmax_common.cuh"' not in cuda_build.module_source(path), "header not inlined"
+
+
+# -- one translation unit per kernel at run time ---------------------------------------------------
+# The wrappers compile a kernel when it is first launched, alone (kernel_source): half a second of
+# nvcc instead of the whole table's 14 s, in each process that has no cached build yet.
+
+
+def _every_kernel():
+    sources = [(path, cuda_build.kernel_source) for path in cuda_build.CU_SOURCES]
+    sources += [(path, cuda_training_plans.kernel_source) for path in cuda_training_plans.TRAINING_SOURCES]
+    expected = {path: cuda_build.expected_kernels for path in cuda_build.CU_SOURCES}
+    expected.update({path: cuda_training_plans.expected_kernels for path in cuda_training_plans.TRAINING_SOURCES})
+    return [(path, source_of, name) for path, source_of in sources for name in expected[path](path)]
+
+
+def _instantiated(src: str) -> list[str]:
+    return [line for line in src.split("generated from the dispatch table ----")[-1].splitlines() if line.strip()]
+
+
+def test_each_kernel_has_a_translation_unit_of_its_own():
+    """A kernel's unit instantiates that kernel and no other; an unknown name is refused."""
+    cases = _every_kernel()
+    assert len(cases) > 100
+    for path, source_of, name in cases:
+        src = source_of(path, name)
+        lines = _instantiated(src) if "generated from the dispatch table" in src else []
+        if lines or path.name == "softmax_fused.cu":
+            assert len(lines) == 1 and f"({name}," in lines[0], f"{path.name}: {name} -> {lines}"
+    for path, source_of, _ in cases[:: len(cases) - 1]:
+        if path.name in ("softmax_fused.cu", "softmax_backward.cu", "cross_entropy.cu"):
+            with pytest.raises(ValueError, match="not a kernel of"):
+                source_of(path, "softmax_no_such_kernel")
+
+
+@needs_nvcc
+@pytest.mark.parametrize(
+    "path", [*cuda_build.CU_SOURCES[2:], *cuda_training_plans.TRAINING_SOURCES], ids=lambda p: p.name
+)
+def test_a_kernel_built_alone_is_the_kernel_of_the_whole_build(path):
+    """ptxas gives a kernel compiled in its own unit the registers, shared memory and stack it
+    gets in the whole source's build (which test_compiles_for_sm90_without_spills checks): the
+    run-time units change what is compiled together, not the code. One kernel of each kind."""
+    whole_source = (cuda_training_plans if path in cuda_training_plans.TRAINING_SOURCES else cuda_build).module_source
+    whole = cuda_build.parse_ptxas_report(_log(cuda_build.compile_offline(path, nvcc=NVCC, source=whole_source(path))))
+    source_of = {name: src for p, src, name in _every_kernel() if p == path}
+    kinds = {}
+    for name in source_of:
+        kinds.setdefault(name.split("_")[1] if name.count("_") > 1 else name, name)
+    for name in kinds.values():
+        alone = cuda_build.parse_ptxas_report(
+            _log(cuda_build.compile_offline(path, nvcc=NVCC, source=source_of[name](path, name)))
+        )
+        assert name in alone, f"{name} not built from its own unit"
+        assert alone[name] == whole[name], f"{name}: alone {alone[name]} vs in the whole build {whole[name]}"
+
+
+def _log(res) -> str:
+    log = res.stdout + res.stderr
+    assert res.returncode == 0, log
+    return log
 
 
 # -- the fused dispatch table --------------------------------------------------------------------

@@ -29,6 +29,7 @@ from tests.helpers import (
     assert_outputs_agree,
     assert_rows_sum_to_one,
     check_softmax,
+    cpu_path_runner,
     dtype_id,
     logits,
     row_sum_tolerance,
@@ -358,43 +359,54 @@ def test_inputs_are_reproducible_and_owned_by_the_caller():
 # -- a NaN or +inf inside a row ----------------------------------------------------------------------
 
 # F.softmax (and the reference) give a row holding a NaN, or a +inf (inf - inf), NaN throughout.
-# Triton's tl.max skips NaN, so every Triton path gives NaN at that entry alone and finite values
-# beside it (measured in the interpreter at V = 700, 5000 and 70000: tile, row and split): a
-# silent wrong answer. The fix (a NaN-propagating row max, one max.NaN.f32) changes the tile
-# kernel's source, so its stored autotune choice must be measured again on a GPU with it.
-_NAN_ROW_BUGS = {"triton": "Triton's tl.max skips NaN: the row's other entries stay finite"}
+# A max that skips NaN (tl.max, fmaxf) or a sum that cannot carry one (an integer sum) gives NaN
+# at that entry alone and finite values beside it: a silent wrong answer. Every path of every
+# kernel is held to it, the NaN and +inf placed late in a row (another tile, chunk or program
+# than the row's start).
 
 
-def _nan_row_kernels(where):
+def _nan_row_cases(where):
     return [
-        pytest.param(name, marks=pytest.mark.xfail(reason=_NAN_ROW_BUGS[name], strict=True))
-        if name in _NAN_ROW_BUGS
-        else name
+        pytest.param(name, path, id=f"{name}-{path}")
         for name, k in SOFTMAX_KERNELS.items()
         if where == "cuda" or k.interpretable
+        for path in k.paths
     ]
 
 
-def _check_nan_rows(kernel, device):
-    k = SOFTMAX_KERNELS[kernel]
-    skip_unless_runnable(k)
-    x = logits(4, 700, seed=7, device=device, neg_inf=False)
-    x[1, 5] = float("nan")
-    x[2, 3] = float("inf")
-    assert torch.isnan(F.softmax(x, dim=-1)[1:3]).all(), "F.softmax's own convention"
-    out = run_poisoned(k, x)
-    assert torch.isnan(out[1:3]).all(), f"{kernel}: rows holding a NaN or +inf must be NaN throughout"
-    assert not torch.isnan(out[[0, 3]]).any(), f"{kernel}: the other rows must stay numbers"
+def _check_nan_rows(kernel, path, x, run):
+    B, V = x.shape
+    nan_row, inf_row = (B - 2, B - 1)
+    x[nan_row, V // 2 + 1] = float("nan")
+    x[inf_row, V - 1] = float("inf")
+    assert torch.isnan(F.softmax(x.float(), dim=-1)[nan_row:]).all(), "F.softmax's own convention"
+    out = run_poisoned(run, x)
+    what = f"{kernel} via {path}, ({B}, {V}) {dtype_id(x.dtype)}"
+    assert torch.isnan(out[nan_row]).all(), f"{what}: a row holding a NaN must be NaN throughout"
+    assert torch.isnan(out[inf_row]).all(), f"{what}: a row holding a +inf must be NaN throughout"
+    assert not torch.isnan(out[:nan_row]).any(), f"{what}: the other rows must stay numbers"
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("kernel", _nan_row_kernels("cpu"))
-def test_a_row_holding_a_nan_or_inf_is_nan_like_torch_cpu(kernel):
-    _check_nan_rows(kernel, "cpu")
+@pytest.mark.parametrize("kernel, path", _nan_row_cases("cpu"))
+def test_a_row_holding_a_nan_or_inf_is_nan_like_torch_cpu(kernel, path):
+    k = SOFTMAX_KERNELS[kernel]
+    skip_unless_runnable(k)
+    for dtype in k.dtypes:
+        x = logits(4, 37, seed=7, dtype=dtype, neg_inf=False)
+        _check_nan_rows(kernel, path, x, cpu_path_runner(k, path))
 
 
 @pytest.mark.cuda
 @pytest.mark.quick
-@pytest.mark.parametrize("kernel", _nan_row_kernels("cuda"))
-def test_a_row_holding_a_nan_or_inf_is_nan_like_torch(kernel):
-    _check_nan_rows(kernel, "cuda")
+@pytest.mark.parametrize("kernel, path", _nan_row_cases("cuda"))
+def test_a_row_holding_a_nan_or_inf_is_nan_like_torch(kernel, path):
+    """At the path's own GPU shape, in the first dtype whose dispatch takes it."""
+    k = SOFTMAX_KERNELS[kernel]
+    skip_unless_runnable(k)
+    dtype = next(d for d in k.dtypes if path in k.paths_for(d))
+    B, V = k.path(path).gpu
+    B = max(B, 3)
+    assert k.plan(B, V, dtype) == path, f"({B}, {V}) does not reach {kernel}'s {path}"
+    x = logits(B, V, seed=7, device="cuda", dtype=dtype, neg_inf=False)
+    _check_nan_rows(kernel, path, x, k)

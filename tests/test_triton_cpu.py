@@ -602,15 +602,20 @@ def test_sm90_aot_builds_have_no_spills_and_fit_shared_memory(sm90_builds, reque
 # ------------------------------------------------------------------ stored choice and staleness
 
 GPU = "Test GPU 9000"
+KEY_600 = st.choice_key(600, torch.float32)
 
 
 def test_stored_choice_round_trip(tmp_path):
     path = tmp_path / "tune.json"
     assert st.stored_choice(600, torch.float32, GPU, path=path) is None  # no file yet
-    st.write_stored({"600|float32": {"BLOCK": 512, "num_warps": 4, "num_stages": 3}}, GPU, path=path)
+    st.write_stored({KEY_600: {"BLOCK": 512, "num_warps": 4, "num_stages": 3}}, GPU, path=path)
     assert st.stored_choice(600, torch.float32, GPU, path=path) == {"BLOCK": 512, "num_warps": 4, "num_stages": 3}
     assert st.stored_choice(600, torch.bfloat16, GPU, path=path) is None
-    assert st.stored_choice(601, torch.float32, GPU, path=path) is None
+    # A choice serves its bucket of row lengths (513 ... 1024), not one V.
+    assert KEY_600 == st.choice_key(513, torch.float32) == st.choice_key(1024, torch.float32) == "1024|float32"
+    assert st.stored_choice(513, torch.float32, GPU, path=path)["BLOCK"] == 512
+    assert st.stored_choice(1025, torch.float32, GPU, path=path) is None
+    assert st.stored_choice(512, torch.float32, GPU, path=path) is None
     data = json.loads(path.read_text())
     entry = data["entries"][st.fingerprint(GPU)]
     assert entry["kernel_source_sha256"] == st.kernel_source_hash()
@@ -621,7 +626,7 @@ def test_the_environment_names_the_stored_file(tmp_path, monkeypatch):
     path = tmp_path / "elsewhere.json"
     monkeypatch.setenv(st.STORED_PATH_ENV, str(path))
     assert st.stored_path() == path
-    st.write_stored({"600|float32": {"BLOCK": 256, "num_warps": 2}}, GPU)
+    st.write_stored({KEY_600: {"BLOCK": 256, "num_warps": 2}}, GPU)
     assert path.exists()
     assert st.stored_choice(600, torch.float32, GPU)["BLOCK"] == 256
     monkeypatch.delenv(st.STORED_PATH_ENV)
@@ -630,20 +635,20 @@ def test_the_environment_names_the_stored_file(tmp_path, monkeypatch):
 
 def test_measuring_again_drops_a_carried_over_note(tmp_path):
     path = tmp_path / "tune.json"
-    st.write_stored({"600|float32": {"BLOCK": 1024, "num_warps": 4}}, GPU, path=path)
+    st.write_stored({KEY_600: {"BLOCK": 1024, "num_warps": 4}}, GPU, path=path)
     data = json.loads(path.read_text())
     (entry,) = data["entries"].values()
     entry.update(choices_measured_with_kernel_source_sha256="0" * 64, note="carried over")
     path.write_text(json.dumps(data))
-    st.write_stored({"600|float32": {"BLOCK": 512, "num_warps": 4}}, GPU, path=path)
+    st.write_stored({KEY_600: {"BLOCK": 512, "num_warps": 4}}, GPU, path=path)
     (entry,) = json.loads(path.read_text())["entries"].values()
     assert not set(entry) & {"choices_measured_with_kernel_source_sha256", "note"}
-    assert entry["choices"]["600|float32"]["BLOCK"] == 512
+    assert entry["choices"][KEY_600]["BLOCK"] == 512
 
 
 def test_changed_source_configs_or_gpu_invalidate_the_stored_choice(tmp_path):
     path = tmp_path / "tune.json"
-    st.write_stored({"600|float32": {"BLOCK": 1024, "num_warps": 8}}, GPU, path=path)
+    st.write_stored({KEY_600: {"BLOCK": 1024, "num_warps": 8}}, GPU, path=path)
     assert st.stored_choice(600, torch.float32, GPU, path=path) is not None
     # Another GPU name: different fingerprint.
     assert st.stored_choice(600, torch.float32, "Other GPU", path=path) is None
@@ -663,12 +668,12 @@ def test_source_hash_follows_the_kernel_text():
 
 def test_write_keeps_other_gpus_and_drops_stale_entries(tmp_path):
     path = tmp_path / "tune.json"
-    st.write_stored({"600|float32": {"BLOCK": 256, "num_warps": 2}}, "Other GPU", path=path)
+    st.write_stored({KEY_600: {"BLOCK": 256, "num_warps": 2}}, "Other GPU", path=path)
     data = json.loads(path.read_text())
     # A stale entry for GPU (old kernel source) that the next write must replace.
-    data["entries"]["stale"] = {"gpu": GPU, "choices": {"600|float32": {"BLOCK": 2048, "num_warps": 8}}}
+    data["entries"]["stale"] = {"gpu": GPU, "choices": {KEY_600: {"BLOCK": 2048, "num_warps": 8}}}
     path.write_text(json.dumps(data))
-    st.write_stored({"600|float32": {"BLOCK": 512, "num_warps": 4}}, GPU, path=path)
+    st.write_stored({KEY_600: {"BLOCK": 512, "num_warps": 4}}, GPU, path=path)
     entries = json.loads(path.read_text())["entries"]
     assert "stale" not in entries
     assert {e["gpu"] for e in entries.values()} == {GPU, "Other GPU"}
@@ -682,9 +687,7 @@ def test_unknown_file_format_is_ignored(tmp_path):
         json.dumps(
             {
                 "format": 999,
-                "entries": {
-                    st.fingerprint(GPU): {"gpu": GPU, "choices": {"600|float32": {"BLOCK": 256, "num_warps": 2}}}
-                },
+                "entries": {st.fingerprint(GPU): {"gpu": GPU, "choices": {KEY_600: {"BLOCK": 256, "num_warps": 2}}}},
             }
         )
     )
@@ -697,9 +700,24 @@ def test_interpreter_uses_fixed_config():
     assert st.INTERPRETER_CONFIG in [{"BLOCK": c.kwargs["BLOCK"], "num_warps": c.num_warps} for c in st.CONFIGS]
 
 
+def tile_buckets() -> list[int]:
+    top = st.v_bucket(st.DISPATCH_BOUNDARIES["tile_max_v"])
+    return [b for b in (2**k for k in range(top.bit_length())) if st.v_bucket(1) <= b <= top]
+
+
+def test_tune_shapes_reach_every_bucket_of_the_tile_path():
+    """The offline tuner times every bucket of row lengths the tile path takes, at shapes the
+    dispatch sends down the tile path, so no V of that path autotunes on a tuned GPU."""
+    assert sorted({st.v_bucket(V) for _, V in st.TUNE_SHAPES}) == tile_buckets()
+    assert all(st.plan(B, V) == "tile" for B, V in st.TUNE_SHAPES)
+    assert set(st.LAB_SHAPES) <= set(st.TUNE_SHAPES)
+    assert [st.v_bucket(V) for V in (1, 16, 17, 600, 1024, 1025)] == [16, 16, 32, 1024, 1024, 2048]
+
+
 def test_repo_autotune_file_matches_the_current_tile_kernel():
     """The stored choices in kernels/triton_autotune.json stay valid only while the tile kernel
-    and its config list are unchanged: every entry's fingerprint must still be recomputable."""
+    and its config list are unchanged: every entry's fingerprint must still be recomputable, and
+    each holds a choice for every bucket of the tile path in every dtype."""
     if not st.STORED_PATH.exists():
         pytest.skip("no stored autotune file in the repo")
     entries = st.read_stored(st.STORED_PATH).get("entries", {})
@@ -708,7 +726,9 @@ def test_repo_autotune_file_matches_the_current_tile_kernel():
         assert entry["kernel_source_sha256"] == st.kernel_source_hash(), "tile kernel source changed"
         assert entry["configs_sha256"] == st.configs_hash(), "tile config list changed"
         assert key == st.fingerprint(entry["gpu"])
-        assert st.stored_choice(600, torch.float32, entry["gpu"], path=st.STORED_PATH) is not None
+        for bucket in tile_buckets():
+            for dtype in (torch.float32, torch.bfloat16, torch.float16):
+                assert st.stored_choice(bucket, dtype, entry["gpu"], path=st.STORED_PATH) is not None, (bucket, dtype)
 
 
 def test_the_schema_lists_the_autotune_configs():

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from kernels import cuda_plans as cp
 from kernels import softmax_cuda as sc
-from kernels.cuda_build import FUSED_SOURCE
+from kernels.cuda_build import FUSED_SOURCE, expand_source, instantiations
 from tests.helpers import check_softmax
 from tests.suite.devicetime import device_times_us
 
@@ -69,17 +69,17 @@ VARIANTS = {
 
 
 def _install_variants():
-    """Append the probe-only instantiations to the fused module CuPy compiles."""
-    extra = {p.instantiation(dt) for (dt, _), plans in VARIANTS.items() for p in plans}
-    table = set(sc.module_source(FUSED_SOURCE).splitlines())
-    lines = "\n".join(sorted(line for line in extra if line not in table))
-    original = sc.module_source
+    """Let the fused launchers compile the probe-only classes: each is its own translation unit,
+    as the table's classes are (kernel_source)."""
+    extra = {p.kernel_name(dt): p.instantiation(dt) for (dt, _), plans in VARIANTS.items() for p in plans}
+    original = sc.kernel_source
 
-    def patched(path):
-        src = original(path)
-        return src + "\n// probe-only classes\n" + lines + "\n" if Path(path) == FUSED_SOURCE else src
+    def patched(path, name):
+        if Path(path) == FUSED_SOURCE and name in extra:
+            return expand_source(path) + instantiations([extra[name]])
+        return original(path, name)
 
-    sc.module_source = patched
+    sc.kernel_source = patched
 
 
 def _median(ts):
