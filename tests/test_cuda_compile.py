@@ -164,9 +164,11 @@ def test_each_kernel_has_a_translation_unit_of_its_own():
     "path", [*cuda_build.CU_SOURCES[2:], *cuda_training_plans.TRAINING_SOURCES], ids=lambda p: p.name
 )
 def test_a_kernel_built_alone_is_the_kernel_of_the_whole_build(path):
-    """ptxas gives a kernel compiled in its own unit the registers, shared memory and stack it
-    gets in the whole source's build (which test_compiles_for_sm90_without_spills checks): the
-    run-time units change what is compiled together, not the code. One kernel of each kind."""
+    """ptxas gives a kernel compiled in its own unit the registers, stack and spills it gets in
+    the whole source's build (which test_compiles_for_sm90_without_spills checks): the run-time
+    units change what is compiled together, not the code. Static shared memory may differ by the
+    padding that places the unit's __shared__ variables (measured: 404 bytes alone, 416 in the
+    whole build for fused_loop_f32_t1024), never by a buffer. One kernel of each kind."""
     whole_source = (cuda_training_plans if path in cuda_training_plans.TRAINING_SOURCES else cuda_build).module_source
     whole = cuda_build.parse_ptxas_report(_log(cuda_build.compile_offline(path, nvcc=NVCC, source=whole_source(path))))
     source_of = {name: src for p, src, name in _every_kernel() if p == path}
@@ -178,7 +180,14 @@ def test_a_kernel_built_alone_is_the_kernel_of_the_whole_build(path):
             _log(cuda_build.compile_offline(path, nvcc=NVCC, source=source_of[name](path, name)))
         )
         assert name in alone, f"{name} not built from its own unit"
-        assert alone[name] == whole[name], f"{name}: alone {alone[name]} vs in the whole build {whole[name]}"
+        what = f"{name}: alone {alone[name]} vs in the whole build {whole[name]}"
+        code = ("registers", "stack_bytes", "spill_stores", "spill_loads")
+        assert {k: alone[name][k] for k in code} == {k: whole[name][k] for k in code}, what
+        assert abs(alone[name]["smem_bytes"] - whole[name]["smem_bytes"]) < SHARED_PADDING, what
+
+
+# Alignment padding between a unit's static __shared__ variables: less than one 16-byte slot.
+SHARED_PADDING = 16
 
 
 def _log(res) -> str:

@@ -91,7 +91,7 @@ def test_only_benchmark_cases_are_skipped_under_xdist():
 # -- the rules, in a pytest subprocess -------------------------------------------------------------
 
 
-def test_a_parallel_cuda_run_starts_the_largest_inputs_first():
+def test_a_parallel_cuda_run_starts_the_first_builds_then_the_largest_inputs_first():
     def item(name, **params):
         return SimpleNamespace(name=name, callspec=SimpleNamespace(params=params))
 
@@ -100,11 +100,28 @@ def test_a_parallel_cuda_run_starts_the_largest_inputs_first():
         SimpleNamespace(name="unparametrized"),
         item("large", B=1024, V=32769),
         item("no shape", kernel="fused"),
+        item("compiled small", kernel="torch_compile", path="compiled", dtype="fp32", B=5, V=100),
         item("middle", B=64, V=1000),
+        item("compiled again", kernel="torch_compile", path="compiled", dtype="fp32", B=5, V=100),
+        item("compiled bf16", kernel="torch_compile", path="compiled", dtype="bf16", B=5, V=100),
         item("also small", B=100, V=5),
+        item("fused split", kernel="fused", path="split", dtype="fp32", B=2, V=262145),
     ]
     markers.heaviest_first(items)
-    assert [i.name for i in items] == ["large", "middle", "small", "also small", "unparametrized", "no shape"]
+    assert [i.name for i in items] == [
+        # one item of each build, largest input first
+        "fused split",
+        "compiled small",
+        "compiled bf16",
+        "no shape",
+        # then the rest, largest input first, in collection order among equals
+        "large",
+        "middle",
+        "small",
+        "compiled again",
+        "also small",
+        "unparametrized",
+    ]
 
 
 def test_a_test_without_exactly_one_platform_marker_is_a_collection_error(tmp_path):

@@ -149,9 +149,17 @@ __device__ __forceinline__ float softmax_normalise(float e, const RowScale& r) {
     }
 }
 
+// NaN-propagating max (PTX max.NaN, sm_80+): fmaxf drops a NaN operand, and a row holding a NaN
+// must come out NaN throughout, as F.softmax's does.
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    for (int off = 16; off > 0; off >>= 1) v = fmax_nan(v, __shfl_xor_sync(0xffffffffu, v, off));
     return v;
 }
 

@@ -64,7 +64,7 @@ __device__ __forceinline__ float meet_max(ClusterMeet<C>& mt, float m, unsigned 
     mbar_wait(&mt.bar[0], parity);
     float r = mt.max_in[0];
 #pragma unroll
-    for (int c = 1; c < C; ++c) r = fmaxf(r, mt.max_in[c]);
+    for (int c = 1; c < C; ++c) r = fmax_nan(r, mt.max_in[c]);
     return r;
 }
 
@@ -155,7 +155,7 @@ __device__ __forceinline__ bool await_arrivals(const unsigned* cnt, unsigned n, 
 template <class Fmt, int NT>
 __device__ __forceinline__ float streamed_max(const typename Fmt::T* xr, int n_cols, float* red) {
     float m = SOFTMAX_NEG_INF;
-    for (int i = threadIdx.x; i < n_cols; i += NT) m = fmaxf(m, Fmt::load1_cached(xr + i));
+    for (int i = threadIdx.x; i < n_cols; i += NT) m = fmax_nan(m, Fmt::load1_cached(xr + i));
     return block_max<NT / 32>(m, red);
 }
 template <class Fmt, int NT>
@@ -182,8 +182,9 @@ __device__ __forceinline__ float split_meet_max(const SplitArgs& a, unsigned* w,
                                                 const typename Fmt::T* xr, int n_cols, SplitMeet& sm,
                                                 float* red) {
     if (threadIdx.x == 0) {
-        // A slice of NaN only has max NaN; fmaxf, which combines the other paths' parts, skips it.
-        red_max_u32(w, max_key(m != m ? SOFTMAX_NEG_INF : m));
+        // Any NaN as the one of the largest key (0x7fffffff), so that the row's max is NaN, as
+        // fmax_nan gives it on the other paths.
+        red_max_u32(w, max_key(m != m ? __uint_as_float(0x7fffffffu) : m));
         arrive_release(w + 1);
         const bool ok = await_arrivals(w + 1, static_cast<unsigned>(a.parts), a.max_polls);
         sm.max_ok = ok;
@@ -239,7 +240,7 @@ __device__ __forceinline__ void fused_warp_body(const typename Fmt::T* __restric
         }
         float m = v[0];
 #pragma unroll
-        for (int i = 1; i < EW; ++i) m = fmaxf(m, v[i]);
+        for (int i = 1; i < EW; ++i) m = fmax_nan(m, v[i]);
         m = exp_reference<Fmt>(warp_max(m));  // exp's reference point (softmax_common.cuh)
         // Padding (-inf) contributes exp(-inf) = 0. An all -inf row gives NaN, as torch does.
         long long s = 0;
@@ -397,17 +398,17 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
         float hv = tid < g.head ? Fmt::load1(xs + tid) : SOFTMAX_NEG_INF;
         float tv = tid < g.tail ? Fmt::load1(xs + g.tail0 + tid) : SOFTMAX_NEG_INF;
 
-        float m = fmaxf(hv, tv);
+        float m = fmax_nan(hv, tv);
 #pragma unroll
         for (int j = 0; j < NV; ++j) {
             if constexpr (PACKED) {
                 float f[VEC];
                 Fmt::unpack(r[j], f);
 #pragma unroll
-                for (int k = 0; k < VEC; ++k) m = fmaxf(m, f[k]);
+                for (int k = 0; k < VEC; ++k) m = fmax_nan(m, f[k]);
             } else {
 #pragma unroll
-                for (int k = 0; k < VEC; ++k) m = fmaxf(m, v[j][k]);
+                for (int k = 0; k < VEC; ++k) m = fmax_nan(m, v[j][k]);
             }
         }
         if constexpr (NS > 0) {
@@ -418,7 +419,7 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
                     float f[VEC];
                     Fmt::unpack(stash[q * NT + tid], f);
 #pragma unroll
-                    for (int k = 0; k < VEC; ++k) m = fmaxf(m, f[k]);
+                    for (int k = 0; k < VEC; ++k) m = fmax_nan(m, f[k]);
                 }
             }
         }
@@ -551,7 +552,7 @@ __device__ __forceinline__ void fused_loop_body(const typename Fmt::T* __restric
 
         const float hx = tid < g.head ? Fmt::load1_cached(xs + tid) : SOFTMAX_NEG_INF;
         const float tx = tid < g.tail ? Fmt::load1_cached(xs + g.tail0 + tid) : SOFTMAX_NEG_INF;
-        float m = fmaxf(hx, tx);
+        float m = fmax_nan(hx, tx);
         for (int base = 0; base < g.nvec; base += U * NT) {
             float f[U][VEC];
 #pragma unroll
@@ -567,7 +568,7 @@ __device__ __forceinline__ void fused_loop_body(const typename Fmt::T* __restric
 #pragma unroll
             for (int u = 0; u < U; ++u)
 #pragma unroll
-                for (int k = 0; k < VEC; ++k) m = fmaxf(m, f[u][k]);
+                for (int k = 0; k < VEC; ++k) m = fmax_nan(m, f[u][k]);
         }
         m = block_max<NW>(m, red_m);
         if (parts > 1) m = split_meet_max<Fmt, NT>(split, w, m, xr, n_cols, smeet, red_m);

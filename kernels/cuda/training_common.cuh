@@ -61,13 +61,7 @@ __device__ __forceinline__ float xor_float(float v, unsigned z) {
 // log1p(sum of the others) would otherwise show at large V.
 __device__ __forceinline__ long long to_fixed_rn(float e, float scale) { return __float2ll_rn(e * scale); }
 
-// ---- NaN-propagating max / min (PTX max.NaN, sm_80+) ----------------------------------------
-// fmaxf drops a NaN operand; a row holding a NaN must come out NaN, as torch's does.
-__device__ __forceinline__ float fmax_nan(float a, float b) {
-    float r;
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
+// ---- NaN-propagating min (PTX min.NaN, sm_80+), beside softmax_common.cuh's fmax_nan --------
 __device__ __forceinline__ float fmin_nan(float a, float b) {
     float r;
     asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));

@@ -122,18 +122,36 @@ def quiet_benchmarks_in_workers(option, *, is_worker: bool) -> bool:
 
 
 def heaviest_first(items) -> None:
-    """Order a parallel cuda run's items by the size of their input, largest first (stable):
-    xdist hands items out in collection order, so the few cases at a million elements or more
-    start at once on every worker instead of one of them finishing last (the wall time of
-    `pytest -m "cuda and quick" -n 8` is the busiest worker's). Each worker orders its
-    collection the same way, as xdist requires."""
+    """Order a parallel cuda run's items so that the costs paid once per worker start at once.
+
+    First, one item of each build (kernel, path, dtype: what a first launch compiles, for
+    torch.compile 10-13 s of a cold worker, for a Triton path or a fused size class a few
+    seconds), largest input first; then every other item, largest input first (stable). xdist
+    hands items out in this order, so the first builds and the few cases at a million elements
+    or more spread over the workers at the start instead of one worker meeting several of them
+    at the end (the wall time of `pytest -m "cuda and quick" -n 8` is the busiest worker's).
+    Each worker orders its collection the same way, as xdist requires."""
+
+    def params(item) -> dict:
+        return getattr(getattr(item, "callspec", None), "params", {})
 
     def elements(item) -> int:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        B, V = params.get("B"), params.get("V")
+        B, V = params(item).get("B"), params(item).get("V")
         return B * V if isinstance(B, int) and isinstance(V, int) else 0
 
-    items.sort(key=lambda item: -elements(item))
+    def build(item):
+        p = params(item)
+        return (p["kernel"], p.get("path"), str(p.get("dtype"))) if "kernel" in p else None
+
+    seen = set()
+    first = []
+    for item in sorted(items, key=lambda item: -elements(item)):
+        key = build(item)
+        if key is not None and key not in seen:
+            seen.add(key)
+            first.append(item)
+    chosen = {id(item) for item in first}
+    items[:] = first + sorted((item for item in items if id(item) not in chosen), key=lambda item: -elements(item))
 
 
 # A plain `pytest -m cpu` runs on this many xdist workers (the CI machine has two cores).
