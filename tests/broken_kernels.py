@@ -2,17 +2,18 @@
 
 Each is a small Triton kernel with a wrapper written the way a correct kernel's is (input
 checks, `out`, CPU tensors under TRITON_INTERPRET=1, CUDA tensors otherwise) and a `KernelSpec`;
-`CORPUS` lists the specs. tests/test_rejects_broken_kernels.py registers them through the
+`CORPUS` lists the specs. tests/test_new_kernels.py registers them through the
 public registry seam,
 
     SOFTMAX_SUITE_EXTRA_KERNELS=tests.broken_kernels:CORPUS pytest -m cpu -k broken_
 
 and checks that the registry-wide cases fail on each (`CAUGHT_BY` names the cases meant to
 catch it). `CUDA_ONLY` are wrong only at sizes no CPU case reaches: `pytest -m cuda` must
-reject them (tests/test_rejects_broken_kernels.py runs that on a GPU).
+reject them, and the tail faults too (tests/test_new_kernels.py runs that on a GPU).
 
-All of them tile a row in BLOCK-wide pieces (16 on the CPU cases' rows of tens of elements, so
-those span several tiles) and compute in float32.
+The Triton ones tile a row in BLOCK-wide pieces (16 on the CPU cases' rows of tens of elements,
+so those span several tiles) and compute in float32; the tail faults (TAIL_FAULTS) are PyTorch
+ops on an otherwise accurate softmax, wrong only in the digits the tail tolerance looks at.
 """
 
 from __future__ import annotations
@@ -161,6 +162,43 @@ def _online(name) -> KernelSpec:
     return _spec(name, launch)
 
 
+LOG2E = 1.4426950408889634
+
+
+def tail_faulted_softmax(x, *, fast_exp=False, normaliser=1.0, tail_error=0.0):
+    """A float32 softmax in PyTorch ops (CPU or CUDA tensors), as accurate as F.softmax's or
+    more: x - max rounded to float32 as F.softmax's, exp and the quotient in float64, with one of
+    the faults the tail tolerance exists for (the numerics issue's three):
+      fast_exp     exp(s) as 2^(s * log2 e) with s * log2 e rounded to float32: the error grows
+                   with the distance from the max, about twice F.softmax's at |s| of tens
+      normaliser   divides by normaliser * sum (1 + 2e-5: every output 2e-5 relative low)
+      tail_error   every probability below 1e-6 off by this fraction, the sign alternating along
+                   the row, so that row sums still hold"""
+    xf = x.float()
+    s = xf - xf.amax(dim=-1, keepdim=True)
+    e = torch.exp2((s * LOG2E).double()) if fast_exp else torch.exp(s.double())
+    y = (e / (e.sum(dim=-1, keepdim=True) * normaliser)).float()
+    if tail_error:
+        sign = 1 - 2 * (torch.arange(x.shape[-1], device=x.device) % 2)
+        y = torch.where(y < 1e-6, y * (1 + tail_error * sign), y)
+    return y
+
+
+def _tail(name, **fault) -> KernelSpec:
+    def run_path(x, path, *, out=None):
+        check_softmax_input(x, kernel=name, dtypes=_FP32, device_type=DEVICE_TYPE)
+        result = prepare_output(x, out, kernel=name)
+        if path != "rows":
+            raise ValueError(f"{name} softmax: unknown path {path!r} (rows)")
+        return result.copy_(tail_faulted_softmax(x, **fault)) if x.shape[0] else result
+
+    def softmax(x, *, out=None):
+        return run_path(x, "rows", out=out)
+
+    path = Path("rows", gpu=(5, 100))
+    return KernelSpec(name, softmax, (path,), ("float32",), backend="torch", run_path=run_path, interpretable=True)
+
+
 # The largest grid the CUDA-only one launches: rows past it are never written.
 GRID_CAP = 4096
 
@@ -172,7 +210,12 @@ CORPUS = (
     _three_pass("broken_normaliser_off", NORM=1.001),
     _three_pass("broken_batch_dependent", divide_one_row=True),
     _three_pass("broken_grid_capped", grid_cap=GRID_CAP),
+    _tail("broken_tail_off_5_percent", tail_error=0.05),
+    _tail("broken_normaliser_off_2e_5", normaliser=1 + 2e-5),
+    _tail("broken_fast_exp", fast_exp=True),
 )
+# The faults of the distribution's tail: wrong only where the tolerance looks at every output.
+TAIL_FAULTS = ("broken_tail_off_5_percent", "broken_normaliser_off_2e_5", "broken_fast_exp")
 
 # The registry-wide cases meant to catch each (a prefix of the test's name); more may fail too.
 CAUGHT_BY = {
@@ -183,6 +226,14 @@ CAUGHT_BY = {
     "broken_normaliser_off": ("test_cpu_path_under_layout",),
     "broken_batch_dependent": ("test_cpu_path_batch_invariant",),
     "broken_grid_capped": ("test_batch_invariant", "test_deterministic"),
+    "broken_tail_off_5_percent": ("test_every_interpretable_path_on_wide_rows",),
+    "broken_normaliser_off_2e_5": ("test_every_interpretable_path_on_wide_rows", "test_cpu_path_under_layout"),
+    "broken_fast_exp": ("test_every_interpretable_path_on_wide_rows",),
+}
+# The cases of `pytest -m cuda` meant to catch each CUDA_ONLY kernel and each tail fault there.
+CUDA_CAUGHT_BY = {
+    "broken_grid_capped": ("test_byte_equivalence.py", ("test_batch_invariant", "test_deterministic")),
+    **{name: ("test_accuracy.py", ("test_kernel_on_the_tail",)) for name in TAIL_FAULTS},
 }
 # Wrong only past GRID_CAP rows, which no CPU case runs (the interpreter would take minutes).
 CUDA_ONLY = ("broken_grid_capped",)

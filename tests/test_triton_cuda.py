@@ -296,7 +296,7 @@ def _autotune_once_then_reuse(path, monkeypatch):
     before = st.bench_calls()
     record = st.run_autotune(shapes, path=path)
     assert st.bench_calls() - before == len(shapes) * len(st.CONFIGS)  # every config on every shape
-    choice = record["choices"]["600|float32"]
+    choice = record["choices"][st.choice_key(600, torch.float32)]
     assert {k: choice[k] for k in ("BLOCK", "num_warps")} in [
         {"BLOCK": c.kwargs["BLOCK"], "num_warps": c.num_warps} for c in st.CONFIGS
     ]
@@ -311,18 +311,25 @@ def _autotune_once_then_reuse(path, monkeypatch):
         check_softmax(run_poisoned(st.softmax, x), x)
     assert st.bench_calls() == before, "a stored choice must not be re-benchmarked"
 
-    # A V with no stored choice autotunes on first use, once.
+    # Another V of the same bucket takes its choice; a V of a bucket with no stored choice
+    # autotunes on first use, once.
     x = logits(64, 777, seed=5, device="cuda")
     check_softmax(run_poisoned(st.softmax, x), x)
+    assert st.bench_calls() == before, "a V of a tuned bucket must not be benchmarked"
+    assert st.choice_key(1500, torch.float32) not in record["choices"] and st.plan(64, 1500) == "tile"
+    x = logits(64, 1500, seed=5, device="cuda")
+    check_softmax(run_poisoned(st.softmax, x), x)
     assert st.bench_calls() - before == len(st.CONFIGS)
     check_softmax(run_poisoned(st.softmax, x), x)
     assert st.bench_calls() - before == len(st.CONFIGS)
-    assert st.autotune_picked(777, torch.float32) is not None
+    assert st.autotune_picked(1500, torch.float32) is not None
 
     # Stale file (stored under another config list: the fingerprint no longer matches): ignored.
     stale = path.parent / "stale.json"
     other = st.configs_hash(st.CONFIGS[:-1] + [type(st.CONFIGS[0])({"BLOCK": 128}, num_warps=4)])
-    st.write_stored({"600|float32": choice}, torch.cuda.get_device_name(), path=stale, config_hash=other)
+    st.write_stored(
+        {st.choice_key(600, torch.float32): choice}, torch.cuda.get_device_name(), path=stale, config_hash=other
+    )
     monkeypatch.setenv(st.STORED_PATH_ENV, str(stale))
     st.clear_autotune_memo()
     assert st.stored_choice(600, torch.float32, torch.cuda.get_device_name()) is None

@@ -130,6 +130,13 @@ __device__ __forceinline__ RowScale row_scale(long long s, float fscale) {
     const float unit = __int_as_float((127 + 127) * (1 << 23) - __float_as_int(fscale));  // 1 / fscale, exactly
     return row_scale_of(hi * unit, fscale / hi);
 }
+// The same for a row whose max (or exp's reference point) is m: a row whose max is NaN or +inf is
+// NaN throughout, as F.softmax's. Its NaN terms (x - m for x = m = +inf, or x = NaN) convert to
+// INT64_MIN in the fixed-point sum, which cannot carry a NaN, so the scale carries it instead.
+__device__ __forceinline__ RowScale row_scale(long long s, float fscale, float m) {
+    const float nan = __int_as_float(0x7fffffff);
+    return m < -SOFTMAX_NEG_INF ? row_scale(s, fscale) : RowScale{nan, nan};
+}
 __device__ __forceinline__ RowScale row_scale(double s) {
     const float hi = static_cast<float>(s);
     return row_scale_of(hi, 1.0f / hi);

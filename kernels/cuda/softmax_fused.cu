@@ -249,7 +249,7 @@ __device__ __forceinline__ void fused_warp_body(const typename Fmt::T* __restric
             v[i] = softmax_exp<Fmt>(v[i], m);
             s += to_fixed(v[i], fscale);
         }
-        const RowScale rs = row_scale(warp_sum_fixed(s), fscale);
+        const RowScale rs = row_scale(warp_sum_fixed(s), fscale, m);
 #pragma unroll
         for (int i = 0; i < EW; ++i) {
             const int c = i * 32 + lane;
@@ -464,7 +464,7 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
         s = block_sum_fixed<NW>(s, red_sum);
         if (C > 1) s = meet_sum(meet, s, rank, parity);
         if (SPLIT && parts > 1) s = split_meet_sum<Fmt, NT>(split, w, s, m, fscale, xr, n_cols, smeet, red_sum);
-        const RowScale rs = row_scale(s, fscale);
+        const RowScale rs = row_scale(s, fscale, m);
 
         uint4* yv = reinterpret_cast<uint4*>(ys + g.head);
 #pragma unroll
@@ -594,7 +594,7 @@ __device__ __forceinline__ void fused_loop_body(const typename Fmt::T* __restric
         }
         s = block_sum_fixed<NW>(s, red_s);
         if (parts > 1) s = split_meet_sum<Fmt, NT>(split, w, s, m, fscale, xr, n_cols, smeet, red_s);
-        const RowScale rs = row_scale(s, fscale);
+        const RowScale rs = row_scale(s, fscale, m);
 
         if (tid < g.head) Fmt::store1(ys + tid, softmax_normalise<Fmt>(softmax_exp<Fmt>(hx, m), rs));
         if (tid < g.tail) Fmt::store1(ys + g.tail0 + tid, softmax_normalise<Fmt>(softmax_exp<Fmt>(tx, m), rs));

@@ -1,6 +1,6 @@
 """Online softmax in Triton, the example of README.md's "Adding a kernel": one pass over a row
-keeps a running max and a running sum of exponentials, rescaling the sum whenever the max
-grows; a second pass writes exp(x - max) / sum.
+keeps a running max and a running sum of exponentials (in float64), rescaling the sum whenever
+the max grows; a second pass writes exp(x - max) / sum.
 
 Two paths: "row" (a program per row) and "rows" (a program per ROWS rows, for large batches).
 Both run the same per-row code in the same order, so a row gets the same bits through either,
@@ -31,19 +31,21 @@ def _online_row(X, Y, row, V, stride_x, stride_y, BLOCK: tl.constexpr):
     y_row = Y + row * stride_y
     cols = tl.arange(0, BLOCK)
     m = tl.full((), float("-inf"), tl.float32)
-    s = tl.zeros((), tl.float32)
+    s = tl.zeros((), tl.float64)  # float64, with its rescaling: no less accurate than F.softmax
     start = 0
     while start < V:
         x = tl.load(x_row + start + cols, mask=start + cols < V, other=float("-inf")).to(tl.float32)
         m_new = tl.maximum(m, tl.max(x, axis=0))
         safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # only -inf so far: exp gives 0, not NaN
-        s = s * tl.exp(m - safe) + tl.sum(tl.exp(x - safe), axis=0)  # the running sum, rescaled
+        rescale = tl.exp(m.to(tl.float64) - safe.to(tl.float64))
+        s = s * rescale + tl.sum(tl.exp(x - safe).to(tl.float64), axis=0)  # the running sum, rescaled
         m = m_new
         start += BLOCK
     start = 0
     while start < V:
         x = tl.load(x_row + start + cols, mask=start + cols < V, other=float("-inf")).to(tl.float32)
-        tl.store(y_row + start + cols, (tl.exp(x - m) / s).to(Y.dtype.element_ty), mask=start + cols < V)
+        y = (tl.exp(x - m).to(tl.float64) / s).to(tl.float32)
+        tl.store(y_row + start + cols, y.to(Y.dtype.element_ty), mask=start + cols < V)
         start += BLOCK
 
 
