@@ -135,7 +135,13 @@ def test_bandwidth_marks_misses_and_unmeasured_cells():
     assert all((128256, 32768, k) not in fp32["measured"] for k in figures.BANDWIDTH_KERNELS)
     # bf16 (4096, 4096) moves 67 MB: below the goals' 100 MB, not a cell at all.
     assert (4096, 4096) not in bf16["shapes"] and (4096, 4096) in fp32["shapes"]
-    assert bf16["measured"][(4096, 32768, "fused")] == pytest.approx(0.944, abs=5e-4)
+    # A measured cell holds the sweep's figure for its shape, kernel and dtype.
+    (sweep_entry,) = [
+        e
+        for e in committed()["sweep"]
+        if (e["kernel"], e["B"], e["V"], e["dtype"]) == ("fused", 32768, 4096, "bfloat16")
+    ]
+    assert bf16["measured"][(4096, 32768, "fused")] == sweep_entry["frac_of_copy_bw"]
     assert figures.misses_goal("fused", 4096, 0.944) and not figures.misses_goal("fused", 4096, 0.954)
     assert figures.misses_goal("triton", 600, 0.89) and not figures.misses_goal("triton", 600, 0.91)
     assert not figures.misses_goal("F_softmax", 4096, 0.5)  # the baselines have no goal
@@ -144,5 +150,7 @@ def test_bandwidth_marks_misses_and_unmeasured_cells():
 def test_call_modes_counts_where_warm_replays_beat_cold_launches():
     entries = committed()["call_modes"]["entries"]
     below, both = figures.warm_below_cold(entries)
-    assert (below, both) == (144, 150)
+    # Every entry of the committed run has both clocks; warm replays beat most cold launches.
+    assert both == len(entries) > 100
+    assert below == sum(e["graph_us"] < e["device_us"] for e in entries) > both / 2
     assert figures.warm_below_cold([{"graph_us": 2.0, "device_us": 3.0}, {"graph_us": 4.0}]) == (1, 1)

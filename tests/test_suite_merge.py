@@ -80,11 +80,18 @@ def test_two_models_merge_side_by_side(inputs, committed, tmp_path, capsys):
 
 
 def test_benchmark_json_merges_with_a_manifest_of_the_same_model(committed, inputs):
-    runs = REPORTS / "runs" / "h200-benchmarks.json"
+    runs = REPORTS / "runs" / "h200-benchmarks.json"  # the run that measured the committed manifest
+    # Its cases name their GPU; an older file whose cases do not needs --assume-model.
+    older = json.loads(runs.read_text())
+    for case in older["benchmarks"]:
+        case.get("extra_info", {}).pop("gpu", None)
+    (inputs / "older.json").write_text(json.dumps(older))
     with pytest.raises(ValueError, match="--assume-model"):
-        merge.merge_inputs([runs])
-    models, sources = merge.merge_inputs([inputs / "h100.json", runs], assume_model="NVIDIA H200")
+        merge.merge_inputs([inputs / "older.json"])
+    models, sources = merge.merge_inputs([inputs / "h100.json", runs])
     assert sources == {H100: [str(inputs / "h100.json")], "NVIDIA H200": [str(runs)]}
+    assumed, _ = merge.merge_inputs([inputs / "older.json"], assume_model="NVIDIA H200")
+    assert assumed["NVIDIA H200"]["sweep"] == models["NVIDIA H200"]["sweep"]
     from_json = models["NVIDIA H200"]
     assert from_json["ceilings"]["hbm_copy_TBps"] == pytest.approx(committed["ceilings"]["hbm_copy_TBps"])
     assert len(from_json["sweep"]) == len(committed["sweep"])

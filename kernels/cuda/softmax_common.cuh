@@ -130,13 +130,6 @@ __device__ __forceinline__ RowScale row_scale(long long s, float fscale) {
     const float unit = __int_as_float((127 + 127) * (1 << 23) - __float_as_int(fscale));  // 1 / fscale, exactly
     return row_scale_of(hi * unit, fscale / hi);
 }
-// The same for a row whose max (or exp's reference point) is m: a row whose max is NaN or +inf is
-// NaN throughout, as F.softmax's. Its NaN terms (x - m for x = m = +inf, or x = NaN) convert to
-// INT64_MIN in the fixed-point sum, which cannot carry a NaN, so the scale carries it instead.
-__device__ __forceinline__ RowScale row_scale(long long s, float fscale, float m) {
-    const float nan = __int_as_float(0x7fffffff);
-    return m < -SOFTMAX_NEG_INF ? row_scale(s, fscale) : RowScale{nan, nan};
-}
 __device__ __forceinline__ RowScale row_scale(double s) {
     const float hi = static_cast<float>(s);
     return row_scale_of(hi, 1.0f / hi);
@@ -199,6 +192,13 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
     v = lane < NW ? red[lane] : 0.0f;
     return warp_sum(v);
 }
+
+// A row whose max m is NaN or +inf is NaN throughout, as F.softmax's: its terms exp(x - m) hold a
+// NaN, which the fixed-point sum cannot carry (a NaN converts to INT64_MIN). Its sum, this
+// thread's part of it, is taken as 0 instead, whose scale is NaN (row_scale: hi = 0, inv = +inf,
+// inv_lo = inv * (1 - inv * 0) = NaN), so every output is. Applied where m is at hand anyway
+// (a value kept alive past the meetings spills at sm_80's register bound).
+__device__ __forceinline__ long long nan_row_sum(long long s, float m) { return m < -SOFTMAX_NEG_INF ? s : 0; }
 
 // ---- order-free sums: exponentials in 64-bit fixed point ---------------------------------------
 // A row's sum of exp(x - max) is accumulated as integers: term = trunc(e * 2^K) with

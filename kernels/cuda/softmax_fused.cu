@@ -163,7 +163,7 @@ __device__ __forceinline__ long long streamed_sum(const typename Fmt::T* xr, int
                                                long long* red) {
     long long s = 0;
     for (int i = threadIdx.x; i < n_cols; i += NT) s += to_fixed(softmax_exp<Fmt>(Fmt::load1_cached(xr + i), m), fscale);
-    return block_sum_fixed<NT / 32>(s, red);
+    return block_sum_fixed<NT / 32>(nan_row_sum(s, m), red);
 }
 
 // What thread 0 learnt at a meeting, for the whole CTA. The max and the sum have slots of their
@@ -249,7 +249,7 @@ __device__ __forceinline__ void fused_warp_body(const typename Fmt::T* __restric
             v[i] = softmax_exp<Fmt>(v[i], m);
             s += to_fixed(v[i], fscale);
         }
-        const RowScale rs = row_scale(warp_sum_fixed(s), fscale, m);
+        const RowScale rs = row_scale(warp_sum_fixed(nan_row_sum(s, m)), fscale);
 #pragma unroll
         for (int i = 0; i < EW; ++i) {
             const int c = i * 32 + lane;
@@ -461,10 +461,10 @@ __device__ __forceinline__ void fused_row_body(const typename Fmt::T* __restrict
                 if constexpr (STASH_EXP) stash[q * NT + tid] = Fmt::pack(f);
             }
         }
-        s = block_sum_fixed<NW>(s, red_sum);
+        s = block_sum_fixed<NW>(nan_row_sum(s, m), red_sum);
         if (C > 1) s = meet_sum(meet, s, rank, parity);
         if (SPLIT && parts > 1) s = split_meet_sum<Fmt, NT>(split, w, s, m, fscale, xr, n_cols, smeet, red_sum);
-        const RowScale rs = row_scale(s, fscale, m);
+        const RowScale rs = row_scale(s, fscale);
 
         uint4* yv = reinterpret_cast<uint4*>(ys + g.head);
 #pragma unroll
@@ -592,9 +592,9 @@ __device__ __forceinline__ void fused_loop_body(const typename Fmt::T* __restric
 #pragma unroll
                 for (int k = 0; k < VEC; ++k) s += to_fixed(softmax_exp<Fmt>(f[u][k], m), fscale);
         }
-        s = block_sum_fixed<NW>(s, red_s);
+        s = block_sum_fixed<NW>(nan_row_sum(s, m), red_s);
         if (parts > 1) s = split_meet_sum<Fmt, NT>(split, w, s, m, fscale, xr, n_cols, smeet, red_s);
-        const RowScale rs = row_scale(s, fscale, m);
+        const RowScale rs = row_scale(s, fscale);
 
         if (tid < g.head) Fmt::store1(ys + tid, softmax_normalise<Fmt>(softmax_exp<Fmt>(hx, m), rs));
         if (tid < g.tail) Fmt::store1(ys + g.tail0 + tid, softmax_normalise<Fmt>(softmax_exp<Fmt>(tx, m), rs));
