@@ -177,6 +177,7 @@ def test_an_old_manifest_is_read_under_todays_names():
     old = {
         "softmax_kernels": {"fused": {"us_at_B512": 4.0, "frac_of_F_softmax": 1.2, "frac_of_hbm_peak": 0.1}},
         "torch_port": {"byte_equivalence_at_fp32_cpu": "passed"},
+        "provenance": {"torch_port.byte_equivalence_at_fp32_cpu": {"date": "then"}, "gpu": {"date": "now"}},
         "sweep": [
             {"kernel": "fused", "plan": "warp(rows/block=8, elems/lane=24, 16-byte vectors)"},
             {"kernel": "fused", "plan": "row(cluster=1, threads=128, elems/thread=32)"},
@@ -190,6 +191,13 @@ def test_an_old_manifest_is_read_under_todays_names():
         "frac_of_copy_bw": 0.1,
     }
     assert new["torch_port"] == {"allclose_to_numpy_at_fp32_cpu": "passed"}
+    assert new["provenance"] == {"torch_port.allclose_to_numpy_at_fp32_cpu": {"date": "then"}, "gpu": {"date": "now"}}
+    # Where the new name has provenance of its own, the old name's goes.
+    both = dict(old["provenance"], **{"torch_port.allclose_to_numpy_at_fp32_cpu": {"date": "now"}})
+    assert manifest.upgrade(dict(old, provenance=both))["provenance"] == {
+        "torch_port.allclose_to_numpy_at_fp32_cpu": {"date": "now"},
+        "gpu": {"date": "now"},
+    }
     assert [(e["plan"], e.get("size_class")) for e in new["sweep"]] == [
         ("warpvec", "warpvec(rows/block=8, elems/lane=24, 16-byte vectors)"),
         ("row", "row(cluster=1, threads=128, elems/thread=32)"),

@@ -116,6 +116,16 @@ def upgrade(manifest: dict) -> dict:
             manifest[section] = {kernel: renamed(point, renames) for kernel, point in values.items()}
         elif isinstance(values, dict):
             manifest[section] = renamed(values, renames)
+    # A renamed value's provenance ("section.key") follows it; where the new name has its own, the
+    # old one describes nothing and goes.
+    if isinstance(manifest.get("provenance"), dict):
+        provenance = {}
+        for key, stamp in manifest["provenance"].items():
+            section, _, rest = key.partition(".")
+            new_key = f"{section}.{RENAMED_KEYS.get(section, {}).get(rest, rest)}" if rest else key
+            if new_key == key or new_key not in manifest["provenance"]:
+                provenance[new_key] = stamp
+        manifest["provenance"] = provenance
     for e in manifest.get("sweep") or []:
         upgrade_plan(e)
     return manifest
