@@ -1059,7 +1059,7 @@ def assert_backward_as_accurate_as_torch(dx, dy, y, *, what: str = "softmax back
 
 
 def cross_entropy_expected(
-    logits_, target, *, weight=None, ignore_index=-100, label_smoothing=0.0, reduction="none"
+    logits_, target, *, weight=None, ignore_index=-100, label_smoothing=0.0, reduction="none", counted=None
 ) -> dict:
     """kernels.reference.cross_entropy_ref of everything a cross-entropy kernel returns (the CUDA
     C kernels' cross_entropy_fused, the Triton kernels), and the tolerances a correct float32
@@ -1078,6 +1078,9 @@ def cross_entropy_expected(
             the mean distance of the other classes' mass (which p_t - 1 is), and the exp sum's
             truncation; then one rounding into dtype.
     "mean" / "sum" add the order-free sum over the rows (its truncation and one rounding).
+    counted: for "mean" over rows sampled from a larger batch, that batch's denominator (the sum
+    of its counted rows' w_t), so that grad and grad_tol are those of the sampled rows within it
+    (the loss is then their share of its mean); by default these rows' own.
     """
     from kernels.reference import cross_entropy_ref
 
@@ -1121,7 +1124,7 @@ def cross_entropy_expected(
         )
         loss_arith = c * loss_scale + gam * q_trunc  # the float32 row loss, before any rounding into dtype
         loss_tol = rel * np.abs(loss) + loss_arith
-        counted = np.where(ignored, 0.0, w_t).sum()
+        counted = np.where(ignored, 0.0, w_t).sum() if counted is None else float(counted)
         # The gradient scale per row: an ignored row stays 0 (or NaN) even where g is inf.
         g = np.where(ignored, 0.0, 1.0 / counted if reduction == "mean" else 1.0)
         grad = np.where(ignored[:, None], grad, grad * g[:, None])
@@ -1191,6 +1194,53 @@ def check_cross_entropy(result, logits, target, *, what: str = "cross-entropy", 
             got, exp[name], exp[f"{name}_tol"], f"{what}: {name} ({dtype_id(logits.dtype)}, {options})"
         )
     return worst
+
+
+def assert_loss_reduces_its_rows(loss, rows, *, reduction: str, counted=None, what: str = "") -> float:
+    """A cross-entropy kernel's "sum" or "mean" `loss` against the same reduction, in float64, of
+    its own "none" losses `rows` of the same input (stored in the loss's dtype; counted: the
+    denominator of "mean", the sum of the counted rows' w_t), through assert_within. Returns the
+    error in units of the bound.
+
+    Both kernel families form each row's loss l_i in float32 and store it for "none" (r_i, one
+    rounding into dtype: |l_i - r_i| <= storage |l_i|); "sum" and "mean" sum the same l_i in
+    64-bit fixed point (its truncation, 2^(2 ceil(log2 N) - 60) max |l_i|, and the conversion to
+    float32, 4 u relative, as in cross_entropy_expected), divide by W for "mean" (2 u: W's own
+    rounding and the quotient's) and round once into dtype (rel = max(storage, eps)). The rows'
+    own arithmetic is the same on both sides. With A = sum |l_i| <= sum |r_i| / (1 - storage):
+
+      sum    |loss - sum r_i|      <= (rel + 4 u + storage) A + 2^(2 bits - 60) max |l_i|
+      mean   |loss - sum r_i / W|  <= ((rel + 6 u + storage) A + 2^(2 bits - 60) max |l_i|) / |W|
+    """
+    if reduction not in ("sum", "mean"):
+        raise ValueError(f"reduction {reduction!r}: 'sum' or 'mean'")
+    tol = TOLERANCES[loss.dtype]
+    r = _float64(rows).reshape(-1)
+    u, s = UNIT_ROUNDOFF, tol.storage
+    rel = max(s, FP32_EPS)
+    bits = math.ceil(math.log2(r.size)) if r.size > 1 else 0
+    mag = np.where(np.isfinite(r), np.abs(r), 0.0) / (1 - s)
+    trunc = 2.0 ** (2 * bits - 60) * mag.max(initial=0.0)
+    expected, bound = r.sum(), (rel + 4 * u + s) * mag.sum() + trunc
+    if reduction == "mean":
+        W = float(counted)
+        expected, bound = expected / W, ((rel + 6 * u + s) * mag.sum() + trunc) / abs(W)
+    label = f"{what or 'cross-entropy'}: {reduction} of {r.size} rows ({dtype_id(loss.dtype)})"
+    return assert_within(np.atleast_1d(_float64(loss)), np.atleast_1d(expected), np.atleast_1d(bound), label)
+
+
+def linear_weight_grad_expected(h, logits_, target, **options) -> tuple[np.ndarray, np.ndarray]:
+    """For a linear layer's logits_ = h W^T + b (h float32, (N, d)) and a cross-entropy of them
+    (options: cross_entropy_expected's): (the float64 gradient of W, G^T h with G
+    cross_entropy_expected's grad; the bound its float32 autograd meets when the kernel's
+    gradient G' meets grad_tol T). |G' - G| <= T carries through the product as T^T |h|; the
+    float32 product adds its own rounding, at most gamma_N |G'|^T |h| <= gamma_N (|G| + T)^T |h|
+    with gamma_N = N u / (1 - N u) (a sum of N products in any order, fused or not)."""
+    exp = cross_entropy_expected(logits_, target, **options)
+    G, T, hh = exp["grad"], exp["grad_tol"], np.abs(_float64(h))
+    N = hh.shape[0]
+    gamma = N * UNIT_ROUNDOFF / (1 - N * UNIT_ROUNDOFF)
+    return G.T @ _float64(h), T.T @ hh + gamma * (np.abs(G) + T).T @ hh
 
 
 class LossResult(NamedTuple):

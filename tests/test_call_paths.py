@@ -8,13 +8,14 @@ import time
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import kernels
 from kernels import SOFTMAX_KERNELS
 from kernels.spec import BACKENDS, names
 from tests.helpers import (
     INTERPRETED,
+    assert_backward_as_accurate_as_torch,
+    assert_backward_close,
     bits,
     check_softmax,
     layouts,
@@ -23,6 +24,8 @@ from tests.helpers import (
     run_poisoned,
     skip_unless_runnable,
 )
+from tests.test_torch_minigpt import ATOL as PORT_ATOL
+from tests.test_torch_minigpt import RTOL as PORT_RTOL
 
 DTYPES = (torch.float32, torch.bfloat16)
 OPS = names(lambda s: s.custom_op)  # the kernels kernels/ops.py registers as custom operators
@@ -151,12 +154,14 @@ def test_triton_op_passes_opcheck_in_the_interpreter():
 def test_triton_op_gradient_is_the_softmax_gradient():
     from kernels import ops
 
+    # The backward of y = softmax(x) for dy = g, within backward_error_bound of the float64
+    # reference and no less accurate than PyTorch's autograd kernel on the same y and g.
     x = _logits(3, 40, torch.float32, "cpu").double().float().requires_grad_(True)
-    g = torch.randn(3, 40)
-    (ops.triton(x) * g).sum().backward()
-    x_ref = x.detach().clone().requires_grad_(True)
-    (F.softmax(x_ref, dim=-1) * g).sum().backward()
-    torch.testing.assert_close(x.grad, x_ref.grad, atol=1e-6, rtol=1e-4)
+    g = torch.randn(3, 40, generator=torch.Generator().manual_seed(40))
+    y = ops.triton(x)
+    (y * g).sum().backward()
+    assert_backward_close(x.grad, g, y.detach(), what="ops.triton backward")
+    assert_backward_as_accurate_as_torch(x.grad, g, y.detach(), what="ops.triton backward")
 
 
 @pytest.mark.cpu
@@ -237,8 +242,9 @@ def _forward_us(model, ids, reps=50):
 @pytest.mark.cuda
 def test_compiled_model_keeps_the_triton_softmax_and_its_predictions(ieee_fp32, record_manifest):
     """GrammarMiniGPT under torch.compile(mode="reduce-overhead") runs the Triton LM-head softmax
-    inside the captured graph: probabilities within 1e-5 of eager, top-1 unchanged for every
-    tense prompt; per-forward time eager vs compiled, with F.softmax and with Triton."""
+    inside the captured graph: probabilities within the port's contract (1e-5) of eager, top-1
+    unchanged for every tense prompt; per-forward time eager vs compiled, with F.softmax and with
+    Triton."""
     from model.grammar import TENSE_PROMPTS
     from model.tokenizer import Tokenizer
     from model.torch_minigpt import GrammarMiniGPT
@@ -254,7 +260,10 @@ def test_compiled_model_keeps_the_triton_softmax_and_its_predictions(ieee_fp32, 
                 eager = model(ids)
                 for _ in range(3):  # warm-up, record, replay
                     got = compiled(ids).clone()
-            torch.testing.assert_close(got, eager, atol=1e-5, rtol=1e-5)
+            # The whole model compiled against eager: its layers are Inductor's code, not the
+            # kernel's, so this is the port's equivalence contract (tests/test_torch_minigpt.py);
+            # the LM head's Triton softmax is held to TOLERANCES in tests/test_model_swap_cuda.py.
+            torch.testing.assert_close(got, eager, atol=PORT_ATOL, rtol=PORT_RTOL)
             assert int(got[0, -1].argmax()) == int(eager[0, -1].argmax()), text
         ids = torch.tensor([[tokenizer.bos_id] + tokenizer.encode(TENSE_PROMPTS[0])], device="cuda")
         with torch.no_grad():

@@ -97,8 +97,12 @@ def test_torch_backend_agrees_with_numpy(capsys):
     b = json.loads(out)
     assert b["backend"] == "torch"
     assert [t["token"] for t in a["top"]] == [t["token"] for t in b["top"]]
+    # Two printouts of the same model, NumPy and the PyTorch port: the port's equivalence
+    # contract applies (tests/test_torch_minigpt.py), not the kernels' TOLERANCES.
+    from tests.test_torch_minigpt import ATOL, RTOL
+
     for x, y in zip(a["top"], b["top"], strict=True):
-        assert y["prob"] == pytest.approx(x["prob"], rel=1e-4, abs=1e-6)
+        assert abs(y["prob"] - x["prob"]) <= ATOL + RTOL * abs(x["prob"]), (x, y)
 
 
 @pytest.mark.cpu

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import CROSS_ENTROPY_BASELINE, CROSS_ENTROPY_KERNELS, SOFTMAX_BACKWARD_KERNELS
-from kernels.reference import cross_entropy_ref, softmax_backward_ref
+from tests.helpers import assert_backward_close, assert_within, cross_entropy_expected
 from tests.suite.devicetime import (
     ROUNDS,
     calls_per_round,
@@ -127,19 +127,26 @@ def cross_entropy_step(impl: str, x: torch.Tensor, t: torch.Tensor):
     return step
 
 
+def _sample_rows(N: int) -> torch.Tensor:
+    """The rows a validation compares: the first, the last and six drawn at random."""
+    return torch.unique(torch.tensor([0, N - 1, *np.random.randint(0, N, 6)]))
+
+
 def _validate_cross_entropy(impl, x, t, loss, grad):
-    """Every gradient element written and finite; a sample of rows against the float64 reference
-    (the mean's gradient of a row is its own gradient / N: no target is ignored here)."""
+    """Every gradient element written and finite; for our kernels, a sample of rows within
+    cross_entropy_expected's bounds of the float64 reference (their gradient as rows of the
+    whole batch's mean: no target is ignored here, so its denominator is N). PyTorch's baselines
+    are measured, not gated: TOLERANCES bound our kernels, and PyTorch's errors are what the
+    ratio rule measures them against (its bfloat16 cross-entropy rounds the log-probabilities to
+    bfloat16, a few % on small p)."""
     assert torch.isfinite(grad).all(), f"{impl}: gradient has NaN/inf (an element was not written?)"
-    N = x.shape[0]
-    rows = torch.unique(torch.tensor([0, N - 1, *np.random.randint(0, N, 6)]))
-    ref_loss, _, ref_grad = cross_entropy_ref(x[rows].float().cpu().numpy(), t[rows].cpu().numpy(), reduction="sum")
-    got = grad[rows].double().cpu().numpy() * N
-    # A plausibility check before timing (accuracy is tests/test_cross_entropy.py's): PyTorch's
-    # bfloat16 cross-entropy rounds the log-probabilities to bfloat16, a few % on small p.
-    atol, rtol = (1e-6, 1e-4) if x.dtype == torch.float32 else (2e-3, 5e-2)
-    np.testing.assert_allclose(got, ref_grad, atol=atol, rtol=rtol, err_msg=f"{impl} gradient rows {rows.tolist()}")
     assert torch.isfinite(loss).all()
+    if CROSS_ENTROPY_KERNELS[impl].baseline:
+        return
+    N = x.shape[0]
+    rows = _sample_rows(N)
+    exp = cross_entropy_expected(x[rows], t[rows], reduction="mean", counted=N)
+    assert_within(grad[rows], exp["grad"], exp["grad_tol"], f"{impl} gradient rows {rows.tolist()}")
 
 
 def _peak_extra_bytes(call) -> int:
@@ -199,12 +206,13 @@ def test_softmax_backward_speed(benchmark, mode, impl, N, V, dtype, rounds):
         return fn(dy, y)
 
     def validate(dx=None):
+        # Ours: a sample of rows within backward_error_bound; the baselines are measured, not
+        # gated (as in _validate_cross_entropy).
         dx = call() if dx is None else dx
         assert torch.isfinite(dx).all(), f"{impl}: dx has NaN/inf"
-        rows = torch.unique(torch.tensor([0, N - 1, *np.random.randint(0, N, 6)]))
-        ref = softmax_backward_ref(dy[rows].float().cpu().numpy(), y[rows].float().cpu().numpy())
-        atol, rtol = (1e-6, 1e-4) if dtype == "float32" else (1e-4, 1.6e-2)
-        np.testing.assert_allclose(dx[rows].double().cpu().numpy(), ref, atol=atol, rtol=rtol, err_msg=impl)
+        if not fn.baseline:
+            rows = _sample_rows(N)
+            assert_backward_close(dx[rows], dy[rows], y[rows], what=f"{impl} rows {rows.tolist()}")
 
     validate()
     info = {"op": "softmax_backward", "impl": impl, "N": N, "V": V, "dtype": dtype}
