@@ -17,7 +17,7 @@ Each `*_png(manifest)` returns PNG bytes, or None when the manifest lacks what t
 import io
 import math
 
-from kernels.spec import BASELINE, LAB_POINT, in_grid, matrix_bytes
+from kernels.spec import BASELINE, DTYPE_NAMES, LAB_POINT, in_grid, matrix_bytes
 from tests.suite.manifest import (
     FLOPS_PER_ELEMENT,
     LOSS_BASELINES,
@@ -34,7 +34,6 @@ from tests.suite.manifest import (
 # the roofline every kernel measured at the lab point.
 BANDWIDTH_KERNELS = in_grid("sweep")
 UNMEASURED_HEIGHT = 0.3  # the dashed outline standing in for a bar no run measured
-DTYPE_ORDER = ("float32", "bfloat16", "float16")
 MODE_MARKERS = {
     "device": ("o", "device time: one launch, L2 flushed before it (cold)"),
     "per_call": ("^", "per call: wall clock of back-to-back calls from Python (L2 warm)"),
@@ -67,7 +66,7 @@ def _color(kernel: str) -> str:
 
 def _dtypes(entries) -> list[str]:
     present = {e["dtype"] for e in entries}
-    return [d for d in DTYPE_ORDER if d in present] + sorted(present - set(DTYPE_ORDER))
+    return [d for d in DTYPE_NAMES if d in present] + sorted(present - set(DTYPE_NAMES))
 
 
 def _gpu_name(manifest: dict) -> str:
