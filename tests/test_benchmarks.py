@@ -31,6 +31,7 @@ from kernels.spec import LAB_POINT, LAB_SHAPES, in_grid, matrix_bytes
 from tests.helpers import check_softmax, logits
 from tests.suite import gate
 from tests.suite.devicetime import (
+    CALL_MODES,
     CALL_ROUNDS,
     ROUNDS,
     calls_per_round,
@@ -66,7 +67,6 @@ MAX_TENSOR_BYTES = 16e9  # (32768, 128256) in fp32 is 16.8 GB per tensor: skippe
 # decode step) to a batch, at the lab's V and at real vocabularies (Llama 2, GPT-2, Llama 3).
 CALL_B = (1, 8, 64, 512)
 CALL_V = (600, 32000, 50257, 128256)
-CALL_MODES = ("per_call", "graph")
 
 
 def supports(kernel: str, dtype: str) -> bool:

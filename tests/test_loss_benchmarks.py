@@ -36,6 +36,7 @@ from kernels import CROSS_ENTROPY_BASELINE, CROSS_ENTROPY_KERNELS, SOFTMAX_BACKW
 from kernels.checks import torch_dtype
 from kernels.reference import cross_entropy_ref, softmax_backward_ref
 from tests.suite.devicetime import (
+    MODES,
     ROUNDS,
     calls_per_round,
     capture_graph,
@@ -49,7 +50,6 @@ from tests.suite.manifest import LOSS_OPS, matrix_bytes
 pytestmark = pytest.mark.cuda
 
 DTYPES = ("float32", "bfloat16")  # the grid: no float16
-MODES = ("device", "per_call", "graph")
 CALL_N = 4096  # per-call and graph modes at the smaller N only: the larger takes ~4 x as long per call
 # grid: (N values, V values, modes, device-time rounds)
 GRIDS = {

@@ -25,6 +25,7 @@ from tests.suite.gate import model_slug
 from tests.suite.manifest import (
     CALL_MODES,
     LAB_POINT,
+    MODES,
     TARGET_KERNELS,
     TARGET_MIN_BYTES,
     build_manifest,
@@ -242,7 +243,7 @@ def report_markdown(models: dict[str, dict], sources: dict[str, list[str]]) -> s
     out += ["", "## Call modes: range of × F.softmax over the call-mode shapes", ""]
     rows = []
     for k in TARGET_KERNELS:
-        for mode in ("device", *CALL_MODES):
+        for mode in MODES:
             cells = []
             for m in names:
                 ratios = [
