@@ -20,6 +20,7 @@ import math
 from kernels.spec import BASELINE, DTYPE_NAMES, LAB_POINT, in_grid, matrix_bytes
 from tests.suite.manifest import (
     FLOPS_PER_ELEMENT,
+    KERNEL_ORDER,
     LOSS_BASELINES,
     LOSS_GOALS,
     LOSS_OPS,
@@ -40,7 +41,10 @@ MODE_MARKERS = {
     "graph": ("s", "CUDA-graph replay: back-to-back replays (L2 warm)"),
 }
 DODGE = 0.16  # octaves between kernels drawn at one arithmetic intensity on the roofline
-KERNEL_MARKERS = {"naive": "v", "smem": "s", "fused": "o", "triton": "D", "F_softmax": "^", "torch_compile": "P"}
+# The roofline's marker of each kernel, by its place in the registry (kernel_rank), as its colour is;
+# past the end of the cycle the markers repeat. A kernel the registry does not hold is drawn with an X.
+KERNEL_MARKERS = ("v", "s", "o", "D", "^", "P", "*", "h", "<", ">", "p", "d")
+UNKNOWN_KERNEL_MARKER = "X"
 
 
 def _pyplot():
@@ -95,7 +99,9 @@ def spread_labels(ys: list[float], gap: float) -> list[float]:
 
 
 def _kernel_marker(kernel: str) -> str:
-    return KERNEL_MARKERS.get(kernel, "X")
+    if kernel not in KERNEL_ORDER:
+        return UNKNOWN_KERNEL_MARKER
+    return KERNEL_MARKERS[kernel_rank(kernel) % len(KERNEL_MARKERS)]
 
 
 def roofline_points(manifest: dict, copy_TBps: float) -> list[dict]:
