@@ -425,7 +425,11 @@ def _cdiv(B: int, d: int) -> int:
 
 
 PATH_TABLE = {entry.name: entry for entry in (TILE, ROW, ROWS, SPLIT, STREAM)}
-assert tuple(sorted(PATH_TABLE)) == tuple(sorted(PATHS)), "the table and the registry name the same paths"
+if sorted(PATH_TABLE) != sorted(PATHS):
+    raise RuntimeError(
+        f"{KERNEL_NAME}: the launch table's paths ({', '.join(sorted(PATH_TABLE))}) are not the registry's "
+        f"({', '.join(sorted(PATHS))}, kernels/spec.py)"
+    )
 
 
 # --------------------------------------------------------------------------- workspace

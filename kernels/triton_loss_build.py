@@ -12,8 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
-import torch
-
+from .checks import torch_dtype
 from .triton_build import build
 
 # Parameter name -> compile type; "T" is the storage dtype of the build.
@@ -53,7 +52,8 @@ def build_all(quick: bool = False) -> list[dict]:
             return None
         return build(name, kernel, dtype, constexprs, num_warps, sig=sig)
 
-    for dtype, tdtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+    for dtype in ("fp32", "bf16"):  # Triton's type names are the suite's dtype ids
+        tdtype = torch_dtype(dtype)
         for V in (600, 8192):
             p = tb.launch_params("row", V, tdtype)
             sig = loss_signature(K.softmax_backward_row_kernel, dtype)

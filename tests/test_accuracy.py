@@ -27,6 +27,7 @@ import torch
 
 from kernels import BASELINE, SOFTMAX_KERNELS
 from kernels.reference import softmax_ref
+from kernels.spec import dtype_name
 from tests.helpers import (
     CONFIDENT_MASS,
     FP32_TINY,
@@ -49,7 +50,6 @@ from tests.helpers import (
 )
 
 SECTION = "accuracy"
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 ELEMENTS = 1 << 20  # per GPU case: B = ELEMENTS // V rows, within [4, 1024]
 GPU_V = (600, 4099, 32000, 50257, 128256, 262144)
 COMPILED_V = (4099, 50257, 262144)  # torch.compile recompiles per shape class: fewer
@@ -84,7 +84,7 @@ def entry(figures: dict, ratio: dict, x_F_softmax: float, *, B: int, path: str) 
 def record_case(record_manifest, device: str, kernel: str, x: torch.Tensor, ratio: dict, *, recipe, scale, path):
     """Record one case for `kernel` and, from the same measurement, for F.softmax."""
     B, V = x.shape
-    where = f"{DTYPE_NAMES[x.dtype]}/{case_name(recipe, scale)}/{V}"
+    where = f"{dtype_name(x.dtype)}/{case_name(recipe, scale)}/{V}"
     ours = entry(ratio["summary"], ratio, ratio["x_F_softmax"], B=B, path=path)
     theirs = entry(ratio["F_softmax_summary"], ratio, 1.0, B=B, path="torch")
     record_manifest(SECTION, **{f"{device}/{kernel}/{where}": ours, f"{device}/{BASELINE}/{where}": theirs})

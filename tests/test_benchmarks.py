@@ -31,6 +31,7 @@ from kernels.spec import LAB_POINT, LAB_SHAPES, in_grid, matrix_bytes
 from tests.helpers import check_softmax, logits
 from tests.suite import gate
 from tests.suite.devicetime import (
+    CALL_MODES,
     CALL_ROUNDS,
     ROUNDS,
     calls_per_round,
@@ -66,7 +67,6 @@ MAX_TENSOR_BYTES = 16e9  # (32768, 128256) in fp32 is 16.8 GB per tensor: skippe
 # decode step) to a batch, at the lab's V and at real vocabularies (Llama 2, GPT-2, Llama 3).
 CALL_B = (1, 8, 64, 512)
 CALL_V = (600, 32000, 50257, 128256)
-CALL_MODES = ("per_call", "graph")
 
 
 def supports(kernel: str, dtype: str) -> bool:
@@ -167,7 +167,7 @@ def copy_times_us():
     """Device-to-device copy of 2 GiB (bytes counted: read + write)."""
     src = torch.randn(2**29, device="cuda")
     dst = torch.empty_like(src)
-    return src.numel() * 4 * 2, device_times_us(lambda: dst.copy_(src), flush_l2=False, rounds=30)
+    return matrix_bytes(1, src.numel(), src.dtype), device_times_us(lambda: dst.copy_(src), flush_l2=False, rounds=30)
 
 
 def test_ceiling_copy_bandwidth(benchmark, copy_times_us, record_manifest):
@@ -315,7 +315,6 @@ def test_softmax_call_modes(benchmark, request, mode, kernel, B, V, dtype):
 
 # -- launch floors: what a call costs before any softmax work ----------------------------------------------
 
-FLOOR_SHAPE = (512, 600)
 # An empty launch should take a few microseconds; a millisecond means something synchronises.
 MAX_FLOOR_US = 1000.0
 EMPTY_CUDA_SOURCE = 'extern "C" __global__ void empty_kernel() {}'
@@ -393,7 +392,8 @@ def floor_cases():
 
 @pytest.mark.parametrize("name, mode", floor_cases())
 def test_launch_floor(benchmark, name, mode):
-    x = make_logits(*FLOOR_SHAPE, torch.float32)
+    B, V, dtype = LAB_POINT  # the floors are timed on the lab point's input
+    x = make_logits(B, V, torch_dtype(dtype))
     call = floor_call(name, x)
     result = call()  # the launch works before it is timed
     torch.cuda.synchronize()
@@ -404,9 +404,7 @@ def test_launch_floor(benchmark, name, mode):
     else:
         graph, _ = capture_graph(call)
         times = graph_replay_times_us(graph)
-    benchmark.extra_info.update(
-        floor=name, mode=mode, B=FLOOR_SHAPE[0], V=FLOOR_SHAPE[1], dtype="float32", gpu=torch.cuda.get_device_name()
-    )
+    benchmark.extra_info.update(floor=name, mode=mode, B=B, V=V, dtype=dtype, gpu=torch.cuda.get_device_name())
     report_times_us(benchmark, times)
     assert all(0 < t < MAX_FLOOR_US for t in times), f"{name} {mode}: implausible times {times} us"
 

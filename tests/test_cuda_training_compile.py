@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from kernels import cuda_build as cb
 from kernels import cuda_training as ct
 from kernels import cuda_training_plans as tp
+from kernels.checks import FLOAT_DTYPES
 from kernels.reference import cross_entropy_ref, softmax_backward_ref
 from tests.helpers import (
     assert_backward_close,
@@ -28,6 +29,7 @@ from tests.helpers import (
     assert_cross_entropy_close,
     cross_entropy_expected,
     cross_entropy_inputs,
+    dtype_id,
     softmax_and_grad,
 )
 
@@ -35,8 +37,8 @@ pytestmark = pytest.mark.cpu
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH: the offline sm_90 build cannot run")
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-DTYPE_IDS = ["fp32", "bf16", "fp16"]
+DTYPES = FLOAT_DTYPES
+DTYPE_IDS = [dtype_id(dt) for dt in DTYPES]
 SOURCE_IDS = [p.name for p in tp.TRAINING_SOURCES]
 OPS = {tp.BACKWARD_SOURCE.name: "bwd", tp.CROSS_ENTROPY_SOURCE.name: "ce"}
 

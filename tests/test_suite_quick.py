@@ -8,14 +8,12 @@ import re
 import pytest
 
 from kernels import SOFTMAX_KERNELS
+from kernels.spec import dtype_name
 from tests import test_model_swap_cuda
-from tests.helpers import dtype_id
 from tests.suite.testing import run_pytest
 from tests.test_coverage_matrix import cells
 
 pytestmark = pytest.mark.cpu
-
-DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +40,7 @@ def test_every_cell_of_the_matrix_runs_once(selected):
 def test_every_path_of_our_kernels_has_its_properties_checked(selected):
     checked = {tuple(i.split("-")[:3]) for i in ids_of(selected, "test_every_property_once_per_path")}
     expected = {
-        (name, path, DTYPE_NAMES[dtype_id(dtype)])
+        (name, path, dtype_name(dtype))
         for name, k in SOFTMAX_KERNELS.items()
         if not k.baseline
         for dtype in k.dtypes

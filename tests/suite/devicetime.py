@@ -31,6 +31,11 @@ import time
 # (report_times_us, paired_ratios, FedClock) also serves processes that never touch torch, such
 # as the child runs of the suite's own tests, which its import would cost a second each.
 
+# The clocks by the names records give them (a benchmark record's "mode"), in the order above; the
+# call modes are the two that time whole calls back to back with L2 warm.
+MODES = ("device", "per_call", "graph")
+CALL_MODES = MODES[1:]
+
 WARMUP = 3
 ROUNDS = 100
 FLUSH_BYTES = 256 * 1024 * 1024

@@ -17,9 +17,10 @@ Each `*_png(manifest)` returns PNG bytes, or None when the manifest lacks what t
 import io
 import math
 
-from kernels.spec import BASELINE, LAB_POINT, in_grid, matrix_bytes
+from kernels.spec import BASELINE, DTYPE_NAMES, LAB_POINT, in_grid, matrix_bytes
 from tests.suite.manifest import (
     FLOPS_PER_ELEMENT,
+    KERNEL_ORDER,
     LOSS_BASELINES,
     LOSS_GOALS,
     LOSS_OPS,
@@ -34,14 +35,16 @@ from tests.suite.manifest import (
 # the roofline every kernel measured at the lab point.
 BANDWIDTH_KERNELS = in_grid("sweep")
 UNMEASURED_HEIGHT = 0.3  # the dashed outline standing in for a bar no run measured
-DTYPE_ORDER = ("float32", "bfloat16", "float16")
 MODE_MARKERS = {
     "device": ("o", "device time: one launch, L2 flushed before it (cold)"),
     "per_call": ("^", "per call: wall clock of back-to-back calls from Python (L2 warm)"),
     "graph": ("s", "CUDA-graph replay: back-to-back replays (L2 warm)"),
 }
 DODGE = 0.16  # octaves between kernels drawn at one arithmetic intensity on the roofline
-KERNEL_MARKERS = {"naive": "v", "smem": "s", "fused": "o", "triton": "D", "F_softmax": "^", "torch_compile": "P"}
+# The roofline's marker of each kernel, by its place in the registry (kernel_rank), as its colour is;
+# past the end of the cycle the markers repeat. A kernel the registry does not hold is drawn with an X.
+KERNEL_MARKERS = ("v", "s", "o", "D", "^", "P", "*", "h", "<", ">", "p", "d")
+UNKNOWN_KERNEL_MARKER = "X"
 
 
 def _pyplot():
@@ -67,7 +70,7 @@ def _color(kernel: str) -> str:
 
 def _dtypes(entries) -> list[str]:
     present = {e["dtype"] for e in entries}
-    return [d for d in DTYPE_ORDER if d in present] + sorted(present - set(DTYPE_ORDER))
+    return [d for d in DTYPE_NAMES if d in present] + sorted(present - set(DTYPE_NAMES))
 
 
 def _gpu_name(manifest: dict) -> str:
@@ -96,7 +99,9 @@ def spread_labels(ys: list[float], gap: float) -> list[float]:
 
 
 def _kernel_marker(kernel: str) -> str:
-    return KERNEL_MARKERS.get(kernel, "X")
+    if kernel not in KERNEL_ORDER:
+        return UNKNOWN_KERNEL_MARKER
+    return KERNEL_MARKERS[kernel_rank(kernel) % len(KERNEL_MARKERS)]
 
 
 def roofline_points(manifest: dict, copy_TBps: float) -> list[dict]:

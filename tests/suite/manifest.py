@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from kernels.spec import BASELINE, DTYPE_IDS, LAB_POINT, matrix_bytes, names
+from tests.suite.devicetime import CALL_MODES, MODES
 
 EXPERIMENT = "24-triton-and-pytorch"
 SEED = 42
@@ -46,8 +47,6 @@ FLOPS_PER_ELEMENT = 5
 
 # Datasheet figures for the H200 SXM, kept beside the measured ceilings for reference only.
 DATASHEET = {"NVIDIA H200": {"hbm_TBps": 4.8, "fp32_TFLOPS": 67.0}}
-
-CALL_MODES = ("per_call", "graph")
 
 
 # -- small utilities ---------------------------------------------------------------------------
@@ -354,7 +353,7 @@ def derive_call_modes(entries: list[dict], floors: dict[str, dict], sweep: list[
             baseline["device_us"] = device[baseline_key]
         ratios = {
             mode: baseline[f"{mode}_us"] / entry[f"{mode}_us"]
-            for mode in ("device", *CALL_MODES)
+            for mode in MODES
             if f"{mode}_us" in entry and f"{mode}_us" in baseline
         }
         if ratios:
@@ -513,7 +512,7 @@ def derive_loss_section(entries: list[dict], op: str, copy_TBps: float | None) -
                 continue
             ratios = {
                 mode: other[f"{mode}_us"] / e[f"{mode}_us"]
-                for mode in ("device", *CALL_MODES)
+                for mode in MODES
                 if f"{mode}_us" in e and f"{mode}_us" in other
             }
             if ratios:

@@ -19,12 +19,13 @@ import json
 import math
 from pathlib import Path
 
-from kernels.spec import BASELINE, names
+from kernels.spec import BASELINE, DTYPE_NAMES, names
 from tests.suite import figures
 from tests.suite.gate import model_slug
 from tests.suite.manifest import (
     CALL_MODES,
     LAB_POINT,
+    MODES,
     TARGET_KERNELS,
     TARGET_MIN_BYTES,
     build_manifest,
@@ -208,7 +209,7 @@ def report_markdown(models: dict[str, dict], sources: dict[str, list[str]]) -> s
     out += _table(["kernel", *names], rows)
     shapes = sorted(
         {(e["dtype"], e["V"], e["B"]) for m in names for e in models[m].get("sweep") or []},
-        key=lambda s: (figures.DTYPE_ORDER.index(s[0]) if s[0] in figures.DTYPE_ORDER else 9, s[1], s[2]),
+        key=lambda s: (DTYPE_NAMES.index(s[0]) if s[0] in DTYPE_NAMES else 9, s[1], s[2]),
     )
     pair = " / ".join(TARGET_KERNELS)
     out += ["", f"## × F.softmax in device time, {pair}", ""]
@@ -242,7 +243,7 @@ def report_markdown(models: dict[str, dict], sources: dict[str, list[str]]) -> s
     out += ["", "## Call modes: range of × F.softmax over the call-mode shapes", ""]
     rows = []
     for k in TARGET_KERNELS:
-        for mode in ("device", *CALL_MODES):
+        for mode in MODES:
             cells = []
             for m in names:
                 ratios = [
@@ -287,7 +288,7 @@ def by_model_png(models: dict[str, dict], metric: str) -> bytes | None:
             per.setdefault(e["dtype"], {}).setdefault(m, {})[(e["V"], e["B"], e["kernel"])] = e[metric]
     if not per:
         return None
-    dtypes = [d for d in figures.DTYPE_ORDER if d in per] + sorted(set(per) - set(figures.DTYPE_ORDER))
+    dtypes = [d for d in DTYPE_NAMES if d in per] + sorted(set(per) - set(DTYPE_NAMES))
     plt = figures._pyplot()
     fig, axes = plt.subplots(len(dtypes), len(names), figsize=(7 * len(names), 3.8 * len(dtypes)), squeeze=False)
     for row, dtype in enumerate(dtypes):
