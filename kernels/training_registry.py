@@ -18,6 +18,10 @@ from .checks import FLOAT_DTYPES, check_backward_inputs, check_cross_entropy_inp
 from .cuda_training_plans import PATHS as CUDA_TRAINING_PATHS
 from .registry import _lazy, triton_missing
 
+# The dispatch paths of the Triton softmax backward and cross-entropy (each has these three; their
+# modules, kernels/triton_backward.py and triton_cross_entropy.py, take the names from here).
+TRITON_TRAINING_PATHS = ("row", "split", "tile")
+
 
 def _one_path(name):
     return lambda B, V, dtype=torch.float32: name
@@ -180,7 +184,7 @@ SOFTMAX_BACKWARD_KERNELS: dict[str, BackwardKernel] = {
             "triton",
             _lazy("kernels.triton_backward:softmax_backward", "softmax backward"),
             FLOAT_DTYPES,
-            ("row", "split", "tile"),  # kernels.triton_backward.PATHS (a test holds them equal)
+            TRITON_TRAINING_PATHS,
             _lazy("kernels.triton_backward:plan", "plan"),
             "triton",
             interpretable=True,
@@ -224,7 +228,7 @@ CROSS_ENTROPY_KERNELS: dict[str, CrossEntropyKernel] = {
             "triton",
             _lazy("kernels.triton_cross_entropy:cross_entropy", "cross-entropy"),
             FLOAT_DTYPES,
-            ("row", "split", "tile"),  # kernels.triton_cross_entropy.PATHS (a test holds them equal)
+            TRITON_TRAINING_PATHS,
             _lazy("kernels.triton_cross_entropy:plan", "plan"),
             "triton",
             interpretable=True,

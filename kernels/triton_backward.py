@@ -29,6 +29,7 @@ import torch
 import triton
 
 from .checks import check_backward_inputs, prepare_dx
+from .training_registry import TRITON_TRAINING_PATHS
 from .triton_launch import launch_named
 from .triton_loss_kernels import (
     softmax_backward_row_kernel,
@@ -37,7 +38,7 @@ from .triton_loss_kernels import (
 )
 
 KERNEL_NAME = "triton"
-PATHS = ("row", "split", "tile")
+PATHS = TRITON_TRAINING_PATHS  # row, split, tile
 DISPATCH_BOUNDARIES = {"row_max_v": 8192}  # two inputs in registers: a quarter of the forward's row path
 
 INTERPRET = type(softmax_backward_row_kernel).__name__ == "InterpretedFunction"

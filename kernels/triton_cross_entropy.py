@@ -46,6 +46,7 @@ import triton
 
 from .checks import CROSS_ENTROPY_REDUCTIONS as REDUCTIONS
 from .checks import check_cross_entropy_inputs
+from .training_registry import TRITON_TRAINING_PATHS
 from .triton_backward import fixed_point_bits, split_params, split_workspace
 from .triton_launch import launch_named
 from .triton_loss_kernels import (
@@ -58,7 +59,7 @@ from .triton_loss_kernels import (
 )
 
 KERNEL_NAME = "triton"
-PATHS = ("row", "split", "tile")
+PATHS = TRITON_TRAINING_PATHS  # row, split, tile
 DISPATCH_BOUNDARIES = {"row_max_v": 8192}
 
 INTERPRET = type(cross_entropy_row_kernel).__name__ == "InterpretedFunction"
