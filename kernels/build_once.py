@@ -4,12 +4,14 @@ into its compiler's on-disk cache (CuPy's, Triton's) and the others, waiting on 
 then load it from there instead of compiling it again, each on its own core.
 
 The locks are files in `lock_dir()` (the folder named by SOFTMAX_SUITE_BUILD_LOCKS, else
-softmax-suite-build-locks under the system's temporary folder); the operating system releases a
-lock whose holder dies, so a crashed build never blocks the next one.
+softmax-suite-build-locks-<user> under the system's temporary folder, one per user, as the
+compilers' caches are); the operating system releases a lock whose holder dies, so a crashed
+build never blocks the next one.
 """
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import os
 import tempfile
@@ -23,7 +25,10 @@ LOCK_DIR_ENV = "SOFTMAX_SUITE_BUILD_LOCKS"
 
 def lock_dir() -> Path:
     env = os.environ.get(LOCK_DIR_ENV, "").strip()
-    return Path(env) if env else Path(tempfile.gettempdir()) / "softmax-suite-build-locks"
+    if env:
+        return Path(env)
+    user = os.getuid() if hasattr(os, "getuid") else getpass.getuser()
+    return Path(tempfile.gettempdir()) / f"softmax-suite-build-locks-{user}"
 
 
 @contextmanager

@@ -7,12 +7,16 @@ Run with -s to see the per-kernel ptxas report (registers, shared memory, stack,
 """
 
 import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from kernels import cuda_build, cuda_plans, cuda_training_plans
+from kernels import build_once, cuda_build, cuda_plans, cuda_training_plans
 from kernels import softmax_cuda as sc
 from kernels.cuda_build import FUSED_SOURCE
 from kernels.cuda_plans import fused_class_description, select_fused_class
@@ -194,6 +198,41 @@ def _log(res) -> str:
     log = res.stdout + res.stderr
     assert res.returncode == 0, log
     return log
+
+
+# -- one build per machine -----------------------------------------------------------------------
+
+_TAKE_LOCK = """
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location("build_once", sys.argv[1])
+build_once = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(build_once)
+with build_once.build_lock(sys.argv[2]):
+    print(time.monotonic(), flush=True)
+"""
+
+
+def test_the_first_build_of_a_kernel_is_taken_in_turns_on_the_machine(tmp_path, monkeypatch):
+    """A process asking for a build another holds waits until it lets go; another build does not
+    wait; SOFTMAX_SUITE_BUILD_LOCKS names the folder of the locks."""
+    monkeypatch.setenv(build_once.LOCK_DIR_ENV, str(tmp_path / "locks"))
+    assert build_once.lock_dir() == tmp_path / "locks"
+    module = str(Path(build_once.__file__))
+
+    def take(key):
+        return subprocess.Popen([sys.executable, "-c", _TAKE_LOCK, module, key], stdout=subprocess.PIPE, text=True)
+
+    with build_once.build_lock("kernel A"):
+        same, other = take("kernel A"), take("kernel B")
+        assert other.wait(timeout=60) == 0, "another build must not wait"
+        time.sleep(0.3)
+        assert same.poll() is None, "the same build must wait for its holder"
+        released = time.monotonic()
+    assert same.wait(timeout=60) == 0
+    assert float(same.stdout.read()) >= released
+    assert len(list((tmp_path / "locks").glob("*.lock"))) == 2
+    monkeypatch.delenv(build_once.LOCK_DIR_ENV)
+    assert build_once.lock_dir().name.startswith("softmax-suite-build-locks-")
 
 
 # -- the fused dispatch table --------------------------------------------------------------------
