@@ -14,6 +14,8 @@ from kernels import SOFTMAX_KERNELS
 from kernels.spec import BACKENDS, names
 from tests.helpers import (
     INTERPRETED,
+    PORT_ATOL,
+    PORT_RTOL,
     assert_backward_as_accurate_as_torch,
     assert_backward_close,
     bits,
@@ -24,8 +26,6 @@ from tests.helpers import (
     run_poisoned,
     skip_unless_runnable,
 )
-from tests.test_torch_minigpt import ATOL as PORT_ATOL
-from tests.test_torch_minigpt import RTOL as PORT_RTOL
 
 DTYPES = (torch.float32, torch.bfloat16)
 OPS = names(lambda s: s.custom_op)  # the kernels kernels/ops.py registers as custom operators
@@ -261,7 +261,7 @@ def test_compiled_model_keeps_the_triton_softmax_and_its_predictions(ieee_fp32, 
                 for _ in range(3):  # warm-up, record, replay
                     got = compiled(ids).clone()
             # The whole model compiled against eager: its layers are Inductor's code, not the
-            # kernel's, so this is the port's equivalence contract (tests/test_torch_minigpt.py);
+            # kernel's, so this is the port's equivalence contract (tests/helpers.py PORT_ATOL);
             # the LM head's Triton softmax is held to TOLERANCES in tests/test_model_swap_cuda.py.
             torch.testing.assert_close(got, eager, atol=PORT_ATOL, rtol=PORT_RTOL)
             assert int(got[0, -1].argmax()) == int(eager[0, -1].argmax()), text

@@ -98,11 +98,11 @@ def test_torch_backend_agrees_with_numpy(capsys):
     assert b["backend"] == "torch"
     assert [t["token"] for t in a["top"]] == [t["token"] for t in b["top"]]
     # Two printouts of the same model, NumPy and the PyTorch port: the port's equivalence
-    # contract applies (tests/test_torch_minigpt.py), not the kernels' TOLERANCES.
-    from tests.test_torch_minigpt import ATOL, RTOL
+    # contract applies (tests/helpers.py), not the kernels' TOLERANCES.
+    from tests.helpers import PORT_ATOL, PORT_RTOL
 
     for x, y in zip(a["top"], b["top"], strict=True):
-        assert abs(y["prob"] - x["prob"]) <= ATOL + RTOL * abs(x["prob"]), (x, y)
+        assert abs(y["prob"] - x["prob"]) <= PORT_ATOL + PORT_RTOL * abs(x["prob"]), (x, y)
 
 
 @pytest.mark.cpu

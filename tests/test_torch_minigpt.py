@@ -17,11 +17,20 @@ from model.torch_minigpt import (
     final_softmax,
     load_numpy_weights,
 )
-from tests.helpers import INTERPRETED, assert_rows_sum_to_one, assert_softmax_close, bits, logits, needs_triton
+from tests.helpers import (
+    INTERPRETED,
+    PORT_ATOL,
+    PORT_RTOL,
+    assert_rows_sum_to_one,
+    assert_softmax_close,
+    bits,
+    logits,
+    needs_triton,
+)
 
 pytestmark = pytest.mark.cpu
 
-ATOL = RTOL = 1e-5  # the equivalence contract, for every compared tensor
+ATOL, RTOL = PORT_ATOL, PORT_RTOL  # the equivalence contract (tests/helpers.py), for every compared tensor
 RANDOM_VOCAB = 601  # odd on purpose; close to the trained vocabulary's size
 
 # Forward order, so the first key that disagrees is the layer where a drift starts.
