@@ -78,17 +78,23 @@ def module_source(path: Path) -> str:
     return src
 
 
+def one_class_unit(src: str, classes, name: str, path: Path) -> str:
+    """`src` with the one size class of `classes` (a function of the dtype format giving its size
+    classes) whose kernel is `name` instantiated; a ValueError where none is."""
+    for dt in FORMATS:
+        for size_class in classes(dt):
+            if size_class.kernel_name(dt) == name:
+                return src + instantiations([size_class.instantiation(dt)])
+    raise ValueError(f"{name!r} is not a kernel of {Path(path).name}")
+
+
 def kernel_source(path: Path, name: str) -> str:
     """The translation unit compiled when kernel `name` of `path` is first launched: the source
     with that one size class instantiated (nvcc takes about half a second for it, 14 s for all of
     them), or the whole source where it instantiates nothing."""
     if Path(path).name != "softmax_fused.cu":
         return module_source(path)
-    for dt in FORMATS:
-        for size_class in fused_classes(dt):
-            if size_class.kernel_name(dt) == name:
-                return expand_source(path) + instantiations([size_class.instantiation(dt)])
-    raise ValueError(f"{name!r} is not a kernel of {Path(path).name}")
+    return one_class_unit(expand_source(path), fused_classes, name, path)
 
 
 def expected_kernels(path: Path) -> list[str]:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .cuda_build import CUDA_DIR, expand_includes, instantiations
+from .cuda_build import CUDA_DIR, expand_includes, instantiations, one_class_unit
 from .cuda_plans import FORMATS, RowShape, as_dtype
 
 BACKWARD_SOURCE = CUDA_DIR / "softmax_backward.cu"
@@ -266,11 +266,7 @@ def kernel_source(path: Path, name: str) -> str:
     op = _op_of(path)
     if op == "ce" and name in CROSS_ENTROPY_HELPERS:
         return expand_includes(path) + instantiations([])
-    for dt in FORMATS:
-        for size_class in training_classes(op, dt):
-            if size_class.kernel_name(dt) == name:
-                return expand_includes(path) + instantiations([size_class.instantiation(dt)])
-    raise ValueError(f"{name!r} is not a kernel of {Path(path).name}")
+    return one_class_unit(expand_includes(path), lambda dt: training_classes(op, dt), name, path)
 
 
 def expected_kernels(path: Path) -> list[str]:
