@@ -119,10 +119,10 @@ def three_pass_kernel(
         start += BLOCK
 
 
-def _spec(name, launch) -> KernelSpec:
+def _spec(name, launch, *, backend="triton") -> KernelSpec:
     """The spec of a one-path kernel whose wrapper is written as a correct kernel's is, launching
     `launch(x, y, BLOCK)`: tiles of BLOCK_DEFAULT through `softmax`, of 16 on the CPU cases'
-    short rows (`run_path` with the path's `cpu` parameters)."""
+    short rows (`run_path` with the path's `cpu` parameters; a kernel in PyTorch ops ignores it)."""
 
     def run_path(x, path, *, out=None, BLOCK=BLOCK_DEFAULT):
         check_softmax_input(x, kernel=name, dtypes=_FP32, device_type=DEVICE_TYPE)
@@ -140,7 +140,7 @@ def _spec(name, launch) -> KernelSpec:
         return run_path(x, "tile", out=out)
 
     path = Path("tile", gpu=(5, 100), cpu={"BLOCK": 16})
-    return KernelSpec(name, softmax, (path,), ("float32",), backend="triton", run_path=run_path, interpretable=True)
+    return KernelSpec(name, softmax, (path,), ("float32",), backend=backend, run_path=run_path, interpretable=True)
 
 
 def _three_pass(name, *, grid_cap=None, divide_one_row=False, **bug) -> KernelSpec:
@@ -185,18 +185,10 @@ def tail_faulted_softmax(x, *, fast_exp=False, normaliser=1.0, tail_error=0.0):
 
 
 def _tail(name, **fault) -> KernelSpec:
-    def run_path(x, path, *, out=None):
-        check_softmax_input(x, kernel=name, dtypes=_FP32, device_type=DEVICE_TYPE)
-        result = prepare_output(x, out, kernel=name)
-        if path != "rows":
-            raise ValueError(f"{name} softmax: unknown path {path!r} (rows)")
-        return result.copy_(tail_faulted_softmax(x, **fault)) if x.shape[0] else result
+    def launch(x, y, BLOCK):
+        y.copy_(tail_faulted_softmax(x, **fault))
 
-    def softmax(x, *, out=None):
-        return run_path(x, "rows", out=out)
-
-    path = Path("rows", gpu=(5, 100))
-    return KernelSpec(name, softmax, (path,), ("float32",), backend="torch", run_path=run_path, interpretable=True)
+    return _spec(name, launch, backend="torch")
 
 
 # The largest grid the CUDA-only one launches: rows past it are never written.
