@@ -43,6 +43,7 @@ from .triton_dispatch import (
     SPLIT_MAX_SPINS,
     SPLIT_MIN_CHUNK,
     SPLIT_PARAMS,
+    SPLIT_PERSIST_CANDIDATES,
     aligned_base,
     fallback_block,
     fixed_point_scale,
@@ -116,8 +117,9 @@ def _softmax(x: torch.Tensor, y: torch.Tensor, path: str, params: dict, common_k
 def run_path(x: torch.Tensor, path: str, *, out=None, **params) -> torch.Tensor:
     """softmax(x) through one named path; `params` override that path's launch parameters
     (tile: config; row: num_warps; rows: ROWS, BLOCK_V, num_warps; split: CHUNK, num_warps,
-    HOLD_INPUT, P_BLOCK, maxnreg, max_spins; stream: BLOCK, num_warps, programs_per_sm; any: align). Tests use it
-    to reach every path at small V (e.g. split, CHUNK=16).
+    HOLD_INPUT, P_BLOCK, maxnreg, max_spins, programs_per_sm (a persistent grid); stream: BLOCK,
+    num_warps, programs_per_sm; any: align). Tests use it to reach every path at small V (e.g.
+    split, CHUNK=16).
     """
     check_softmax_input(x, kernel=KERNEL_NAME, dtypes=FLOAT_DTYPES, device_type=_DEVICE_TYPE)
     y = prepare_output(x, out, kernel=KERNEL_NAME)
@@ -175,6 +177,7 @@ __all__ = [
     "p_block",
     "fallback_block",
     "SPLIT_PARAMS",
+    "SPLIT_PERSIST_CANDIDATES",
     "SPLIT_FILL",
     "SPLIT_MIN_CHUNK",
     "aligned_base",

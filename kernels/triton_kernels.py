@@ -286,59 +286,56 @@ def _meet_sum(words, P, chunk, own_hi, own_lo, tag, SLOTS: tl.constexpr, MAX_SPI
     return s, stale
 
 
-@_no_value_specialisation
-def softmax_split_kernel(X, Y, WS, V, P, stride_x, stride_y, x_off, y_off, SCALE,
-                         CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr,
-                         MAX_SPINS: tl.constexpr, ALIGN: tl.constexpr = 1, Y_ALIGN: tl.constexpr = 1,
-                         HOLD_INPUT: tl.constexpr = False):
-    # A row too long for one program's registers is shared by P programs, each keeping its
-    # chunk in registers: one read and one write. Chunks are cut on ALIGN-groups of element
-    # offsets from X (the wrapper makes X 16-byte aligned and passes the tensor's head as
-    # x_off), so the bulk of a row moves in vector accesses at any V or row offset; the groups
-    # a row only partly covers (at most ALIGN - 1 elements at each end) are "edges", loaded and
-    # stored element-wise by chunk 0. How the row is cut changes nothing in the result: the max
-    # and the fixed-point sum are order-free.
-    #
-    # The programs of a row meet twice through the row's 3P words in WS (zeroed when the
-    # wrapper allocates it, never again): word c holds chunk c's max (float bits), words
-    # P + 2c and P + 2c + 1 the upper and lower 32 bits of its fixed-point sum, each under the
-    # launch's tag (above). Each wait is bounded: a program whose siblings are not scheduled in
-    # time streams the row itself for the same exact max / sum (slower, never deadlocks). Under
-    # the interpreter, whose programs run one after another, the bound is 0: early chunks take
-    # the streaming branch and the last chunk combines, so both branches run on the CPU.
-    #
-    # HOLD_INPUT (16-bit storage): keep the chunk as loaded, two elements a register, across
-    # the meetings and compute the exponentials again at the store, instead of keeping them in
-    # float32: half the registers for the same bytes in flight. The conversions before and
-    # after the second meeting are written differently (bfloat16 widened by a shift) so the
-    # compiler cannot merge them back into one float32 copy; both give the same floats (for
-    # float16 the compiler may merge them). On the H200 the second exponential cost more than
-    # the registers gave (reports/profiles.md): the wrapper leaves it off; run_path reaches it.
-    pid = tl.program_id(0).to(tl.int64)
-    row = pid // P
-    chunk = pid - row * P
-    xs = x_off + row * stride_x                       # row start, elements from X
+@triton.jit
+def _split_edges(xs, chunk, V, ALIGN: tl.constexpr):
+    # A row's edges: the first ALIGN offsets of the row and the partial group at its end, each
+    # element once (the tail part skips what the head part covers); only chunk 0 holds them.
+    # (positions, mask)
     g_lo = (xs + ALIGN - 1) // ALIGN                  # first group wholly inside the row
     g_hi = (xs + V) // ALIGN                          # one past the last such group
-    c_start = tl.multiple_of((xs // ALIGN) * ALIGN + chunk * CHUNK, ALIGN)
-    cols = tl.arange(0, CHUNK)
-    grp = cols // ALIGN                               # constant over ALIGN-groups
-    mask = _group_mask(grp, c_start, g_lo, g_hi, ALIGN)
-    x_in = tl.load(X + c_start + cols, mask=mask, other=-float("inf"))
-    x = x_in.to(tl.float32)
-    if HOLD_INPUT:
-        m_in = tl.reduce(x_in, 0, _maximum).to(tl.float32)  # no float32 copy before meeting 1
-    else:
-        m_in = _row_max(x, 0)
-    # Edges: the first ALIGN offsets of the row and the partial group at its end, each element
-    # once (the tail part skips what the head part covers). Only chunk 0 loads and stores them.
     e = tl.arange(0, 2 * ALIGN)
     pos = tl.where(e < ALIGN, xs + e, g_hi * ALIGN + (e - ALIGN))
     pos_g = pos // ALIGN
     # (pos - pos + chunk): the chunk test as a tensor; the interpreter rejects a scalar term in a mask.
     e_mask = ((pos >= xs) & (pos < xs + V) & ((pos_g < g_lo) | (pos_g >= g_hi))
               & ((e < ALIGN) | (pos >= xs + ALIGN)) & ((pos - pos + chunk) == 0))
+    return pos, e_mask
+
+
+@triton.jit
+def _split_chunk(xs, chunk, V, CHUNK: tl.constexpr, ALIGN: tl.constexpr):
+    # Where a program's chunk of the row starting at element xs (from X) lies: (start, mask).
+    g_lo = (xs + ALIGN - 1) // ALIGN
+    g_hi = (xs + V) // ALIGN
+    c_start = tl.multiple_of((xs // ALIGN) * ALIGN + chunk * CHUNK, ALIGN)
+    grp = tl.arange(0, CHUNK) // ALIGN                # constant over ALIGN-groups
+    return c_start, _group_mask(grp, c_start, g_lo, g_hi, ALIGN)
+
+
+@triton.jit
+def _split_load(X, xs, chunk, V, CHUNK: tl.constexpr, ALIGN: tl.constexpr):
+    # A program's chunk of a row, as stored, and the row's edges in float32 (-inf where masked).
+    c_start, mask = _split_chunk(xs, chunk, V, CHUNK, ALIGN)
+    x_in = tl.load(X + c_start + tl.arange(0, CHUNK), mask=mask, other=-float("inf"))
+    pos, e_mask = _split_edges(xs, chunk, V, ALIGN)
     xe = tl.load(X + pos, mask=e_mask, other=-float("inf")).to(tl.float32)
+    return x_in, xe
+
+
+@triton.jit
+def _split_row(X, Y, WS, x_in, xe, row, chunk, V, P, stride_x, stride_y, x_off, y_off, SCALE,
+               CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr,
+               MAX_SPINS: tl.constexpr, ALIGN: tl.constexpr, Y_ALIGN: tl.constexpr, HOLD_INPUT: tl.constexpr):
+    # One program's part of one row, its chunk (x_in) and edges (xe) loaded: the two meetings
+    # and the store.
+    xs = x_off + row * stride_x
+    c_start, mask = _split_chunk(xs, chunk, V, CHUNK, ALIGN)
+    pos, e_mask = _split_edges(xs, chunk, V, ALIGN)
+    x = x_in.to(tl.float32)
+    if HOLD_INPUT:
+        m_in = tl.reduce(x_in, 0, _maximum).to(tl.float32)  # no float32 copy before meeting 1
+    else:
+        m_in = _row_max(x, 0)
 
     ws_row = WS + row * (3 * P)
     x_row = X + xs
@@ -390,8 +387,62 @@ def softmax_split_kernel(X, Y, WS, V, P, stride_x, stride_y, x_off, y_off, SCALE
     # Output element of input offset o sits at Y + o + shift.
     shift = tl.multiple_of(y_off + row * stride_y - xs, Y_ALIGN)
     yx = _normalise(ex, neg_hi, inv, Y.dtype.element_ty)
-    tl.store(Y + shift + c_start + cols, yx.to(Y.dtype.element_ty), mask=mask)
+    tl.store(Y + shift + c_start + tl.arange(0, CHUNK), yx.to(Y.dtype.element_ty), mask=mask)
     tl.store(Y + shift + pos, _normalise(ee, neg_hi, inv, Y.dtype.element_ty).to(Y.dtype.element_ty), mask=e_mask)
+
+
+@_no_value_specialisation
+def softmax_split_kernel(X, Y, WS, B, V, P, stride_x, stride_y, x_off, y_off, SCALE,
+                         CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr,
+                         MAX_SPINS: tl.constexpr, ALIGN: tl.constexpr = 1, Y_ALIGN: tl.constexpr = 1,
+                         HOLD_INPUT: tl.constexpr = False, PERSIST: tl.constexpr = False):
+    # A row too long for one program's registers is shared by P programs, each keeping its
+    # chunk in registers: one read and one write. Chunks are cut on ALIGN-groups of element
+    # offsets from X (the wrapper makes X 16-byte aligned and passes the tensor's head as
+    # x_off), so the bulk of a row moves in vector accesses at any V or row offset; the groups
+    # a row only partly covers (at most ALIGN - 1 elements at each end) are "edges", loaded and
+    # stored element-wise by chunk 0. How the row is cut changes nothing in the result: the max
+    # and the fixed-point sum are order-free.
+    #
+    # The programs of a row meet twice through the row's 3P words in WS (zeroed when the
+    # wrapper allocates it, never again): word c holds chunk c's max (float bits), words
+    # P + 2c and P + 2c + 1 the upper and lower 32 bits of its fixed-point sum, each under the
+    # launch's tag (above). Each wait is bounded: a program whose siblings are not scheduled in
+    # time streams the row itself for the same exact max / sum (slower, never deadlocks). Under
+    # the interpreter, whose programs run one after another, the bound is 0: early chunks take
+    # the streaming branch and the last chunk combines, so both branches run on the CPU.
+    #
+    # PERSIST: the grid holds R rows' programs (a multiple of P, R <= B), and program (r, c)
+    # takes chunk c of rows r, r + R, r + 2R, ...: it loads the next row's chunk before the
+    # current row's meetings, so the loads of one row are in flight while the programs of the
+    # last one wait for each other. Without it the grid is P * B, one row per program. A row's
+    # words are its own whichever program takes it, so the two share one workspace per P.
+    #
+    # HOLD_INPUT (16-bit storage): keep the chunk as loaded, two elements a register, across
+    # the meetings and compute the exponentials again at the store, instead of keeping them in
+    # float32: half the registers for the same bytes in flight. The conversions before and
+    # after the second meeting are written differently (bfloat16 widened by a shift) so the
+    # compiler cannot merge them back into one float32 copy; both give the same floats (for
+    # float16 the compiler may merge them). On the H200 the second exponential cost more than
+    # the registers gave (reports/profiles.md): the wrapper leaves it off; run_path reaches it.
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // P
+    chunk = pid - row * P
+    x_in, xe = _split_load(X, x_off + row * stride_x, chunk, V, CHUNK, ALIGN)
+    if PERSIST:
+        R = tl.num_programs(0) // P
+        while row < B:
+            # The next row's chunk (the last row's again past B: loaded, never used).
+            nxt = row + R
+            x_nx, xe_nx = _split_load(X, x_off + tl.minimum(nxt, B - 1) * stride_x, chunk, V, CHUNK, ALIGN)
+            _split_row(X, Y, WS, x_in, xe, row, chunk, V, P, stride_x, stride_y, x_off, y_off, SCALE,
+                       CHUNK, P_BLOCK, FALLBACK_BLOCK, MAX_SPINS, ALIGN, Y_ALIGN, HOLD_INPUT)
+            x_in = x_nx
+            xe = xe_nx
+            row = nxt
+    else:
+        _split_row(X, Y, WS, x_in, xe, row, chunk, V, P, stride_x, stride_y, x_off, y_off, SCALE,
+                   CHUNK, P_BLOCK, FALLBACK_BLOCK, MAX_SPINS, ALIGN, Y_ALIGN, HOLD_INPUT)
 
 
 @_no_value_specialisation

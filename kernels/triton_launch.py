@@ -366,6 +366,22 @@ ROWS = TritonPath(
     options=_warps,
     grid=lambda p, g, sms: functools.partial(_cdiv, d=p["ROWS"]),
 )
+
+
+def _split_grid(p, g, sms):
+    """B -> the split launch's programs: P per row, or (persistent, p["programs_per_sm"] set) P
+    per row of the R rows in flight, R = programs_per_sm * sms // P (two under the interpreter,
+    so the rows loop runs), at least 1 and at most B."""
+    if not p.get("programs_per_sm"):
+        return functools.partial(operator.mul, g["P"])
+    rows = 2 if sms is None else max(1, p["programs_per_sm"] * sms // g["P"])
+    return functools.partial(_persistent_programs, P=g["P"], rows=rows)
+
+
+def _persistent_programs(B: int, P: int, rows: int) -> int:
+    return P * min(B, rows)
+
+
 SPLIT = TritonPath(
     name="split",
     kernel=JIT_KERNELS["split"],
@@ -373,6 +389,7 @@ SPLIT = TritonPath(
         ("X", "*T"),
         ("Y", "*T"),
         ("WS", "*i64"),
+        ("B", "i32"),
         ("V", "i32"),
         ("P", "i32"),
         ("stride_x", "i32"),
@@ -381,7 +398,7 @@ SPLIT = TritonPath(
         ("y_off", "i32"),
         ("SCALE", "fp32"),
     ),  # fmt: skip
-    constexprs=("CHUNK", "P_BLOCK", "FALLBACK_BLOCK", "MAX_SPINS", "ALIGN", "Y_ALIGN", "HOLD_INPUT"),
+    constexprs=("CHUNK", "P_BLOCK", "FALLBACK_BLOCK", "MAX_SPINS", "ALIGN", "Y_ALIGN", "HOLD_INPUT", "PERSIST"),
     geometry=_chunk_geometry("CHUNK"),
     specialise=lambda p, g, V: {
         "CHUNK": p["CHUNK"],
@@ -391,9 +408,10 @@ SPLIT = TritonPath(
         "ALIGN": g["ALIGN"],
         "Y_ALIGN": g["Y_ALIGN"],
         "HOLD_INPUT": bool(p.get("HOLD_INPUT", False)),
+        "PERSIST": bool(p.get("programs_per_sm")),
     },
     options=lambda p: {"num_warps": p["num_warps"], **({"maxnreg": p["maxnreg"]} if p.get("maxnreg") else {})},
-    grid=lambda p, g, sms: functools.partial(operator.mul, g["P"]),
+    grid=_split_grid,
     chunked=True,
 )
 STREAM = TritonPath(

@@ -58,6 +58,8 @@ interpreted = pytest.mark.skipif(
 V_SHAPES = (1, 7, 255, 600, 781, 1025, 2049, 5000)
 DTYPES = SOFTMAX_KERNELS[st.KERNEL_NAME].dtypes
 SM90_SHARED_LIMIT = 232448  # bytes of shared memory one block may use on sm_90
+SM90_REGISTERS = 65536  # 32-bit registers of one SM
+SM90_WARPS = 64  # warps resident on one SM
 
 
 def run_path(path, **params):
@@ -167,6 +169,36 @@ def test_split_holding_the_input_gives_the_same_bits(dtype, max_spins):
         out = run_poisoned(run_path("split", CHUNK=16, num_warps=2, HOLD_INPUT=hold, max_spins=max_spins), x)
         check_softmax(out, x, what=f"split hold={hold}")
         assert torch.equal(bits(out), bits(want)), f"hold={hold}: bits differ from the tile path"
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("max_spins", [0, 3], ids=["spins0", "spins3"])
+@pytest.mark.parametrize("B", [1, 2, 5])
+def test_persistent_split_gives_every_row_the_same_bits(B, max_spins, dtype):
+    # programs_per_sm: a grid of two rows' programs under the interpreter, each walking every
+    # other row and loading the next row's chunk before meeting on this one. B = 1: fewer rows
+    # than the grid holds (one lane); 2: one row each; 5: a walk with a remainder. Every layout,
+    # so the prefetched chunk is cut where the row it belongs to starts.
+    for layout in layouts(dtype):
+        x = logits(B, 70, seed=40 + B, dtype=dtype, layout=layout)
+        want = st.run_path(x.contiguous(), "tile")
+        params = {"CHUNK": 16, "num_warps": 2, "programs_per_sm": 1, "max_spins": max_spins}
+        out = run_poisoned(run_path("split", **params), x, out_offset=1)
+        check_softmax(out, x, what=f"persistent split, {layout}")
+        assert torch.equal(bits(out), bits(want)), f"{layout}: bits differ from the tile path"
+
+
+def test_persistent_split_grid_holds_the_rows_in_flight():
+    # P programs per row of at most programs_per_sm * sms // P rows, never more rows than B and
+    # never fewer than one row; without programs_per_sm one program per chunk of every row.
+    lay = {"P": 8}
+    grid = st.PATH_TABLE["split"].grid
+    assert grid({"programs_per_sm": 4}, lay, 132)(4096) == 8 * (4 * 132 // 8)
+    assert grid({"programs_per_sm": 4}, lay, 132)(3) == 8 * 3
+    assert grid({"programs_per_sm": 1}, {"P": 200}, 132)(4096) == 200  # one row at a time
+    assert grid({}, lay, 132)(4096) == 8 * 4096
+    assert grid({"programs_per_sm": 1}, lay, None)(5) == 8 * 2  # the interpreter's two rows
 
 
 @interpreted
@@ -578,6 +610,8 @@ def test_sm90_aot_builds_have_no_spills_and_fit_shared_memory(sm90_builds, reque
     tile = [r for r in sm90_builds if r["name"].startswith("tile")]
     assert len(tile) == len(st.CONFIGS)
     assert {r["name"].split()[0] for r in sm90_builds} == set(st.PATHS), "every path's kernel is built"
+    persistent = {r["PERSIST"] for r in sm90_builds if r["name"].startswith("split")}
+    assert persistent == {False, True}, "the plain and the persistent split are built"
     try:
         record = request.getfixturevalue("record_manifest")
     except pytest.FixtureLookupError:
@@ -594,6 +628,11 @@ def test_sm90_aot_builds_have_no_spills_and_fit_shared_memory(sm90_builds, reque
         assert r["shared"] <= SM90_SHARED_LIMIT, r
         assert r["regs"] <= 255, r
         per_thread = r.get("BLOCK", r.get("CHUNK", r.get("ROWS", 1) * r.get("BLOCK_V", 1))) // (32 * r["num_warps"])
+        if r.get("PERSIST"):  # a persistent split counts on all its programs being resident
+            regs_per_program = -(-r["regs"] // 8) * 8 * 32 * r["num_warps"]  # allocated per 8 registers
+            assert r["programs_per_sm"] * regs_per_program <= SM90_REGISTERS, r
+            assert r["programs_per_sm"] * r["num_warps"] <= SM90_WARPS, r
+            assert r["programs_per_sm"] * r["shared"] <= SM90_SHARED_LIMIT, r
         if r["ALIGN"] > 1 and per_thread >= r["ALIGN"]:
             assert r["vector_loads"], f"{r['name']} with ALIGN > 1 should issue vector loads: {r}"
             assert r["vector_stores"], f"{r['name']} with ALIGN > 1 should issue vector stores: {r}"

@@ -84,6 +84,12 @@ SPLIT_SWEEP = {
         (8192, 8, True, 80),
     ],
 }
+# The persistent split (CHUNK, num_warps, programs_per_sm): each fits an SM at programs_per_sm
+# with its sm_90 registers (64-117 without a cap); st.SPLIT_PERSIST_CANDIDATES is among them.
+PERSIST_SWEEP = {
+    torch.float32: [(4096, 8, 3), (4096, 8, 2), (2048, 4, 6), (2048, 4, 4), (2048, 8, 4)],
+    torch.bfloat16: [(4096, 8, 4), (4096, 8, 3), (4096, 4, 5), (2048, 4, 8), (2048, 4, 6), (8192, 8, 2)],
+}
 DECODE_CHUNKS = (8192, 4096, 2048, 1024, 512)
 SAMPLE_ROWS = (0, 1023)
 
@@ -113,6 +119,10 @@ def variants(dtype, B, V, sweep=True):
             name = f"split/{chunk}x{warps}/r{regs}" + ("/hold" if hold else "")
             out.append((name, "split", {"CHUNK": chunk, "num_warps": warps, "HOLD_INPUT": hold, "maxnreg": regs}))
         out.append(("stream", "stream", st.launch_params("stream", V, dtype)))
+    if sweep and B >= SWEEP_MIN_B and (V in SWEEP_V or V in LIGHT_V):
+        for chunk, warps, pps in PERSIST_SWEEP[torch.float32 if dtype == torch.float32 else torch.bfloat16]:
+            params = {"CHUNK": chunk, "num_warps": warps, "programs_per_sm": pps}
+            out.append((f"split/{chunk}x{warps}/persist{pps}", "split", params))
     if sweep and B >= SWEEP_MIN_B and V in LIGHT_V:
         out.append(("stream", "stream", st.launch_params("stream", V, dtype)))
         if dtype != torch.float32:
