@@ -144,6 +144,37 @@ def test_vector_alignment_hint_keeps_results(align):
 
 
 @interpreted
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_alignment_hints_are_true_for_every_layout(dtype):
+    # The interpreter ignores tl.multiple_of, so a false hint passes every value check here and
+    # breaks only a GPU's vector accesses: the facts each launch is told are checked directly.
+    # One-program-per-row paths: ALIGN divides V and both row strides. Chunked paths: chunks
+    # start on ALIGN-groups by construction; the output's shift from the input (per row:
+    # y_off - x_off + row * (stride_y - stride_x)) is a multiple of Y_ALIGN.
+    es = torch.tensor([], dtype=dtype).element_size()
+    for V in (64, 70, 71):
+        for layout in (lay for lay in layouts(dtype) if lay != "col_stride"):
+            x = logits(5, V, seed=V, dtype=dtype, layout=layout)
+            for out_offset in (0, 1, 3):
+                y = torch.empty(out_offset + x.numel(), dtype=dtype)[out_offset:].view(x.shape)
+                for path, params in SCALED.items():
+                    launch = st.bind(x, y, path, **params)
+                    a, v = launch.constexprs["ALIGN"], launch.values
+                    what = f"{path} V={V} {layout} out+{out_offset}: ALIGN {a}"
+                    assert a & (a - 1) == 0 and a * es <= 16, what
+                    if not st.PATH_TABLE[path].chunked:
+                        assert V % a == 0 and v["stride_x"] % a == 0 and v["stride_y"] % a == 0, what
+                        continue
+                    ya = launch.constexprs["Y_ALIGN"]
+                    assert (v["y_off"] - v["x_off"]) % ya == 0, f"{what}, Y_ALIGN {ya}"
+                    assert (v["stride_y"] - v["stride_x"]) % ya == 0, f"{what}, Y_ALIGN {ya}"
+                    for name, t, off in (("X", x, v["x_off"]), ("Y", y, v["y_off"])):
+                        # the base view: the tensor moved back by its head, onto a 16-byte boundary
+                        assert v[name].data_ptr() == t.data_ptr() - off * es, f"{what}: {name} base"
+                        assert off == 0 or v[name].data_ptr() % 16 == 0, f"{what}: {name} base off its boundary"
+
+
+@interpreted
 def test_split_combines_published_partials_and_falls_back():
     # Programs run one after another in the interpreter (poll bound 0): the last chunk of a row
     # finds every partial published and combines them, earlier chunks stream the row. Both must
