@@ -30,6 +30,7 @@ import triton
 
 from .checks import check_backward_inputs, prepare_dx
 from .training_registry import TRITON_TRAINING_PATHS
+from .triton_dispatch import checked_p_block, p_block
 from .triton_launch import launch_named
 from .triton_loss_kernels import (
     softmax_backward_row_kernel,
@@ -74,49 +75,53 @@ def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict
     raise ValueError(f"{KERNEL_NAME} softmax backward: unknown path {path!r} ({', '.join(PATHS)})")
 
 
-# (device index, stream) -> (words, counters): the split kernels' workspace. The counters are
-# zeroed once and left zeroed by every launch; the words need no zeroing. Superseded buffers are
-# kept alive (a CUDA graph captured with one still points at it).
+# (kernel, device index, stream, P) -> the split kernels' words, zeroed when allocated and never
+# again: every launch tags its words one past the tags the last launch left (the meetings of
+# kernels/triton_loss_kernels.py, as the forward's split kernel meets). One per kernel and P: a
+# row's words stay in step only while the same programs write the same words. Superseded
+# buffers are kept alive (a CUDA graph captured with one still points at it).
+SPLIT_WORDS_PER_CHUNK = {"softmax_backward": 4, "cross_entropy": 7}  # int64 words a row's chunk publishes
 _workspaces: dict = {}
 _retired_workspaces: list = []
 
 
-def split_workspace(device: torch.device, rows: int, P: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Words and zeroed counters for `rows` rows of P chunks (shared by both split kernels)."""
-    words, counters = rows * SPLIT_WORDS_PER_CHUNK * P, rows * 3
+def split_workspace(kernel: str, device: torch.device, rows: int, P: int) -> torch.Tensor:
+    """The words of `kernel`'s split launches ("softmax_backward" or "cross_entropy") for `rows`
+    rows of P chunks, zeroed when allocated."""
+    words = rows * SPLIT_WORDS_PER_CHUNK[kernel] * P
     if INTERPRET:
-        key = ("cpu", 0)
+        key = (kernel, "cpu", 0, P)
     else:
         key = (
+            kernel,
             device.index if device.index is not None else torch.cuda.current_device(),
             torch.cuda.current_stream(device).cuda_stream,
+            P,
         )
         if torch.cuda.is_current_stream_capturing():
-            # Memory allocated during a capture belongs to the graph: use it, never cache it.
-            return (
-                torch.empty(words, dtype=torch.int64, device=device),
-                torch.zeros(counters, dtype=torch.int64, device=device),
-            )
+            # Memory allocated during a capture belongs to the graph: use it, never cache it. The
+            # zero fill is captured too, so every replay starts from untagged words.
+            return torch.zeros(words, dtype=torch.int64, device=device)
     ws = _workspaces.get(key)
-    if ws is not None and ws[0].numel() >= words and ws[1].numel() >= counters:
+    if ws is not None and ws.numel() >= words:
         return ws
     if ws is not None:
         _retired_workspaces.append(ws)
-    ws = _workspaces[key] = (
-        torch.empty(max(words, 4096), dtype=torch.int64, device=device),
-        torch.zeros(max(counters, 1024), dtype=torch.int64, device=device),
-    )
+    ws = _workspaces[key] = torch.zeros(max(words, 64 * SPLIT_WORDS_PER_CHUNK[kernel] * P), dtype=torch.int64,
+                                        device=device)  # fmt: skip
     return ws
 
 
 def split_params(V: int, p: dict) -> dict:
-    """P (programs per row) and the constexprs of a split launch for rows of V."""
+    """P (programs per row) and the constexprs of a split launch for rows of V. P_BLOCK (the
+    words a meeting reads at once, at least one a thread: kernels.triton_dispatch.p_block) may be
+    given smaller under the interpreter, so that tests reach the meetings' loops."""
     P = triton.cdiv(V, p["CHUNK"])
     max_spins = p.get("max_spins", 0 if INTERPRET else SPLIT_MAX_SPINS)
     return {
         "P": P,
         "CHUNK": p["CHUNK"],
-        "P_BLOCK": max(2, triton.next_power_of_2(P)),
+        "P_BLOCK": checked_p_block(p.get("P_BLOCK", p_block(P, p["num_warps"])), p["num_warps"]),
         "FALLBACK_BLOCK": min(p["CHUNK"], 1024),
         "MAX_SPINS": max_spins,
     }
@@ -144,8 +149,8 @@ def _launch(dy, y, dx, path: str, params: dict) -> None:
     elif path == "split":
         sp = split_params(V, p)
         P = sp.pop("P")
-        ws, cnt = split_workspace(y.device, B, P)
-        args = {"DY": dy, "Y": y, "DX": dx, "WS": ws, "CNT": cnt, "V": V, "P": P, **strides, "K": K}
+        ws = split_workspace("softmax_backward", y.device, B, P)
+        args = {"DY": dy, "Y": y, "DX": dx, "WS": ws, "V": V, "P": P, **strides, "K": K}
         launch_named(softmax_backward_split_kernel, B * P, args, **sp, num_warps=p["num_warps"])
     elif path == "tile":
         grid = _programs(B, p["programs_per_sm"], y.device)
@@ -164,7 +169,7 @@ def _on_device(fn, t: torch.Tensor):
 
 def run_path(dy: torch.Tensor, y: torch.Tensor, path: str, *, out=None, **params) -> torch.Tensor:
     """softmax_backward(dy, y) through one named path; `params` override its launch parameters
-    (row: BLOCK, num_warps; split: CHUNK, num_warps, max_spins; tile: BLOCK, num_warps,
+    (row: BLOCK, num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK; tile: BLOCK, num_warps,
     programs_per_sm). Tests use it to reach the split and tile paths at small V (CHUNK=16,
     BLOCK=16)."""
     check_backward_inputs(dy, y, kernel=KERNEL_NAME, device_type=_DEVICE_TYPE)

@@ -158,9 +158,8 @@ def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction
     elif path == "split":
         sp = split_params(V, p)
         P = sp.pop("P")
-        ws, cnt = split_workspace(device, N, P)
-        launch_named(cross_entropy_split_kernel, N * P, {**args, "WS": ws, "CNT": cnt, "V": V, "P": P, **scalars},
-                     **sp, **flags)  # fmt: skip
+        ws = split_workspace("cross_entropy", device, N, P)
+        launch_named(cross_entropy_split_kernel, N * P, {**args, "WS": ws, "V": V, "P": P, **scalars}, **sp, **flags)
     elif path == "tile":
         grid = _programs(N, p["programs_per_sm"], device)
         launch_named(cross_entropy_tile_kernel, grid, {**args, "B": N, "V": V, **scalars}, BLOCK=p["BLOCK"], **flags)
@@ -244,7 +243,7 @@ def cross_entropy(
 
 def run_path(logits, targets, path: str, *, params: dict | None = None, **options) -> CrossEntropyResult:
     """cross_entropy through one named path with launch parameters `params` (row: BLOCK,
-    num_warps; split: CHUNK, num_warps, max_spins; tile: BLOCK, num_warps, programs_per_sm);
+    num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK; tile: BLOCK, num_warps, programs_per_sm);
     `options` as cross_entropy takes them."""
     o = {"weight": None, "ignore_index": -100, "label_smoothing": 0.0, "reduction": "mean", "out": None,
          "inplace": False, "validate": True, **options}  # fmt: skip

@@ -30,7 +30,7 @@ from an int64 row index), so tensors past 2^31 elements are addressed correctly.
 import triton
 import triton.language as tl
 
-from .triton_kernels import _exp, _fixed, _normalise, _row_scale
+from .triton_kernels import _LOW, _exp, _fixed, _gather, _launch_tag, _meet_max, _meet_sum, _normalise, _row_scale
 
 # ------------------------------------------------------------------------------ order-free sums
 #
@@ -125,18 +125,43 @@ def softmax_backward_tile_kernel(DY, Y, DX, B, V, stride_dy, stride_y, stride_dx
 
 
 @triton.jit
+def _meet_fsum(words, P, chunk, own_word, tag, SLOTS: tl.constexpr, MAX_SPINS: tl.constexpr):
+    """The sum of the P chunk floats of a row (words[c]: chunk c's float bits under the tag), for
+    terms drawn from {0, +inf, -inf, NaN} (the non-finite parts of the sums): the same in any
+    order. And the untagged count, as kernels.triton_kernels._meet_max gives it."""
+    lanes = tl.arange(0, SLOTS)
+    f = tl.zeros([], tl.float32)
+    stale = 0
+    base = 0
+    while base < P:
+        c = base + lanes
+        w, n = _gather(words + c, c < P, c == chunk, own_word, tag, MAX_SPINS)
+        f += tl.sum(tl.where(c < P, (w & _LOW).to(tl.int32).to(tl.float32, bitcast=True), 0.0), axis=0)
+        stale += n
+        base += SLOTS
+    return f, stale
+
+
+@triton.jit
+def _tagged(tag_hi, v):
+    # A float published under the launch's tag: its bits in the lower 32 bits of the word.
+    return tag_hi | (v.to(tl.int32, bitcast=True).to(tl.int64) & _LOW)
+
+
+@triton.jit
 def softmax_backward_split_kernel(
-    DY, Y, DX, WS, CNT, V, P, stride_dy, stride_y, stride_dx, K,
+    DY, Y, DX, WS, V, P, stride_dy, stride_y, stride_dx, K,
     CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr, MAX_SPINS: tl.constexpr,
 ):  # fmt: skip
     # A row too long for one program's registers is shared by P programs, each keeping a CHUNK of
     # dy and y in registers: still two reads and one write. The programs of a row meet twice
-    # through the row's words in WS (5 P int64 words a row; the counters in CNT are zeroed once
-    # by the wrapper and left zeroed by the last program out):
-    #   WS [0, P)    each chunk's largest finite |y dy| (float bits)   CNT 0: chunks that published it
-    #   WS [P, 2P)   each chunk's sum of non-finite y dy (float bits)
-    #   WS [2P, 3P)  each chunk's fixed-point sum                       CNT 1: likewise
-    #                                                                   CNT 2: programs done with the row
+    # through the row's 4 P words in WS, on tagged words as the forward's split kernel meets
+    # (kernels/triton_kernels.py: a word carries the launch's tag in its upper 32 bits, so one
+    # read tells whether it is this launch's; no counter, no fence, no reset; a workspace
+    # serves one P and is zeroed only when allocated):
+    #   [0, P)     each chunk's largest finite |y dy| (float bits)
+    #   [P, 2P)    each chunk's sum of non-finite y dy (float bits)
+    #   [2P, 4P)   each chunk's fixed-point sum, upper and lower 32 bits
     # Each wait is bounded: a program whose siblings are not scheduled in time streams the row
     # itself for the same exact values (slower, never a deadlock). Under the interpreter, whose
     # programs run one after another, the bound is 0: early chunks stream, the last combines.
@@ -151,30 +176,21 @@ def softmax_backward_split_kernel(
     y = tl.load(y_row + cols, mask=mask, other=0.0).to(tl.float32)
     t = y * dy
     finite = tl.abs(t) < INF
-    ws = WS + row * (5 * P)
-    cnt = CNT + row * 3
-    slots = tl.arange(0, P_BLOCK)
-    slot_ok = slots < P
+    ws = WS + row * (4 * P)
     fcols = tl.arange(0, FALLBACK_BLOCK)
+    tag = _launch_tag(ws + chunk, P_BLOCK)
+    tag_hi = tag << 32
 
     # Meeting 1: the largest finite |y dy| and the non-finite terms.
-    a_c = tl.max(tl.where(finite, tl.abs(t), 0.0), axis=0)
-    f_c = tl.sum(tl.where(finite, 0.0, t), axis=0)
-    tl.atomic_xchg(ws + chunk, a_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
-    tl.atomic_xchg(ws + P + chunk, f_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
-    tl.atomic_add(cnt, 1, sem="release")
-    ready = tl.atomic_add(cnt, 0, sem="acquire")
-    spins = 0
-    while (ready < P) & (spins < MAX_SPINS):
-        ready = tl.atomic_add(cnt, 0, sem="acquire")
-        spins += 1
-    if ready == P:
-        # volatile: read from L2, not from an L1 line another program on this SM left behind.
-        a_w = tl.load(ws + slots, mask=slot_ok, other=0, volatile=True)
-        f_w = tl.load(ws + P + slots, mask=slot_ok, other=0, volatile=True)
-        amax = tl.max(tl.where(slot_ok, a_w.to(tl.int32).to(tl.float32, bitcast=True), 0.0), axis=0)
-        F = tl.sum(tl.where(slot_ok, f_w.to(tl.int32).to(tl.float32, bitcast=True), 0.0), axis=0)
-    else:
+    my_a = _tagged(tag_hi, tl.max(tl.where(finite, tl.abs(t), 0.0), axis=0))
+    my_f = _tagged(tag_hi, tl.sum(tl.where(finite, 0.0, t), axis=0))
+    tl.atomic_xchg(ws + chunk, my_a, sem="relaxed")
+    tl.atomic_xchg(ws + P + chunk, my_f, sem="relaxed")
+    amax, stale = _meet_max(ws, P, chunk, my_a, tag, P_BLOCK, MAX_SPINS)
+    F = tl.zeros([], tl.float32)
+    if stale == 0:
+        F, stale = _meet_fsum(ws + P, P, chunk, my_f, tag, P_BLOCK, MAX_SPINS)
+    if stale > 0:
         a_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
         f_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
         start = 0
@@ -195,16 +211,12 @@ def softmax_backward_split_kernel(
 
     # Meeting 2: the fixed-point sum.
     s_c = tl.sum(tl.where(finite, t * up, 0.0).to(tl.int64), axis=0)
-    tl.atomic_xchg(ws + 2 * P + chunk, s_c, sem="relaxed")
-    tl.atomic_add(cnt + 1, 1, sem="release")
-    ready = tl.atomic_add(cnt + 1, 0, sem="acquire")
-    spins = 0
-    while (ready < P) & (spins < MAX_SPINS):
-        ready = tl.atomic_add(cnt + 1, 0, sem="acquire")
-        spins += 1
-    if ready == P:
-        S = tl.sum(tl.load(ws + 2 * P + slots, mask=slot_ok, other=0, volatile=True), axis=0)
-    else:
+    my_hi = tag_hi | ((s_c >> 32) & _LOW)
+    my_lo = tag_hi | (s_c & _LOW)
+    tl.atomic_xchg(ws + 2 * P + 2 * chunk, my_hi, sem="relaxed")
+    tl.atomic_xchg(ws + 2 * P + 2 * chunk + 1, my_lo, sem="relaxed")
+    S, stale = _meet_sum(ws + 2 * P, P, chunk, my_hi, my_lo, tag, P_BLOCK, MAX_SPINS)
+    if stale > 0:
         s_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
         start = 0
         while start < V:
@@ -215,12 +227,6 @@ def softmax_backward_split_kernel(
             s_run += tl.where(tl.abs(tt) < INF, tt * up, 0.0).to(tl.int64)
             start += FALLBACK_BLOCK
         S = tl.sum(s_run, axis=0)
-
-    # Leave: the last program out zeroes the row's counters for the next launch.
-    if tl.atomic_add(cnt + 2, 1, sem="acq_rel") == P - 1:
-        tl.atomic_xchg(cnt, 0, sem="relaxed")
-        tl.atomic_xchg(cnt + 1, 0, sem="relaxed")
-        tl.atomic_xchg(cnt + 2, 0, sem="relaxed")
 
     s = S.to(tl.float32) * down + F
     tl.store(DX + row * stride_dx + cols, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
@@ -441,19 +447,19 @@ def cross_entropy_tile_kernel(
 
 @triton.jit
 def cross_entropy_split_kernel(
-    X, T, W, G, LOSS, LSE, PREP, WS, CNT, V, P, stride_x, stride_g, ignore_index, eps, inv_v, KW, SCALE,
+    X, T, W, G, LOSS, LSE, PREP, WS, V, P, stride_x, stride_g, ignore_index, eps, inv_v, KW, SCALE,
     CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr, MAX_SPINS: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
 ):  # fmt: skip
     # A row too long for one program's registers is shared by P programs, each keeping a CHUNK of
-    # the logits in registers: one read and one write. They meet twice, as the softmax backward's
-    # split kernel does, through 5 P words a row in WS and three counters in CNT:
-    #   WS [0, P)    chunk max (float bits)                   CNT 0: chunks that published meeting 1
-    #   WS [P, 2P)   chunk min (float bits; smoothing)
-    #   WS [2P, 3P)  chunk's fixed-point sum of exp(x - m)    CNT 1: chunks that published meeting 2
-    #   WS [3P, 4P)  chunk's fixed-point sum of finite w (x - m)
-    #   WS [4P, 5P)  chunk's sum of non-finite w (x - m) (float bits)
-    #                                                         CNT 2: programs done with the row
+    # the logits in registers: one read and one write. They meet twice, on tagged words as the
+    # softmax backward's split kernel does, through 7 P words a row in WS (every word written by
+    # every launch, the smoothing sums' as zeros without smoothing, so all stay in step):
+    #   [0, P)     chunk max (float bits)
+    #   [P, 2P)    minus the chunk min (float bits; the smoothing sum's scale)
+    #   [2P, 4P)   chunk's fixed-point sum of exp(x - m), upper and lower 32 bits
+    #   [4P, 6P)   chunk's fixed-point sum of finite w (x - m), likewise
+    #   [6P, 7P)   chunk's sum of non-finite w (x - m) (float bits)
     # Waits are bounded; a program whose siblings do not arrive in time streams the row itself.
     # Chunk 0 writes the row's loss and lse; every chunk writes its part of the gradient.
     pid = tl.program_id(0).to(tl.int64)
@@ -475,33 +481,26 @@ def cross_entropy_split_kernel(
         w_all = V * 1.0
     x_row = X + row * stride_x
     x = tl.load(x_row + cols, mask=mask, other=-INF).to(tl.float32)
-    ws = WS + row * (5 * P)
-    cnt = CNT + row * 3
-    slots = tl.arange(0, P_BLOCK)
-    slot_ok = slots < P
+    ws = WS + row * (7 * P)
     fcols = tl.arange(0, FALLBACK_BLOCK)
+    tag = _launch_tag(ws + chunk, P_BLOCK)
+    tag_hi = tag << 32
 
     # Meeting 1: the row's max (NaN-propagating) and min.
-    m_c = tl.reduce(x, 0, _max_propagating_nan)
-    tl.atomic_xchg(ws + chunk, m_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
+    my_m = _tagged(tag_hi, tl.reduce(x, 0, _max_propagating_nan))
+    neg_mn = tl.zeros([], tl.float32)
     if HAS_SMOOTHING:
-        mn_c = tl.min(tl.where(mask, x, INF), axis=0)
-        tl.atomic_xchg(ws + P + chunk, mn_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
-    tl.atomic_add(cnt, 1, sem="release")
-    ready = tl.atomic_add(cnt, 0, sem="acquire")
-    spins = 0
-    while (ready < P) & (spins < MAX_SPINS):
-        ready = tl.atomic_add(cnt, 0, sem="acquire")
-        spins += 1
+        neg_mn = -tl.min(tl.where(mask, x, INF), axis=0)
+    my_mn = _tagged(tag_hi, neg_mn)
+    tl.atomic_xchg(ws + chunk, my_m, sem="relaxed")
+    tl.atomic_xchg(ws + P + chunk, my_mn, sem="relaxed")
+    m, stale = _meet_max(ws, P, chunk, my_m, tag, P_BLOCK, MAX_SPINS)
     mn = tl.full([], INF, tl.float32)
-    if ready == P:
-        # volatile: read from L2, not from an L1 line another program on this SM left behind.
-        m_w = tl.load(ws + slots, mask=slot_ok, other=0, volatile=True)
-        m = tl.reduce(tl.where(slot_ok, m_w.to(tl.int32).to(tl.float32, bitcast=True), -INF), 0, _max_propagating_nan)
-        if HAS_SMOOTHING:
-            mn_w = tl.load(ws + P + slots, mask=slot_ok, other=0, volatile=True)
-            mn = tl.min(tl.where(slot_ok, mn_w.to(tl.int32).to(tl.float32, bitcast=True), INF), axis=0)
-    else:
+    if HAS_SMOOTHING:
+        if stale == 0:
+            neg_mn, stale = _meet_max(ws + P, P, chunk, my_mn, tag, P_BLOCK, MAX_SPINS)
+            mn = -neg_mn
+    if stale > 0:
         m_run = tl.full([FALLBACK_BLOCK], -INF, tl.float32)
         mn_run = tl.full([FALLBACK_BLOCK], INF, tl.float32)
         start = 0
@@ -525,29 +524,32 @@ def cross_entropy_split_kernel(
     # Meeting 2: the fixed-point sums, every chunk relative to the same m and scale.
     e = _exp(x, m, G.dtype.element_ty)
     s_c = tl.sum((e * SCALE).to(tl.int64), axis=0)
-    tl.atomic_xchg(ws + 2 * P + chunk, s_c, sem="relaxed")
+    q_c = tl.zeros([], tl.int64)
+    f_c = tl.zeros([], tl.float32)
     if HAS_SMOOTHING:
         wd = tl.where(mask, w_j * (x - m), 0.0)
         finite = tl.abs(wd) < INF
         q_c = tl.sum(tl.where(finite, wd * up, 0.0).to(tl.int64), axis=0)
         f_c = tl.sum(tl.where(finite, 0.0, wd), axis=0)
-        tl.atomic_xchg(ws + 3 * P + chunk, q_c, sem="relaxed")
-        tl.atomic_xchg(ws + 4 * P + chunk, f_c.to(tl.int32, bitcast=True).to(tl.int64), sem="relaxed")
-    tl.atomic_add(cnt + 1, 1, sem="release")
-    ready = tl.atomic_add(cnt + 1, 0, sem="acquire")
-    spins = 0
-    while (ready < P) & (spins < MAX_SPINS):
-        ready = tl.atomic_add(cnt + 1, 0, sem="acquire")
-        spins += 1
+    s_hi = tag_hi | ((s_c >> 32) & _LOW)
+    s_lo = tag_hi | (s_c & _LOW)
+    q_hi = tag_hi | ((q_c >> 32) & _LOW)
+    q_lo = tag_hi | (q_c & _LOW)
+    my_f = _tagged(tag_hi, f_c)
+    tl.atomic_xchg(ws + 2 * P + 2 * chunk, s_hi, sem="relaxed")
+    tl.atomic_xchg(ws + 2 * P + 2 * chunk + 1, s_lo, sem="relaxed")
+    tl.atomic_xchg(ws + 4 * P + 2 * chunk, q_hi, sem="relaxed")
+    tl.atomic_xchg(ws + 4 * P + 2 * chunk + 1, q_lo, sem="relaxed")
+    tl.atomic_xchg(ws + 6 * P + chunk, my_f, sem="relaxed")
+    S_fix, stale = _meet_sum(ws + 2 * P, P, chunk, s_hi, s_lo, tag, P_BLOCK, MAX_SPINS)
     Q_fix = tl.zeros([], tl.int64)
     F = tl.zeros([], tl.float32)
-    if ready == P:
-        S_fix = tl.sum(tl.load(ws + 2 * P + slots, mask=slot_ok, other=0, volatile=True), axis=0)
-        if HAS_SMOOTHING:
-            Q_fix = tl.sum(tl.load(ws + 3 * P + slots, mask=slot_ok, other=0, volatile=True), axis=0)
-            f_w = tl.load(ws + 4 * P + slots, mask=slot_ok, other=0, volatile=True)
-            F = tl.sum(tl.where(slot_ok, f_w.to(tl.int32).to(tl.float32, bitcast=True), 0.0), axis=0)
-    else:
+    if HAS_SMOOTHING:
+        if stale == 0:
+            Q_fix, stale = _meet_sum(ws + 4 * P, P, chunk, q_hi, q_lo, tag, P_BLOCK, MAX_SPINS)
+        if stale == 0:
+            F, stale = _meet_fsum(ws + 6 * P, P, chunk, my_f, tag, P_BLOCK, MAX_SPINS)
+    if stale > 0:
         s_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
         q_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
         f_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
@@ -569,12 +571,6 @@ def cross_entropy_split_kernel(
         if HAS_SMOOTHING:
             Q_fix = tl.sum(q_run, axis=0)
             F = tl.sum(f_run, axis=0)
-
-    # Leave: the last program out zeroes the row's counters for the next launch.
-    if tl.atomic_add(cnt + 2, 1, sem="acq_rel") == P - 1:
-        tl.atomic_xchg(cnt, 0, sem="relaxed")
-        tl.atomic_xchg(cnt + 1, 0, sem="relaxed")
-        tl.atomic_xchg(cnt + 2, 0, sem="relaxed")
 
     # The row's results: the row kernel's arithmetic.
     x_t = tl.load(x_row + t_safe).to(tl.float32)

@@ -133,6 +133,28 @@ def test_every_layout_of_dy_and_y_gives_the_contiguous_bits():
 
 @pytest.mark.cpu
 @interpreted
+def test_split_meetings_stay_in_step_over_launches_blocks_and_wrapped_tags():
+    # The split kernel's words carry each launch's tag (one past the last launch's): launches of
+    # other B and P in between, meetings read a few words at a time (P_BLOCK 2 for a row of
+    # three chunks, two reads a meeting), polls that find every sibling (max_spins > 0: programs
+    # run one after another here, so the last chunk finds the others published), and words left
+    # at the largest tag must all give the row path's bits.
+    dy, y = pair(4, 37, seed=41)
+    want = run_backward_poisoned(run_path("row"), dy, y)
+    for params in (SPLIT, {**SPLIT, "P_BLOCK": 2}, {**SPLIT, "max_spins": 3}, {"CHUNK": 32, "num_warps": 2}, SPLIT):
+        for B in (4, 1, 3):
+            got = run_backward_poisoned(run_path("split", **params), dy[:B], y[:B])
+            assert torch.equal(bits(got), bits(want[:B])), f"{params} B={B}"
+    P = tb.split_params(37, SPLIT)["P"]
+    ws = tb.split_workspace("softmax_backward", y.device, 4, P)
+    ws.fill_(0x7FFFFFFF << 32)  # the next launch's tag wraps to 0
+    for _ in range(2):
+        got = run_backward_poisoned(run_path("split", **SPLIT), dy, y)
+        assert torch.equal(bits(got), bits(want)), "after the tags wrapped"
+
+
+@pytest.mark.cpu
+@interpreted
 def test_a_rows_bits_depend_on_neither_batch_position_nor_path():
     dy, y = pair(5, 37, seed=5)
     full = {path: run_backward_poisoned(run_path(path, **SCALED[path]), dy, y) for path in tb.PATHS}
