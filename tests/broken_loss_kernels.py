@@ -1,8 +1,9 @@
 """Deliberately wrong softmax-backward and cross-entropy kernels: the bugs the field reports,
 each written as a kernel with it would compute (float32 arithmetic, the registry's calling
 convention). tests/test_cross_entropy.py and tests/test_softmax_backward.py assert that the
-suite's checks reject every one of them on the suite's own inputs, so a check that stops
-seeing a bug fails a test. Not collected (the name does not start with test_).
+suite's checks reject every one of them on the suite's own inputs, and accept `standard`, the
+cross-entropy kernels' common body without a bug, so each is rejected for its own bug and a
+check that stops seeing one fails a test. Not collected (the name does not start with test_).
 
 Cross-entropy, `fn(logits, target, *, weight=None, ignore_index=-100, label_smoothing=0.0,
 reduction="mean", out=None) -> (loss, lse, grad)`:
@@ -10,6 +11,7 @@ reduction="mean", out=None) -> (loss, lse, grad)`:
   smoothing_on_ignored_rows   label smoothing's loss and gradient also given to ignored rows
   lse_without_max             log(sum(exp(x))) without subtracting the max: overflows
   one_minus_p_in_float32      1 - p_t formed as 1 minus a float32 probability near 1
+  loss_from_lse_minus_target  the loss as logsumexp - x_t in float32: a confident row's rounds away
   ignored_rows_in_the_mean    the mean divides by N, not by the non-ignored rows' weights
 Softmax backward, `fn(dy, y, *, out=None) -> dx`:
   sum_without_y               s = sum(dy) instead of sum(y * dy)
@@ -49,18 +51,44 @@ def _finish(x, loss_rows, grad, w_t, ignored, reduction, out, *, denominator=Non
 
 
 def _standard(x, V, w, ignored, ts, label_smoothing, *, lse=None, smooth_ignored=False, pm1=None):
-    """Loss rows and gradient as a correct float32 kernel forms them, with hooks for the bugs."""
+    """Loss rows and gradient as a correct float32 kernel forms them (standard() below: it passes
+    the suite's checks), with hooks for the bugs. Every term relative to the row's max m, as the
+    suite's kernels form them: L = log1p(the exponentials off the first maximum), so a confident
+    row keeps its small loss, and p_t - 1 = -(the other classes' mass), so it keeps its small
+    gradient. `lse` given: the textbook route from it instead (loss lse - x_t, p = exp(x - lse),
+    p_t - 1 formed from p_t)."""
     eps = float(label_smoothing)
     rows = torch.arange(x.shape[0], device=x.device)
-    lse = torch.logsumexp(x, dim=-1) if lse is None else lse
-    p = torch.exp(x - lse[:, None])
-    w_t = torch.where(ignored, torch.zeros_like(lse), w[ts])
+    if lse is None:
+        m = x.max(dim=-1).values
+        e = torch.exp(x - m[:, None])
+        first = x.argmax(dim=-1)
+        off = e.clone()
+        off[rows, first] = 0.0
+        S = 1.0 + off.sum(dim=-1)
+        L = torch.log1p(off.sum(dim=-1))
+        p = e / S[:, None]
+        # -(S - e_t) / S, the sum of the other classes' exponentials taken without e_t's cancellation
+        others = (
+            off.sum(dim=-1)
+            + torch.where(first == ts, torch.zeros_like(S), torch.ones_like(S))
+            - torch.where(first == ts, torch.zeros_like(S), e[rows, ts])
+        )
+        pm1 = -others / S if pm1 is None else pm1
+        d_t = m - x[rows, ts]
+        smooth_of = lambda W: W * L - (w[None, :] * (x - m[:, None])).sum(dim=1)  # noqa: E731
+    else:
+        p = torch.exp(x - lse[:, None])
+        pm1 = p[rows, ts] - 1 if pm1 is None else pm1
+        L, d_t = lse, -x[rows, ts]
+        smooth_of = lambda W: W * lse - (w[None, :] * x).sum(dim=1)  # noqa: E731
+    w_t = torch.where(ignored, torch.zeros_like(d_t), w[ts])
     q = p.clone()
-    q[rows, ts] = p[rows, ts] - 1 if pm1 is None else pm1
-    loss = w_t * (lse - x[rows, ts])
+    q[rows, ts] = pm1
+    loss = w_t * (d_t + L)
     grad = w_t[:, None] * q
     if eps > 0:
-        smooth = w.sum() * lse - (w[None, :] * x).sum(dim=1)
+        smooth = smooth_of(w.sum())
         smooth_grad = w.sum() * p - w[None, :]
         loss = (1 - eps) * loss + eps / V * smooth
         grad = (1 - eps) * grad + eps / V * smooth_grad
@@ -69,6 +97,13 @@ def _standard(x, V, w, ignored, ts, label_smoothing, *, lse=None, smooth_ignored
             loss = torch.where(ignored, eps / V * smooth, loss)
             grad = torch.where(ignored[:, None], eps / V * smooth_grad, grad)
     return loss, grad, w_t
+
+
+def standard(logits, target, *, weight=None, ignore_index=-100, label_smoothing=0.0, reduction="mean", out=None):
+    """The corpus's kernels without their bugs: the control that the suite's checks accept."""
+    x, N, V, w, ignored, ts = _prepare(logits, target, weight, ignore_index)
+    loss, grad, w_t = _standard(x, V, w, ignored, ts, label_smoothing)
+    return _finish(x, loss, grad, w_t, ignored, reduction, out)
 
 
 def no_minus_one_at_target(logits, target, *, weight=None, ignore_index=-100, label_smoothing=0.0,
@@ -118,6 +153,21 @@ def one_minus_p_in_float32(logits, target, *, weight=None, ignore_index=-100, la
     return _finish(x, loss, grad, w_t, ignored, reduction, out)
 
 
+def loss_from_lse_minus_target(logits, target, *, weight=None, ignore_index=-100, label_smoothing=0.0,
+                               reduction="mean", out=None):  # fmt: skip
+    x, N, V, w, ignored, ts = _prepare(logits, target, weight, ignore_index)
+    rows = torch.arange(N, device=x.device)
+    loss, grad, w_t = _standard(x, V, w, ignored, ts, label_smoothing)
+    # The bug: the loss as logsumexp - x_t in float32, the log of a sum near 1 on a confident
+    # row: its small loss rounds away (the gradient is the correct kernel's).
+    lse = torch.logsumexp(x, dim=-1)
+    nll = w_t * (lse - x[rows, ts])
+    eps = float(label_smoothing)
+    if eps > 0:
+        nll = (1 - eps) * nll + eps / V * (w.sum() * lse - (w[None, :] * x).sum(dim=1))
+    return _finish(x, torch.where(ignored, loss, nll), grad, w_t, ignored, reduction, out)
+
+
 def ignored_rows_in_the_mean(logits, target, *, weight=None, ignore_index=-100, label_smoothing=0.0,
                              reduction="mean", out=None):  # fmt: skip
     x, N, V, w, ignored, ts = _prepare(logits, target, weight, ignore_index)
@@ -132,6 +182,7 @@ BROKEN_CROSS_ENTROPY = {
         smoothing_on_ignored_rows,
         lse_without_max,
         one_minus_p_in_float32,
+        loss_from_lse_minus_target,
         ignored_rows_in_the_mean,
     )
 }

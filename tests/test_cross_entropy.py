@@ -28,6 +28,7 @@ if TRITON_MISSING:  # Triton publishes Linux wheels only: what this file tests n
 
 from kernels import triton_cross_entropy as tce  # noqa: E402
 from kernels.reference import cross_entropy_ref  # noqa: E402
+from tests import broken_loss_kernels  # noqa: E402
 from tests.broken_loss_kernels import BROKEN_CROSS_ENTROPY  # noqa: E402
 from tests.helpers import (  # noqa: E402
     assert_loss_reduces_its_rows,
@@ -179,6 +180,33 @@ def test_long_row_paths_give_the_row_paths_bits(path, case):
     row = run_cross_entropy_poisoned(run_path("row"), x, t, **o)
     for name, a, b in zip(("loss", "lse", "grad"), got, row, strict=True):
         assert torch.equal(bits(a), bits(b)), f"{name}: {path} and row paths differ"
+
+
+@pytest.mark.cpu
+@interpreted
+@pytest.mark.parametrize("case", [OPTION_CASES[3], OPTION_CASES[5]], ids=case_id)
+def test_split_meetings_stay_in_step_over_launches_blocks_and_wrapped_tags(case):
+    # The split kernel's seven words a chunk carry each launch's tag (one past the last
+    # launch's), with and without smoothing (whose words are written as zeros without it):
+    # launches of other N and P in between, meetings read a few words at a time (P_BLOCK 2 for a
+    # row of three chunks), polls that find every sibling (max_spins > 0), and words left at the
+    # largest tag must all give the row path's bits.
+    x, t = edge_rows(V_CPU, seed=4)
+    o = options(*case)
+    want = run_cross_entropy_poisoned(run_path("row"), x, t, **{**o, "reduction": "none"})
+    N = x.shape[0]
+    for params in (SPLIT, {**SPLIT, "P_BLOCK": 2}, {**SPLIT, "max_spins": 3}, {"CHUNK": 32, "num_warps": 2}, SPLIT):
+        for n in (N, 1, N - 1):
+            got = run_cross_entropy_poisoned(run_path("split", **params), x[:n], t[:n], **{**o, "reduction": "none"})
+            for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
+                assert torch.equal(bits(a), bits(b[:n])), f"{name}: {params} N={n}"
+    P = tce.split_params(V_CPU, SPLIT)["P"]
+    ws = tce.split_workspace("cross_entropy", x.device, N, P)
+    ws.fill_(0x7FFFFFFF << 32)  # the next launch's tag wraps to 0
+    for _ in range(2):
+        got = run_cross_entropy_poisoned(run_path("split", **SPLIT), x, t, **{**o, "reduction": "none"})
+        for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
+            assert torch.equal(bits(a), bits(b)), f"{name} after the tags wrapped"
 
 
 @pytest.mark.cpu
@@ -395,13 +423,30 @@ def test_bounds_admit_pytorch_on_ordinary_rows():
 @pytest.mark.cpu
 @pytest.mark.parametrize("name", sorted(BROKEN_CROSS_ENTROPY))
 def test_checks_reject_every_broken_cross_entropy(name):
-    """On the edge rows with label smoothing, weights and the mean (where every listed bug shows),
-    each broken kernel must fail check_cross_entropy."""
+    """On the edge rows, each broken kernel must fail check_cross_entropy in one of two option
+    sets: label smoothing, weights and the mean (where the reductions' and smoothing's bugs
+    show), or per-row losses (where a confident row's own loss shows, below a mean's rounding)."""
     x, t = edge_rows(V_CPU, seed=7)
-    o = options("mean", 0.1, True)
-    result = run_cross_entropy_poisoned(BROKEN_CROSS_ENTROPY[name], x, t, **o)
-    with pytest.raises(AssertionError):
-        check_cross_entropy(result, x, t, what=name, **o)
+    rejected = []
+    for case in (("mean", 0.1, True), ("none", 0.0, False)):
+        o = options(*case)
+        result = run_cross_entropy_poisoned(BROKEN_CROSS_ENTROPY[name], x, t, **o)
+        try:
+            check_cross_entropy(result, x, t, what=name, **o)
+        except AssertionError:
+            rejected.append(case)
+    assert rejected, f"{name} passes check_cross_entropy in both option sets"
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("case", OPTION_CASES, ids=case_id)
+def test_checks_accept_the_broken_kernels_without_their_bugs(case):
+    """The control of the test above: the broken kernels' common body, with no bug, passes
+    check_cross_entropy on the same rows in every option case, so each broken kernel is rejected
+    for its own bug, not for the arithmetic they share."""
+    x, t = edge_rows(V_CPU, seed=7)
+    o = options(*case)
+    check_cross_entropy(run_cross_entropy_poisoned(broken_loss_kernels.standard, x, t, **o), x, t, **o)
 
 
 @pytest.mark.cpu
