@@ -142,7 +142,7 @@ def test_split_meetings_stay_in_step_over_launches_blocks_and_wrapped_tags():
     dy, y = pair(4, 37, seed=41)
     want = run_backward_poisoned(run_path("row"), dy, y)
     for params in (SPLIT, {**SPLIT, "P_BLOCK": 2}, {**SPLIT, "max_spins": 3}, {"CHUNK": 32, "num_warps": 2}, SPLIT):
-        for B in (4, 1, 3):
+        for B in (4, 1):
             got = run_backward_poisoned(run_path("split", **params), dy[:B], y[:B])
             assert torch.equal(bits(got), bits(want[:B])), f"{params} B={B}"
     P = tb.split_params(37, SPLIT)["P"]
