@@ -202,6 +202,18 @@ def test_the_16_bit_rule_is_one_ulp_of_the_stored_value(dtype):
     off_by_two = (bits + 2 * (y > 1e-3).to(torch.int16)).view(dtype)  # two ulps up wherever p > 1e-3
     with pytest.raises(AssertionError, match=f"ulps of {dtype_id(dtype)}"):
         assert_softmax_close(off_by_two, x, what="two ulps off")
+    # One ulp further from the exact value than the rounding put it, for 1e-3 < p < 0.5 and
+    # within the value's binade: 1 to 1.5 ulps off, past the bound (17/16 ulp: the rounding's
+    # half ulp and float32's arithmetic) wherever the rounding itself moved it more than 1/16 ulp,
+    # and never 2 ulps (a bound loosened to 2 would let all of them pass).
+    exact = torch.softmax(x.double(), dim=-1)
+    last = (1 << round(-math.log2(torch.finfo(dtype).eps))) - 1  # every mantissa bit set
+    frac = bits.to(torch.int32) & last
+    up = y.double() >= exact
+    inside = (y > 1e-3) & (y < 0.5) & torch.where(up, frac != last, frac != 0)
+    away = (torch.where(up, 1, -1) * inside).to(torch.int16)
+    with pytest.raises(AssertionError, match=f"ulps of {dtype_id(dtype)}"):
+        assert_softmax_close((bits + away).view(dtype), x, what="one ulp further off")
 
 
 @pytest.mark.cpu
