@@ -251,27 +251,49 @@ def _gather(ptrs, ok, own, own_word, tag, MAX_SPINS: tl.constexpr):
 
 
 @triton.jit
-def _meet_max(words, P, chunk, own_word, tag, SLOTS: tl.constexpr, MAX_SPINS: tl.constexpr):
-    """The max over the P chunk maxima of a row (words[c]: chunk c's), SLOTS words at a time,
-    and how many words were still untagged when the polls ran out (0: all met)."""
+def _tagged(tag_hi, v):
+    """A float32 published under the launch's tag (tag_hi = tag << 32): its bits in the word's
+    lower 32 bits."""
+    return tag_hi | (v.to(tl.int32, bitcast=True).to(tl.int64) & _LOW)
+
+
+@triton.jit
+def _tagged_halves(tag_hi, s):
+    """An int64 published under the launch's tag as two words, its upper and lower 32 bits
+    (_meet_sum adds them back)."""
+    return tag_hi | ((s >> 32) & _LOW), tag_hi | (s & _LOW)
+
+
+@triton.jit
+def _meet_floats(words, P, chunk, own_word, tag, SUM: tl.constexpr, SLOTS: tl.constexpr, MAX_SPINS: tl.constexpr):
+    """The P chunk floats of a row (words[c]: chunk c's, _tagged) combined, SLOTS words at a
+    time: their max (a NaN wins), or with SUM their sum (order-free only for terms drawn from
+    {0, +inf, -inf, NaN}, the non-finite parts of the training kernels' sums); and how many
+    words were still untagged when the polls ran out (0: all met)."""
     lanes = tl.arange(0, SLOTS)
-    m = tl.full([], -float("inf"), tl.float32)
+    if SUM:
+        acc = tl.zeros([], tl.float32)
+    else:
+        acc = tl.full([], -float("inf"), tl.float32)
     stale = 0
     base = 0
     while base < P:
         c = base + lanes
         w, n = _gather(words + c, c < P, c == chunk, own_word, tag, MAX_SPINS)
-        m_p = tl.where(c < P, (w & _LOW).to(tl.int32).to(tl.float32, bitcast=True), -float("inf"))
-        m = _nan_max(m, _row_max(m_p, 0))
+        v = (w & _LOW).to(tl.int32).to(tl.float32, bitcast=True)
+        if SUM:
+            acc += tl.sum(tl.where(c < P, v, 0.0), axis=0)
+        else:
+            acc = _nan_max(acc, _row_max(tl.where(c < P, v, -float("inf")), 0))
         stale += n
         base += SLOTS
-    return m, stale
+    return acc, stale
 
 
 @triton.jit
 def _meet_sum(words, P, chunk, own_hi, own_lo, tag, SLOTS: tl.constexpr, MAX_SPINS: tl.constexpr):
     """The sum of the P chunk sums of a row (words[2c], words[2c + 1]: the upper and lower 32
-    bits of chunk c's), SLOTS words at a time, and the untagged count as in _meet_max."""
+    bits of chunk c's), SLOTS words at a time, and the untagged count as in _meet_floats."""
     lanes = tl.arange(0, SLOTS)
     s = tl.zeros([], tl.int64)
     stale = 0
@@ -345,9 +367,9 @@ def _split_row(X, Y, WS, x_in, xe, row, chunk, V, P, stride_x, stride_y, x_off, 
 
     # Meeting 1: the row's max.
     m_c = _nan_max(m_in, _row_max(xe, 0))
-    my_max = tag_hi | (m_c.to(tl.int32, bitcast=True).to(tl.int64) & _LOW)
+    my_max = _tagged(tag_hi, m_c)
     tl.atomic_xchg(ws_row + chunk, my_max, sem="relaxed")
-    m, stale = _meet_max(ws_row, P, chunk, my_max, tag, P_BLOCK, MAX_SPINS)
+    m, stale = _meet_floats(ws_row, P, chunk, my_max, tag, False, P_BLOCK, MAX_SPINS)
     if stale > 0:
         m_run = tl.full([FALLBACK_BLOCK], -float("inf"), tl.float32)
         start = 0
@@ -362,8 +384,7 @@ def _split_row(X, Y, WS, x_in, xe, row, chunk, V, P, stride_x, stride_y, x_off, 
     ex = _exp(x, m, Y.dtype.element_ty)
     ee = _exp(xe, m, Y.dtype.element_ty)
     s_c = tl.sum(_fixed(ex, SCALE), axis=0) + tl.sum(_fixed(ee, SCALE), axis=0)
-    my_hi = tag_hi | ((s_c >> 32) & _LOW)
-    my_lo = tag_hi | (s_c & _LOW)
+    my_hi, my_lo = _tagged_halves(tag_hi, s_c)
     tl.atomic_xchg(ws_row + P + 2 * chunk, my_hi, sem="relaxed")
     tl.atomic_xchg(ws_row + P + 2 * chunk + 1, my_lo, sem="relaxed")
     s, stale = _meet_sum(ws_row + P, P, chunk, my_hi, my_lo, tag, P_BLOCK, MAX_SPINS)

@@ -30,7 +30,17 @@ from an int64 row index), so tensors past 2^31 elements are addressed correctly.
 import triton
 import triton.language as tl
 
-from .triton_kernels import _LOW, _exp, _fixed, _gather, _launch_tag, _meet_max, _meet_sum, _normalise, _row_scale
+from .triton_kernels import (
+    _exp,
+    _fixed,
+    _launch_tag,
+    _meet_floats,
+    _meet_sum,
+    _normalise,
+    _row_scale,
+    _tagged,
+    _tagged_halves,
+)
 
 # ------------------------------------------------------------------------------ order-free sums
 #
@@ -125,30 +135,6 @@ def softmax_backward_tile_kernel(DY, Y, DX, B, V, stride_dy, stride_y, stride_dx
 
 
 @triton.jit
-def _meet_fsum(words, P, chunk, own_word, tag, SLOTS: tl.constexpr, MAX_SPINS: tl.constexpr):
-    """The sum of the P chunk floats of a row (words[c]: chunk c's float bits under the tag), for
-    terms drawn from {0, +inf, -inf, NaN} (the non-finite parts of the sums): the same in any
-    order. And the untagged count, as kernels.triton_kernels._meet_max gives it."""
-    lanes = tl.arange(0, SLOTS)
-    f = tl.zeros([], tl.float32)
-    stale = 0
-    base = 0
-    while base < P:
-        c = base + lanes
-        w, n = _gather(words + c, c < P, c == chunk, own_word, tag, MAX_SPINS)
-        f += tl.sum(tl.where(c < P, (w & _LOW).to(tl.int32).to(tl.float32, bitcast=True), 0.0), axis=0)
-        stale += n
-        base += SLOTS
-    return f, stale
-
-
-@triton.jit
-def _tagged(tag_hi, v):
-    # A float published under the launch's tag: its bits in the lower 32 bits of the word.
-    return tag_hi | (v.to(tl.int32, bitcast=True).to(tl.int64) & _LOW)
-
-
-@triton.jit
 def softmax_backward_split_kernel(
     DY, Y, DX, WS, V, P, stride_dy, stride_y, stride_dx, K,
     CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr, MAX_SPINS: tl.constexpr,
@@ -186,10 +172,10 @@ def softmax_backward_split_kernel(
     my_f = _tagged(tag_hi, tl.sum(tl.where(finite, 0.0, t), axis=0))
     tl.atomic_xchg(ws + chunk, my_a, sem="relaxed")
     tl.atomic_xchg(ws + P + chunk, my_f, sem="relaxed")
-    amax, stale = _meet_max(ws, P, chunk, my_a, tag, P_BLOCK, MAX_SPINS)
+    amax, stale = _meet_floats(ws, P, chunk, my_a, tag, False, P_BLOCK, MAX_SPINS)
     F = tl.zeros([], tl.float32)
     if stale == 0:
-        F, stale = _meet_fsum(ws + P, P, chunk, my_f, tag, P_BLOCK, MAX_SPINS)
+        F, stale = _meet_floats(ws + P, P, chunk, my_f, tag, True, P_BLOCK, MAX_SPINS)
     if stale > 0:
         a_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
         f_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
@@ -211,8 +197,7 @@ def softmax_backward_split_kernel(
 
     # Meeting 2: the fixed-point sum.
     s_c = tl.sum(tl.where(finite, t * up, 0.0).to(tl.int64), axis=0)
-    my_hi = tag_hi | ((s_c >> 32) & _LOW)
-    my_lo = tag_hi | (s_c & _LOW)
+    my_hi, my_lo = _tagged_halves(tag_hi, s_c)
     tl.atomic_xchg(ws + 2 * P + 2 * chunk, my_hi, sem="relaxed")
     tl.atomic_xchg(ws + 2 * P + 2 * chunk + 1, my_lo, sem="relaxed")
     S, stale = _meet_sum(ws + 2 * P, P, chunk, my_hi, my_lo, tag, P_BLOCK, MAX_SPINS)
@@ -497,11 +482,11 @@ def cross_entropy_split_kernel(
     my_mn = _tagged(tag_hi, neg_mn)
     tl.atomic_xchg(ws + chunk, my_m, sem="relaxed")
     tl.atomic_xchg(ws + P + chunk, my_mn, sem="relaxed")
-    m, stale = _meet_max(ws, P, chunk, my_m, tag, P_BLOCK, MAX_SPINS)
+    m, stale = _meet_floats(ws, P, chunk, my_m, tag, False, P_BLOCK, MAX_SPINS)
     mn = tl.full([], INF, tl.float32)
     if HAS_SMOOTHING:
         if stale == 0:
-            neg_mn, stale = _meet_max(ws + P, P, chunk, my_mn, tag, P_BLOCK, MAX_SPINS)
+            neg_mn, stale = _meet_floats(ws + P, P, chunk, my_mn, tag, False, P_BLOCK, MAX_SPINS)
             mn = -neg_mn
     if stale > 0:
         m_run = tl.full([FALLBACK_BLOCK], -INF, tl.float32)
@@ -534,10 +519,8 @@ def cross_entropy_split_kernel(
         finite = tl.abs(wd) < INF
         q_c = tl.sum(tl.where(finite, wd * up, 0.0).to(tl.int64), axis=0)
         f_c = tl.sum(tl.where(finite, 0.0, wd), axis=0)
-    s_hi = tag_hi | ((s_c >> 32) & _LOW)
-    s_lo = tag_hi | (s_c & _LOW)
-    q_hi = tag_hi | ((q_c >> 32) & _LOW)
-    q_lo = tag_hi | (q_c & _LOW)
+    s_hi, s_lo = _tagged_halves(tag_hi, s_c)
+    q_hi, q_lo = _tagged_halves(tag_hi, q_c)
     my_f = _tagged(tag_hi, f_c)
     tl.atomic_xchg(ws + 2 * P + 2 * chunk, s_hi, sem="relaxed")
     tl.atomic_xchg(ws + 2 * P + 2 * chunk + 1, s_lo, sem="relaxed")
@@ -551,7 +534,7 @@ def cross_entropy_split_kernel(
         if stale == 0:
             Q_fix, stale = _meet_sum(ws + 4 * P, P, chunk, q_hi, q_lo, tag, P_BLOCK, MAX_SPINS)
         if stale == 0:
-            F, stale = _meet_fsum(ws + 6 * P, P, chunk, my_f, tag, P_BLOCK, MAX_SPINS)
+            F, stale = _meet_floats(ws + 6 * P, P, chunk, my_f, tag, True, P_BLOCK, MAX_SPINS)
     if stale > 0:
         s_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
         q_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
