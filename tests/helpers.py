@@ -1027,12 +1027,13 @@ def assert_no_less_accurate_than_torch(got, baseline, ref, tol, dtype, *, what: 
 # -- the softmax backward --
 
 
-def backward_error_bound(dy, y, dtype=None) -> tuple[np.ndarray, np.ndarray]:
+def backward_error_bound(dy, y, dtype=None, *, tol: Tolerance | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(float64 reference dx, per-element bound) for the softmax backward of dy, y (tensors)
-    stored in dtype (y's by default): the bound derived above TOLERANCES, for every kernel."""
+    stored in dtype (y's by default): the bound derived above TOLERANCES, for every kernel
+    (tol: another Tolerance than TOLERANCES[dtype], to take the bound apart)."""
     from kernels.reference import softmax_backward_ref
 
-    t = TOLERANCES[y.dtype if dtype is None else dtype]
+    t = TOLERANCES[y.dtype if dtype is None else dtype] if tol is None else tol
     d = dy.detach().to("cpu", torch.float64).numpy()
     yy = y.detach().to("cpu", torch.float64).numpy()
     ref = softmax_backward_ref(d, yy)
@@ -1065,7 +1066,15 @@ def assert_backward_as_accurate_as_torch(dx, dy, y, *, what: str = "softmax back
 
 
 def cross_entropy_expected(
-    logits_, target, *, weight=None, ignore_index=-100, label_smoothing=0.0, reduction="none", counted=None
+    logits_,
+    target,
+    *,
+    weight=None,
+    ignore_index=-100,
+    label_smoothing=0.0,
+    reduction="none",
+    counted=None,
+    tol: Tolerance | None = None,
 ) -> dict:
     """kernels.reference.cross_entropy_ref of everything a cross-entropy kernel returns (the CUDA
     C kernels' cross_entropy_fused, the Triton kernels), and the tolerances a correct float32
@@ -1087,7 +1096,8 @@ def cross_entropy_expected(
     "mean" / "sum" add the order-free sum over the rows (its truncation and one rounding).
     counted: for "mean" over rows sampled from a larger batch, that batch's denominator (the sum
     of its counted rows' w_t), so that grad and grad_tol are those of the sampled rows within it
-    (the loss is then their share of its mean); by default these rows' own.
+    (the loss is then their share of its mean); by default these rows' own. tol: another
+    Tolerance than TOLERANCES[logits_.dtype], to take the bounds apart.
     """
     from kernels.reference import cross_entropy_ref
 
@@ -1101,7 +1111,7 @@ def cross_entropy_expected(
     wv = np.ones(V) if w is None else w
     e = float(np.float32(label_smoothing))
     u = UNIT_ROUNDOFF
-    tol = TOLERANCES[logits_.dtype]
+    tol = TOLERANCES[logits_.dtype] if tol is None else tol
     c = tol.ce_ulps * FP32_EPS
     bits = math.ceil(math.log2(V)) if V > 1 else 0
     ignored = t == ignore_index

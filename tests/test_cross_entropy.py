@@ -12,6 +12,7 @@ and the tile path with BLOCK = 16 cut a row into three). cuda: every path, dtype
 up to 262144, and a tensor past 2^31 elements.
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -415,6 +416,36 @@ def test_bounds_admit_pytorch_on_ordinary_rows():
         o = options(*case, V=300)
         result = run_cross_entropy_poisoned(CROSS_ENTROPY_KERNELS[kernels.CROSS_ENTROPY_BASELINE], x, t, **o)
         check_cross_entropy(result, x, t, what=f"F.cross_entropy {case_id(case)}", **o)
+
+
+@pytest.mark.cpu
+def test_bounds_allow_a_few_roundings_per_chain_not_more():
+    """ce_ulps pinned from both sides. Each bound's float32 arithmetic term is ce_ulps eps times a
+    scale of the row (the derivation in cross_entropy_expected): a loss or gradient off by 4 eps
+    times that scale (half of what is allowed) passes; off by 16 eps, twice what is allowed,
+    fails, in the losses alone and in the gradients alone. A bound loosened past 16 eps or
+    tightened below 4 fails this test. (No -inf logits: with smoothing their losses are inf.)"""
+    x = logits(16, 300, seed=8, neg_inf=False)
+    t = targets(16, 300, seed=8, ignore_rows=(3, 9))
+    o = options("none", 0.1, True, V=300)
+    base = TOLERANCES[torch.float32]
+    zero = cross_entropy_expected(x, t, tol=dataclasses.replace(base, ce_ulps=0.0), **o)
+    unit = cross_entropy_expected(x, t, tol=dataclasses.replace(base, ce_ulps=1.0), **o)
+    rng = np.random.default_rng(8)
+
+    def planted(name, c):
+        scale = unit[f"{name}_tol"] - zero[f"{name}_tol"]  # eps times the chain's scale
+        assert (scale > 0).any(), f"{name}: the arithmetic term is zero everywhere"
+        sign = rng.choice((-1.0, 1.0), size=scale.shape)
+        return torch.from_numpy(zero[name] + sign * c * scale).float()
+
+    lse = torch.from_numpy(zero["lse"]).float()
+    check_cross_entropy((planted("loss", 4.0), lse, planted("grad", 4.0)), x, t, what="4 eps", **o)
+    exact_loss, exact_grad = torch.from_numpy(zero["loss"]).float(), torch.from_numpy(zero["grad"]).float()
+    with pytest.raises(AssertionError, match=r"(?s)16 eps: loss \(.*beyond the error bound"):
+        check_cross_entropy((planted("loss", 16.0), lse, exact_grad), x, t, what="16 eps", **o)
+    with pytest.raises(AssertionError, match=r"(?s)16 eps: grad \(.*beyond the error bound"):
+        check_cross_entropy((exact_loss, lse, planted("grad", 16.0)), x, t, what="16 eps", **o)
 
 
 # -- the checks reject wrong kernels ------------------------------------------------------------------------------

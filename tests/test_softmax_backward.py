@@ -9,6 +9,7 @@ tile path with BLOCK = 16, so a row of 37 spans three chunks or tiles). cuda: ev
 to 262144 and a tensor past 2^31 elements.
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -26,8 +27,10 @@ from kernels import triton_backward as tb  # noqa: E402
 from kernels.reference import softmax_backward_ref  # noqa: E402
 from tests.broken_loss_kernels import BROKEN_SOFTMAX_BACKWARD  # noqa: E402
 from tests.helpers import (  # noqa: E402
+    TOLERANCES,
     assert_backward_as_accurate_as_torch,
     assert_backward_close,
+    backward_error_bound,
     bits,
     dtype_id,
     layouts,
@@ -226,6 +229,24 @@ def test_baseline_on_the_cpu_passes_the_checks():
         dy, y = pair(4, 300, seed=9, dtype=dtype)
         dx = run_backward_poisoned(SOFTMAX_BACKWARD_KERNELS[kernels.BACKWARD_BASELINE], dy, y)
         assert_backward_close(dx, dy, y, what=f"{kernels.BACKWARD_BASELINE} {dtype_id(dtype)}")
+
+
+@pytest.mark.cpu
+def test_the_bound_allows_a_few_roundings_not_more():
+    """train_ulps pinned from both sides: the float32 arithmetic term of backward_error_bound is
+    train_ulps eps |y_j| (|dy_j| + |S| + A); a dx off by 1.5 eps of that scale (the three
+    roundings the derivation counts, 3 u) passes, off by 6 eps (1.5 times what is allowed)
+    fails. A bound loosened past 6 eps or tightened below 1.5 fails this test."""
+    dy, y = pair(4, 300, seed=9)
+    base = TOLERANCES[torch.float32]
+    ref, none = backward_error_bound(dy, y, tol=dataclasses.replace(base, train_ulps=0.0))
+    _, one = backward_error_bound(dy, y, tol=dataclasses.replace(base, train_ulps=1.0))
+    scale = one - none
+    assert (scale > 0).mean() > 0.5, "the arithmetic term is zero almost everywhere"
+    sign = np.random.default_rng(9).choice((-1.0, 1.0), size=ref.shape)
+    assert_backward_close(torch.from_numpy(ref + 1.5 * sign * scale).float(), dy, y, what="1.5 eps")
+    with pytest.raises(AssertionError, match="beyond the error bound"):
+        assert_backward_close(torch.from_numpy(ref + 6.0 * sign * scale).float(), dy, y, what="6 eps")
 
 
 # -- the checks reject wrong kernels -------------------------------------------------------------------------
