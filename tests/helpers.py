@@ -1088,7 +1088,7 @@ def cross_entropy_expected(
       lse   u (4 |lse| + 4 E + 12)
       loss  c eps (alpha (|m - x_t| + |L| + E + 2 M) + e / V (W (|L| + E + 2) + |q|)) plus the
             exp sum's and the smoothing sum's truncations, q = sum_j w_j (x_j - m), M the mass
-            off the row's max; then one rounding into dtype
+            off the row's max; then one rounding into dtype (its floor below the normal range)
       grad  c eps (|g| (alpha + beta) p_j (|x_j - m| + E + 4) + |g| e w_j / V) at every j but the
             target, where alpha's share is c eps |g| alpha |p_t - 1| (E_t + E + 2) instead, E_t
             the mean distance of the other classes' mass (which p_t - 1 is), and the exp sum's
@@ -1146,7 +1146,8 @@ def cross_entropy_expected(
         )
         # the float32 row loss, before any rounding into dtype; the exp sum's truncation as at the target's gradient
         loss_arith = c * loss_scale + gam * q_trunc + np.abs(alpha) * 2.0 ** (2 * bits - 60)
-        loss_tol = rel * np.abs(loss) + loss_arith
+        # floor: a 16-bit loss below its format's normal range (fp16's subnormal spacing).
+        loss_tol = rel * np.abs(loss) + loss_arith + floor
         counted = np.where(ignored, 0.0, w_t).sum() if counted is None else float(counted)
         # The gradient scale per row: an ignored row stays 0 (or NaN) even where g is inf.
         g = np.where(ignored, 0.0, 1.0 / counted if reduction == "mean" else 1.0)
@@ -1173,7 +1174,7 @@ def cross_entropy_expected(
             )
             if reduction == "mean":
                 total, total_tol = total / counted, total_tol / abs(counted) + 2 * u * abs(total / counted)
-            loss, loss_tol = np.asarray(total), np.asarray(rel * abs(total) + total_tol)
+            loss, loss_tol = np.asarray(total), np.asarray(rel * abs(total) + total_tol + floor)
     return {"loss": loss, "grad": grad, "lse": lse, "loss_tol": loss_tol, "grad_tol": grad_tol, "lse_tol": lse_tol}
 
 

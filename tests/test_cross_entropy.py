@@ -56,6 +56,7 @@ V_CPU = 37
 TILE = {"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1}
 SPLIT = {"CHUNK": 16, "num_warps": 2}  # a row of 37: three chunks, the last partial
 SCALED = {"row": {}, "split": SPLIT, "tile": TILE}
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # (reduction, label_smoothing, weighted): every pair of values of any two of the three options.
 OPTION_CASES = [
@@ -234,6 +235,22 @@ def test_low_precision_logits(dtype):
     x, t = edge_rows(V_CPU, seed=4, dtype=dtype)
     o = options("mean", 0.1, True, dtype=dtype)
     result = run_cross_entropy_poisoned(CROSS_ENTROPY_KERNELS["triton"], x, t, **o)
+    check_cross_entropy(result, x, t, what=f"triton {dtype_id(dtype)}", **o)
+
+
+@pytest.mark.cpu
+@interpreted
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_rows_of_outliers_keep_their_tiny_losses(dtype):
+    """Rows whose target is an outlier of +30 against logits within a few units: losses of
+    1e-13 to 1e-12, per row. The float64 reference keeps their digits (log1p of the other terms,
+    not the log of a sum near 1, which errs by 1e-16 there), and a 16-bit loss below its normal
+    range may round to 0."""
+    x = logits(64, 7, seed=7, dtype=dtype)
+    t = targets(64, 7, seed=7, ignore_rows=(1, 62))
+    o = options("none", 0.0, False, dtype=dtype)
+    result = run_cross_entropy_poisoned(CROSS_ENTROPY_KERNELS["triton"], x, t, **o)
+    assert (result.loss.double() < 1e-11).sum() >= 4, "the rows of outliers are in the batch"
     check_cross_entropy(result, x, t, what=f"triton {dtype_id(dtype)}", **o)
 
 
@@ -490,7 +507,6 @@ def test_interpreted_in_a_subprocess(pytestconfig):
 # -- on the GPU ------------------------------------------------------------------------------------------------
 
 CUDA_V = (1, 7, 600, 4097, 8192, 8193, 32000, 50257, 128256, 151936, 262144)
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @pytest.mark.cuda
