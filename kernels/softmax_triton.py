@@ -56,7 +56,15 @@ from .triton_dispatch import (
     split_workspace_words,
 )
 from .triton_kernels import JIT_KERNELS
-from .triton_launch import PATH_TABLE, BoundLaunch, TritonPath, launch_count
+from .triton_launch import (
+    PATH_TABLE,
+    BoundLaunch,
+    SMLimits,
+    TritonPath,
+    fit_persistent,
+    launch_count,
+    resident_programs,
+)
 from .triton_store import (
     CONFIGS,
     INTERPRETER_CONFIG,
@@ -193,6 +201,9 @@ __all__ = [
     "TritonPath",
     "BoundLaunch",
     "launch_count",
+    "SMLimits",
+    "resident_programs",
+    "fit_persistent",
     "STORED_PATH",
     "STORED_PATH_ENV",
     "stored_path",

@@ -19,6 +19,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -58,8 +59,6 @@ interpreted = pytest.mark.skipif(
 V_SHAPES = (1, 7, 255, 600, 781, 1025, 2049, 5000)
 DTYPES = SOFTMAX_KERNELS[st.KERNEL_NAME].dtypes
 SM90_SHARED_LIMIT = 232448  # bytes of shared memory one block may use on sm_90
-SM90_REGISTERS = 65536  # 32-bit registers of one SM
-SM90_WARPS = 64  # warps resident on one SM
 
 
 def run_path(path, **params):
@@ -232,6 +231,39 @@ def test_persistent_split_grid_holds_the_rows_in_flight():
     assert grid({"programs_per_sm": 1}, {"P": 200}, 132)(4096) == 200  # one row at a time
     assert grid({}, lay, 132)(4096) == 8 * 4096
     assert grid({"programs_per_sm": 1}, lay, None)(5) == 8 * 2  # the interpreter's two rows
+
+
+def test_resident_programs_follow_the_compiled_kernels_resources():
+    # What Nsight Compute reported on the H200 ("Block Limit Registers") for split builds of
+    # triton 3.6: 121 registers x 4 warps -> 4 programs, 107-108 x 8 warps -> 2; and the other
+    # limits: warps (2048 threads), shared memory, 32 blocks.
+    assert st.resident_programs(121, 4, 0) == 4
+    assert st.resident_programs(108, 8, 0) == st.resident_programs(107, 8, 0) == 2
+    assert st.resident_programs(64, 8, 0) == 4
+    assert st.resident_programs(74, 8, 0) == 3  # allocated per 8 registers: 80 x 256 threads
+    assert st.resident_programs(16, 8, 0) == 8
+    assert st.resident_programs(32, 4, 100_000) == 2
+    assert st.resident_programs(16, 1, 0) == 32
+    assert st.resident_programs(255, 32, 0) == 0
+
+
+def test_a_persistent_grid_never_holds_more_rows_than_fit(monkeypatch):
+    # programs_per_sm = 4 asked, a build of 107 registers x 8 warps fits two: the grid holds two
+    # programs per SM's worth of rows; a build that fits what was asked keeps its grid.
+    x = torch.zeros(4096, 64)
+    bound = st.PATH_TABLE["split"].bind(
+        x, torch.empty_like(x), {"CHUNK": 16, "num_warps": 8, "programs_per_sm": 4}, sms=132
+    )
+    P = bound.geometry["P"]
+    assert bound.grid == P * (4 * 132 // P)
+    for regs, rows in ((107, 2 * 132 // P), (64, 4 * 132 // P)):
+        compiled = types.SimpleNamespace(
+            n_regs=regs, metadata=types.SimpleNamespace(shared=0), _init_handles=lambda: None
+        )
+        monkeypatch.setattr(type(bound), "warmup", lambda self, c=compiled: c)
+        fitted = st.fit_persistent(bound, ("test", regs), 132, limits=st.SMLimits())
+        assert fitted.grid == P * rows, regs
+        assert fitted.values == bound.values and fitted.constexprs == bound.constexprs
 
 
 @interpreted
@@ -662,10 +694,7 @@ def test_sm90_aot_builds_have_no_spills_and_fit_shared_memory(sm90_builds, reque
         assert r["regs"] <= 255, r
         per_thread = r.get("BLOCK", r.get("CHUNK", r.get("ROWS", 1) * r.get("BLOCK_V", 1))) // (32 * r["num_warps"])
         if r.get("PERSIST"):  # a persistent split counts on all its programs being resident
-            regs_per_program = -(-r["regs"] // 8) * 8 * 32 * r["num_warps"]  # allocated per 8 registers
-            assert r["programs_per_sm"] * regs_per_program <= SM90_REGISTERS, r
-            assert r["programs_per_sm"] * r["num_warps"] <= SM90_WARPS, r
-            assert r["programs_per_sm"] * r["shared"] <= SM90_SHARED_LIMIT, r
+            assert r["programs_per_sm"] <= st.resident_programs(r["regs"], r["num_warps"], r["shared"]), r
         if r["ALIGN"] > 1 and per_thread >= r["ALIGN"]:
             assert r["vector_loads"], f"{r['name']} with ALIGN > 1 should issue vector loads: {r}"
             assert r["vector_stores"], f"{r['name']} with ALIGN > 1 should issue vector stores: {r}"
