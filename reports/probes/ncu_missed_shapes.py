@@ -57,8 +57,20 @@ CASES = (
     ("triton-fp32-split-262144", "triton", "fp32", 4096, 262144, "split"),
     ("fused-fp32-split-1000003", "fused", "fp32", 4096, 1000003, "split"),
     ("fused-bf16-cluster-151936", "fused", "bf16", 4096, 151936, "cluster"),
+    # Issue 23's training kernels (family "<kernel>-ce": cross-entropy, loss and gradient in one
+    # launch; "<kernel>-bwd": the softmax backward), each as its registry entry dispatches it.
+    ("triton-bf16-ce-32000", "triton-ce", "bf16", 4096, 32000, "split"),
+    ("fused-bf16-ce-32000", "fused-ce", "bf16", 4096, 32000, "cluster"),
+    ("triton-fp32-ce-262144", "triton-ce", "fp32", 4096, 262144, "split"),
+    ("fused-fp32-ce-262144", "fused-ce", "fp32", 4096, 262144, "loop"),
+    ("triton-bf16-bwd-262144", "triton-bwd", "bf16", 4096, 262144, "split"),
+    ("fused-bf16-bwd-262144", "fused-bwd", "bf16", 4096, 262144, "loop"),
 )
-KERNEL_FILTER = "regex:softmax_(split|stream)_kernel|fused_(split|cluster)_"
+TRAINING = ("ce", "bwd")
+KERNEL_FILTER = (
+    "regex:softmax_(split|stream)_kernel|fused_(split|cluster)_"
+    "|(ce|bwd)_(warp|warpvec|row|cluster|loop)_|(cross_entropy|softmax_backward)_(row|tile|split)_kernel"
+)
 WARMUP = 2
 STALL_METRICS = r"regex:^smsp__average_warps_issue_stalled_\w+_per_issue_active\.ratio$"
 STALL_RE = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
@@ -98,7 +110,7 @@ def workload(out: Path, only: str | None, profiler_range: bool) -> None:
     import torch
 
     sys.path.insert(0, str(REPO))
-    from kernels import SOFTMAX_KERNELS
+    from kernels import CROSS_ENTROPY_KERNELS, SOFTMAX_BACKWARD_KERNELS, SOFTMAX_KERNELS
     from kernels import softmax_triton as st
 
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -107,16 +119,27 @@ def workload(out: Path, only: str | None, profiler_range: bool) -> None:
         dtype = dtypes[dt]
         t0 = time.perf_counter()
         x = (torch.randn(B, V, device="cuda") * 3).to(dtype)
-        if family == "triton":
+        kernel, _, op = family.partition("-")
+        if op == "ce":
+            t = torch.randint(0, V, (B,), device="cuda")
+            entry = CROSS_ENTROPY_KERNELS[kernel]
+            call = functools.partial(entry, x, t)
+        elif op == "bwd":
+            y = torch.softmax(x.float(), dim=-1).to(dtype)
+            entry = SOFTMAX_BACKWARD_KERNELS[kernel]
+            call = functools.partial(entry, torch.randn_like(y), y)
+        elif family == "triton":
+            entry = SOFTMAX_KERNELS[family]
 
             def call(x=x, path=path):
                 return st.run_path(x, path)
 
         else:
-            call = functools.partial(SOFTMAX_KERNELS["fused"], x)
-        dispatched = SOFTMAX_KERNELS[family].plan(B, V, dtype)  # the path the registry entry takes
-        if family == "fused" and dispatched != path:
-            raise SystemExit(f"{name}: fused dispatches {dispatched} here, not {path}")
+            entry = SOFTMAX_KERNELS[family]
+            call = functools.partial(entry, x)
+        dispatched = entry.plan(B, V, dtype)  # the path the registry entry takes
+        if (family == "fused" or op in TRAINING) and dispatched != path:
+            raise SystemExit(f"{name}: {family} dispatches {dispatched} here, not {path}")
         for _ in range(WARMUP):
             call()
         torch.cuda.synchronize()
