@@ -30,8 +30,8 @@ import triton
 
 from .checks import check_backward_inputs, prepare_dx
 from .training_registry import TRITON_TRAINING_PATHS
-from .triton_dispatch import checked_p_block, p_block
-from .triton_launch import launch_named
+from .triton_dispatch import SPLIT_MAX_SPINS, checked_p_block, p_block
+from .triton_launch import launch_named, tagged_workspace
 from .triton_loss_kernels import (
     softmax_backward_row_kernel,
     softmax_backward_split_kernel,
@@ -44,11 +44,8 @@ DISPATCH_BOUNDARIES = {"row_max_v": 8192}  # two inputs in registers: a quarter 
 
 INTERPRET = type(softmax_backward_row_kernel).__name__ == "InterpretedFunction"
 _DEVICE_TYPE = "cpu" if INTERPRET else "cuda"
-# Poll bound of the split kernels on a GPU (~2^20 atomic reads, the order of a second): far
-# beyond the time siblings need to be scheduled; it exists only so a launch cannot hang. Under the
+# The split kernels' poll bound on a GPU is the forward's (SPLIT_MAX_SPINS). Under the
 # interpreter, whose programs run one after another, 0: early chunks stream, the last combines.
-SPLIT_MAX_SPINS = 1 << 20
-SPLIT_WORDS_PER_CHUNK = 5  # int64 words a row's chunk publishes (the cross-entropy kernel's five)
 
 
 def fixed_point_bits(n: int) -> int:
@@ -75,41 +72,22 @@ def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict
     raise ValueError(f"{KERNEL_NAME} softmax backward: unknown path {path!r} ({', '.join(PATHS)})")
 
 
-# (kernel, device index, stream, P) -> the split kernels' words, zeroed when allocated and never
-# again: every launch tags its words one past the tags the last launch left (the meetings of
-# kernels/triton_loss_kernels.py, as the forward's split kernel meets). One per kernel and P: a
-# row's words stay in step only while the same programs write the same words. Superseded
-# buffers are kept alive (a CUDA graph captured with one still points at it).
-SPLIT_WORDS_PER_CHUNK = {"softmax_backward": 4, "cross_entropy": 7}  # int64 words a row's chunk publishes
-_workspaces: dict = {}
-_retired_workspaces: list = []
+# int64 words a row's chunk publishes in each kernel's split meetings (kernels/triton_loss_kernels.py)
+SPLIT_WORDS_PER_CHUNK = {"softmax_backward": 4, "cross_entropy": 7}
 
 
 def split_workspace(kernel: str, device: torch.device, rows: int, P: int) -> torch.Tensor:
     """The words of `kernel`'s split launches ("softmax_backward" or "cross_entropy") for `rows`
-    rows of P chunks, zeroed when allocated."""
-    words = rows * SPLIT_WORDS_PER_CHUNK[kernel] * P
+    rows of P chunks, zeroed when allocated (kernels.triton_launch.tagged_workspace)."""
+    per_row = SPLIT_WORDS_PER_CHUNK[kernel] * P
     if INTERPRET:
-        key = (kernel, "cpu", 0, P)
-    else:
-        key = (
-            kernel,
-            device.index if device.index is not None else torch.cuda.current_device(),
-            torch.cuda.current_stream(device).cuda_stream,
-            P,
-        )
-        if torch.cuda.is_current_stream_capturing():
-            # Memory allocated during a capture belongs to the graph: use it, never cache it. The
-            # zero fill is captured too, so every replay starts from untagged words.
-            return torch.zeros(words, dtype=torch.int64, device=device)
-    ws = _workspaces.get(key)
-    if ws is not None and ws.numel() >= words:
-        return ws
-    if ws is not None:
-        _retired_workspaces.append(ws)
-    ws = _workspaces[key] = torch.zeros(max(words, 64 * SPLIT_WORDS_PER_CHUNK[kernel] * P), dtype=torch.int64,
-                                        device=device)  # fmt: skip
-    return ws
+        return tagged_workspace(kernel, -1, rows * per_row, P, at_least=64 * per_row)
+    if torch.cuda.is_current_stream_capturing():
+        # A graph captured here always gets words of its own (tagged_workspace would hand it
+        # the cached buffer, as it does the forward's graphs).
+        return torch.zeros(rows * per_row, dtype=torch.int64, device=device)
+    dev = device.index if device.index is not None else torch.cuda.current_device()
+    return tagged_workspace(kernel, dev, rows * per_row, P, at_least=64 * per_row)
 
 
 def split_params(V: int, p: dict) -> dict:

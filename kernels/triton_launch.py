@@ -505,19 +505,20 @@ if sorted(PATH_TABLE) != sorted(PATHS):
 
 # --------------------------------------------------------------------------- workspace
 
-# (device, stream, P) -> the split path's workspace, zeroed when allocated; every launch leaves
-# its words tagged for the next one, so no fill kernel runs before a launch. One per P: the
-# tags of a row's words stay in step only while the same programs write the same words.
-# Superseded buffers are kept alive (they are small): a CUDA graph captured with one still
-# points at it.
+# (name, device, stream, P) -> the int64 words of one kind of split launch (the forward's, the
+# training kernels'), zeroed when allocated: every launch leaves its words tagged for the next
+# one, so no fill kernel runs before a launch. One per P: the tags of a row's words stay in step
+# only while the same programs write the same words. Superseded buffers are kept alive (they are
+# small): a CUDA graph captured with one still points at it.
 _workspaces: dict = {}
 _retired_workspaces: list = []
 
 
-def split_workspace(dev: int, B: int, P: int) -> torch.Tensor:
-    """The split path's workspace for B rows of P programs on device `dev` (-1: the CPU)."""
-    words = split_workspace_words(B, P)
-    key = (dev, 0 if INTERPRET else current_stream(dev), P)
+def tagged_workspace(name: str, dev: int, words: int, P: int, *, at_least: int = 0) -> torch.Tensor:
+    """`words` zeroed int64 words (at least `at_least` when allocated) for the tagged meetings of
+    `name`'s split launches of P programs a row on device `dev` (-1: the CPU), cached per
+    device, stream and P; inside a CUDA graph capture a fresh buffer the graph owns."""
+    key = (name, dev, 0 if INTERPRET else current_stream(dev), P)
     ws = _workspaces.get(key)
     if ws is not None and ws.numel() >= words:
         return ws
@@ -528,8 +529,13 @@ def split_workspace(dev: int, B: int, P: int) -> torch.Tensor:
         return torch.zeros(words, dtype=torch.int64, device=device)
     if ws is not None:
         _retired_workspaces.append(ws)
-    ws = _workspaces[key] = torch.zeros(max(words, 3 * P * 64), dtype=torch.int64, device=device)
+    ws = _workspaces[key] = torch.zeros(max(words, at_least), dtype=torch.int64, device=device)
     return ws
+
+
+def split_workspace(dev: int, B: int, P: int) -> torch.Tensor:
+    """The split path's workspace for B rows of P programs on device `dev` (-1: the CPU)."""
+    return tagged_workspace("softmax", dev, split_workspace_words(B, P), P, at_least=3 * P * 64)
 
 
 # --------------------------------------------------------------------------- launches
