@@ -77,12 +77,13 @@ def cross_entropy_ref(x, targets, *, weight=None, ignore_index=-100, label_smoot
         # Relative to the row's max, so rows of huge logits (1e30) keep their probabilities.
         m = x.max(axis=1, initial=-np.inf) if V else np.full(N, -np.inf)
         shifted = x - m[:, None]
-        log_s = np.log(np.exp(shifted).sum(axis=1))
+        terms = np.exp(shifted)
+        log_s = np.log(terms.sum(axis=1))
         # log1p of the other terms where the max is finite: log of a sum near 1 would round a
         # confident row's loss (~1e-12) to a few digits.
         fin = np.isfinite(m)
         if V and fin.any():
-            others = np.exp(np.where(fin[:, None], shifted, 0.0))
+            others = np.where(fin[:, None], terms, 0.0)
             others[rows, np.argmax(np.where(fin[:, None], x, 0.0), axis=1)] = 0.0
             log_s = np.where(fin, np.log1p(others.sum(axis=1)), log_s)
         lse = np.where(np.isinf(m), m, m + log_s)
