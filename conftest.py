@@ -22,6 +22,7 @@ if not gpus.visible_gpu_ids():
 
 _collector = records.Collector()
 _coverage = coverage.Tracker()
+_file_times = markers.FileTimes()
 _coverage_result = pytest.StashKey[coverage.CoverageResult]()
 _gate_result = pytest.StashKey[gate.GateResult]()
 _baseline_recorded = pytest.StashKey[str]()
@@ -29,6 +30,7 @@ _written = pytest.StashKey[list]()
 _quick_line = pytest.StashKey[str]()
 _balanced = pytest.StashKey[bool]()
 _cpu_coverage = pytest.StashKey[list]()
+_slow_line = pytest.StashKey[str]()
 
 
 def pytest_addoption(parser):
@@ -122,6 +124,11 @@ def pytest_collection_modifyitems(config, items):
     errors = markers.platform_marker_errors(items)
     if errors:
         raise pytest.UsageError(markers.platform_marker_message(errors))
+    slow = markers.deselect_slow_cpu(items, config.getoption("markexpr"))
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+    if slow and markers.selects_cpu(config.getoption("markexpr")):
+        config.stash[_slow_line] = f"{len(slow)} {markers.SLOW_DESELECTED}"
     if os.environ.get("PYTEST_XDIST_WORKER"):
         markers.skip_benchmarks(items)
         if markers.selects_cuda(config.getoption("markexpr")):
@@ -187,6 +194,7 @@ def pytest_runtest_logreport(report):
     # Runs in the controller for every worker's report too, so xdist runs lose nothing.
     _collector.add(report)
     _coverage.add(report)
+    _file_times.add(report)
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -247,6 +255,12 @@ def pytest_terminal_summary(terminalreporter, config):
     recorded = config.stash.get(_baseline_recorded, None)
     if recorded:
         terminalreporter.write_line(recorded)
+    slow = config.stash.get(_slow_line, None)
+    if slow and not hasattr(config, "workerinput"):
+        terminalreporter.write_line(slow)
+    cost = _file_times.line()
+    if cost and not hasattr(config, "workerinput"):
+        terminalreporter.write_line(cost)
     quick = config.stash.get(_quick_line, None)
     if quick:
         terminalreporter.write_line(quick)

@@ -228,3 +228,31 @@ def test_a_run_that_loaded_no_kernel_registry_says_nothing_of_the_kernels():
     assert markers.run_cpu_coverage_lines("cpu", collect_only=False, modules={}) is None
     assert markers.run_cpu_coverage_lines("cuda", collect_only=False, modules=loaded) is None
     assert markers.run_cpu_coverage_lines("cpu", collect_only=True, modules=loaded) is None
+
+
+def test_the_laptop_loop_leaves_the_deeper_tier_to_its_own_run(tmp_path):
+    loop = run_pytest("-m", "cpu", "-p", "no:xdist", str(CASES / "tier_case.py"), "--no-reports", "-v")
+    output = loop.stdout + loop.stderr
+    assert loop.returncode == 0, output
+    assert "test_laptop_loop PASSED" in output and "test_deeper_tier" not in output
+    assert "1 passed, 2 deselected" in output
+    assert f"1 {markers.SLOW_DESELECTED}" in output
+    # The run says where its time went.
+    assert re.search(r"test time \d+ s; slowest files: tier_case.py \d+ s", output), output
+    deep = run_pytest("-m", "cpu and slow", "-p", "no:xdist", str(CASES / "tier_case.py"), "--no-reports", "-v")
+    output = deep.stdout + deep.stderr
+    assert deep.returncode == 0, output
+    assert "test_deeper_tier PASSED" in output and "test_laptop_loop" not in output
+    assert markers.SLOW_DESELECTED not in output
+
+
+def test_a_cuda_run_keeps_its_slow_tests():
+    items = [
+        SimpleNamespace(get_closest_marker=lambda name, marks=marks: name if name in marks else None)
+        for marks in (("cpu",), ("cpu", "slow"), ("cuda", "slow"))
+    ]
+    kept = list(items)
+    assert markers.deselect_slow_cpu(kept, "cuda") == [items[1]]
+    assert kept == [items[0], items[2]]
+    kept = list(items)
+    assert markers.deselect_slow_cpu(kept, "cpu and slow") == [] and kept == items

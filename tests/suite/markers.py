@@ -154,6 +154,25 @@ def heaviest_first(items) -> None:
     items[:] = first + sorted((item for item in items if id(item) not in chosen), key=lambda item: -elements(item))
 
 
+# The two CPU tiers: the laptop loop, and the deeper tier (slow: every ahead-of-time build, long
+# interpreted rows, the child runs of the whole suite) that CI runs after it.
+CPU_TIERS = ("cpu", "cpu and slow")
+SLOW_DESELECTED = "slow cpu tests deselected (the deeper tier): pytest -m 'cpu and slow' runs them"
+
+
+def deselect_slow_cpu(items, markexpr: str | None) -> list:
+    """Take the cpu tests marked slow out of a run whose -m expression does not name slow, so
+    that `pytest -m cpu` is the laptop loop and `pytest -m "cpu and slow"` the deeper tier; a
+    cuda run keeps its slow tests. Returns the items taken out (for pytest_deselected)."""
+    if re.search(r"(?<![\w-])slow(?![\w-])", markexpr or ""):
+        return []
+    slow = [item for item in items if item.get_closest_marker("slow") and item.get_closest_marker("cpu")]
+    if slow:
+        chosen = {id(item) for item in slow}
+        items[:] = [item for item in items if id(item) not in chosen]
+    return slow
+
+
 # A plain `pytest -m cpu` runs on this many xdist workers (the CI machine has two cores).
 CPU_WORKERS = 2
 _BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -168,7 +187,7 @@ def parallel_cpu_by_default(
     --collect-only, or an xdist worker itself keeps pytest's own choice. Each worker gets one
     BLAS thread: two workers with two threads each thrash on two cores. Returns whether it
     changed anything: the caller then asks xdist for `balanced_scheduler`."""
-    if is_worker or collect_only or (markexpr or "").strip() != "cpu":
+    if is_worker or collect_only or (markexpr or "").strip() not in CPU_TIERS:
         return False
     if not hasattr(option, "numprocesses") or option.numprocesses is not None:
         return False
@@ -217,3 +236,23 @@ def balanced_scheduler(config, log):
             return file if file in self.whole else nodeid
 
     return Balanced(config, log)
+
+
+class FileTimes:
+    """Seconds each test file took (setup, call and teardown of its tests, summed over xdist
+    workers), for the one summary line that shows where a run's time went."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def add(self, report) -> None:
+        file = report.nodeid.split("::", 1)[0]
+        self.seconds[file] = self.seconds.get(file, 0.0) + float(getattr(report, "duration", 0.0) or 0.0)
+
+    def line(self, top: int = 5) -> str | None:
+        if not self.seconds:
+            return None
+        total = sum(self.seconds.values())
+        slowest = sorted(self.seconds.items(), key=lambda kv: -kv[1])[:top]
+        files = ", ".join(f"{file.rsplit('/', 1)[-1]} {seconds:.0f} s" for file, seconds in slowest)
+        return f"test time {total:.0f} s; slowest files: {files}"
