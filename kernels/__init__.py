@@ -1,9 +1,11 @@
-"""Softmax kernels behind one registry.
+"""Softmax, softmax-backward and cross-entropy kernels behind one registry.
 
-Every entry of `SOFTMAX_KERNELS` is a `Kernel`: callable as `kernel(x, *, out=None) -> Tensor`
-for a (B, V) tensor, computing softmax over V, and describing itself (dtypes, dispatch paths,
-which path a shape takes, the facts of its `KernelSpec`). Tests and benchmarks iterate over this
-dict, so a kernel cannot exist untested; a new kernel is one `KernelSpec(...)` in
+`REGISTRY[op]` maps each kernel's name to a `Kernel` for the three ops of `kernels.spec.OPS`;
+`SOFTMAX_KERNELS`, `SOFTMAX_BACKWARD_KERNELS` and `CROSS_ENTROPY_KERNELS` are its views. A
+softmax `Kernel` is callable as `kernel(x, *, out=None) -> Tensor` for a (B, V) tensor,
+computing softmax over V, and describes itself (dtypes, dispatch paths, which path a shape
+takes, the facts of its `KernelSpec`). Tests and benchmarks iterate over these dicts, so a
+kernel cannot exist untested; a new kernel of any op is one `KernelSpec(...)` in
 `kernels/spec.py` (README, "Adding a kernel").
 
 Importing this package imports neither torch, CUDA nor CuPy: `kernels.spec` is plain Python
@@ -15,27 +17,34 @@ from __future__ import annotations
 
 import importlib
 
-from .spec import BASELINE, LAB_POINT, LAB_SHAPES, SPECS, KernelSpec, Path, matrix_bytes
+from .spec import (
+    BACKWARD_BASELINE,
+    BASELINE,
+    CROSS_ENTROPY_BASELINE,
+    LAB_POINT,
+    LAB_SHAPES,
+    OPS,
+    SPECS,
+    KernelSpec,
+    Path,
+    matrix_bytes,
+)
 
 # name -> the module that defines it, imported when the name is first used.
 _LAZY = {
+    "REGISTRY": ".registry",
     "SOFTMAX_KERNELS": ".registry",
+    "SOFTMAX_BACKWARD_KERNELS": ".registry",
+    "SOFTMAX_BACKWARD_OF": ".registry",
+    "CROSS_ENTROPY_KERNELS": ".registry",
     "SUPPORTED_DTYPES": ".registry",
     "OUR_KERNELS": ".registry",
     "EXTRA_KERNELS_ENV": ".registry",
     "Kernel": ".registry",
-    "torch_softmax": ".registry",
-    "compiled_softmax": ".registry",
+    "torch_softmax": ".baselines",
+    "compiled_softmax": ".baselines",
     "check_softmax_input": ".checks",
     "prepare_output": ".checks",
-    # the training side: softmax backward and cross-entropy (kernels/training_registry.py)
-    "SOFTMAX_BACKWARD_KERNELS": ".training_registry",
-    "SOFTMAX_BACKWARD_OF": ".training_registry",
-    "CROSS_ENTROPY_KERNELS": ".training_registry",
-    "BACKWARD_BASELINE": ".training_registry",
-    "CROSS_ENTROPY_BASELINE": ".training_registry",
-    "BackwardKernel": ".training_registry",
-    "CrossEntropyKernel": ".training_registry",
 }
 
 
@@ -53,6 +62,8 @@ def __dir__():
 
 
 __all__ = [
+    "REGISTRY",
+    "OPS",
     "SOFTMAX_KERNELS",
     "SUPPORTED_DTYPES",
     "OUR_KERNELS",
@@ -74,6 +85,4 @@ __all__ = [
     "CROSS_ENTROPY_KERNELS",
     "BACKWARD_BASELINE",
     "CROSS_ENTROPY_BASELINE",
-    "BackwardKernel",
-    "CrossEntropyKernel",
 ]

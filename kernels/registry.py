@@ -1,5 +1,7 @@
 """The registry: a callable `Kernel` for every `KernelSpec` of `kernels.spec.SPECS`, plus any
-named by the environment variable SOFTMAX_SUITE_EXTRA_KERNELS.
+named by the environment variable SOFTMAX_SUITE_EXTRA_KERNELS, by operation:
+`REGISTRY[op][name]`, with `SOFTMAX_KERNELS`, `SOFTMAX_BACKWARD_KERNELS` and
+`CROSS_ENTROPY_KERNELS` its three views.
 
     SOFTMAX_SUITE_EXTRA_KERNELS=mypkg.mysoftmax:SPEC,other.module:SPECS pytest -m cpu
 
@@ -17,10 +19,9 @@ import importlib
 import os
 
 import torch
-import torch.nn.functional as F
 
-from .checks import check_softmax_input, prepare_output, torch_dtype
-from .spec import BASELINE, SPECS, KernelSpec, Path, dtype_name
+from .checks import torch_dtype
+from .spec import OPS, SPECS, KernelSpec, Path, dtype_name
 
 EXTRA_KERNELS_ENV = "SOFTMAX_SUITE_EXTRA_KERNELS"
 
@@ -70,12 +71,14 @@ def _triton_missing() -> str | None:
 
 
 class Kernel:
-    """A registered softmax: `kernel(x, *, out=None)` for a (B, V) tensor, and its spec's facts
-    (`kernel.spec`), with dtypes as torch dtypes and paths by name."""
+    """A registered kernel, callable as its op says (`kernel.spec.op`, `kernels.spec.OPS`; the
+    softmax: `kernel(x, *, out=None)` for a (B, V) tensor), and its spec's facts (`kernel.spec`),
+    with dtypes as torch dtypes and paths by name."""
 
     def __init__(self, spec: KernelSpec):
         self.spec = spec
         self.name = spec.name
+        self.op = spec.op
         self.dtypes = tuple(torch_dtype(d) for d in spec.dtypes)
         self.paths = spec.path_names
         self.fn = _lazy(spec.fn, "fn")
@@ -88,10 +91,10 @@ class Kernel:
     gated = property(lambda self: self.spec.gated)
 
     def __repr__(self):
-        return f"Kernel({self.name!r}, backend={self.backend!r}, paths={self.paths})"
+        return f"Kernel({self.name!r}, op={self.op!r}, backend={self.backend!r}, paths={self.paths})"
 
-    def __call__(self, x, *, out=None):
-        return self.fn(x, out=out)
+    def __call__(self, *inputs, **options):
+        return self.fn(*inputs, **options)
 
     def path(self, name: str) -> Path:
         return self.spec.path(name)
@@ -104,14 +107,16 @@ class Kernel:
         """The paths the dispatch takes for some input of `dtype` (its spec's Path.dtypes)."""
         return self.spec.paths_for(dtype)
 
-    def run_path(self, x, path: str, *, out=None, **params):
-        """softmax(x) through the named path with launch parameters `params`. A kernel without
-        a run_path of its own has one path, which its plain call takes."""
+    def run_path(self, *inputs_and_path, out=None, **params):
+        """The op through the named path, `run_path(*inputs, path, *, out=None, **params)`, with
+        launch parameters `params` (the softmax: run_path(x, path, out=None, **params)). A
+        kernel without a run_path of its own has one path, which its plain call takes."""
         if self._run_path is not None:
-            return self._run_path(x, path, out=out, **params)
+            return self._run_path(*inputs_and_path, out=out, **params)
+        *inputs, path = inputs_and_path
         if path not in self.paths or params:
             raise ValueError(f"{self.name} has no run_path: only its path {self.paths[0]!r}, without parameters")
-        return self.fn(x, out=out)
+        return self.fn(*inputs, out=out)
 
     def tolerance(self, dtype) -> dict | None:
         """The tolerance fields this kernel's spec overrides for `dtype`, or None: the suite's own."""
@@ -120,29 +125,6 @@ class Kernel:
     def unavailable_reason(self) -> str | None:
         """Why this machine cannot run the kernel at all (its backend's package is missing)."""
         return triton_missing() if self.backend == "triton" else None
-
-
-def torch_softmax(x, *, out=None):
-    """The baseline: `F.softmax` over the last dimension."""
-    check_softmax_input(x, kernel=BASELINE, device_type=None)
-    y = F.softmax(x, dim=-1)
-    if out is None:
-        return y
-    return prepare_output(x, out, kernel=BASELINE).copy_(y)
-
-
-@functools.cache
-def _compiled_softmax():
-    return torch.compile(functools.partial(F.softmax, dim=-1))
-
-
-def compiled_softmax(x, *, out=None):
-    """The second baseline: `torch.compile(F.softmax)` (Inductor's generated kernel)."""
-    check_softmax_input(x, kernel="torch_compile", device_type="cuda")
-    y = _compiled_softmax()(x)
-    if out is None:
-        return y
-    return prepare_output(x, out, kernel="torch_compile").copy_(y)
 
 
 def extra_specs(value: str | None) -> list[KernelSpec]:
@@ -163,18 +145,25 @@ def extra_specs(value: str | None) -> list[KernelSpec]:
     return specs
 
 
-def build(specs) -> dict[str, Kernel]:
-    """{name: Kernel} for `specs`; ValueError on a name given twice."""
-    registry: dict[str, Kernel] = {}
+def build(specs) -> dict[str, dict[str, Kernel]]:
+    """{op: {name: Kernel}} for `specs`, every op of OPS present; ValueError on a name given
+    twice within one op."""
+    registry: dict[str, dict[str, Kernel]] = {op: {} for op in OPS}
     for spec in specs:
-        if spec.name in registry:
-            raise ValueError(f"softmax kernel {spec.name!r} is registered twice")
-        registry[spec.name] = Kernel(spec)
+        if spec.name in registry[spec.op]:
+            raise ValueError(f"{spec.op} kernel {spec.name!r} is registered twice")
+        registry[spec.op][spec.name] = Kernel(spec)
     return registry
 
 
-SOFTMAX_KERNELS: dict[str, Kernel] = build((*SPECS, *extra_specs(os.environ.get(EXTRA_KERNELS_ENV))))
-# What each kernel accepts; tests draw their dtype parameters from here.
+REGISTRY: dict[str, dict[str, Kernel]] = build((*SPECS, *extra_specs(os.environ.get(EXTRA_KERNELS_ENV))))
+SOFTMAX_KERNELS: dict[str, Kernel] = REGISTRY["softmax"]
+SOFTMAX_BACKWARD_KERNELS: dict[str, Kernel] = REGISTRY["softmax_backward"]
+CROSS_ENTROPY_KERNELS: dict[str, Kernel] = REGISTRY["cross_entropy"]
+# What each softmax accepts; tests draw their dtype parameters from here.
 SUPPORTED_DTYPES = {name: k.dtypes for name, k in SOFTMAX_KERNELS.items()}
 # Ours, as opposed to the baselines we measure them against.
 OUR_KERNELS = tuple(name for name, k in SOFTMAX_KERNELS.items() if not k.baseline)
+# The backward each forward softmax op (kernels/ops.py) runs: forward kernel -> an entry of
+# SOFTMAX_BACKWARD_KERNELS (the spec's `backward`).
+SOFTMAX_BACKWARD_OF: dict[str, str] = {name: k.spec.backward for name, k in SOFTMAX_KERNELS.items() if k.spec.backward}

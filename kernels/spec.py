@@ -1,6 +1,8 @@
-"""What the suite knows about each softmax kernel, in one entry per kernel: the specification
-the registry (`kernels.SOFTMAX_KERNELS`), every registry-wide test, the benchmarks and the
-report harness (tests/suite: manifest, gate, figures) are derived from.
+"""What the suite knows about each kernel of its three operations (the softmax, the softmax
+backward, the cross-entropy), in one entry per kernel: the specification the registry
+(`kernels.REGISTRY`, and its views `SOFTMAX_KERNELS`, `SOFTMAX_BACKWARD_KERNELS`,
+`CROSS_ENTROPY_KERNELS`), every registry-wide test, the benchmarks and the report harness
+(tests/suite: manifest, gate, figures) are derived from.
 
 This module imports nothing but the standard library, so the harness reads it without
 importing torch; `kernels.registry` builds the callable `Kernel` objects on top of it. A new
@@ -60,6 +62,16 @@ GRIDS = ("lab", "sweep", "calls")
 BACKENDS = ("cupy", "triton", "torch")
 BASELINE = "F_softmax"  # the kernel every speed ratio is relative to
 
+# The operations a kernel may implement, each with the call its `fn` answers.
+OPS = {
+    "softmax": "fn(x, *, out=None) -> y: softmax over the last axis of a (B, V) tensor",
+    "softmax_backward": "fn(dy, y, *, out=None) -> dx = y * (dy - sum(y * dy, -1)) for (B, V) tensors",
+    "cross_entropy": "fn(logits, targets, *, weight=None, ignore_index=-100, label_smoothing=0.0, "
+    'reduction="mean", out=None) -> (loss, lse, grad), F.cross_entropy\'s semantics',
+}
+BACKWARD_BASELINE = "softmax_backward_data"  # torch._softmax_backward_data
+CROSS_ENTROPY_BASELINE = "F_cross_entropy"
+
 
 @dataclass(frozen=True)
 class Path:
@@ -87,8 +99,8 @@ Ref = str | Callable  # "package.module:attribute", resolved on first use, or th
 class KernelSpec:
     """Every fact the suite holds about one kernel (see README, "Adding a kernel").
 
-    name      the registry key, the benchmark and manifest name
-    fn        fn(x, *, out=None) -> Tensor: softmax over the last axis of a (B, V) tensor
+    name      the registry key within its op, the benchmark and manifest name
+    fn        the op's call (OPS[op]); for the softmax fn(x, *, out=None) -> Tensor
     paths     every dispatch path (Path), in the order the dispatch tries them
     dtypes    dtype names the kernel accepts
     backend   what launches it: "cupy" (CUDA C), "triton" or "torch"
@@ -111,6 +123,10 @@ class KernelSpec:
               fit on chip (the roofline places it at its own intensity)
     tolerances  dtype name -> {field: value} replacing fields of the suite's tolerance for that
               dtype (tests/helpers.py Tolerance, e.g. {"k": 2.0}); empty for every kernel of ours
+    op        the operation it implements, a key of OPS (default the softmax); the fields from
+              grids to autotuned describe softmax benchmarks and stay at their defaults otherwise
+    backward  (softmax only) the softmax_backward entry of the same name family its custom
+              operator's backward runs (None: the baseline's)
     """
 
     name: str
@@ -131,9 +147,17 @@ class KernelSpec:
     lab_gate: tuple[str, float] | None = None
     passes: int = 2
     tolerances: Mapping = field(default_factory=dict)
+    op: str = "softmax"
+    backward: str | None = None
 
     def __post_init__(self):
         problems = []
+        if self.op not in OPS:
+            problems.append(f"op must be one of {tuple(OPS)}")
+        elif self.op != "softmax" and (
+            self.grids or self.lab_contract or self.lab_gate or self.autotuned or self.custom_op or self.backward
+        ):
+            problems.append("grids, lab_contract, lab_gate, autotuned, custom_op and backward are softmax facts")
         if not self.name.isidentifier():
             problems.append("name must be an identifier (it appears in test ids and manifest keys)")
         if not self.paths or any(not isinstance(p, Path) for p in self.paths):
@@ -217,6 +241,7 @@ SPECS: tuple[KernelSpec, ...] = (
         _ALL,
         backend="cupy",
         plan="kernels.cuda_plans:fused_path",
+        backward="fused",
         gated=True,
         lab_contract=True,
         custom_op=True,
@@ -242,6 +267,7 @@ SPECS: tuple[KernelSpec, ...] = (
         backend="triton",
         plan="kernels.softmax_triton:plan",
         run_path="kernels.softmax_triton:run_path",
+        backward="triton",
         interpretable=True,
         gated=True,
         lab_contract=True,
@@ -252,7 +278,7 @@ SPECS: tuple[KernelSpec, ...] = (
     ),
     KernelSpec(
         BASELINE,
-        "kernels.registry:torch_softmax",
+        "kernels.baselines:torch_softmax",
         (Path("torch", gpu=(5, 100)),),
         _ALL,
         interpretable=True,
@@ -261,20 +287,113 @@ SPECS: tuple[KernelSpec, ...] = (
     ),
     KernelSpec(
         "torch_compile",
-        "kernels.registry:compiled_softmax",
+        "kernels.baselines:compiled_softmax",
         (Path("compiled", gpu=(5, 100)),),
         _ALL,
         baseline=True,
         grids=("sweep", "calls"),
     ),
+    # -- the training side: the softmax backward and the cross-entropy ------------------------------
+    # The fused entries' paths are the size classes of kernels/cuda_training_plans.py (the same
+    # for both ops and every dtype), each at the shortest row that takes it.
+    *(
+        KernelSpec(
+            "fused",
+            f"kernels.cuda_training:registry_{op}",
+            (
+                Path("warp", gpu=(5, 100)),
+                Path("warpvec", gpu=(5, 129)),
+                Path("row", gpu=(5, 257)),
+                Path("cluster", gpu=(5, 16385)),
+                Path("loop", gpu=(2, 131073)),
+            ),
+            _ALL,
+            backend="cupy",
+            plan=f"kernels.cuda_training_plans:{op.removeprefix('softmax_')}_path",
+            grids=(),
+            op=op,
+        )
+        for op in ("softmax_backward", "cross_entropy")
+    ),
+    KernelSpec(
+        "triton",
+        "kernels.triton_backward:softmax_backward",
+        (
+            Path("row", gpu=(5, 100)),
+            Path("split", gpu=(5, 8193), cpu={"CHUNK": 16, "num_warps": 2}),
+        ),
+        _ALL,
+        backend="triton",
+        plan="kernels.triton_backward:plan",
+        run_path="kernels.triton_backward:run_path",  # run_path(dy, y, path, *, out=None, **params)
+        interpretable=True,
+        grids=(),
+        op="softmax_backward",
+    ),
+    KernelSpec(
+        "triton",
+        "kernels.triton_cross_entropy:cross_entropy",
+        (
+            Path("row", gpu=(5, 100)),
+            Path("split", gpu=(5, 8193), cpu={"CHUNK": 16, "num_warps": 2}),
+        ),
+        _ALL,
+        backend="triton",
+        plan="kernels.triton_cross_entropy:plan",
+        run_path="kernels.triton_cross_entropy:run_path",  # run_path(logits, targets, path, *, params, **options)
+        interpretable=True,
+        grids=(),
+        op="cross_entropy",
+    ),
+    KernelSpec(
+        BACKWARD_BASELINE,
+        "kernels.baselines:torch_softmax_backward",
+        (Path("torch", gpu=(5, 100)),),
+        _ALL,
+        interpretable=True,
+        baseline=True,
+        grids=(),
+        op="softmax_backward",
+    ),
+    KernelSpec(
+        CROSS_ENTROPY_BASELINE,
+        "kernels.baselines:torch_cross_entropy",
+        (Path("torch", gpu=(5, 100)),),
+        _ALL,
+        interpretable=True,
+        baseline=True,
+        grids=(),
+        op="cross_entropy",
+    ),
+    *(
+        KernelSpec(
+            "torch_compile",
+            f"kernels.baselines:compiled_{op}",
+            (Path("compiled", gpu=(5, 100)),),
+            _ALL,
+            baseline=True,
+            grids=(),
+            op=op,
+        )
+        for op in ("softmax_backward", "cross_entropy")
+    ),
 )
 
-SPEC_BY_NAME: dict[str, KernelSpec] = {s.name: s for s in SPECS}
+# The softmax entries by name (a name is unique within its op; spec_of reaches every op).
+SPEC_BY_NAME: dict[str, KernelSpec] = {s.name: s for s in SPECS if s.op == "softmax"}
 
 
-def names(where: Callable[[KernelSpec], bool] | None = None, specs=SPECS) -> tuple[str, ...]:
-    """Kernel names in registry order, optionally those `where(spec)` holds for."""
-    return tuple(s.name for s in specs if where is None or where(s))
+def spec_of(op: str, name: str, specs=SPECS) -> KernelSpec:
+    """The entry of kernel `name` of operation `op`."""
+    for s in specs:
+        if s.op == op and s.name == name:
+            return s
+    raise KeyError(f"no {op} kernel {name!r}")
+
+
+def names(where: Callable[[KernelSpec], bool] | None = None, specs=SPECS, op: str = "softmax") -> tuple[str, ...]:
+    """Names of the kernels of `op` in registry order, optionally those `where(spec)` holds for."""
+    return tuple(s.name for s in specs if s.op == op and (where is None or where(s)))
 
 
 def in_grid(grid: str, specs=SPECS) -> tuple[str, ...]:
@@ -286,7 +405,9 @@ def in_grid(grid: str, specs=SPECS) -> tuple[str, ...]:
 
 __all__ = [
     "BACKENDS",
+    "BACKWARD_BASELINE",
     "BASELINE",
+    "CROSS_ENTROPY_BASELINE",
     "DTYPE_IDS",
     "DTYPE_NAMES",
     "GRIDS",
@@ -294,6 +415,7 @@ __all__ = [
     "KernelSpec",
     "LAB_POINT",
     "LAB_SHAPES",
+    "OPS",
     "Path",
     "SPECS",
     "SPEC_BY_NAME",
@@ -302,4 +424,5 @@ __all__ = [
     "itemsize",
     "matrix_bytes",
     "names",
+    "spec_of",
 ]

@@ -29,7 +29,7 @@ import torch
 import triton
 
 from .checks import check_backward_inputs, prepare_dx
-from .training_registry import TRITON_TRAINING_PATHS
+from .spec import spec_of
 from .triton_dispatch import SPLIT_MAX_SPINS, checked_p_block, p_block
 from .triton_launch import launch_named, tagged_workspace
 from .triton_loss_kernels import (
@@ -39,7 +39,7 @@ from .triton_loss_kernels import (
 )
 
 KERNEL_NAME = "triton"
-PATHS = TRITON_TRAINING_PATHS  # row, split, tile
+PATHS = spec_of("softmax_backward", KERNEL_NAME).path_names  # the registry's entry names them
 DISPATCH_BOUNDARIES = {"row_max_v": 8192}  # two inputs in registers: a quarter of the forward's row path
 
 INTERPRET = type(softmax_backward_row_kernel).__name__ == "InterpretedFunction"

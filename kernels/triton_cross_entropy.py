@@ -46,7 +46,7 @@ import triton
 
 from .checks import CROSS_ENTROPY_REDUCTIONS as REDUCTIONS
 from .checks import check_cross_entropy_inputs
-from .training_registry import TRITON_TRAINING_PATHS
+from .spec import spec_of
 from .triton_backward import fixed_point_bits, split_params, split_workspace
 from .triton_launch import launch_named
 from .triton_loss_kernels import (
@@ -59,7 +59,7 @@ from .triton_loss_kernels import (
 )
 
 KERNEL_NAME = "triton"
-PATHS = TRITON_TRAINING_PATHS  # row, split, tile
+PATHS = spec_of("cross_entropy", KERNEL_NAME).path_names  # the registry's entry names them
 DISPATCH_BOUNDARIES = {"row_max_v": 8192}
 
 INTERPRET = type(cross_entropy_row_kernel).__name__ == "InterpretedFunction"

@@ -84,11 +84,20 @@ class TestReference:
 @pytest.mark.cpu
 def test_registry_is_the_specs_and_nothing_else():
     """The registry holds exactly the kernels of kernels/spec.py, then those the environment
-    adds (SOFTMAX_SUITE_EXTRA_KERNELS), each built from its own spec."""
+    adds (SOFTMAX_SUITE_EXTRA_KERNELS), each built from its own spec, by op: one registry for
+    the three ops, whose views are the softmax, backward and cross-entropy dicts."""
     specs = (*SPECS, *extra_specs(os.environ.get(EXTRA_KERNELS_ENV)))
-    assert [k.spec for k in SOFTMAX_KERNELS.values()] == list(specs)
+    assert set(kernels.REGISTRY) == set(kernels.OPS)
+    for op, view in (
+        ("softmax", SOFTMAX_KERNELS),
+        ("softmax_backward", kernels.SOFTMAX_BACKWARD_KERNELS),
+        ("cross_entropy", kernels.CROSS_ENTROPY_KERNELS),
+    ):
+        assert kernels.REGISTRY[op] is view
+        assert [k.spec for k in view.values()] == [s for s in specs if s.op == op], op
+        assert all(k.op == op for k in view.values())
     assert kernels.BASELINE == BASELINE and SOFTMAX_KERNELS[BASELINE].baseline
-    assert kernels.OUR_KERNELS == tuple(s.name for s in specs if not s.baseline)
+    assert kernels.OUR_KERNELS == tuple(s.name for s in specs if s.op == "softmax" and not s.baseline)
 
 
 @pytest.mark.cpu
@@ -113,15 +122,15 @@ def test_extra_kernels_are_named_module_and_attribute(tmp_path, monkeypatch):
     else is an error that names the entry."""
     (tmp_path / "extra_softmax_specs.py").write_text(
         "from kernels.spec import KernelSpec, Path\n"
-        "ONE = KernelSpec('extra_one', 'kernels.registry:torch_softmax', (Path('torch', gpu=(5, 100)),))\n"
-        "TWO = [KernelSpec(f'extra_{i}', 'kernels.registry:torch_softmax', (Path('torch', gpu=(5, 100)),))"
+        "ONE = KernelSpec('extra_one', 'kernels.baselines:torch_softmax', (Path('torch', gpu=(5, 100)),))\n"
+        "TWO = [KernelSpec(f'extra_{i}', 'kernels.baselines:torch_softmax', (Path('torch', gpu=(5, 100)),))"
         " for i in (2, 3)]\n"
         "NOT_A_SPEC = 42\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     found = extra_specs(" extra_softmax_specs:ONE, extra_softmax_specs:TWO,")
     assert [s.name for s in found] == ["extra_one", "extra_2", "extra_3"]
-    registry = build((*SPECS, *found))
+    registry = build((*SPECS, *found))["softmax"]
     assert list(registry)[-3:] == ["extra_one", "extra_2", "extra_3"]
     x = logits(3, 50, seed=3)
     check_softmax(run_poisoned(registry["extra_2"], x), x)
@@ -156,6 +165,9 @@ def test_extra_kernels_are_named_module_and_attribute(tmp_path, monkeypatch):
         ({"tolerances": {"fp32": (1e-6, 1e-4)}}, "tolerances"),
         ({"paths": (Path("a", gpu=(1, 1), dtypes=("bfloat16",)),)}, "path's dtypes"),
         ({"paths": ("a",)}, "Path"),
+        ({"op": "layernorm"}, "op must be one of"),
+        ({"op": "cross_entropy"}, "softmax facts"),  # the default grids time a softmax
+        ({"op": "softmax_backward", "grids": (), "custom_op": True}, "softmax facts"),
     ],
 )
 def test_a_spec_that_cannot_be_verified_is_refused(bad, message):

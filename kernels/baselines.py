@@ -1,0 +1,134 @@
+"""The baselines every speed ratio and accuracy rule is measured against, for each op of the
+registry (kernels/spec.py names them): PyTorch's own kernel and Inductor's (torch.compile) for
+the softmax, its backward and the cross-entropy. Each checks its inputs as the suite's kernels
+do, so a bad input gets the same clear error whichever kernel is called."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from .checks import (
+    check_backward_inputs,
+    check_cross_entropy_inputs,
+    check_softmax_input,
+    prepare_dx,
+    prepare_output,
+)
+from .spec import BACKWARD_BASELINE, BASELINE, CROSS_ENTROPY_BASELINE
+
+
+def torch_softmax(x, *, out=None):
+    """The baseline: `F.softmax` over the last dimension."""
+    check_softmax_input(x, kernel=BASELINE, device_type=None)
+    y = F.softmax(x, dim=-1)
+    if out is None:
+        return y
+    return prepare_output(x, out, kernel=BASELINE).copy_(y)
+
+
+@functools.cache
+def _compiled_softmax():
+    return torch.compile(functools.partial(F.softmax, dim=-1))
+
+
+def compiled_softmax(x, *, out=None):
+    """The second baseline: `torch.compile(F.softmax)` (Inductor's generated kernel)."""
+    check_softmax_input(x, kernel="torch_compile", device_type="cuda")
+    y = _compiled_softmax()(x)
+    if out is None:
+        return y
+    return prepare_output(x, out, kernel="torch_compile").copy_(y)
+
+
+def torch_softmax_backward(dy, y, *, out=None):
+    """The baseline: PyTorch's own softmax backward kernel, torch._softmax_backward_data."""
+    check_backward_inputs(dy, y, kernel=BACKWARD_BASELINE, device_type=None)
+    dx = torch._softmax_backward_data(dy, y, -1, y.dtype)
+    return dx if out is None else prepare_dx(y, out, kernel=BACKWARD_BASELINE).copy_(dx)
+
+
+@functools.cache
+def _compiled_softmax_backward():
+    return torch.compile(lambda dy, y: torch._softmax_backward_data(dy, y, -1, y.dtype))
+
+
+def compiled_softmax_backward(dy, y, *, out=None):
+    """The second baseline: Inductor's kernel for torch._softmax_backward_data."""
+    check_backward_inputs(dy, y, kernel="torch_compile", device_type="cuda")
+    dx = _compiled_softmax_backward()(dy, y)
+    return dx if out is None else prepare_dx(y, out, kernel="torch_compile").copy_(dx)
+
+
+def _torch_cross_entropy_grad(
+    loss_fn, logits, targets, weight, ignore_index, label_smoothing, reduction, out, *, kernel, device_type
+):
+    """A PyTorch baseline's (loss, lse, grad): the inputs checked as `kernel`, then `loss_fn`'s
+    forward, its autograd backward, torch.logsumexp."""
+    check_cross_entropy_inputs(
+        logits,
+        targets,
+        weight=weight,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+        reduction=reduction,
+        kernel=kernel,
+        device_type=device_type,
+    )
+    x = logits.detach().requires_grad_(True)
+    with torch.enable_grad():
+        loss = loss_fn(x, targets, weight, ignore_index, label_smoothing, reduction)
+        (grad,) = torch.autograd.grad(loss, x, torch.ones_like(loss))
+    lse = torch.logsumexp(logits.detach().float(), dim=-1)
+    if out is not None:
+        grad = out.copy_(grad)
+    return loss.detach(), lse, grad
+
+
+def _f_cross_entropy(x, targets, weight, ignore_index, label_smoothing, reduction):
+    return F.cross_entropy(
+        x, targets, weight=weight, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction
+    )
+
+
+def torch_cross_entropy(
+    logits, targets, *, weight=None, ignore_index=-100, label_smoothing=0.0, reduction="mean", out=None
+):
+    """The baseline: F.cross_entropy forward, its autograd backward, torch.logsumexp."""
+    return _torch_cross_entropy_grad(
+        _f_cross_entropy,
+        logits,
+        targets,
+        weight,
+        ignore_index,
+        label_smoothing,
+        reduction,
+        out,
+        kernel=CROSS_ENTROPY_BASELINE,
+        device_type=None,
+    )
+
+
+@functools.cache
+def _compiled_cross_entropy():
+    return torch.compile(_f_cross_entropy)
+
+
+def compiled_cross_entropy(
+    logits, targets, *, weight=None, ignore_index=-100, label_smoothing=0.0, reduction="mean", out=None
+):
+    """The second baseline: torch.compile(F.cross_entropy), forward and backward."""
+    return _torch_cross_entropy_grad(
+        _compiled_cross_entropy(),
+        logits,
+        targets,
+        weight,
+        ignore_index,
+        label_smoothing,
+        reduction,
+        out,
+        kernel="torch_compile",
+        device_type="cuda",
+    )
