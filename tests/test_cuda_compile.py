@@ -53,6 +53,7 @@ def test_compiles_for_sm90_without_spills(path, record_manifest):
     assert_builds_clean(report, expected, path.name)
 
 
+@pytest.mark.slow  # the deeper tier: a build, no kernel runs
 @needs_nvcc
 def test_fused_builds_for_gpus_without_clusters():
     # Before sm_90 the cluster entry points (and their st.async / mbarrier meetings) are left
@@ -167,6 +168,7 @@ def test_each_kernel_has_a_translation_unit_of_its_own():
 @pytest.mark.parametrize(
     "path", [*cuda_build.CU_SOURCES[2:], *cuda_training_plans.TRAINING_SOURCES], ids=lambda p: p.name
 )
+@pytest.mark.slow  # the deeper tier: a build, no kernel runs
 def test_a_kernel_built_alone_is_the_kernel_of_the_whole_build(path):
     """ptxas gives a kernel compiled in its own unit the registers, stack and spills it gets in
     the whole source's build (which test_compiles_for_sm90_without_spills checks): the run-time

@@ -152,6 +152,7 @@ def test_interpreted_in_a_subprocess(pytestconfig):
     run_interpreted_in_subprocess(__file__, pytestconfig)
 
 
+@pytest.mark.slow  # the deeper tier: a build, no kernel runs
 def test_loss_kernels_build_for_sm90_without_spills():
     """The largest configuration of each training kernel, compiled for sm_90 ahead of time
     (kernels.triton_loss_build --quick, in a child process: the compiled kernels are needed, so
