@@ -79,32 +79,44 @@ def _config_id(cfg):
 
 
 def _config_cases():
-    """Each config at each V of V_SHAPES (B alternating 1 and 3), at its own tile boundary
-    (V = BLOCK: one tile; BLOCK + 1: the multi-pass loop with a one-element last tile), and once
-    at B = 64; each V of V_SHAPES at B = 64 with some config. num_warps does not change what
-    the interpreter computes, but each config is still run as the GPU would launch it."""
+    """One config of each BLOCK (num_warps taking turns, so every num_warps appears), at each V
+    of V_SHAPES (B alternating 1 and 3), at its own tile boundary (V = BLOCK - 1, BLOCK: one
+    tile; BLOCK + 1: the multi-pass loop with a one-element last tile), and at B = 64 with the
+    narrowest tile.
+    num_warps does not change what the interpreter computes, so the other configs of a BLOCK
+    would run the same program: the GPU cases launch every config."""
+    by_block: dict[int, list] = {}
+    for cfg in st.CONFIGS:
+        by_block.setdefault(cfg.kwargs["BLOCK"], []).append(cfg)
     cases = {}
-    for i, cfg in enumerate(st.CONFIGS):
+    for i, (block, configs) in enumerate(sorted(by_block.items())):
+        cfg = configs[i % len(configs)]
         for j, V in enumerate(V_SHAPES):
-            cases[(i, (1, 3)[(i + j) % 2], V)] = None
-        block = cfg.kwargs["BLOCK"]
-        for V in (block, block + 1):
-            cases[(i, 3, V)] = None
-        cases[(i, 64, V_SHAPES[i % len(V_SHAPES)])] = None
-    return [pytest.param(st.CONFIGS[i], B, V, id=f"{_config_id(st.CONFIGS[i])}-B{B}-V{V}") for i, B, V in cases]
+            cases[(cfg, (1, 3)[(i + j) % 2], V)] = None
+        for V in (block - 1, block, block + 1):
+            cases[(cfg, 3, V)] = None
+    # A grid of 64 rows with the narrowest tile, at the V of one to four tiles: the interpreter
+    # pays for every lane of every program, and the grid is the same for every config (the
+    # longer rows run at B = 1 and 3 above).
+    narrowest = min((cfg for cfg, _, _ in cases), key=lambda cfg: cfg.kwargs["BLOCK"])
+    for V in V_SHAPES:
+        if V <= 4 * narrowest.kwargs["BLOCK"]:
+            cases[(narrowest, 64, V)] = None
+    return [pytest.param(cfg, B, V, id=f"{_config_id(cfg)}-B{B}-V{V}") for cfg, B, V in cases]
 
 
 CONFIG_CASES = _config_cases()
 
 
-def test_config_cases_cover_every_config_v_and_batch_size():
-    seen = {(_config_id(p.values[0]), p.values[2]) for p in CONFIG_CASES}
-    assert seen >= {(_config_id(c), V) for c in st.CONFIGS for V in V_SHAPES}
+def test_config_cases_cover_every_block_v_and_batch_size():
+    chosen = {p.values[0] for p in CONFIG_CASES}
+    assert {c.kwargs["BLOCK"] for c in chosen} == {c.kwargs["BLOCK"] for c in st.CONFIGS}
+    assert {c.num_warps for c in chosen} == {c.num_warps for c in st.CONFIGS}
+    seen = {(p.values[0].kwargs["BLOCK"], p.values[2]) for p in CONFIG_CASES}
     for cfg in st.CONFIGS:
-        for V in (cfg.kwargs["BLOCK"], cfg.kwargs["BLOCK"] + 1):
-            assert (_config_id(cfg), V) in seen
-        assert any(p.values[0] is cfg and p.values[1] == 64 for p in CONFIG_CASES), _config_id(cfg)
-    assert {p.values[2] for p in CONFIG_CASES if p.values[1] == 64} >= set(V_SHAPES)
+        block = cfg.kwargs["BLOCK"]
+        assert {(block, V) for V in (*V_SHAPES, block - 1, block, block + 1)} <= seen
+    assert {p.values[2] for p in CONFIG_CASES if p.values[1] == 64} >= {V for V in V_SHAPES if V <= 1024}
 
 
 @interpreted
