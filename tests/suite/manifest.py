@@ -29,7 +29,8 @@ KERNEL_ORDER = names()
 REQUIRED_KERNELS = names(lambda s: s.lab_contract)
 AUTOTUNED_KERNELS = names(lambda s: s.autotuned)
 TARGET_KERNELS = names(lambda s: s.gated)
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "reports" / "manifest.schema.json"
+REPORTS_DIR = Path(__file__).resolve().parents[2] / "reports"
+SCHEMA_PATH = REPORTS_DIR / "manifest.schema.json"
 # softmax_kernels' key for a kernel's device time at the lab point, named from that point
 # (kernels/spec.py LAB_POINT): "us_at_B512_V600_fp32".
 LAB_POINT_KEY = f"us_at_B{LAB_POINT[0]}_V{LAB_POINT[1]}_{DTYPE_IDS[LAB_POINT[2]]}"
@@ -768,6 +769,20 @@ def validate(manifest: dict, schema_path: Path = SCHEMA_PATH) -> None:
 
 
 # -- the entry point the conftest calls -----------------------------------------------------------------
+
+
+def reports_destination(config) -> Path | None:
+    """The folder this run writes its reports into, or None for none. Only a run that asks writes
+    tracked files: `--benchmark-only` (the run that measures what reports/ states) writes into
+    reports/, `--reports-dir DIR` into DIR, and any other run (`pytest -m cpu`, `pytest -m cuda`)
+    nowhere, because its figures would rewrite committed ones with no one asking."""
+    if config.getoption("no_reports"):
+        return None
+    if config.getoption("reports_dir"):
+        return Path(config.getoption("reports_dir"))
+    if config.getoption("benchmark_only", False):
+        return REPORTS_DIR
+    return None
 
 
 def write_reports(
