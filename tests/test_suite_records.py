@@ -17,13 +17,13 @@ pytestmark = pytest.mark.cpu
 def test_recorded_values_combine_as_worst_case():
     merged = records.combine_recorded(
         [
-            ("torch_port", {"max_abs_diff_to_numpy_reference": 1e-7, "allclose_to_numpy_at_fp32_cpu": "passed"}),
-            ("torch_port", {"max_abs_diff_to_numpy_reference": 4e-7, "allclose_to_numpy_at_fp32_cpu": "failed"}),
+            ("torch_port", {"max_abs_diff_to_numpy_reference": 1e-7, "byte_equivalence_at_fp32_cpu": "passed"}),
+            ("torch_port", {"max_abs_diff_to_numpy_reference": 4e-7, "byte_equivalence_at_fp32_cpu": "failed"}),
             (
                 "torch_port",
                 {
                     "max_abs_diff_to_numpy_reference": 2e-7,
-                    "allclose_to_numpy_at_fp32_cpu": "passed",
+                    "byte_equivalence_at_fp32_cpu": "passed",
                     "kernel_swap_changes_top1_token": False,
                 },
             ),
@@ -33,7 +33,7 @@ def test_recorded_values_combine_as_worst_case():
     assert merged == {
         "torch_port": {
             "max_abs_diff_to_numpy_reference": 4e-7,
-            "allclose_to_numpy_at_fp32_cpu": "failed",
+            "byte_equivalence_at_fp32_cpu": "failed",
             "kernel_swap_changes_top1_token": True,
         }
     }

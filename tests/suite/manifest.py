@@ -17,7 +17,7 @@ import platform
 import tempfile
 from pathlib import Path
 
-from kernels.spec import BASELINE, DTYPE_IDS, LAB_POINT, matrix_bytes, names
+from kernels.spec import BASELINE, LAB_POINT, matrix_bytes, names
 from tests.suite.devicetime import CALL_MODES, MODES
 
 EXPERIMENT = "24-triton-and-pytorch"
@@ -31,14 +31,14 @@ AUTOTUNED_KERNELS = names(lambda s: s.autotuned)
 TARGET_KERNELS = names(lambda s: s.gated)
 REPORTS_DIR = Path(__file__).resolve().parents[2] / "reports"
 SCHEMA_PATH = REPORTS_DIR / "manifest.schema.json"
-# softmax_kernels' key for a kernel's device time at the lab point, named from that point
-# (kernels/spec.py LAB_POINT): "us_at_B512_V600_fp32".
-LAB_POINT_KEY = f"us_at_B{LAB_POINT[0]}_V{LAB_POINT[1]}_{DTYPE_IDS[LAB_POINT[2]]}"
-# Keys that earlier manifests wrote under other names, old -> new (reports/README.md): what a
-# key held is unchanged, only its name now says what it is. `upgrade` applies the map.
+# softmax_kernels' key for a kernel's device time at the lab point (kernels/spec.py LAB_POINT:
+# V and dtype too), spelled as the lab's contract spells it; the schema says which point it is.
+LAB_POINT_KEY = "us_at_B512"
+# Keys that earlier manifests wrote under other names, old -> new: what a key held is unchanged.
+# `upgrade` applies the map, so that the manifests a baseline or a merge reads keep working.
 RENAMED_KEYS = {
-    "softmax_kernels": {"us_at_B512": LAB_POINT_KEY, "frac_of_hbm_peak": "frac_of_copy_bw"},
-    "torch_port": {"byte_equivalence_at_fp32_cpu": "allclose_to_numpy_at_fp32_cpu"},
+    "softmax_kernels": {"us_at_B512_V600_fp32": LAB_POINT_KEY, "frac_of_hbm_peak": "frac_of_copy_bw"},
+    "torch_port": {"allclose_to_numpy_at_fp32_cpu": "byte_equivalence_at_fp32_cpu"},
 }
 
 # The roofline's FLOPs convention: per element one compare (max), one subtract, one exp, one
@@ -589,7 +589,7 @@ def empty_manifest(today: str) -> dict:
             for k in REQUIRED_KERNELS
         },
         "torch_port": {
-            "allclose_to_numpy_at_fp32_cpu": None,
+            "byte_equivalence_at_fp32_cpu": None,
             "max_abs_diff_to_numpy_reference": None,
             "kernel_swap_changes_top1_token": None,
         },
