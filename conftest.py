@@ -209,10 +209,9 @@ def pytest_sessionfinish(session, exitstatus):
     environment = manifest.run_environment(
         gpus.measured_gpu(_collector.gpu_work_ran or bool(benchmarks)), config.invocation_params.args
     )
-    destination = manifest.reports_destination(config)
-    if destination is not None:
+    if not config.getoption("no_reports"):
         config.stash[_written] = manifest.write_reports(
-            destination,
+            manifest.reports_destination(config),
             benchmarks=benchmarks,
             recorded=_collector.combined(),
             environment=environment,

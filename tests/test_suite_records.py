@@ -153,6 +153,12 @@ def test_a_plain_run_writes_nothing_and_reports_dir_writes_there(tmp_path):
     assert _reports_tree() == before
 
 
+def test_a_plain_run_still_validates_what_it_recorded():
+    proc = run_pytest(str(CASES / "record_case.py"), "-p", "no:xdist", "-q", env={"RECORD_CASE_INVALID": "1"})
+    assert proc.returncode != 0, proc.stdout
+    assert "ValidationError" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize(
     ("options", "expected"),
     [

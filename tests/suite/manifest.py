@@ -786,21 +786,30 @@ def reports_destination(config) -> Path | None:
 
 
 def write_reports(
-    out_dir: Path, *, benchmarks: list[dict], recorded: dict[str, dict], environment: dict, today: str | None = None
+    out_dir: Path | None,
+    *,
+    benchmarks: list[dict],
+    recorded: dict[str, dict],
+    environment: dict,
+    today: str | None = None,
 ) -> list[Path]:
     """Update manifest.json (and the figures, when this run timed kernels) in `out_dir`.
     Returns the paths whose contents changed. Nothing is written when the run measured nothing
-    or measured exactly what the files already hold."""
+    or measured exactly what the files already hold. With `out_dir` None nothing is written, but
+    the manifest this run would give reports/ is still built and validated, so that a value a
+    test recorded against the schema fails every run, not only the runs that write."""
     if not benchmarks and not recorded:
         return []
     from tests.suite import figures
 
-    out_dir = Path(out_dir)
-    manifest_path = out_dir / "manifest.json"
+    manifest_path = Path(REPORTS_DIR if out_dir is None else out_dir) / "manifest.json"
     manifest = build_manifest(
         read_manifest(manifest_path), benchmarks=benchmarks, recorded=recorded, environment=environment, today=today
     )
     validate(manifest)
+    if out_dir is None:
+        return []
+    out_dir = Path(out_dir)
     written = [manifest_path] if write_if_changed(manifest_path, serialise(manifest)) else []
     if benchmarks:
         for name, png in figures.render_all(manifest).items():
