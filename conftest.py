@@ -10,8 +10,6 @@ import pytest
 
 from tests.suite import coverage, gate, gpus, manifest, markers, records
 
-ROOT = Path(__file__).resolve().parent
-
 # Each xdist worker gets its own GPU before anything can initialise CUDA in it.
 gpus.pin_xdist_worker(os.environ.get("PYTEST_XDIST_WORKER"))
 
@@ -42,8 +40,10 @@ def pytest_addoption(parser):
     )
     group.addoption(
         "--reports-dir",
-        default=str(ROOT / "reports"),
-        help="folder for manifest.json and the figures (default: reports/)",
+        default=None,
+        metavar="DIR",
+        help="write manifest.json and the figures into DIR at the end of the run (default: reports/ after a "
+        "--benchmark-only run, nowhere after any other run, so that a test run leaves the tree clean)",
     )
     group.addoption("--no-reports", action="store_true", help="write no reports at the end of the run")
     group.addoption(
@@ -219,7 +219,7 @@ def pytest_sessionfinish(session, exitstatus):
     )
     if not config.getoption("no_reports"):
         config.stash[_written] = manifest.write_reports(
-            Path(config.getoption("reports_dir")),
+            manifest.reports_destination(config),
             benchmarks=benchmarks,
             recorded=_collector.combined(),
             environment=environment,

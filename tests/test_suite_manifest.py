@@ -148,7 +148,7 @@ def test_a_cpu_run_keeps_the_gpu_sections():
     after = manifest.build_manifest(
         json.loads(json.dumps(before)),
         benchmarks=[],
-        recorded={"torch_port": {"max_abs_diff_to_numpy_reference": 3e-7, "allclose_to_numpy_at_fp32_cpu": "passed"}},
+        recorded={"torch_port": {"max_abs_diff_to_numpy_reference": 3e-7, "byte_equivalence_at_fp32_cpu": "passed"}},
         environment=CPU_ENV,
         today="2026-11-30",
     )
@@ -175,7 +175,7 @@ def test_the_same_measurements_give_a_byte_identical_manifest(tmp_path):
 
 def test_a_changed_value_moves_only_its_own_provenance():
     cpu_values = {
-        "torch_port": {"max_abs_diff_to_numpy_reference": 3e-7, "allclose_to_numpy_at_fp32_cpu": "passed"},
+        "torch_port": {"max_abs_diff_to_numpy_reference": 3e-7, "byte_equivalence_at_fp32_cpu": "passed"},
         "numpy_model": {"verb_form_accuracy": 1.0},
     }
     first = manifest.build_manifest(

@@ -1,12 +1,15 @@
 """tests/suite/records.py: how recorded values combine over tests, and what a benchmark case
 hands over to the manifest."""
 
+import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from tests.suite import records
+from tests.suite import manifest, records
+from tests.suite.testing import CASES, run_pytest
 
 pytestmark = pytest.mark.cpu
 
@@ -14,13 +17,13 @@ pytestmark = pytest.mark.cpu
 def test_recorded_values_combine_as_worst_case():
     merged = records.combine_recorded(
         [
-            ("torch_port", {"max_abs_diff_to_numpy_reference": 1e-7, "allclose_to_numpy_at_fp32_cpu": "passed"}),
-            ("torch_port", {"max_abs_diff_to_numpy_reference": 4e-7, "allclose_to_numpy_at_fp32_cpu": "failed"}),
+            ("torch_port", {"max_abs_diff_to_numpy_reference": 1e-7, "byte_equivalence_at_fp32_cpu": "passed"}),
+            ("torch_port", {"max_abs_diff_to_numpy_reference": 4e-7, "byte_equivalence_at_fp32_cpu": "failed"}),
             (
                 "torch_port",
                 {
                     "max_abs_diff_to_numpy_reference": 2e-7,
-                    "allclose_to_numpy_at_fp32_cpu": "passed",
+                    "byte_equivalence_at_fp32_cpu": "passed",
                     "kernel_swap_changes_top1_token": False,
                 },
             ),
@@ -30,7 +33,7 @@ def test_recorded_values_combine_as_worst_case():
     assert merged == {
         "torch_port": {
             "max_abs_diff_to_numpy_reference": 4e-7,
-            "allclose_to_numpy_at_fp32_cpu": "failed",
+            "byte_equivalence_at_fp32_cpu": "failed",
             "kernel_swap_changes_top1_token": True,
         }
     }
@@ -128,3 +131,46 @@ def test_the_collector_sees_recorded_values_and_gpu_work():
     )
     assert collector.gpu_work_ran
     assert collector.combined() == {"s": {"err": 3e-7}}
+
+
+def _reports_tree() -> dict:
+    return {p: p.read_bytes() for p in sorted(manifest.REPORTS_DIR.rglob("*")) if p.is_file()}
+
+
+def test_a_plain_run_writes_nothing_and_reports_dir_writes_there(tmp_path):
+    """A run that records a figure the committed manifest does not hold leaves reports/ as it was,
+    on a first and a second run; with --reports-dir the same run writes its manifest there."""
+    before = _reports_tree()
+    for _ in range(2):
+        proc = run_pytest(str(CASES / "record_case.py"), "-p", "no:xdist", "-q")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "reports written" not in proc.stdout, proc.stdout
+        assert _reports_tree() == before, "a plain run rewrote files under reports/"
+    proc = run_pytest(str(CASES / "record_case.py"), "-p", "no:xdist", "-q", "--reports-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    written = json.loads((tmp_path / "manifest.json").read_text())
+    assert written["torch_port"]["max_abs_diff_to_numpy_reference"] == 0.5
+    assert _reports_tree() == before
+
+
+def test_a_plain_run_still_validates_what_it_recorded():
+    proc = run_pytest(str(CASES / "record_case.py"), "-p", "no:xdist", "-q", env={"RECORD_CASE_INVALID": "1"})
+    assert proc.returncode != 0, proc.stdout
+    assert "ValidationError" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({}, None),
+        ({"benchmark_only": True}, manifest.REPORTS_DIR),
+        ({"reports_dir": "elsewhere"}, "elsewhere"),
+        ({"benchmark_only": True, "reports_dir": "elsewhere"}, "elsewhere"),
+        ({"benchmark_only": True, "no_reports": True}, None),
+    ],
+)
+def test_only_the_benchmark_run_or_reports_dir_write_reports(options, expected):
+    values = {"no_reports": False, "reports_dir": None, "benchmark_only": False, **options}
+    config = SimpleNamespace(getoption=lambda name, default=None: values.get(name, default))
+    got = manifest.reports_destination(config)
+    assert got == (None if expected is None else Path(expected))

@@ -20,6 +20,7 @@ jsonschema = pytest.importorskip("jsonschema")  # a CPU-suite dependency; absent
 pytestmark = pytest.mark.cpu
 
 ROOT = Path(__file__).resolve().parents[1]
+LAB_SCHEMA = ROOT / "reports" / "lab.manifest.schema.json"
 FIXTURE = "record_manifest"
 
 
@@ -157,12 +158,44 @@ def test_the_committed_manifest_validates_and_uses_todays_key_names():
     assert manifest.upgrade(committed) == committed, "reports/manifest.json holds keys of an earlier schema"
 
 
-def test_the_lab_point_key_is_named_from_the_lab_point():
+def test_the_lab_point_key_is_the_contracts_at_the_lab_point():
     B, V, dtype = manifest.LAB_POINT
     point = schema()["$defs"]["kernel_point"]
-    assert manifest.LAB_POINT_KEY == f"us_at_B{B}_V{V}_{manifest.DTYPE_IDS[dtype]}"
+    assert manifest.LAB_POINT_KEY == f"us_at_B{B}", "the contract's key names B = 512: the lab point moved"
+    assert f"V = {V}, {dtype}" in point["description"]
     assert manifest.LAB_POINT_KEY in point["required"] and manifest.LAB_POINT_KEY in point["properties"]
     assert set(point["properties"]).isdisjoint(manifest.RENAMED_KEYS["softmax_kernels"])
+
+
+def test_the_committed_manifest_holds_the_lab_contract():
+    """The lab's own schema (a verbatim copy: reports/lab.manifest.schema.json) accepts the
+    committed manifest, and every key it requires, at any depth, ours requires by the same name."""
+    lab = json.loads(LAB_SCHEMA.read_text())
+    committed = json.loads((ROOT / "reports" / "manifest.json").read_text())
+    jsonschema.validate(committed, lab)
+    jsonschema.validate(committed, schema())
+
+    def resolved(root, node):
+        parts = [node]
+        if "$ref" in node:
+            parts.append(root["$defs"][node["$ref"].rsplit("/", 1)[1]])
+        parts += [resolved(root, child) for child in node.get("allOf", [])]
+        return {
+            "required": {key for part in parts for key in part.get("required", [])},
+            "properties": {key: child for part in parts for key, child in (part.get("properties") or {}).items()},
+        }
+
+    def required(root, node, path=()):
+        node = resolved(root, node)
+        for key in sorted(node["required"]):
+            yield (*path, key)
+        for key, child in node["properties"].items():
+            yield from required(root, child, (*path, key))
+
+    ours = schema()
+    ours_required = set(required(ours, ours))
+    missing = [".".join(keys) for keys in required(lab, lab) if keys not in ours_required]
+    assert not missing, f"the lab contract's keys {missing} are not required by {manifest.SCHEMA_PATH.name}"
 
 
 def test_the_fixture_refuses_a_section_the_schema_does_not_describe():
@@ -175,9 +208,9 @@ def test_an_old_manifest_is_read_under_todays_names():
     """manifest.upgrade maps the keys earlier manifests used (RENAMED_KEYS) and moves fused's
     size-class descriptions out of the sweep's plan, which names the path."""
     old = {
-        "softmax_kernels": {"fused": {"us_at_B512": 4.0, "frac_of_F_softmax": 1.2, "frac_of_hbm_peak": 0.1}},
-        "torch_port": {"byte_equivalence_at_fp32_cpu": "passed"},
-        "provenance": {"torch_port.byte_equivalence_at_fp32_cpu": {"date": "then"}, "gpu": {"date": "now"}},
+        "softmax_kernels": {"fused": {"us_at_B512_V600_fp32": 4.0, "frac_of_F_softmax": 1.2, "frac_of_hbm_peak": 0.1}},
+        "torch_port": {"allclose_to_numpy_at_fp32_cpu": "passed"},
+        "provenance": {"torch_port.allclose_to_numpy_at_fp32_cpu": {"date": "then"}, "gpu": {"date": "now"}},
         "sweep": [
             {"kernel": "fused", "plan": "warp(rows/block=8, elems/lane=24, 16-byte vectors)"},
             {"kernel": "fused", "plan": "row(cluster=1, threads=128, elems/thread=32)"},
@@ -190,12 +223,12 @@ def test_an_old_manifest_is_read_under_todays_names():
         "frac_of_F_softmax": 1.2,
         "frac_of_copy_bw": 0.1,
     }
-    assert new["torch_port"] == {"allclose_to_numpy_at_fp32_cpu": "passed"}
-    assert new["provenance"] == {"torch_port.allclose_to_numpy_at_fp32_cpu": {"date": "then"}, "gpu": {"date": "now"}}
+    assert new["torch_port"] == {"byte_equivalence_at_fp32_cpu": "passed"}
+    assert new["provenance"] == {"torch_port.byte_equivalence_at_fp32_cpu": {"date": "then"}, "gpu": {"date": "now"}}
     # Where the new name has provenance of its own, the old name's goes.
-    both = dict(old["provenance"], **{"torch_port.allclose_to_numpy_at_fp32_cpu": {"date": "now"}})
+    both = dict(old["provenance"], **{"torch_port.byte_equivalence_at_fp32_cpu": {"date": "now"}})
     assert manifest.upgrade(dict(old, provenance=both))["provenance"] == {
-        "torch_port.allclose_to_numpy_at_fp32_cpu": {"date": "now"},
+        "torch_port.byte_equivalence_at_fp32_cpu": {"date": "now"},
         "gpu": {"date": "now"},
     }
     assert [(e["plan"], e.get("size_class")) for e in new["sweep"]] == [
@@ -203,4 +236,4 @@ def test_an_old_manifest_is_read_under_todays_names():
         ("row", "row(cluster=1, threads=128, elems/thread=32)"),
         ("tile", None),
     ]
-    assert old["torch_port"] == {"byte_equivalence_at_fp32_cpu": "passed"}, "upgrade must not change its input"
+    assert old["torch_port"] == {"allclose_to_numpy_at_fp32_cpu": "passed"}, "upgrade must not change its input"

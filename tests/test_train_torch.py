@@ -27,6 +27,7 @@ from model import train as numpy_trainer
 from model.numpy_minigpt import NumpyMiniGPT
 from model.tokenizer import Tokenizer
 from tests.helpers import INTERPRETED, needs_triton
+from tests.suite import manifest
 
 REPO = Path(__file__).resolve().parents[1]
 NUMPY_LOG = REPO / "reports" / "runs" / "numpy-train-losses.json"
@@ -157,8 +158,8 @@ def test_gpu_training_through_the_triton_loss_reaches_the_numpy_loss(pytestconfi
         verb_form_accuracy=accuracy,
         loss="triton cross-entropy (kernels.ops.cross_entropy)",
     )
-    if not pytestconfig.getoption("no_reports"):
-        reports = Path(pytestconfig.getoption("reports_dir"))
+    reports = manifest.reports_destination(pytestconfig)
+    if reports is not None:
         gpu = torch.cuda.get_device_name()
         numpy_trainer.write_loss_log(
             reports / "runs" / "torch-train-losses.json",

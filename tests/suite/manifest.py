@@ -17,7 +17,7 @@ import platform
 import tempfile
 from pathlib import Path
 
-from kernels.spec import BASELINE, DTYPE_IDS, LAB_POINT, matrix_bytes, names
+from kernels.spec import BASELINE, LAB_POINT, matrix_bytes, names
 from tests.suite.devicetime import CALL_MODES, MODES
 
 EXPERIMENT = "24-triton-and-pytorch"
@@ -29,15 +29,16 @@ KERNEL_ORDER = names()
 REQUIRED_KERNELS = names(lambda s: s.lab_contract)
 AUTOTUNED_KERNELS = names(lambda s: s.autotuned)
 TARGET_KERNELS = names(lambda s: s.gated)
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "reports" / "manifest.schema.json"
-# softmax_kernels' key for a kernel's device time at the lab point, named from that point
-# (kernels/spec.py LAB_POINT): "us_at_B512_V600_fp32".
-LAB_POINT_KEY = f"us_at_B{LAB_POINT[0]}_V{LAB_POINT[1]}_{DTYPE_IDS[LAB_POINT[2]]}"
-# Keys that earlier manifests wrote under other names, old -> new (reports/README.md): what a
-# key held is unchanged, only its name now says what it is. `upgrade` applies the map.
+REPORTS_DIR = Path(__file__).resolve().parents[2] / "reports"
+SCHEMA_PATH = REPORTS_DIR / "manifest.schema.json"
+# softmax_kernels' key for a kernel's device time at the lab point (kernels/spec.py LAB_POINT:
+# V and dtype too), spelled as the lab's contract spells it; the schema says which point it is.
+LAB_POINT_KEY = "us_at_B512"
+# Keys that earlier manifests wrote under other names, old -> new: what a key held is unchanged.
+# `upgrade` applies the map, so that the manifests a baseline or a merge reads keep working.
 RENAMED_KEYS = {
-    "softmax_kernels": {"us_at_B512": LAB_POINT_KEY, "frac_of_hbm_peak": "frac_of_copy_bw"},
-    "torch_port": {"byte_equivalence_at_fp32_cpu": "allclose_to_numpy_at_fp32_cpu"},
+    "softmax_kernels": {"us_at_B512_V600_fp32": LAB_POINT_KEY, "frac_of_hbm_peak": "frac_of_copy_bw"},
+    "torch_port": {"allclose_to_numpy_at_fp32_cpu": "byte_equivalence_at_fp32_cpu"},
 }
 
 # The roofline's FLOPs convention: per element one compare (max), one subtract, one exp, one
@@ -588,7 +589,7 @@ def empty_manifest(today: str) -> dict:
             for k in REQUIRED_KERNELS
         },
         "torch_port": {
-            "allclose_to_numpy_at_fp32_cpu": None,
+            "byte_equivalence_at_fp32_cpu": None,
             "max_abs_diff_to_numpy_reference": None,
             "kernel_swap_changes_top1_token": None,
         },
@@ -770,22 +771,45 @@ def validate(manifest: dict, schema_path: Path = SCHEMA_PATH) -> None:
 # -- the entry point the conftest calls -----------------------------------------------------------------
 
 
+def reports_destination(config) -> Path | None:
+    """The folder this run writes its reports into, or None for none. Only a run that asks writes
+    tracked files: `--benchmark-only` (the run that measures what reports/ states) writes into
+    reports/, `--reports-dir DIR` into DIR, and any other run (`pytest -m cpu`, `pytest -m cuda`)
+    nowhere, because its figures would rewrite committed ones with no one asking."""
+    if config.getoption("no_reports"):
+        return None
+    if config.getoption("reports_dir"):
+        return Path(config.getoption("reports_dir"))
+    if config.getoption("benchmark_only", False):
+        return REPORTS_DIR
+    return None
+
+
 def write_reports(
-    out_dir: Path, *, benchmarks: list[dict], recorded: dict[str, dict], environment: dict, today: str | None = None
+    out_dir: Path | None,
+    *,
+    benchmarks: list[dict],
+    recorded: dict[str, dict],
+    environment: dict,
+    today: str | None = None,
 ) -> list[Path]:
     """Update manifest.json (and the figures, when this run timed kernels) in `out_dir`.
     Returns the paths whose contents changed. Nothing is written when the run measured nothing
-    or measured exactly what the files already hold."""
+    or measured exactly what the files already hold. With `out_dir` None nothing is written, but
+    the manifest this run would give reports/ is still built and validated, so that a value a
+    test recorded against the schema fails every run, not only the runs that write."""
     if not benchmarks and not recorded:
         return []
     from tests.suite import figures
 
-    out_dir = Path(out_dir)
-    manifest_path = out_dir / "manifest.json"
+    manifest_path = Path(REPORTS_DIR if out_dir is None else out_dir) / "manifest.json"
     manifest = build_manifest(
         read_manifest(manifest_path), benchmarks=benchmarks, recorded=recorded, environment=environment, today=today
     )
     validate(manifest)
+    if out_dir is None:
+        return []
+    out_dir = Path(out_dir)
     written = [manifest_path] if write_if_changed(manifest_path, serialise(manifest)) else []
     if benchmarks:
         for name, png in figures.render_all(manifest).items():
