@@ -19,6 +19,7 @@ from kernels.spec import SPECS
 from tests import adversaries
 from tests.helpers import (
     INTERPRETED,
+    assert_as_accurate_as_torch,
     bits,
     check_softmax,
     dtype_id,
@@ -298,3 +299,25 @@ def test_a_remembering_cross_entropy_is_rejected(name):
 def test_a_remembering_or_aliasing_backward_is_rejected(name):
     with pytest.raises(AssertionError, match="breaks a verifier's property"):
         memo_free_backward(name, adversaries.GAMING_BACKWARD[name])
+
+
+# -- verdicts that explain themselves -------------------------------------------------------------------
+
+
+@pytest.mark.cpu
+def test_an_inaccurate_kernel_reads_its_ratio_and_the_field_that_states_a_tolerance():
+    """A contributor's kernel failing accuracy is told the measured ratio to F.softmax's error
+    and the KernelSpec field (`tolerances`) that states a looser rule; stated, it passes."""
+    from dataclasses import replace
+
+    from kernels.registry import Kernel
+
+    spec = next(s for s in adversaries.CORPUS if s.name == "gaming_lower_precision")
+    x = logits(B, V, seed=8)
+    with pytest.raises(AssertionError, match=r"x F\.softmax's .*KernelSpec field `tolerances`") as verdict:
+        check_softmax(run_poisoned(Kernel(spec), x), x, kernel=Kernel(spec))
+    with pytest.raises(AssertionError, match="KernelSpec field `tolerances`"):
+        assert_as_accurate_as_torch(run_poisoned(Kernel(spec), x), x, kernel=Kernel(spec))
+    k = int(str(verdict.value).split("'k': ")[1].split("}")[0])
+    loose = Kernel(replace(spec, tolerances={"float32": {"k": k}}))
+    assert_as_accurate_as_torch(run_poisoned(loose, x), x, kernel=loose)
