@@ -168,14 +168,21 @@ def batch_sweep(kernel, dtype, where, batches, V_):
 # -- the CPU tier -------------------------------------------------------------------------------------
 
 
+# The interpreter runs a launch's programs one after another in Python: a Triton kernel's CPU
+# sweep stops at 2^INTERPRETED_SWEEP_MAX_K + 1 rows, its GPU sweep goes on past every threshold.
+INTERPRETED_SWEEP_MAX_K = 6
+
+
 @on_cpu
 def test_cpu_batch_sweep(kernel, dtype, where):
-    """A contributor's kernel over the default sweep at rows of a few elements; the interpreter
-    cannot afford thousands of programs, so kernels of ours take the sweep on the GPU (their
-    batch invariance on the CPU: test_coverage_matrix's test_cpu_path_batch_invariant)."""
-    if kernel in BUILT_IN and SOFTMAX_KERNELS[kernel].backend == "triton":
-        pytest.skip("thousands of interpreted programs: swept by test_cuda_batch_sweep")
-    batch_sweep(kernel, dtype, "cpu", default_sweep(), 5)
+    """The default sweep at rows of a few elements, to a few thousand rows for a kernel in
+    PyTorch ops, to INTERPRETED_SWEEP_MAX_K for an interpreted one (the suite's own Triton
+    kernel is swept on the GPU; on the CPU, test_coverage_matrix's test_cpu_path_batch_invariant)."""
+    k = SOFTMAX_KERNELS[kernel]
+    if kernel in BUILT_IN and k.backend == "triton":
+        pytest.skip("swept on the GPU by test_cuda_batch_sweep")
+    top = 2 ** (INTERPRETED_SWEEP_MAX_K if k.backend == "triton" else DEFAULT_SWEEP_MAX_K) + 1
+    batch_sweep(kernel, dtype, "cpu", [n for n in default_sweep() if n <= top], 5)
 
 
 @on_cpu
