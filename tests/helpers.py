@@ -672,8 +672,24 @@ def _assert_close(got, x, *, dtype, what, record, gated, kernel) -> tuple[dict, 
         )
     if problems:
         head = f"{what or 'softmax'} ({dtype_id(tol.dtype)}, shape {tuple(g.shape)})"
+        if kernel is not None and (off.any() or bad_logp.any()):
+            problems.append(tolerance_verdict(got, x, kernel))
         raise AssertionError(head + ":\n  " + "\n  ".join(problems))
     return summary, e
+
+
+def tolerance_verdict(got: torch.Tensor, x: torch.Tensor, kernel) -> str:
+    """What a contributor reads when a registry kernel fails on accuracy: its largest error
+    measured against F.softmax's on the same input, and the KernelSpec field that states a looser
+    rule for a kernel knowingly less accurate."""
+    r = ratio_to_torch(got, x, kernel=kernel)
+    k = max(1, math.ceil(r["x_F_softmax"])) if math.isfinite(r["x_F_softmax"]) else None
+    example = f"{{{dtype_name(got.dtype)!r}: {{'k': {k}}}}}" if k else "(no finite ratio states it)"
+    return (
+        f"measured: largest error {r['ours']:.3g} ({r['unit']}), {r['x_F_softmax']:.3g} x F.softmax's "
+        f"{r['F_softmax']:.3g} on this input; a kernel held to a looser rule states it in its KernelSpec "
+        f"field `tolerances`, e.g. tolerances={example}"
+    )
 
 
 def _ratio_rule(ours: float, theirs: float, k: float, floor: float) -> tuple[float, float]:
@@ -683,11 +699,12 @@ def _ratio_rule(ours: float, theirs: float, k: float, floor: float) -> tuple[flo
     return k * max(theirs, floor), ratio
 
 
-def ratio_to_torch(got: torch.Tensor, x: torch.Tensor, *, reference: torch.Tensor | None = None) -> dict:
+def ratio_to_torch(got: torch.Tensor, x: torch.Tensor, *, reference: torch.Tensor | None = None, kernel=None) -> dict:
     """The ratio rule's figures: the largest error of `got` and of F.softmax on the same x in
     the same dtype (`reference`: that output, if already computed), in the rule's units (fp32:
-    relative; 16-bit: ulps of the format), and what TOLERANCES allows."""
-    tol = TOLERANCES[got.dtype]
+    relative; 16-bit: ulps of the format), and what TOLERANCES allows (with a registry `kernel`'s
+    own fields, KernelSpec.tolerances)."""
+    tol = tolerance(got.dtype, kernel)
     if reference is None:
         reference = torch.softmax(x, dim=-1)
     ours, theirs = softmax_errors(got, x).summary(), softmax_errors(reference, x).summary()
@@ -705,15 +722,19 @@ def ratio_to_torch(got: torch.Tensor, x: torch.Tensor, *, reference: torch.Tenso
     }
 
 
-def assert_as_accurate_as_torch(got: torch.Tensor, x: torch.Tensor, *, what: str = "", reference=None) -> dict:
+def assert_as_accurate_as_torch(
+    got: torch.Tensor, x: torch.Tensor, *, what: str = "", reference=None, kernel=None
+) -> dict:
     """The ratio rule: `got`'s largest error over the tensor at most TOLERANCES' k times that of
-    F.softmax on the same input in the same dtype (or k times the floor). Returns ratio_to_torch."""
-    r = ratio_to_torch(got, x, reference=reference)
-    tol = TOLERANCES[got.dtype]
+    F.softmax on the same input in the same dtype (or k times the floor), k as a registry
+    `kernel`'s spec states it. Returns ratio_to_torch."""
+    r = ratio_to_torch(got, x, reference=reference, kernel=kernel)
+    tol = tolerance(got.dtype, kernel)
     assert r["ours"] <= r["allowed"], (
         f"{what or 'softmax'} ({dtype_id(got.dtype)}, shape {tuple(got.shape)}): largest error {r['ours']:.3g} "
         f"({r['unit']}) against F.softmax's {r['F_softmax']:.3g} on the same input: {r['x_F_softmax']:.3g} x, "
         f"allowed {tol.k} x (or {tol.k_floor} {'eps' if tol.store_ulps is None else 'ulps'}: {r['allowed']:.3g})"
+        + ("" if kernel is None else "; " + tolerance_verdict(got, x, kernel))
     )
     return r
 

@@ -42,6 +42,7 @@ from tests.suite.devicetime import (
     interleaved_graph_replay_times_us,
     interleaved_per_call_times_us,
     per_call_times_us,
+    physically_possible,
     report_times_us,
 )
 from tests.suite.gpus import cupy_unusable_reason
@@ -253,7 +254,7 @@ CALL_SHAPES = frozenset(call_shapes())
 
 
 @pytest.mark.parametrize("kernel, B, V, dtype", device_cases())
-def test_softmax_speed(benchmark, request, kernel, B, V, dtype):
+def test_softmax_speed(benchmark, request, copy_times_us, kernel, B, V, dtype):
     fn, x, info = prepared_case(kernel, B, V, torch_dtype(dtype))
     if kernel in gate.GATED_KERNELS:
         reference = SOFTMAX_KERNELS[gate.REFERENCE]
@@ -276,6 +277,12 @@ def test_softmax_speed(benchmark, request, kernel, B, V, dtype):
             gate.measure_paired(request.config, info, "graph", measure, rounds=CALL_ROUNDS, gpu_model=info["gpu"])
     else:
         times = device_times_us(lambda: fn(x))
+    copy_bytes, copy_times = copy_times_us
+    copy_TBps = copy_bytes / (np.median(copy_times) * 1e-6) / 1e12
+    # The input at the least comes from memory after each flush: reading it faster than a copy
+    # streams is a kernel that did not do the work.
+    read_bytes = matrix_bytes(B, V, dtype, passes=1)
+    info.update(physically_possible(read_bytes, times, copy_TBps, what=f"{kernel} at ({B}, {V}) {dtype}"))
     benchmark.extra_info.update(mode="device", **info)
     report_times_us(benchmark, times)
 

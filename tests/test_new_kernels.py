@@ -35,6 +35,8 @@ def on_cpu(test):
 
 
 REPO = Path(__file__).resolve().parents[1]
+# The broken kernels and the gaming ones (tests/adversaries.py), registered as a contributor would.
+CORPORA = "tests.broken_kernels:CORPUS,tests.adversaries:CORPUS"
 COPIED = ("kernels", "model", "tests", "conftest.py", "pytest.ini", "pyproject.toml")
 EXAMPLE = REPO / "tests" / "examples" / "online_softmax.py"
 CORRECT = ("toy_online", "toy_online_row")
@@ -104,15 +106,15 @@ def parse_junit(path: Path, kernels) -> dict:
 
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory):
-    from tests import broken_kernels
+    from tests import adversaries, broken_kernels
 
     root = tmp_path_factory.mktemp("tree")
     copy_tree(root)
     add_kernels_as_the_readme_says(root)
     report = root / "junit.xml"
-    corpus = [spec.name for spec in broken_kernels.CORPUS]
+    corpus = [spec.name for spec in (*broken_kernels.CORPUS, *adversaries.CORPUS)]
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", TRITON_INTERPRET="1")
-    env[EXTRA_KERNELS_ENV] = "tests.broken_kernels:CORPUS"
+    env[EXTRA_KERNELS_ENV] = CORPORA
     # Every registry-wide cpu case of the suite on these kernels; the kernels without the rescale
     # in float32 only (to fail, one dtype is enough); not this file, which would recurse.
     cmd = [
@@ -123,7 +125,7 @@ def verdicts(tmp_path_factory):
         "-m",
         "cpu",
         "-k",
-        "toy_online or broken_ or toy_norescale and fp32",
+        "toy_online or broken_ or gaming_ or toy_norescale and fp32",
     ]
     cmd += ["--ignore", f"tests/{Path(__file__).name}", "-p", "no:xdist", "-p", "no:cacheprovider", "--no-reports"]
     # One line per failure: the verdicts come from the junit report, and the broken kernels'
@@ -199,18 +201,47 @@ def test_every_broken_kernel_is_rejected(verdicts):
     assert not missed, f"broken kernels the CPU suite accepts: {missed}\n" + "\n".join(lines)
 
 
+@on_cpu
+def test_every_gaming_kernel_is_rejected_for_the_property_it_breaks(verdicts):
+    """The corpus of tests/adversaries.py: each kernel that games a verifier fails the case
+    meant for its class, with that property in the failure; the honest control passes all."""
+    from tests import adversaries
+
+    results, tail = verdicts
+    for name in adversaries.HONEST:
+        got = results[name]
+        assert got["passed"] and not got["failed"], f"{name} (honest) failed {got['failed'][:5]}\n{tail}"
+    lines = []
+    for spec in adversaries.CORPUS:
+        got = results[spec.name]
+        assert got["passed"] or got["failed"], f"no case ran {spec.name}: it was not registered\n{tail}"
+        caught = caught_by(got["failed"])
+        lines.append(f"  {spec.name}: caught by {caught or 'nothing on the CPU'}")
+        if spec.name in adversaries.HONEST or spec.name in adversaries.CUDA_ONLY:
+            continue
+        for expected in adversaries.CAUGHT_BY[spec.name]:
+            assert expected in caught, f"{spec.name}: {expected} did not catch it (caught by {caught})"
+    print("\n" + "\n".join(lines))
+
+
+def cuda_caught_by() -> dict:
+    """{kernel: (test file, cases)} of both corpora: what `pytest -m cuda` must reject."""
+    from tests import adversaries, broken_kernels
+
+    return {**broken_kernels.CUDA_CAUGHT_BY, **adversaries.CUDA_CAUGHT_BY}
+
+
 @pytest.mark.cuda
 @needs_triton
 def test_cuda_rejects_the_cuda_only_ones_and_the_tail_faults():
-    """The broken kernels no CPU case can catch, and the faults of the distribution's tail, are
-    rejected by the registry-wide cuda cases (broken_kernels.CUDA_CAUGHT_BY): one child run per
-    test file, on every case of that file that the kernels take."""
-    from tests import broken_kernels
-
+    """The broken and gaming kernels no CPU case can catch, and the faults of the distribution's
+    tail, are rejected by the registry-wide cuda cases (CUDA_CAUGHT_BY of each corpus): one child
+    run per test file, on every case of that file that the kernels take."""
+    expected_by_kernel = cuda_caught_by()
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env[EXTRA_KERNELS_ENV] = "tests.broken_kernels:CORPUS"
+    env[EXTRA_KERNELS_ENV] = CORPORA
     by_file: dict[str, list[str]] = {}
-    for name, (file, _) in broken_kernels.CUDA_CAUGHT_BY.items():
+    for name, (file, _) in expected_by_kernel.items():
         by_file.setdefault(file, []).append(name)
     for file, names in by_file.items():
         cmd = [sys.executable, "-m", "pytest", f"tests/{file}", "-m", "cuda", "-k", " or ".join(names)]
@@ -218,5 +249,5 @@ def test_cuda_rejects_the_cuda_only_ones_and_the_tail_faults():
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800, check=False)
         assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
         for name in names:
-            for expected in broken_kernels.CUDA_CAUGHT_BY[name][1]:
+            for expected in expected_by_kernel[name][1]:
                 assert re.search(rf"FAILED \S+::{expected}\[{name}-", proc.stdout), (expected, proc.stdout[-3000:])

@@ -294,7 +294,7 @@ def test_error_is_no_worse_than_torch(kernel, dtype):
     k = SOFTMAX_KERNELS[kernel]
     skip_unless_runnable(k)
     x = logits(64, 4099, seed=4099, device="cuda", dtype=dtype)
-    assert_as_accurate_as_torch(run_poisoned(k, x), x, what=f"{kernel} (64, 4099)")
+    assert_as_accurate_as_torch(run_poisoned(k, x), x, what=f"{kernel} (64, 4099)", kernel=k)
 
 
 @pytest.mark.cuda

@@ -142,3 +142,19 @@ def test_device_and_per_call_clocks_order_a_long_and_a_short_kernel():
     assert long_us > 10 * short_us
     per_call = statistics.median(devicetime.per_call_times_us(lambda: big @ big, calls=5, rounds=3))
     assert per_call > 0.5 * long_us  # back-to-back calls cannot beat the GPU's own time by much
+
+
+@pytest.mark.cpu
+def test_a_rate_past_the_copy_ceiling_is_impossible():
+    """Synthetic timings: 1 GB read in 1 ms is 1 TB/s; against a copy ceiling of 4 TB/s it passes
+    (and says so), against one of 0.5 TB/s it is twice the ceiling, past the slack."""
+    ran = devicetime.physically_possible(10**9, [1000.0, 990.0, 5000.0], 4.0, what="k")
+    assert ran["read_TBps_over_copy"] == pytest.approx(0.25) and ran["physical_check"]
+    slack = devicetime.PHYSICAL_SLACK
+    devicetime.physically_possible(10**9, [1000.0 / slack * 1.001], 1.0, what="k")  # just under
+    with pytest.raises(AssertionError, match="physically impossible"):
+        devicetime.physically_possible(10**9, [1000.0 / slack * 0.999], 1.0, what="k")  # just over
+    with pytest.raises(AssertionError, match=r"k: physically impossible.*2\.00 x"):
+        devicetime.physically_possible(10**9, [1000.0], 0.5, what="k")
+    with pytest.raises(AssertionError, match="physically impossible"):
+        devicetime.physically_possible(10**6, [0.0, 0.0, 1.0], 4.0, what="a remembered answer")

@@ -245,3 +245,27 @@ def report_times_us(benchmark, times_us: list[float]) -> None:
         clock.seconds += next(pending) * 1e-6
 
     benchmark.pedantic(one_round, rounds=len(times_us), iterations=1, warmup_rounds=0)
+
+
+# -- what a measured time can be ----------------------------------------------------------------------
+
+# How far above the same run's copy ceiling a kernel's rate over the bytes it must read may be
+# measured before it is impossible rather than noise: a pure read streams a little faster than
+# a copy's mixed reads and writes, and a median over rounds still jitters.
+PHYSICAL_SLACK = 1.5
+
+
+def physically_possible(read_bytes: int, times_us: list[float], copy_TBps: float, *, what: str = "") -> dict:
+    """Fails when `read_bytes` (what the kernel must read from memory after the L2 flush: the
+    input, at the least) arrive faster than PHYSICAL_SLACK x the copy ceiling, in the median of
+    `times_us`: the kernel did not do the work it was timed on (it replayed a remembered answer,
+    or left the work on another stream). Returns the extra_info keys that say the check ran."""
+    times = sorted(times_us)
+    median_us = times[len(times) // 2]
+    rate_TBps = read_bytes / (median_us * 1e-6) / 1e12 if median_us > 0 else float("inf")
+    ratio = rate_TBps / copy_TBps
+    assert ratio <= PHYSICAL_SLACK, (
+        f"{what}: physically impossible: it read {read_bytes} bytes at {rate_TBps:.3g} TB/s, "
+        f"{ratio:.2f} x this run's copy ceiling of {copy_TBps:.3g} TB/s (allowed {PHYSICAL_SLACK})"
+    )
+    return {"physical_check": "read rate <= copy ceiling x slack", "read_TBps_over_copy": ratio}

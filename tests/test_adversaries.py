@@ -1,0 +1,330 @@
+"""Registry-wide cases a kernel cannot pass by remembering, aliasing, switching with the batch or
+being right only where the fixed grid looks (tests/adversaries.py holds one kernel per class).
+
+Each case calls a kernel more than once, or at shapes and values the rest of the suite does not
+pick: new contents in storage it has seen, a copy changed away from any sample, earlier outputs
+and inputs read back after later calls, the same call twice, batches from 1 to a few thousand
+rows (2^k - 1, 2^k, 2^k + 1, and every batch at which a kernel's plan changes path), rows past
+several thousand elements, and Hypothesis' shapes and values. A failure names the property the
+kernel broke (adversaries.BROKEN_PROPERTY words them).
+"""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kernels import CROSS_ENTROPY_KERNELS, SOFTMAX_BACKWARD_KERNELS, SOFTMAX_KERNELS
+from kernels.spec import SPECS
+from tests import adversaries
+from tests.helpers import (
+    INTERPRETED,
+    assert_as_accurate_as_torch,
+    bits,
+    check_softmax,
+    dtype_id,
+    logits,
+    run_backward_poisoned,
+    run_cross_entropy_poisoned,
+    run_poisoned,
+    skip_if_unavailable,
+    skip_unless_runnable,
+    targets,
+)
+
+interpreted = pytest.mark.skipif(not INTERPRETED, reason="the kernels run on CPU tensors only under TRITON_INTERPRET=1")
+BUILT_IN = {s.name for s in SPECS}
+B, V = 3, 37  # a few rows, each several of the CPU tiles (16) long
+LONG_V = (5003,)  # past several thousand elements: longer than any other CPU case's row
+DEFAULT_SWEEP_MAX_K = 12  # batches up to 2^12 + 1 rows
+
+
+def broke(kernel: str, prop: str, detail: str) -> str:
+    return f"{kernel} breaks a verifier's property: {prop} ({detail})"
+
+
+def same_bits(a, b) -> bool:
+    return a.shape == b.shape and torch.equal(bits(a), bits(b))
+
+
+def tier_cases():
+    """(kernel, dtype, tier): every kernel in its first dtype on the GPU, the interpretable ones on
+    the CPU too (one dtype: the properties do not depend on it)."""
+    cases = []
+    for k in SOFTMAX_KERNELS.values():
+        dtype = k.dtypes[0]
+        if k.interpretable:
+            marks = (pytest.mark.cpu, interpreted)
+            cases.append(pytest.param(k.name, dtype, "cpu", id=f"{k.name}-{dtype_id(dtype)}-cpu", marks=marks))
+        cases.append(pytest.param(k.name, dtype, "cuda", id=f"{k.name}-{dtype_id(dtype)}-cuda", marks=pytest.mark.cuda))
+    return cases
+
+
+TIER_CASES = tier_cases()
+CPU_CASES = [p for p in TIER_CASES if p.values[2] == "cpu"]
+CUDA_CASES = [p for p in TIER_CASES if p.values[2] == "cuda"]
+on_both_tiers = pytest.mark.parametrize("kernel, dtype, where", TIER_CASES)
+on_cpu = pytest.mark.parametrize("kernel, dtype, where", CPU_CASES)
+on_cuda = pytest.mark.parametrize("kernel, dtype, where", CUDA_CASES)
+
+
+def device_of(where):
+    return "cuda" if where == "cuda" else "cpu"
+
+
+def ready(kernel, where):
+    k = SOFTMAX_KERNELS[kernel]
+    (skip_unless_runnable if where == "cuda" else skip_if_unavailable)(k)
+    return k
+
+
+# -- the properties, one function each, run on both tiers -------------------------------------------
+
+
+@on_both_tiers
+def test_new_contents_in_reused_storage(kernel, dtype, where):
+    k = ready(kernel, where)
+    x = logits(B, V, seed=1, dtype=dtype, device=device_of(where))
+    first = run_poisoned(k, x).clone()
+    x.copy_(logits(B, V, seed=2, dtype=dtype, device=device_of(where)))
+    again = run_poisoned(k, x)
+    check_softmax(again, x, what=broke(kernel, adversaries.BROKEN_PROPERTY["gaming_memo_by_address"], "refilled x"))
+    assert not same_bits(again, first), broke(kernel, "new contents give a new answer", "the old answer came back")
+
+
+@on_both_tiers
+def test_perturbed_copy_in_new_storage(kernel, dtype, where):
+    k = ready(kernel, where)
+    x = logits(B, V, seed=3, dtype=dtype, device=device_of(where))
+    run_poisoned(k, x)
+    # The same values in new storage give the same bits; then one interior entry per row moved.
+    same = run_poisoned(k, x.clone())
+    assert same_bits(same, run_poisoned(k, x)), broke(kernel, "same contents, same bits", "new storage")
+    changed = x.clone()
+    changed[:, V // 2] += 3.0
+    got = run_poisoned(k, changed)
+    prop = adversaries.BROKEN_PROPERTY["gaming_memo_by_sample"]
+    check_softmax(got, changed, what=broke(kernel, prop, "row centres moved"), kernel=k)
+
+
+@on_both_tiers
+def test_earlier_outputs_and_inputs_unchanged(kernel, dtype, where):
+    k = ready(kernel, where)
+    device = device_of(where)
+    xs = [logits(B, V, seed=10 + i, dtype=dtype, device=device) for i in range(3)]
+    kept = [x.clone() for x in xs]
+    ys = [k(xs[0]), k(xs[1])]
+    out = torch.full_like(xs[2], float("nan"))
+    ys.append(k(xs[2], out=out))
+    snapshot = [y.clone() for y in ys]
+    k(xs[0])  # later calls, with and without out
+    k(xs[1], out=torch.empty_like(xs[1]))
+    prop = adversaries.BROKEN_PROPERTY["gaming_kept_buffer"]
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        assert same_bits(x, kept[i]), broke(kernel, "its inputs stay as they were", f"input {i} changed")
+        assert same_bits(y, snapshot[i]), broke(kernel, prop, f"output {i} changed under the caller")
+        check_softmax(y, x, what=broke(kernel, prop, f"output {i}"), kernel=k)
+    pointers = {y.data_ptr() for y in ys} | {x.data_ptr() for x in xs}
+    assert len(pointers) == 6, broke(kernel, "no aliasing between calls, with the input, or with out", "shared storage")
+
+
+@on_both_tiers
+def test_run_twice_bitwise(kernel, dtype, where):
+    k = ready(kernel, where)
+    x = logits(B, V, seed=4, dtype=dtype, device=device_of(where))
+    assert same_bits(run_poisoned(k, x), run_poisoned(k, x)), broke(kernel, "run twice, same bits", "")
+
+
+def default_sweep() -> list[int]:
+    return sorted({n for j in range(DEFAULT_SWEEP_MAX_K + 1) for n in (2**j - 1, 2**j, 2**j + 1) if n > 0})
+
+
+def plan_thresholds(k, V_, dtype, limit) -> list[int]:
+    """Every batch (up to `limit`) at which the kernel's plan changes path at row length V_, with
+    its neighbours: a kernel's own declared launch boundaries, whatever they are."""
+    sweep, previous = default_sweep(), None
+    found = []
+    for n in sorted({*sweep, *range(1, 257)}.union(range(256, limit + 1, 256))):
+        path = k.plan(n, V_, dtype)
+        if previous is not None and path != previous:
+            found += [n - 1, n, n + 1]
+        previous = path
+    return found
+
+
+def batch_sweep(kernel, dtype, where, batches, V_):
+    k = ready(kernel, where)
+    x = logits(max(batches), V_, seed=5, dtype=dtype, device=device_of(where))
+    full = run_poisoned(k, x)
+    check_softmax(full, x, what=f"{kernel} at ({max(batches)}, {V_})", kernel=k)
+    prop = adversaries.BROKEN_PROPERTY["gaming_batch_switch"]
+    for n in batches:
+        got = run_poisoned(k, x[:n])
+        if not same_bits(got, full[:n]):
+            rows = (bits(got) != bits(full[:n])).any(dim=1).nonzero().flatten()[:4].tolist()
+            raise AssertionError(broke(kernel, prop, f"rows {rows} of a batch of {n} vs of {max(batches)}"))
+
+
+# -- the CPU tier -------------------------------------------------------------------------------------
+
+
+# The interpreter runs a launch's programs one after another in Python: a Triton kernel's CPU
+# sweep stops at 2^INTERPRETED_SWEEP_MAX_K + 1 rows, its GPU sweep goes on past every threshold.
+INTERPRETED_SWEEP_MAX_K = 6
+
+
+@on_cpu
+def test_cpu_batch_sweep(kernel, dtype, where):
+    """The default sweep at rows of a few elements, to a few thousand rows for a kernel in
+    PyTorch ops, to INTERPRETED_SWEEP_MAX_K for an interpreted one (the suite's own Triton
+    kernel is swept on the GPU; on the CPU, test_coverage_matrix's test_cpu_path_batch_invariant)."""
+    k = SOFTMAX_KERNELS[kernel]
+    if kernel in BUILT_IN and k.backend == "triton":
+        pytest.skip("swept on the GPU by test_cuda_batch_sweep")
+    top = 2 ** (INTERPRETED_SWEEP_MAX_K if k.backend == "triton" else DEFAULT_SWEEP_MAX_K) + 1
+    batch_sweep(kernel, dtype, "cpu", [n for n in default_sweep() if n <= top], 5)
+
+
+@on_cpu
+def test_cpu_rows_past_several_thousand(kernel, dtype, where):
+    k = ready(kernel, "cpu")
+    for V_ in LONG_V:
+        x = logits(2, V_, seed=V_, dtype=dtype)
+        prop = adversaries.BROKEN_PROPERTY["gaming_short_rows_only"]
+        check_softmax(run_poisoned(k, x), x, what=broke(kernel, prop, f"(2, {V_})"), kernel=k)
+
+
+@pytest.mark.cpu
+@interpreted
+@pytest.mark.parametrize("kernel", [p.values[0] for p in CPU_CASES])
+@settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.integers(1, 6), V_=st.integers(1, 300), seed=st.integers(0, 2**31 - 1), scale=st.floats(0.1, 30.0))
+def test_cpu_random_shapes_and_values(kernel, rows, V_, seed, scale):
+    """Shapes and values off the fixed grid (derandomised: a failure reproduces, and Hypothesis
+    prints the example it shrank to)."""
+    k = ready(kernel, "cpu")
+    x = logits(rows, V_, seed=seed, scale=scale, dtype=k.dtypes[0])
+    check_softmax(run_poisoned(k, x), x, what=f"{kernel} at ({rows}, {V_}), scale {scale:.3g}", kernel=k)
+
+
+# -- the GPU tier -------------------------------------------------------------------------------------
+
+
+@on_cuda
+def test_cuda_batch_sweep(kernel, dtype, where):
+    """The default sweep, and every batch at which any kernel's plan changes path, at each row
+    length a path of the registry is exercised at."""
+    k = ready(kernel, "cuda")
+    if k.baseline:
+        pytest.skip("a baseline is not held to bit-for-bit batch invariance")
+    lengths = sorted({p.gpu[1] for other in SOFTMAX_KERNELS.values() for p in other.spec.paths})
+    for V_ in lengths:
+        limit = max(2**DEFAULT_SWEEP_MAX_K + 1, 65536 * 8 // max(V_, 1))
+        found = {n for other in SOFTMAX_KERNELS.values() for n in plan_thresholds(other, V_, dtype, limit)}
+        batch_sweep(kernel, dtype, "cuda", sorted({*default_sweep(), *found}), V_)
+
+
+@on_cuda
+def test_cuda_complete_on_the_callers_stream(kernel, dtype, where):
+    """What the caller's stream reads right after the call (no synchronisation) is the whole
+    answer: work left on another stream leaves the NaN poison there."""
+    k = ready(kernel, "cuda")
+    x = logits(64, 4099, seed=6, dtype=dtype, device="cuda")
+    out = torch.full_like(x, float("nan"))
+    k(x, out=out)
+    seen = out.clone()  # ordered after the caller's stream's work only
+    torch.cuda.synchronize()
+    prop = adversaries.BROKEN_PROPERTY["gaming_side_stream"]
+    check_softmax(seen, x, what=broke(kernel, prop, "read on the caller's stream"), kernel=k)
+
+
+# -- the training ops ---------------------------------------------------------------------------------
+
+
+def training_cases(registry, extra):
+    ours = [pytest.param(k.name, k, id=k.name) for k in registry.values() if k.interpretable]
+    return ours + [pytest.param(name, fn, id=name) for name, fn in extra.items()]
+
+
+def memo_free_cross_entropy(name, fn):
+    """Refilled storage, an interior change and an earlier gradient read back after a later call."""
+    x = logits(4, V, seed=21, dtype=torch.float32, neg_inf=False)
+    t = targets(4, V, seed=21)
+    first = run_cross_entropy_poisoned(fn, x, t, reduction="none")
+    kept = first.grad.clone()
+    x.copy_(logits(4, V, seed=22, dtype=torch.float32, neg_inf=False))
+    x[:, V // 2] += 3.0
+    again = run_cross_entropy_poisoned(fn, x, t, reduction="none")
+    want = torch.nn.functional.cross_entropy(x.double(), t, reduction="none")
+    assert torch.allclose(again.loss.double(), want, rtol=1e-5, atol=1e-6), broke(
+        name, "new contents in reused storage give a new loss", f"{again.loss.tolist()} vs {want.tolist()}"
+    )
+    assert same_bits(first.grad, kept), broke(name, "an earlier gradient stays as it was", "changed by a later call")
+
+
+def memo_free_backward(name, fn):
+    dy = logits(4, V, seed=23, dtype=torch.float32, neg_inf=False)
+    y = torch.softmax(logits(4, V, seed=24, dtype=torch.float64), dim=-1).float()
+    first = fn(dy, y)
+    kept = first.clone()
+    dy2 = logits(4, V, seed=25, dtype=torch.float32, neg_inf=False)
+    second = run_backward_poisoned(fn, dy2, y)
+    want = y.double() * (dy2.double() - (y.double() * dy2.double()).sum(-1, keepdim=True))
+    assert torch.allclose(second.double(), want, rtol=1e-4, atol=1e-6), broke(name, "a new dy gives a new dx", "")
+    fn(dy2, y)
+    assert same_bits(first, kept), broke(name, "an earlier dx stays as it was", "changed by a later call")
+    assert first.data_ptr() not in (dy.data_ptr(), y.data_ptr()), broke(name, "dx aliases no input", "")
+
+
+@pytest.mark.cpu
+@interpreted
+@pytest.mark.parametrize("name, fn", training_cases(CROSS_ENTROPY_KERNELS, {}))
+def test_cpu_cross_entropy_remembers_nothing(name, fn):
+    if hasattr(fn, "unavailable_reason"):
+        skip_if_unavailable(fn)
+    memo_free_cross_entropy(name, fn)
+
+
+@pytest.mark.cpu
+@interpreted
+@pytest.mark.parametrize("name, fn", training_cases(SOFTMAX_BACKWARD_KERNELS, {}))
+def test_cpu_softmax_backward_remembers_nothing(name, fn):
+    if hasattr(fn, "unavailable_reason"):
+        skip_if_unavailable(fn)
+    memo_free_backward(name, fn)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("name", adversaries.GAMING_CROSS_ENTROPY)
+def test_a_remembering_cross_entropy_is_rejected(name):
+    with pytest.raises(AssertionError, match="breaks a verifier's property"):
+        memo_free_cross_entropy(name, adversaries.GAMING_CROSS_ENTROPY[name])
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("name", adversaries.GAMING_BACKWARD)
+def test_a_remembering_or_aliasing_backward_is_rejected(name):
+    with pytest.raises(AssertionError, match="breaks a verifier's property"):
+        memo_free_backward(name, adversaries.GAMING_BACKWARD[name])
+
+
+# -- verdicts that explain themselves -------------------------------------------------------------------
+
+
+@pytest.mark.cpu
+def test_an_inaccurate_kernel_reads_its_ratio_and_the_field_that_states_a_tolerance():
+    """A contributor's kernel failing accuracy is told the measured ratio to F.softmax's error
+    and the KernelSpec field (`tolerances`) that states a looser rule; stated, it passes."""
+    from dataclasses import replace
+
+    from kernels.registry import Kernel
+
+    spec = next(s for s in adversaries.CORPUS if s.name == "gaming_lower_precision")
+    x = logits(B, V, seed=8)
+    with pytest.raises(AssertionError, match=r"x F\.softmax's .*KernelSpec field `tolerances`") as verdict:
+        check_softmax(run_poisoned(Kernel(spec), x), x, kernel=Kernel(spec))
+    with pytest.raises(AssertionError, match="KernelSpec field `tolerances`"):
+        assert_as_accurate_as_torch(run_poisoned(Kernel(spec), x), x, kernel=Kernel(spec))
+    k = int(str(verdict.value).split("'k': ")[1].split("}")[0])
+    loose = Kernel(replace(spec, tolerances={"float32": {"k": k}}))
+    assert_as_accurate_as_torch(run_poisoned(loose, x), x, kernel=loose)
