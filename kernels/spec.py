@@ -379,8 +379,7 @@ SPECS: tuple[KernelSpec, ...] = (
     ),
 )
 
-# The softmax entries by name (a name is unique within its op; spec_of reaches every op).
-SPEC_BY_NAME: dict[str, KernelSpec] = {s.name: s for s in SPECS if s.op == "softmax"}
+SPEC_BY_NAME: dict[str, KernelSpec] = {s.name: s for s in SPECS if s.op == "softmax"}  # spec_of: every op
 
 
 def spec_of(op: str, name: str, specs=SPECS) -> KernelSpec:
