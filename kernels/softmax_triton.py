@@ -43,7 +43,6 @@ from .triton_dispatch import (
     SPLIT_MAX_SPINS,
     SPLIT_MIN_CHUNK,
     SPLIT_PARAMS,
-    SPLIT_PERSIST_CANDIDATES,
     aligned_base,
     fallback_block,
     fixed_point_scale,
@@ -59,11 +58,8 @@ from .triton_kernels import JIT_KERNELS
 from .triton_launch import (
     PATH_TABLE,
     BoundLaunch,
-    SMLimits,
     TritonPath,
-    fit_persistent,
     launch_count,
-    resident_programs,
 )
 from .triton_store import (
     CONFIGS,
@@ -125,9 +121,8 @@ def _softmax(x: torch.Tensor, y: torch.Tensor, path: str, params: dict, common_k
 def run_path(x: torch.Tensor, path: str, *, out=None, **params) -> torch.Tensor:
     """softmax(x) through one named path; `params` override that path's launch parameters
     (tile: config; row: num_warps; rows: ROWS, BLOCK_V, num_warps; split: CHUNK, num_warps,
-    HOLD_INPUT, P_BLOCK, maxnreg, max_spins, programs_per_sm (a persistent grid); stream: BLOCK,
-    num_warps, programs_per_sm; any: align). Tests use it to reach every path at small V (e.g.
-    split, CHUNK=16).
+    P_BLOCK, maxnreg, max_spins; stream: BLOCK, num_warps, programs_per_sm; any: align). Tests
+    use it to reach every path at small V (e.g. split, CHUNK=16).
     """
     check_softmax_input(x, kernel=KERNEL_NAME, dtypes=FLOAT_DTYPES, device_type=_DEVICE_TYPE)
     y = prepare_output(x, out, kernel=KERNEL_NAME)
@@ -185,7 +180,6 @@ __all__ = [
     "p_block",
     "fallback_block",
     "SPLIT_PARAMS",
-    "SPLIT_PERSIST_CANDIDATES",
     "SPLIT_FILL",
     "SPLIT_MIN_CHUNK",
     "aligned_base",
@@ -201,9 +195,6 @@ __all__ = [
     "TritonPath",
     "BoundLaunch",
     "launch_count",
-    "SMLimits",
-    "resident_programs",
-    "fit_persistent",
     "STORED_PATH",
     "STORED_PATH_ENV",
     "stored_path",

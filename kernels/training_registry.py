@@ -20,7 +20,7 @@ from .registry import _lazy, triton_missing
 
 # The dispatch paths of the Triton softmax backward and cross-entropy (each has these three; their
 # modules, kernels/triton_backward.py and triton_cross_entropy.py, take the names from here).
-TRITON_TRAINING_PATHS = ("row", "split", "tile")
+TRITON_TRAINING_PATHS = ("row", "split")
 
 
 def _one_path(name):

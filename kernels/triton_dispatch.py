@@ -48,22 +48,8 @@ DISPATCH_BOUNDARIES = {
 # 2048-8192 x 4-8 warps x register caps at B = 1024 and 4096; CHUNK 512-8192 at B <= 64).
 # maxnreg is the register cap handed to ptxas: it sets the programs resident per SM (128: four
 # of four warps, 32 KB of float32 chunk each), hence the bytes in flight, and without a cap
-# sm_90's ptxas spills a few bytes in some of these kernels. HOLD_INPUT (keep the 16-bit chunk,
-# not its float32 exponentials, across the second meeting) measured slower and stays off.
-SPLIT_PARAMS = {"CHUNK": 8192, "num_warps": 4, "HOLD_INPUT": False, "maxnreg": 128}
-# The persistent split (programs_per_sm set): a grid of the rows in flight, programs_per_sm
-# programs per SM, each walking its rows and loading the next row's chunk before it meets on
-# this one, so a row's loads are in flight while the last row's programs wait for each other
-# (the plain split's SMs idle through the meetings: reports/profiles.md). Not dispatched until
-# measured on a GPU; run_path reaches it. programs_per_sm must not exceed what fits an SM at
-# once (a sibling not resident holds its row's meetings to the poll bound): these candidates
-# build spill-free for sm_90 and fit at programs_per_sm (tests/test_triton_cpu.py), and
-# reports/probes/triton_long_rows.py sweeps them and their neighbours.
-SPLIT_PERSIST_CANDIDATES = {
-    torch.float32: {"CHUNK": 4096, "num_warps": 8, "programs_per_sm": 3},
-    torch.bfloat16: {"CHUNK": 4096, "num_warps": 8, "programs_per_sm": 4},
-    torch.float16: {"CHUNK": 4096, "num_warps": 8, "programs_per_sm": 4},
-}
+# sm_90's ptxas spills a few bytes in some of these kernels.
+SPLIT_PARAMS = {"CHUNK": 8192, "num_warps": 4, "maxnreg": 128}
 # A short batch: chunks halve until the launch has SPLIT_FILL programs per SM, down to
 # SPLIT_MIN_CHUNK (below it a row's meetings, over hundreds of siblings, cost more than the
 # idle SMs would give: 1024-element chunks were 15-100 % slower than 2048 at V = 262144).
