@@ -32,8 +32,9 @@ import torch
 
 from . import triton_launch as _launch
 from . import triton_store as _store
-from .checks import FLOAT_DTYPES, check_softmax_input, prepare_output
+from .checks import FLOAT_DTYPES, check_softmax_input, on_device, prepare_output
 from .spec import LAB_SHAPES
+from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
 from .triton_dispatch import (
     DISPATCH_BOUNDARIES,
     INTERPRET,
@@ -82,8 +83,6 @@ from .triton_store import (
     write_stored,
 )
 
-_DEVICE_TYPE = "cpu" if INTERPRET else "cuda"
-
 
 def clear_autotune_memo() -> None:
     """Forget what this process resolved or tuned and the launches made with it (the next call
@@ -126,10 +125,7 @@ def run_path(x: torch.Tensor, path: str, *, out=None, **params) -> torch.Tensor:
     """
     check_softmax_input(x, kernel=KERNEL_NAME, dtypes=FLOAT_DTYPES, device_type=_DEVICE_TYPE)
     y = prepare_output(x, out, kernel=KERNEL_NAME)
-    if INTERPRET or x.shape[0] == 0 or x.get_device() == torch.cuda.current_device():
-        return _softmax(x, y, path, params)
-    with torch.cuda.device(x.get_device()):
-        return _softmax(x, y, path, params)
+    return on_device(lambda: _softmax(x, y, path, params), x)
 
 
 _batch_class = _launch.batch_class
@@ -161,10 +157,7 @@ def softmax(x: torch.Tensor, *, out=None) -> torch.Tensor:
     y = prepare_output(x, out, kernel=KERNEL_NAME)
     B, V = x.shape
     path = plan(B, V, x.dtype)
-    if INTERPRET or B == 0 or x.get_device() == torch.cuda.current_device():
-        return _softmax(x, y, path, {}, common)
-    with torch.cuda.device(x.get_device()):
-        return _softmax(x, y, path, {}, common)
+    return on_device(lambda: _softmax(x, y, path, {}, common), x)
 
 
 __all__ = [

@@ -25,9 +25,10 @@ from __future__ import annotations
 import torch
 import triton
 
-from .checks import check_backward_inputs, prepare_dx
+from .checks import check_backward_inputs, on_device, prepare_dx
 from .training_registry import TRITON_TRAINING_PATHS
-from .triton_dispatch import SPLIT_MAX_SPINS, checked_p_block, p_block
+from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
+from .triton_dispatch import INTERPRET, SPLIT_MAX_SPINS, checked_p_block, fixed_point_bits, p_block
 from .triton_launch import launch_named, tagged_workspace
 from .triton_loss_kernels import (
     softmax_backward_row_kernel,
@@ -38,15 +39,8 @@ KERNEL_NAME = "triton"
 PATHS = TRITON_TRAINING_PATHS  # row, split
 DISPATCH_BOUNDARIES = {"row_max_v": 8192}  # two inputs in registers: a quarter of the forward's row path
 
-INTERPRET = type(softmax_backward_row_kernel).__name__ == "InterpretedFunction"
-_DEVICE_TYPE = "cpu" if INTERPRET else "cuda"
 # The split kernels' poll bound on a GPU is the forward's (SPLIT_MAX_SPINS). Under the
 # interpreter, whose programs run one after another, 0: early chunks stream, the last combines.
-
-
-def fixed_point_bits(n: int) -> int:
-    """K = 62 - ceil(log2 n): n terms each below 2^K in magnitude sum to at most 2^62."""
-    return 62 - (max(int(n), 1) - 1).bit_length()
 
 
 def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) -> str:
@@ -122,20 +116,13 @@ def _launch(dy, y, dx, path: str, params: dict) -> None:
         raise ValueError(f"{KERNEL_NAME} softmax backward: unknown path {path!r} ({', '.join(PATHS)})")
 
 
-def _on_device(fn, t: torch.Tensor):
-    if INTERPRET or t.shape[0] == 0 or t.get_device() == torch.cuda.current_device():
-        return fn()
-    with torch.cuda.device(t.get_device()):
-        return fn()
-
-
 def run_path(dy: torch.Tensor, y: torch.Tensor, path: str, *, out=None, **params) -> torch.Tensor:
     """softmax_backward(dy, y) through one named path; `params` override its launch parameters
     (row: BLOCK, num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK). Tests use it to reach
     the split path at small V (CHUNK=16)."""
     check_backward_inputs(dy, y, kernel=KERNEL_NAME, device_type=_DEVICE_TYPE)
     dx = prepare_dx(y, out, kernel=KERNEL_NAME)
-    _on_device(lambda: _launch(dy, y, dx, path, params), y)
+    on_device(lambda: _launch(dy, y, dx, path, params), y)
     return dx
 
 
@@ -144,7 +131,7 @@ def softmax_backward(dy: torch.Tensor, y: torch.Tensor, *, out=None) -> torch.Te
     check_backward_inputs(dy, y, kernel=KERNEL_NAME, device_type=_DEVICE_TYPE)
     dx = prepare_dx(y, out, kernel=KERNEL_NAME)
     B, V = y.shape
-    _on_device(lambda: _launch(dy, y, dx, plan(B, V, y.dtype), {}), y)
+    on_device(lambda: _launch(dy, y, dx, plan(B, V, y.dtype), {}), y)
     return dx
 
 

@@ -43,9 +43,11 @@ import torch
 import triton
 
 from .checks import CROSS_ENTROPY_REDUCTIONS as REDUCTIONS
-from .checks import check_cross_entropy_inputs
+from .checks import check_cross_entropy_inputs, on_device
 from .training_registry import TRITON_TRAINING_PATHS
-from .triton_backward import fixed_point_bits, split_params, split_workspace
+from .triton_backward import split_params, split_workspace
+from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
+from .triton_dispatch import INTERPRET, fixed_point_bits
 from .triton_launch import launch_named
 from .triton_loss_kernels import (
     cross_entropy_prep_kernel,
@@ -59,8 +61,6 @@ KERNEL_NAME = "triton"
 PATHS = TRITON_TRAINING_PATHS  # row, split
 DISPATCH_BOUNDARIES = {"row_max_v": 8192}
 
-INTERPRET = type(cross_entropy_row_kernel).__name__ == "InterpretedFunction"
-_DEVICE_TYPE = "cpu" if INTERPRET else "cuda"
 _PREP_BLOCK = 1024
 
 
@@ -195,10 +195,7 @@ def _cross_entropy(logits, targets, weight, ignore_index, label_smoothing, reduc
     run = lambda: _run(  # noqa: E731
         logits, targets, grad, weight, int(ignore_index), label_smoothing, reduction, validate, path, params
     )
-    if INTERPRET or logits.shape[0] == 0 or logits.get_device() == torch.cuda.current_device():
-        return run()
-    with torch.cuda.device(logits.get_device()):
-        return run()
+    return on_device(run, logits)
 
 
 def cross_entropy(
@@ -267,11 +264,7 @@ def _scale(grad: torch.Tensor, grad_output: torch.Tensor, out: torch.Tensor) -> 
             BLOCK=block, IN_PLACE=out is grad, num_warps=4,
         )  # fmt: skip
 
-    if INTERPRET or grad.get_device() == torch.cuda.current_device():
-        run()
-    else:
-        with torch.cuda.device(grad.get_device()):
-            run()
+    on_device(run, grad)
     return out
 
 

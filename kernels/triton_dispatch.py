@@ -34,7 +34,10 @@ from .triton_kernels import softmax_tile_kernel
 KERNEL_NAME = "triton"
 PATHS = SPEC_BY_NAME[KERNEL_NAME].path_names  # the registry's entry names them
 
+# Triton builds its kernels for the interpreter when TRITON_INTERPRET=1 was set before they
+# were decorated; they then take CPU tensors. Every Triton module of kernels/ asks here.
 INTERPRET = type(softmax_tile_kernel).__name__ == "InterpretedFunction"
+DEVICE_TYPE = "cpu" if INTERPRET else "cuda"
 
 DISPATCH_BOUNDARIES = {
     "tile_max_v": 2048,  # V above this leaves the tile/rows kernels
@@ -62,10 +65,15 @@ SPLIT_MAX_SPINS = 1 << 20
 INT32_MAX = 2**31 - 1
 
 
+def fixed_point_bits(n: int) -> int:
+    """K = 62 - ceil(log2 n): n terms each below 2^K in magnitude sum to at most 2^62, so a
+    fixed-point sum of n terms cannot overflow an int64."""
+    return 62 - (max(int(n), 1) - 1).bit_length()
+
+
 def fixed_point_scale(V: int) -> float:
-    """2^(62 - ceil(log2 V)): the largest power of two with V * SCALE <= 2^62, so a row's
-    fixed-point sum of exponentials (each term <= SCALE) cannot overflow an int64."""
-    return float(2 ** (62 - (int(V) - 1).bit_length()))
+    """2^K for a row of V exponentials (each term <= SCALE): the forward's SCALE."""
+    return float(2 ** fixed_point_bits(V))
 
 
 # --------------------------------------------------------------------------- dispatch

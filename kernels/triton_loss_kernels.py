@@ -36,6 +36,7 @@ from .triton_kernels import (
     _launch_tag,
     _meet_floats,
     _meet_sum,
+    _nan_max,
     _normalise,
     _row_scale,
     _tagged,
@@ -193,11 +194,6 @@ def softmax_backward_split_kernel(
 
 
 @triton.jit
-def _max_propagating_nan(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
 def _ce_row_outputs(m, S_fix, SCALE, x_t, w_t, w_all, q, eps, inv_v, ignored, valid, HAS_SMOOTHING: tl.constexpr):
     # A row's lse, its loss and whether its max is finite, from the max, the exponentials' sum S
     # and (smoothing) q, per the derivation above. log1p(z) as log(1 + z) z / ((1 + z) - 1), the
@@ -241,7 +237,7 @@ def cross_entropy_row_kernel(
         w_all = V * 1.0  # V may be the constexpr 1
     # The sums: exponentials at the fixed scale, and (label smoothing) q order-free.
     x = tl.load(X + row * stride_x + cols, mask=mask, other=-INF).to(tl.float32)
-    m = tl.reduce(x, 0, _max_propagating_nan)
+    m = tl.reduce(x, 0, _nan_max)
     e = _exp(x, m, G.dtype.element_ty)
     e_fix = (e * SCALE).to(tl.int64)
     S_fix = tl.sum(e_fix, axis=0)
@@ -325,7 +321,7 @@ def cross_entropy_split_kernel(
     tag_hi = tag << 32
 
     # Meeting 1: the row's max (NaN-propagating) and min.
-    my_m = _tagged(tag_hi, tl.reduce(x, 0, _max_propagating_nan))
+    my_m = _tagged(tag_hi, tl.reduce(x, 0, _nan_max))
     neg_mn = tl.zeros([], tl.float32)
     if HAS_SMOOTHING:
         neg_mn = -tl.min(tl.where(mask, x, INF), axis=0)
@@ -349,7 +345,7 @@ def cross_entropy_split_kernel(
             if HAS_SMOOTHING:
                 mn_run = tl.minimum(mn_run, tl.where(idx < V, xx, INF))
             start += FALLBACK_BLOCK
-        m = tl.reduce(m_run, 0, _max_propagating_nan)
+        m = tl.reduce(m_run, 0, _nan_max)
         if HAS_SMOOTHING:
             mn = tl.min(mn_run, axis=0)
     if HAS_SMOOTHING:
