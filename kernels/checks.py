@@ -6,6 +6,15 @@ import torch
 from .spec import DTYPE_NAMES, dtype_name
 
 
+def on_device(fn, t: torch.Tensor):
+    """fn() with t's GPU current, so that kernels launched inside go to t's device and stream
+    (CPU tensors and empty batches launch nothing on a GPU: fn() as it is)."""
+    if not t.is_cuda or t.shape[0] == 0 or t.get_device() == torch.cuda.current_device():
+        return fn()
+    with torch.cuda.device(t.get_device()):
+        return fn()
+
+
 def torch_dtype(dtype) -> torch.dtype:
     """The torch dtype of a name ("bfloat16"), an id ("bf16") or a torch dtype; TypeError for
     any dtype the suite does not know."""

@@ -32,8 +32,9 @@ import torch
 
 from . import triton_launch as _launch
 from . import triton_store as _store
-from .checks import FLOAT_DTYPES, check_softmax_input, prepare_output
+from .checks import FLOAT_DTYPES, check_softmax_input, on_device, prepare_output
 from .spec import LAB_SHAPES
+from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
 from .triton_dispatch import (
     DISPATCH_BOUNDARIES,
     INTERPRET,
@@ -43,7 +44,6 @@ from .triton_dispatch import (
     SPLIT_MAX_SPINS,
     SPLIT_MIN_CHUNK,
     SPLIT_PARAMS,
-    SPLIT_PERSIST_CANDIDATES,
     aligned_base,
     fallback_block,
     fixed_point_scale,
@@ -59,11 +59,8 @@ from .triton_kernels import JIT_KERNELS
 from .triton_launch import (
     PATH_TABLE,
     BoundLaunch,
-    SMLimits,
     TritonPath,
-    fit_persistent,
     launch_count,
-    resident_programs,
 )
 from .triton_store import (
     CONFIGS,
@@ -85,8 +82,6 @@ from .triton_store import (
     v_bucket,
     write_stored,
 )
-
-_DEVICE_TYPE = "cpu" if INTERPRET else "cuda"
 
 
 def clear_autotune_memo() -> None:
@@ -125,16 +120,12 @@ def _softmax(x: torch.Tensor, y: torch.Tensor, path: str, params: dict, common_k
 def run_path(x: torch.Tensor, path: str, *, out=None, **params) -> torch.Tensor:
     """softmax(x) through one named path; `params` override that path's launch parameters
     (tile: config; row: num_warps; rows: ROWS, BLOCK_V, num_warps; split: CHUNK, num_warps,
-    HOLD_INPUT, P_BLOCK, maxnreg, max_spins, programs_per_sm (a persistent grid); stream: BLOCK,
-    num_warps, programs_per_sm; any: align). Tests use it to reach every path at small V (e.g.
-    split, CHUNK=16).
+    P_BLOCK, maxnreg, max_spins; stream: BLOCK, num_warps, programs_per_sm; any: align). Tests
+    use it to reach every path at small V (e.g. split, CHUNK=16).
     """
     check_softmax_input(x, kernel=KERNEL_NAME, dtypes=FLOAT_DTYPES, device_type=_DEVICE_TYPE)
     y = prepare_output(x, out, kernel=KERNEL_NAME)
-    if INTERPRET or x.shape[0] == 0 or x.get_device() == torch.cuda.current_device():
-        return _softmax(x, y, path, params)
-    with torch.cuda.device(x.get_device()):
-        return _softmax(x, y, path, params)
+    return on_device(lambda: _softmax(x, y, path, params), x)
 
 
 _batch_class = _launch.batch_class
@@ -166,10 +157,7 @@ def softmax(x: torch.Tensor, *, out=None) -> torch.Tensor:
     y = prepare_output(x, out, kernel=KERNEL_NAME)
     B, V = x.shape
     path = plan(B, V, x.dtype)
-    if INTERPRET or B == 0 or x.get_device() == torch.cuda.current_device():
-        return _softmax(x, y, path, {}, common)
-    with torch.cuda.device(x.get_device()):
-        return _softmax(x, y, path, {}, common)
+    return on_device(lambda: _softmax(x, y, path, {}, common), x)
 
 
 __all__ = [
@@ -185,7 +173,6 @@ __all__ = [
     "p_block",
     "fallback_block",
     "SPLIT_PARAMS",
-    "SPLIT_PERSIST_CANDIDATES",
     "SPLIT_FILL",
     "SPLIT_MIN_CHUNK",
     "aligned_base",
@@ -201,9 +188,6 @@ __all__ = [
     "TritonPath",
     "BoundLaunch",
     "launch_count",
-    "SMLimits",
-    "resident_programs",
-    "fit_persistent",
     "STORED_PATH",
     "STORED_PATH_ENV",
     "stored_path",

@@ -9,9 +9,6 @@ Paths (`plan(B, V, dtype)` names the one a call takes; `DISPATCH_BOUNDARIES` hol
         registers (still one read of each), meeting twice through a per-row workspace (the
         largest |y * dy|, then the fixed-point sum); a program whose siblings are not running
         streams the row itself, so a launch cannot hang.
-  tile  not dispatched (run_path reaches it): a grid of a few programs per SM walks the rows,
-        each row in three passes over tiles (largest |y * dy|, fixed-point sum, write), the
-        re-reads served by L2 when the rows in flight fit. No workspace, no waiting.
 
 Every path gives a row the same bits: the sum is order-free (kernels.triton_loss_kernels), and
 the path depends on V alone, never on B. dy and y may have any row stride and
@@ -28,33 +25,26 @@ from __future__ import annotations
 import torch
 import triton
 
-from .checks import check_backward_inputs, prepare_dx
+from .checks import check_backward_inputs, on_device, prepare_dx
 from .spec import spec_of
-from .triton_dispatch import SPLIT_MAX_SPINS, checked_p_block, p_block
+from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
+from .triton_dispatch import INTERPRET, SPLIT_MAX_SPINS, checked_p_block, fixed_point_bits, p_block
 from .triton_launch import launch_named, tagged_workspace
 from .triton_loss_kernels import (
     softmax_backward_row_kernel,
     softmax_backward_split_kernel,
-    softmax_backward_tile_kernel,
 )
 
 KERNEL_NAME = "triton"
 PATHS = spec_of("softmax_backward", KERNEL_NAME).path_names  # the registry's entry names them
 DISPATCH_BOUNDARIES = {"row_max_v": 8192}  # two inputs in registers: a quarter of the forward's row path
 
-INTERPRET = type(softmax_backward_row_kernel).__name__ == "InterpretedFunction"
-_DEVICE_TYPE = "cpu" if INTERPRET else "cuda"
 # The split kernels' poll bound on a GPU is the forward's (SPLIT_MAX_SPINS). Under the
 # interpreter, whose programs run one after another, 0: early chunks stream, the last combines.
 
 
-def fixed_point_bits(n: int) -> int:
-    """K = 62 - ceil(log2 n): n terms each below 2^K in magnitude sum to at most 2^62."""
-    return 62 - (max(int(n), 1) - 1).bit_length()
-
-
 def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) -> str:
-    """The path softmax_backward() takes for (B, V) rows of `dtype`: row or tile."""
+    """The path softmax_backward() takes for (B, V) rows of `dtype`: row or split."""
     b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
     return "row" if V <= b["row_max_v"] else "split"
 
@@ -67,8 +57,6 @@ def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict
         return {"BLOCK": block, "num_warps": warps}
     if path == "split":
         return {"CHUNK": 4096, "num_warps": 8}
-    if path == "tile":
-        return {"BLOCK": 4096, "num_warps": 8, "programs_per_sm": 2}
     raise ValueError(f"{KERNEL_NAME} softmax backward: unknown path {path!r} ({', '.join(PATHS)})")
 
 
@@ -105,12 +93,6 @@ def split_params(V: int, p: dict) -> dict:
     }
 
 
-def _programs(B: int, per_sm: int, device) -> int:
-    if INTERPRET:
-        return min(B, 2)
-    return min(B, per_sm * torch.cuda.get_device_properties(device).multi_processor_count)
-
-
 def _launch(dy, y, dx, path: str, params: dict) -> None:
     B, V = y.shape
     if B == 0:
@@ -130,29 +112,17 @@ def _launch(dy, y, dx, path: str, params: dict) -> None:
         ws = split_workspace("softmax_backward", y.device, B, P)
         args = {"DY": dy, "Y": y, "DX": dx, "WS": ws, "V": V, "P": P, **strides, "K": K}
         launch_named(softmax_backward_split_kernel, B * P, args, **sp, num_warps=p["num_warps"])
-    elif path == "tile":
-        grid = _programs(B, p["programs_per_sm"], y.device)
-        args = {"DY": dy, "Y": y, "DX": dx, "B": B, "V": V, **strides, "K": K}
-        launch_named(softmax_backward_tile_kernel, grid, args, BLOCK=p["BLOCK"], num_warps=p["num_warps"])
     else:
         raise ValueError(f"{KERNEL_NAME} softmax backward: unknown path {path!r} ({', '.join(PATHS)})")
 
 
-def _on_device(fn, t: torch.Tensor):
-    if INTERPRET or t.shape[0] == 0 or t.get_device() == torch.cuda.current_device():
-        return fn()
-    with torch.cuda.device(t.get_device()):
-        return fn()
-
-
 def run_path(dy: torch.Tensor, y: torch.Tensor, path: str, *, out=None, **params) -> torch.Tensor:
     """softmax_backward(dy, y) through one named path; `params` override its launch parameters
-    (row: BLOCK, num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK; tile: BLOCK, num_warps,
-    programs_per_sm). Tests use it to reach the split and tile paths at small V (CHUNK=16,
-    BLOCK=16)."""
+    (row: BLOCK, num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK). Tests use it to reach
+    the split path at small V (CHUNK=16)."""
     check_backward_inputs(dy, y, kernel=KERNEL_NAME, device_type=_DEVICE_TYPE)
     dx = prepare_dx(y, out, kernel=KERNEL_NAME)
-    _on_device(lambda: _launch(dy, y, dx, path, params), y)
+    on_device(lambda: _launch(dy, y, dx, path, params), y)
     return dx
 
 
@@ -161,7 +131,7 @@ def softmax_backward(dy: torch.Tensor, y: torch.Tensor, *, out=None) -> torch.Te
     check_backward_inputs(dy, y, kernel=KERNEL_NAME, device_type=_DEVICE_TYPE)
     dx = prepare_dx(y, out, kernel=KERNEL_NAME)
     B, V = y.shape
-    _on_device(lambda: _launch(dy, y, dx, plan(B, V, y.dtype), {}), y)
+    on_device(lambda: _launch(dy, y, dx, plan(B, V, y.dtype), {}), y)
     return dx
 
 

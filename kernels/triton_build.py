@@ -100,15 +100,14 @@ def build_path(name: str, path: str, p: dict, V: int, dtype_name: str) -> dict:
         sig=spec["signature"],
         maxnreg=options.pop("maxnreg", None),
     )
-    if p.get("programs_per_sm"):  # the residency a persistent grid counts on (stream's: a wave)
+    if p.get("programs_per_sm"):  # stream's grid: programs beyond what fits an SM run as a second wave
         record["programs_per_sm"] = p["programs_per_sm"]
     return record
 
 
 def build_all() -> list[dict]:
     """Every autotune config of the tile kernel, and the row, rows, split and stream kernels as
-    the wrapper launches them at typical V, in fp32 and bf16, and the persistent split's
-    candidates."""
+    the wrapper launches them at typical V, in fp32 and bf16."""
     from . import softmax_triton as st
 
     if st.INTERPRET:
@@ -125,8 +124,6 @@ def build_all() -> list[dict]:
         for V, B in ((50257, None), (128256, None), (262144, 1)):
             p = st.launch_params("split", V, tdtype, B=B, sms=None if B is None else 132)
             rows.append(build_path("split", "split", p, V, name))
-        # the persistent split's candidates (not dispatched yet): the prefetched chunk's registers
-        rows.append(build_path("split", "split", st.SPLIT_PERSIST_CANDIDATES[tdtype], 262144, name))
         rows.append(build_path("stream", "stream", st.launch_params("stream", 128256, tdtype), 128256, name))
     return rows
 

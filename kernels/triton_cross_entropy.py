@@ -18,9 +18,7 @@ Launches, in order on the stream:
   split   V > row_max_v: P = cdiv(V, CHUNK) programs per row, each with a CHUNK of the logits in
           registers (one read, one write), meeting twice through a per-row workspace (the max
           and the min, then the fixed-point sums; bounded waits, a program whose
-          siblings are not running streams the row itself), or
-  tile    (not dispatched; run_path reaches it) a grid of a few programs per SM walking the
-          rows, three passes over tiles per row (max, fixed-point sums, gradient).
+          siblings are not running streams the row itself).
   reduce  one program ("mean" / "sum"): the rows' losses summed in fixed point.
 
 A target out of range. With `validate=True` (the default) the wrapper reads the prep kernel's
@@ -45,9 +43,11 @@ import torch
 import triton
 
 from .checks import CROSS_ENTROPY_REDUCTIONS as REDUCTIONS
-from .checks import check_cross_entropy_inputs
+from .checks import check_cross_entropy_inputs, on_device
 from .spec import spec_of
-from .triton_backward import fixed_point_bits, split_params, split_workspace
+from .triton_backward import split_params, split_workspace
+from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
+from .triton_dispatch import INTERPRET, fixed_point_bits
 from .triton_launch import launch_named
 from .triton_loss_kernels import (
     cross_entropy_prep_kernel,
@@ -55,15 +55,12 @@ from .triton_loss_kernels import (
     cross_entropy_row_kernel,
     cross_entropy_scale_kernel,
     cross_entropy_split_kernel,
-    cross_entropy_tile_kernel,
 )
 
 KERNEL_NAME = "triton"
 PATHS = spec_of("cross_entropy", KERNEL_NAME).path_names  # the registry's entry names them
 DISPATCH_BOUNDARIES = {"row_max_v": 8192}
 
-INTERPRET = type(cross_entropy_row_kernel).__name__ == "InterpretedFunction"
-_DEVICE_TYPE = "cpu" if INTERPRET else "cuda"
 _PREP_BLOCK = 1024
 
 
@@ -74,7 +71,7 @@ class CrossEntropyResult(NamedTuple):
 
 
 def plan(N: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) -> str:
-    """The path cross_entropy() takes for (N, V) logits of `dtype`: row or tile."""
+    """The path cross_entropy() takes for (N, V) logits of `dtype`: row or split."""
     b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
     return "row" if V <= b["row_max_v"] else "split"
 
@@ -87,21 +84,11 @@ def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict
         return {"BLOCK": block, "num_warps": warps}
     if path == "split":
         return {"CHUNK": 4096, "num_warps": 8}
-    if path == "tile":
-        # 8 elements per thread and tensor: the smoothing sum's three accumulators (fixed-point
-        # q, its non-finite part, the exp sum) stay in registers on sm_90 (kernels.triton_loss_build).
-        return {"BLOCK": 2048, "num_warps": 8, "programs_per_sm": 2}
     raise ValueError(f"{KERNEL_NAME} cross-entropy: unknown path {path!r} ({', '.join(PATHS)})")
 
 
 def loss_shape(N: int, reduction: str) -> tuple:
     return (N,) if reduction == "none" else ()
-
-
-def _programs(N: int, per_sm: int, device) -> int:
-    if INTERPRET:
-        return min(N, 2)
-    return min(N, per_sm * torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def _target_error(bad: list[int], V: int, ignore_index: int) -> ValueError:
@@ -160,9 +147,6 @@ def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction
         P = sp.pop("P")
         ws = split_workspace("cross_entropy", device, N, P)
         launch_named(cross_entropy_split_kernel, N * P, {**args, "WS": ws, "V": V, "P": P, **scalars}, **sp, **flags)
-    elif path == "tile":
-        grid = _programs(N, p["programs_per_sm"], device)
-        launch_named(cross_entropy_tile_kernel, grid, {**args, "B": N, "V": V, **scalars}, BLOCK=p["BLOCK"], **flags)
     else:
         raise ValueError(f"{KERNEL_NAME} cross-entropy: unknown path {path!r} ({', '.join(PATHS)})")
     if reduction == "none":
@@ -211,10 +195,7 @@ def _cross_entropy(logits, targets, weight, ignore_index, label_smoothing, reduc
     run = lambda: _run(  # noqa: E731
         logits, targets, grad, weight, int(ignore_index), label_smoothing, reduction, validate, path, params
     )
-    if INTERPRET or logits.shape[0] == 0 or logits.get_device() == torch.cuda.current_device():
-        return run()
-    with torch.cuda.device(logits.get_device()):
-        return run()
+    return on_device(run, logits)
 
 
 def cross_entropy(
@@ -243,7 +224,7 @@ def cross_entropy(
 
 def run_path(logits, targets, path: str, *, params: dict | None = None, **options) -> CrossEntropyResult:
     """cross_entropy through one named path with launch parameters `params` (row: BLOCK,
-    num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK; tile: BLOCK, num_warps, programs_per_sm);
+    num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK);
     `options` as cross_entropy takes them."""
     o = {"weight": None, "ignore_index": -100, "label_smoothing": 0.0, "reduction": "mean", "out": None,
          "inplace": False, "validate": True, **options}  # fmt: skip
@@ -283,11 +264,7 @@ def _scale(grad: torch.Tensor, grad_output: torch.Tensor, out: torch.Tensor) -> 
             BLOCK=block, IN_PLACE=out is grad, num_warps=4,
         )  # fmt: skip
 
-    if INTERPRET or grad.get_device() == torch.cuda.current_device():
-        run()
-    else:
-        with torch.cuda.device(grad.get_device()):
-            run()
+    on_device(run, grad)
     return out
 
 

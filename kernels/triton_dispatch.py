@@ -34,7 +34,10 @@ from .triton_kernels import softmax_tile_kernel
 KERNEL_NAME = "triton"
 PATHS = SPEC_BY_NAME[KERNEL_NAME].path_names  # the registry's entry names them
 
+# Triton builds its kernels for the interpreter when TRITON_INTERPRET=1 was set before they
+# were decorated; they then take CPU tensors. Every Triton module of kernels/ asks here.
 INTERPRET = type(softmax_tile_kernel).__name__ == "InterpretedFunction"
+DEVICE_TYPE = "cpu" if INTERPRET else "cuda"
 
 DISPATCH_BOUNDARIES = {
     "tile_max_v": 2048,  # V above this leaves the tile/rows kernels
@@ -48,22 +51,8 @@ DISPATCH_BOUNDARIES = {
 # 2048-8192 x 4-8 warps x register caps at B = 1024 and 4096; CHUNK 512-8192 at B <= 64).
 # maxnreg is the register cap handed to ptxas: it sets the programs resident per SM (128: four
 # of four warps, 32 KB of float32 chunk each), hence the bytes in flight, and without a cap
-# sm_90's ptxas spills a few bytes in some of these kernels. HOLD_INPUT (keep the 16-bit chunk,
-# not its float32 exponentials, across the second meeting) measured slower and stays off.
-SPLIT_PARAMS = {"CHUNK": 8192, "num_warps": 4, "HOLD_INPUT": False, "maxnreg": 128}
-# The persistent split (programs_per_sm set): a grid of the rows in flight, programs_per_sm
-# programs per SM, each walking its rows and loading the next row's chunk before it meets on
-# this one, so a row's loads are in flight while the last row's programs wait for each other
-# (the plain split's SMs idle through the meetings: reports/profiles.md). Not dispatched until
-# measured on a GPU; run_path reaches it. programs_per_sm must not exceed what fits an SM at
-# once (a sibling not resident holds its row's meetings to the poll bound): these candidates
-# build spill-free for sm_90 and fit at programs_per_sm (tests/test_triton_cpu.py), and
-# reports/probes/triton_long_rows.py sweeps them and their neighbours.
-SPLIT_PERSIST_CANDIDATES = {
-    torch.float32: {"CHUNK": 4096, "num_warps": 8, "programs_per_sm": 3},
-    torch.bfloat16: {"CHUNK": 4096, "num_warps": 8, "programs_per_sm": 4},
-    torch.float16: {"CHUNK": 4096, "num_warps": 8, "programs_per_sm": 4},
-}
+# sm_90's ptxas spills a few bytes in some of these kernels.
+SPLIT_PARAMS = {"CHUNK": 8192, "num_warps": 4, "maxnreg": 128}
 # A short batch: chunks halve until the launch has SPLIT_FILL programs per SM, down to
 # SPLIT_MIN_CHUNK (below it a row's meetings, over hundreds of siblings, cost more than the
 # idle SMs would give: 1024-element chunks were 15-100 % slower than 2048 at V = 262144).
@@ -76,10 +65,15 @@ SPLIT_MAX_SPINS = 1 << 20
 INT32_MAX = 2**31 - 1
 
 
+def fixed_point_bits(n: int) -> int:
+    """K = 62 - ceil(log2 n): n terms each below 2^K in magnitude sum to at most 2^62, so a
+    fixed-point sum of n terms cannot overflow an int64."""
+    return 62 - (max(int(n), 1) - 1).bit_length()
+
+
 def fixed_point_scale(V: int) -> float:
-    """2^(62 - ceil(log2 V)): the largest power of two with V * SCALE <= 2^62, so a row's
-    fixed-point sum of exponentials (each term <= SCALE) cannot overflow an int64."""
-    return float(2 ** (62 - (int(V) - 1).bit_length()))
+    """2^K for a row of V exponentials (each term <= SCALE): the forward's SCALE."""
+    return float(2 ** fixed_point_bits(V))
 
 
 # --------------------------------------------------------------------------- dispatch

@@ -216,13 +216,6 @@ _TAG_MASK = tl.constexpr(0x7FFFFFFF)  # tags wrap in 31 bits: a word stays a non
 
 
 @triton.jit
-def _maximum(a, b):
-    # Compares as float32 (the interpreter compares 16-bit floats by their bits), keeps the type;
-    # a NaN wins, as in _nan_max.
-    return tl.where((a.to(tl.float32) > b.to(tl.float32)) | (a != a), a, b)
-
-
-@triton.jit
 def _launch_tag(own, SLOTS: tl.constexpr):
     """This launch's tag: one past the tag of the program's own word (read in one lane and
     reduced over the program, so all threads hold it before any of them publishes)."""
@@ -334,30 +327,34 @@ def _split_chunk(xs, chunk, V, CHUNK: tl.constexpr, ALIGN: tl.constexpr):
     return c_start, _group_mask(grp, c_start, g_lo, g_hi, ALIGN)
 
 
-@triton.jit
-def _split_load(X, xs, chunk, V, CHUNK: tl.constexpr, ALIGN: tl.constexpr):
-    # A program's chunk of a row, as stored, and the row's edges in float32 (-inf where masked).
+@_no_value_specialisation
+def softmax_split_kernel(X, Y, WS, B, V, P, stride_x, stride_y, x_off, y_off, SCALE,
+                         CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr,
+                         MAX_SPINS: tl.constexpr, ALIGN: tl.constexpr = 1, Y_ALIGN: tl.constexpr = 1):
+    # A row too long for one program's registers is shared by P programs, each keeping its
+    # chunk in registers: one read and one write. Chunks are cut on ALIGN-groups of element
+    # offsets from X (the wrapper makes X 16-byte aligned and passes the tensor's head as
+    # x_off), so the bulk of a row moves in vector accesses at any V or row offset; the groups
+    # a row only partly covers (at most ALIGN - 1 elements at each end) are "edges", loaded and
+    # stored element-wise by chunk 0. How the row is cut changes nothing in the result: the max
+    # and the fixed-point sum are order-free.
+    #
+    # The programs of a row meet twice through the row's 3P words in WS (zeroed when the
+    # wrapper allocates it, never again): word c holds chunk c's max (float bits), words
+    # P + 2c and P + 2c + 1 the upper and lower 32 bits of its fixed-point sum, each under the
+    # launch's tag (above). Each wait is bounded: a program whose siblings are not scheduled in
+    # time streams the row itself for the same exact max / sum (slower, never deadlocks). Under
+    # the interpreter, whose programs run one after another, the bound is 0: early chunks take
+    # the streaming branch and the last chunk combines, so both branches run on the CPU.
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // P
+    chunk = pid - row * P
+    xs = x_off + row * stride_x
     c_start, mask = _split_chunk(xs, chunk, V, CHUNK, ALIGN)
     x_in = tl.load(X + c_start + tl.arange(0, CHUNK), mask=mask, other=-float("inf"))
     pos, e_mask = _split_edges(xs, chunk, V, ALIGN)
     xe = tl.load(X + pos, mask=e_mask, other=-float("inf")).to(tl.float32)
-    return x_in, xe
-
-
-@triton.jit
-def _split_row(X, Y, WS, x_in, xe, row, chunk, V, P, stride_x, stride_y, x_off, y_off, SCALE,
-               CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr,
-               MAX_SPINS: tl.constexpr, ALIGN: tl.constexpr, Y_ALIGN: tl.constexpr, HOLD_INPUT: tl.constexpr):
-    # One program's part of one row, its chunk (x_in) and edges (xe) loaded: the two meetings
-    # and the store.
-    xs = x_off + row * stride_x
-    c_start, mask = _split_chunk(xs, chunk, V, CHUNK, ALIGN)
-    pos, e_mask = _split_edges(xs, chunk, V, ALIGN)
     x = x_in.to(tl.float32)
-    if HOLD_INPUT:
-        m_in = tl.reduce(x_in, 0, _maximum).to(tl.float32)  # no float32 copy before meeting 1
-    else:
-        m_in = _row_max(x, 0)
 
     ws_row = WS + row * (3 * P)
     x_row = X + xs
@@ -366,7 +363,7 @@ def _split_row(X, Y, WS, x_in, xe, row, chunk, V, P, stride_x, stride_y, x_off, 
     tag_hi = tag << 32
 
     # Meeting 1: the row's max.
-    m_c = _nan_max(m_in, _row_max(xe, 0))
+    m_c = _nan_max(_row_max(x, 0), _row_max(xe, 0))
     my_max = _tagged(tag_hi, m_c)
     tl.atomic_xchg(ws_row + chunk, my_max, sem="relaxed")
     m, stale = _meet_floats(ws_row, P, chunk, my_max, tag, False, P_BLOCK, MAX_SPINS)
@@ -399,12 +396,6 @@ def _split_row(X, Y, WS, x_in, xe, row, chunk, V, P, stride_x, stride_y, x_off, 
         s = tl.sum(s_run, axis=0)
 
     neg_hi, inv = _softmax_scale(s, SCALE, m)
-    if HOLD_INPUT:
-        if x_in.dtype == tl.bfloat16:
-            x = (x_in.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
-        else:
-            x = x_in.to(tl.float32)
-        ex = _exp(x, m, Y.dtype.element_ty)
     # Output element of input offset o sits at Y + o + shift.
     shift = tl.multiple_of(y_off + row * stride_y - xs, Y_ALIGN)
     yx = _normalise(ex, neg_hi, inv, Y.dtype.element_ty)
@@ -413,63 +404,9 @@ def _split_row(X, Y, WS, x_in, xe, row, chunk, V, P, stride_x, stride_y, x_off, 
 
 
 @_no_value_specialisation
-def softmax_split_kernel(X, Y, WS, B, V, P, stride_x, stride_y, x_off, y_off, SCALE,
-                         CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr,
-                         MAX_SPINS: tl.constexpr, ALIGN: tl.constexpr = 1, Y_ALIGN: tl.constexpr = 1,
-                         HOLD_INPUT: tl.constexpr = False, PERSIST: tl.constexpr = False):
-    # A row too long for one program's registers is shared by P programs, each keeping its
-    # chunk in registers: one read and one write. Chunks are cut on ALIGN-groups of element
-    # offsets from X (the wrapper makes X 16-byte aligned and passes the tensor's head as
-    # x_off), so the bulk of a row moves in vector accesses at any V or row offset; the groups
-    # a row only partly covers (at most ALIGN - 1 elements at each end) are "edges", loaded and
-    # stored element-wise by chunk 0. How the row is cut changes nothing in the result: the max
-    # and the fixed-point sum are order-free.
-    #
-    # The programs of a row meet twice through the row's 3P words in WS (zeroed when the
-    # wrapper allocates it, never again): word c holds chunk c's max (float bits), words
-    # P + 2c and P + 2c + 1 the upper and lower 32 bits of its fixed-point sum, each under the
-    # launch's tag (above). Each wait is bounded: a program whose siblings are not scheduled in
-    # time streams the row itself for the same exact max / sum (slower, never deadlocks). Under
-    # the interpreter, whose programs run one after another, the bound is 0: early chunks take
-    # the streaming branch and the last chunk combines, so both branches run on the CPU.
-    #
-    # PERSIST: the grid holds R rows' programs (a multiple of P, R <= B), and program (r, c)
-    # takes chunk c of rows r, r + R, r + 2R, ...: it loads the next row's chunk before the
-    # current row's meetings, so the loads of one row are in flight while the programs of the
-    # last one wait for each other. Without it the grid is P * B, one row per program. A row's
-    # words are its own whichever program takes it, so the two share one workspace per P.
-    #
-    # HOLD_INPUT (16-bit storage): keep the chunk as loaded, two elements a register, across
-    # the meetings and compute the exponentials again at the store, instead of keeping them in
-    # float32: half the registers for the same bytes in flight. The conversions before and
-    # after the second meeting are written differently (bfloat16 widened by a shift) so the
-    # compiler cannot merge them back into one float32 copy; both give the same floats (for
-    # float16 the compiler may merge them). On the H200 the second exponential cost more than
-    # the registers gave (reports/profiles.md): the wrapper leaves it off; run_path reaches it.
-    pid = tl.program_id(0).to(tl.int64)
-    row = pid // P
-    chunk = pid - row * P
-    x_in, xe = _split_load(X, x_off + row * stride_x, chunk, V, CHUNK, ALIGN)
-    if PERSIST:
-        R = tl.num_programs(0) // P
-        while row < B:
-            # The next row's chunk (the last row's again past B: loaded, never used).
-            nxt = row + R
-            x_nx, xe_nx = _split_load(X, x_off + tl.minimum(nxt, B - 1) * stride_x, chunk, V, CHUNK, ALIGN)
-            _split_row(X, Y, WS, x_in, xe, row, chunk, V, P, stride_x, stride_y, x_off, y_off, SCALE,
-                       CHUNK, P_BLOCK, FALLBACK_BLOCK, MAX_SPINS, ALIGN, Y_ALIGN, HOLD_INPUT)
-            x_in = x_nx
-            xe = xe_nx
-            row = nxt
-    else:
-        _split_row(X, Y, WS, x_in, xe, row, chunk, V, P, stride_x, stride_y, x_off, y_off, SCALE,
-                   CHUNK, P_BLOCK, FALLBACK_BLOCK, MAX_SPINS, ALIGN, Y_ALIGN, HOLD_INPUT)
-
-
-@_no_value_specialisation
 def softmax_stream_kernel(X, Y, B, V, stride_x, stride_y, x_off, y_off, SCALE,
                           BLOCK: tl.constexpr, ALIGN: tl.constexpr = 1, Y_ALIGN: tl.constexpr = 1):
-    # Rows too long for one program's registers: a persistent grid (a few programs per SM)
+    # Rows too long for one program's registers: a grid of a few programs per SM
     # walks the rows, reading each three times in BLOCK-wide tiles (max, fixed-point sum,
     # write). The grid bounds the rows in flight, so a row's second and third reads find it in
     # L2 and DRAM sees one read and one write. Tiles are cut on ALIGN-groups of element offsets

@@ -369,70 +369,8 @@ ROWS = TritonPath(
 
 
 def _split_grid(p, g, sms):
-    """B -> the split launch's programs: P per row, or (persistent, p["programs_per_sm"] set) P
-    per row of the R rows in flight, R = programs_per_sm * sms // P (two under the interpreter,
-    so the rows loop runs), at least 1 and at most B."""
-    if not p.get("programs_per_sm"):
-        return functools.partial(operator.mul, g["P"])
-    rows = 2 if sms is None else max(1, p["programs_per_sm"] * sms // g["P"])
-    return functools.partial(_persistent_programs, P=g["P"], rows=rows)
-
-
-def _persistent_programs(B: int, P: int, rows: int) -> int:
-    return P * min(B, rows)
-
-
-@dataclasses.dataclass(frozen=True)
-class SMLimits:
-    """What one multiprocessor holds at once (sm_90's numbers by default)."""
-
-    registers: int = 65536
-    threads: int = 2048
-    shared_bytes: int = 233472  # 228 KB
-    blocks: int = 32
-
-
-def resident_programs(n_regs: int, num_warps: int, shared_bytes: int, sm: SMLimits = SMLimits()) -> int:
-    """Programs of one compiled kernel that a multiprocessor holds at once: registers (allocated
-    per warp in units of 256, i.e. per 8 registers a thread), threads, shared memory, blocks."""
-    regs = -(-max(n_regs, 1) // 8) * 8 * 32 * num_warps
-    fits = [sm.registers // regs, sm.threads // (32 * num_warps), sm.blocks]
-    if shared_bytes:
-        fits.append(sm.shared_bytes // shared_bytes)
-    return max(0, min(fits))
-
-
-def _sm_limits(dev: int) -> SMLimits:
-    props = torch.cuda.get_device_properties(dev)
-    d = SMLimits()
-    return SMLimits(
-        registers=getattr(props, "regs_per_multiprocessor", d.registers),
-        threads=getattr(props, "max_threads_per_multi_processor", d.threads),
-        shared_bytes=getattr(props, "shared_memory_per_multiprocessor", d.shared_bytes),
-    )
-
-
-_resident: dict = {}  # launcher key -> programs of that build one SM holds
-
-
-def fit_persistent(bound: BoundLaunch, key, sms: int, limits: SMLimits | None = None) -> BoundLaunch:
-    """A persistent split counts on all its programs being resident (a sibling that is not holds
-    its row's meetings to the poll bound): its rows in flight are capped at what the compiled
-    kernel's registers, warps and shared memory let `sms` multiprocessors hold, whatever
-    programs_per_sm asked for (the registers Triton allocates differ between its versions: 107 on
-    triton 3.6 for a build that 3.9 gives 64). limits: the device's own by default."""
-    if key not in _resident:
-        compiled = bound.warmup()
-        compiled._init_handles()  # loads the module: the driver reports its registers from then on
-        warps = bound.options["num_warps"]
-        sm = _sm_limits(bound.dev) if limits is None else limits
-        _resident[key] = resident_programs(compiled.n_regs, warps, compiled.metadata.shared, sm)
-    held = max(1, _resident[key]) * sms // bound.geometry["P"]
-    asked = bound.grid_of.keywords["rows"]
-    if held >= asked:
-        return bound
-    grid = functools.partial(_persistent_programs, P=bound.geometry["P"], rows=max(1, held))
-    return dataclasses.replace(bound, grid_of=grid)
+    """B -> the split launch's programs: P per row."""
+    return functools.partial(operator.mul, g["P"])
 
 
 SPLIT = TritonPath(
@@ -451,7 +389,7 @@ SPLIT = TritonPath(
         ("y_off", "i32"),
         ("SCALE", "fp32"),
     ),  # fmt: skip
-    constexprs=("CHUNK", "P_BLOCK", "FALLBACK_BLOCK", "MAX_SPINS", "ALIGN", "Y_ALIGN", "HOLD_INPUT", "PERSIST"),
+    constexprs=("CHUNK", "P_BLOCK", "FALLBACK_BLOCK", "MAX_SPINS", "ALIGN", "Y_ALIGN"),
     geometry=_chunk_geometry("CHUNK"),
     specialise=lambda p, g, V: {
         "CHUNK": p["CHUNK"],
@@ -460,8 +398,6 @@ SPLIT = TritonPath(
         "MAX_SPINS": p.get("max_spins", 0 if INTERPRET else SPLIT_MAX_SPINS),
         "ALIGN": g["ALIGN"],
         "Y_ALIGN": g["Y_ALIGN"],
-        "HOLD_INPUT": bool(p.get("HOLD_INPUT", False)),
-        "PERSIST": bool(p.get("programs_per_sm")),
     },
     options=lambda p: {"num_warps": p["num_warps"], **({"maxnreg": p["maxnreg"]} if p.get("maxnreg") else {})},
     grid=_split_grid,
@@ -623,8 +559,6 @@ def launch(x: torch.Tensor, y: torch.Tensor, path: str, params: dict):
     entry, dev = bound.path, bound.dev
     pointers = tuple(v.data_ptr() % 16 == 0 for v in bound.values.values() if isinstance(v, torch.Tensor))
     key = (entry.kernel, dev, x.dtype, pointers, tuple(bound.constexprs.items()), tuple(bound.options.items()))
-    if bound.constexprs.get("PERSIST"):
-        bound = fit_persistent(bound, key, gpu_sms(dev))
     launcher = _launchers.get(key, _UNBUILT)
     if launcher is _UNBUILT:
         # The first launch compiles (or loads from Triton's cache): once per machine.

@@ -36,7 +36,7 @@ QUICK = {"bwd-row fp32", "bwd-split fp32", "ce-row fp32 weighted smoothed", "ce-
 
 def build_all(quick: bool = False) -> list[dict]:
     """Each kernel as the wrappers launch it at V = 600 (row, small), 8192 (the row paths'
-    largest) and 262144 (split, tile), in fp32 and bf16, with and without weights and smoothing."""
+    largest) and 262144 (split), in fp32 and bf16, with and without weights and smoothing."""
     from . import triton_backward as tb
     from . import triton_cross_entropy as tce
     from . import triton_loss_kernels as K
@@ -64,10 +64,6 @@ def build_all(quick: bool = False) -> list[dict]:
         del sp["P"]
         sig = loss_signature(K.softmax_backward_split_kernel, dtype)
         rows.append(one(f"bwd-split {dtype}", K.softmax_backward_split_kernel, dtype, sp, p["num_warps"], sig=sig))
-        p = tb.launch_params("tile", 262144, tdtype)
-        sig = loss_signature(K.softmax_backward_tile_kernel, dtype)
-        rows.append(one(f"bwd-tile {dtype}", K.softmax_backward_tile_kernel, dtype, {"BLOCK": p["BLOCK"]},
-                          p["num_warps"], sig=sig))  # fmt: skip
         for weight, smoothing in ((False, False), (True, True)):
             flags = {"HAS_WEIGHT": weight, "HAS_SMOOTHING": smoothing}
             tag = f"{dtype}{' weighted smoothed' if weight else ''}"
@@ -81,10 +77,6 @@ def build_all(quick: bool = False) -> list[dict]:
             del sp["P"]
             sig = loss_signature(K.cross_entropy_split_kernel, dtype)
             rows.append(one(f"ce-split {tag}", K.cross_entropy_split_kernel, dtype, {**sp, **flags},
-                              p["num_warps"], sig=sig))  # fmt: skip
-            p = tce.launch_params("tile", 262144, tdtype)
-            sig = loss_signature(K.cross_entropy_tile_kernel, dtype)
-            rows.append(one(f"ce-tile {tag}", K.cross_entropy_tile_kernel, dtype, {"BLOCK": p["BLOCK"], **flags},
                               p["num_warps"], sig=sig))  # fmt: skip
         for in_place in (True, False):
             sig = loss_signature(K.cross_entropy_scale_kernel, dtype)

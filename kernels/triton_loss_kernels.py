@@ -36,6 +36,7 @@ from .triton_kernels import (
     _launch_tag,
     _meet_floats,
     _meet_sum,
+    _nan_max,
     _normalise,
     _row_scale,
     _tagged,
@@ -81,57 +82,6 @@ def softmax_backward_row_kernel(DY, Y, DX, V, stride_dy, stride_y, stride_dx, K,
     fix = tl.sum(tl.where(finite, t * up, 0.0).to(tl.int64), axis=0)
     s = fix.to(tl.float32) * down + tl.sum(tl.where(finite, 0.0, t), axis=0)
     tl.store(DX + row * stride_dx + cols, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def softmax_backward_tile_kernel(DY, Y, DX, B, V, stride_dy, stride_y, stride_dx, K, BLOCK: tl.constexpr):
-    # Rows longer than a program's registers: a grid of programs walks the rows (row += grid), each
-    # row in three passes over BLOCK-wide tiles (largest |y * dy|, fixed-point sum, write). The
-    # grid bounds the rows in flight, so the second and third reads can come from L2. The same
-    # arithmetic as the row kernel, so both give a row the same bits.
-    # while, not range(): Triton 3.6's interpreter cannot take a run-time range bound.
-    cols = tl.arange(0, BLOCK)
-    row = tl.program_id(0).to(tl.int64)
-    while row < B:
-        dy_row = DY + row * stride_dy
-        y_row = Y + row * stride_y
-        amax_l = tl.zeros([BLOCK], tl.float32)
-        inf_l = tl.zeros([BLOCK], tl.float32)
-        start = 0
-        while start < V:
-            idx = start + cols
-            mask = idx < V
-            y = tl.load(y_row + idx, mask=mask, other=0.0).to(tl.float32)
-            t = y * tl.load(dy_row + idx, mask=mask, other=0.0).to(tl.float32)
-            finite = tl.abs(t) < INF
-            amax_l = tl.maximum(amax_l, tl.where(finite, tl.abs(t), 0.0))
-            inf_l += tl.where(finite, 0.0, t)
-            start += BLOCK
-        amax = tl.max(amax_l, axis=0)
-        biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
-        shift = tl.minimum(K - tl.where(biased == 0, -126, biased - 126), 126)
-        up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
-        down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
-        fix_l = tl.zeros([BLOCK], tl.int64)
-        start = 0
-        while start < V:
-            idx = start + cols
-            mask = idx < V
-            y = tl.load(y_row + idx, mask=mask, other=0.0).to(tl.float32)
-            t = y * tl.load(dy_row + idx, mask=mask, other=0.0).to(tl.float32)
-            fix_l += tl.where(tl.abs(t) < INF, t * up, 0.0).to(tl.int64)
-            start += BLOCK
-        s = tl.sum(fix_l, axis=0).to(tl.float32) * down + tl.sum(inf_l, axis=0)
-        dx_row = DX + row * stride_dx
-        start = 0
-        while start < V:
-            idx = start + cols
-            mask = idx < V
-            y = tl.load(y_row + idx, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            dy = tl.load(dy_row + idx, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            tl.store(dx_row + idx, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
-            start += BLOCK
-        row += tl.num_programs(0)
 
 
 @triton.jit
@@ -244,11 +194,6 @@ def softmax_backward_split_kernel(
 
 
 @triton.jit
-def _max_propagating_nan(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
 def _ce_row_outputs(m, S_fix, SCALE, x_t, w_t, w_all, q, eps, inv_v, ignored, valid, HAS_SMOOTHING: tl.constexpr):
     # A row's lse, its loss and whether its max is finite, from the max, the exponentials' sum S
     # and (smoothing) q, per the derivation above. log1p(z) as log(1 + z) z / ((1 + z) - 1), the
@@ -292,7 +237,7 @@ def cross_entropy_row_kernel(
         w_all = V * 1.0  # V may be the constexpr 1
     # The sums: exponentials at the fixed scale, and (label smoothing) q order-free.
     x = tl.load(X + row * stride_x + cols, mask=mask, other=-INF).to(tl.float32)
-    m = tl.reduce(x, 0, _max_propagating_nan)
+    m = tl.reduce(x, 0, _nan_max)
     e = _exp(x, m, G.dtype.element_ty)
     e_fix = (e * SCALE).to(tl.int64)
     S_fix = tl.sum(e_fix, axis=0)
@@ -329,105 +274,6 @@ def cross_entropy_row_kernel(
     g = g * tl.load(PREP + 2)
     g = tl.where(ignored, tl.where(fin, 0.0, float("nan")), tl.where(valid, g, float("nan")))
     tl.store(G + row * stride_g + cols, g.to(G.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def cross_entropy_tile_kernel(
-    X, T, W, G, LOSS, LSE, PREP, B, V, stride_x, stride_g, ignore_index, eps, inv_v, KW, SCALE,
-    BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
-):  # fmt: skip
-    # Rows longer than a program's registers: a grid of programs walks the rows, each row in
-    # three passes over tiles (max [and min], fixed-point sums, gradient). The same arithmetic
-    # as the row kernel element for element, so both give a row the same bits.
-    cols = tl.arange(0, BLOCK)
-    row = tl.program_id(0).to(tl.int64)
-    while row < B:
-        t = tl.load(T + row).to(tl.int64)
-        ignored = t == ignore_index
-        valid = (t != ignore_index) & (t >= 0) & (t < V)
-        t_safe = tl.where(valid, t, 0)
-        if HAS_WEIGHT:
-            w_t = tl.load(W + t_safe).to(tl.float32)
-            w_all = tl.load(PREP + 0)
-        else:
-            w_t = 1.0
-            w_all = V * 1.0
-        x_row = X + row * stride_x
-        # Pass 1: the max (NaN-propagating), and the min for the smoothing sum's scale.
-        m_l = tl.full([BLOCK], -INF, tl.float32)
-        mn_l = tl.full([BLOCK], INF, tl.float32)
-        start = 0
-        while start < V:
-            idx = start + cols
-            mask = idx < V
-            x = tl.load(x_row + idx, mask=mask, other=-INF).to(tl.float32)
-            m_l = tl.maximum(m_l, x, propagate_nan=tl.PropagateNan.ALL)
-            if HAS_SMOOTHING:
-                mn_l = tl.minimum(mn_l, tl.where(mask, x, INF))
-            start += BLOCK
-        m = tl.reduce(m_l, 0, _max_propagating_nan)
-        if HAS_SMOOTHING:
-            bound = tl.load(PREP + 3) * (m - tl.min(mn_l, axis=0))
-            biased = (bound.to(tl.int32, bitcast=True) >> 23) & 0xFF
-            shift = tl.minimum(KW - tl.where(biased == 0, -126, biased - 126), 126)
-            up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
-            down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
-        # Pass 2: the fixed-point sums.
-        s_l = tl.zeros([BLOCK], tl.int64)
-        q_l = tl.zeros([BLOCK], tl.int64)
-        inf_l = tl.zeros([BLOCK], tl.float32)
-        start = 0
-        while start < V:
-            idx = start + cols
-            mask = idx < V
-            x = tl.load(x_row + idx, mask=mask, other=-INF).to(tl.float32)
-            s_l += _fixed(_exp(x, m, G.dtype.element_ty), SCALE)
-            if HAS_SMOOTHING:
-                if HAS_WEIGHT:
-                    w_j = tl.load(W + idx, mask=mask, other=0.0).to(tl.float32)
-                else:
-                    w_j = tl.where(mask, 1.0, 0.0)
-                wd = tl.where(mask, w_j * (x - m), 0.0)
-                finite = tl.abs(wd) < INF
-                q_l += tl.where(finite, wd * up, 0.0).to(tl.int64)
-                inf_l += tl.where(finite, 0.0, wd)
-            start += BLOCK
-        S_fix = tl.sum(s_l, axis=0)
-        x_t = tl.load(x_row + t_safe).to(tl.float32)
-        E_t = _fixed(_exp(x_t, m, G.dtype.element_ty), SCALE)
-        q = 0.0
-        if HAS_SMOOTHING:
-            q = tl.sum(q_l, axis=0).to(tl.float32) * down + tl.sum(inf_l, axis=0)
-        lse, loss, fin = _ce_row_outputs(m, S_fix, SCALE, x_t, w_t, w_all, q, eps, inv_v, ignored, valid, HAS_SMOOTHING)
-        tl.store(LSE + row, lse)
-        tl.store(LOSS + row, loss)
-        # Pass 3: the gradient.
-        hi, inv = _row_scale(S_fix, SCALE)
-        inv = tl.where(fin, inv, float("nan"))
-        pm1 = tl.where(fin, -((S_fix - E_t).to(tl.float32) / S_fix.to(tl.float32)), float("nan"))
-        gscale = tl.load(PREP + 2)
-        g_ignored = tl.where(fin, 0.0, float("nan"))
-        g_row = G + row * stride_g
-        start = 0
-        while start < V:
-            idx = start + cols
-            mask = idx < V
-            x = tl.load(x_row + idx, mask=mask, other=-INF, eviction_policy="evict_first").to(tl.float32)
-            p = _normalise(_exp(x, m, G.dtype.element_ty), hi, inv, G.dtype.element_ty)
-            pq = tl.where(idx == t_safe, pm1, p)
-            if HAS_SMOOTHING:
-                if HAS_WEIGHT:
-                    w_j = tl.load(W + idx, mask=mask, other=0.0).to(tl.float32)
-                else:
-                    w_j = tl.where(mask, 1.0, 0.0)
-                g = (1.0 - eps) * w_t * pq + (eps * inv_v) * (w_all * p - w_j)
-            else:
-                g = w_t * pq
-            g = g * gscale
-            g = tl.where(ignored, g_ignored, tl.where(valid, g, float("nan")))
-            tl.store(g_row + idx, g.to(G.dtype.element_ty), mask=mask)
-            start += BLOCK
-        row += tl.num_programs(0)
 
 
 @triton.jit
@@ -475,7 +321,7 @@ def cross_entropy_split_kernel(
     tag_hi = tag << 32
 
     # Meeting 1: the row's max (NaN-propagating) and min.
-    my_m = _tagged(tag_hi, tl.reduce(x, 0, _max_propagating_nan))
+    my_m = _tagged(tag_hi, tl.reduce(x, 0, _nan_max))
     neg_mn = tl.zeros([], tl.float32)
     if HAS_SMOOTHING:
         neg_mn = -tl.min(tl.where(mask, x, INF), axis=0)
@@ -499,7 +345,7 @@ def cross_entropy_split_kernel(
             if HAS_SMOOTHING:
                 mn_run = tl.minimum(mn_run, tl.where(idx < V, xx, INF))
             start += FALLBACK_BLOCK
-        m = tl.reduce(m_run, 0, _max_propagating_nan)
+        m = tl.reduce(m_run, 0, _nan_max)
         if HAS_SMOOTHING:
             mn = tl.min(mn_run, axis=0)
     if HAS_SMOOTHING:
@@ -732,10 +578,8 @@ def cross_entropy_scale_kernel(
 
 JIT_KERNELS = {
     "softmax_backward_row": softmax_backward_row_kernel,
-    "softmax_backward_tile": softmax_backward_tile_kernel,
     "softmax_backward_split": softmax_backward_split_kernel,
     "cross_entropy_row": cross_entropy_row_kernel,
-    "cross_entropy_tile": cross_entropy_tile_kernel,
     "cross_entropy_split": cross_entropy_split_kernel,
     "cross_entropy_prep": cross_entropy_prep_kernel,
     "cross_entropy_reduce": cross_entropy_reduce_kernel,

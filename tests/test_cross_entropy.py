@@ -8,7 +8,7 @@ independent of the batch, the row's order, the layout and the path; the torch.li
 its autograd and torch.compile; and a corpus of wrong kernels the checks must reject.
 
 cpu: the Triton kernels under TRITON_INTERPRET=1 at V = 37 (odd; the split path with CHUNK = 16
-and the tile path with BLOCK = 16 cut a row into three). cuda: every path, dtype and layout at V
+cuts a row into three). cuda: every path, dtype and layout at V
 up to 262144, and a tensor past 2^31 elements.
 """
 
@@ -53,9 +53,8 @@ interpreted = pytest.mark.skipif(
     not tce.INTERPRET, reason="needs the interpreted kernels; test_interpreted_in_a_subprocess runs them"
 )
 V_CPU = 37
-TILE = {"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1}
 SPLIT = {"CHUNK": 16, "num_warps": 2}  # a row of 37: three chunks, the last partial
-SCALED = {"row": {}, "split": SPLIT, "tile": TILE}
+SCALED = {"row": {}, "split": SPLIT}
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # (reduction, label_smoothing, weighted): every pair of values of any two of the three options.
@@ -168,13 +167,12 @@ def test_options_on_the_edge_rows(case):
 @interpreted
 @pytest.mark.parametrize(
     "path, case",
-    [("split", OPTION_CASES[3]), ("split", OPTION_CASES[5]), ("tile", OPTION_CASES[2])],
+    [("split", OPTION_CASES[3]), ("split", OPTION_CASES[5]), ("split", OPTION_CASES[2])],
     ids=lambda v: v if isinstance(v, str) else case_id(v),
 )
 def test_long_row_paths_give_the_row_paths_bits(path, case):
     # split: three chunks a row meeting through the workspace (under the interpreter, the first
-    # chunks of a row stream it themselves and the last combines what they published); tile:
-    # three tiles a row in three passes.
+    # chunks of a row stream it themselves and the last combines what they published).
     x, t = edge_rows(V_CPU, seed=3)
     o = options(*case)
     got = run_cross_entropy_poisoned(run_path(path, **SCALED[path]), x, t, **o)

@@ -19,7 +19,6 @@ import os
 import re
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -202,81 +201,12 @@ def test_split_combines_published_partials_and_falls_back():
     [(torch.float32, 0), (torch.bfloat16, 0), (torch.bfloat16, 3), (torch.float16, 3)],
     ids=["fp32-spins0", "bf16-spins0", "bf16-spins3", "fp16-spins3"],
 )
-def test_split_holding_the_input_gives_the_same_bits(dtype, max_spins):
-    # HOLD_INPUT keeps the 16-bit chunk and computes the exponentials twice; the row's bits
-    # must be those of every other path, on both sides of the meetings (combined or streamed).
+def test_split_gives_the_tile_paths_bits_on_both_sides_of_the_meetings(dtype, max_spins):
+    # The row's bits must be those of every other path whether the meetings combine or stream.
     x = logits(3, 70, seed=12, dtype=dtype)
-    want = st.run_path(x, "tile")
-    for hold in (False, True):
-        out = run_poisoned(run_path("split", CHUNK=16, num_warps=2, HOLD_INPUT=hold, max_spins=max_spins), x)
-        check_softmax(out, x, what=f"split hold={hold}")
-        assert torch.equal(bits(out), bits(want)), f"hold={hold}: bits differ from the tile path"
-
-
-@interpreted
-@pytest.mark.parametrize(
-    "B, max_spins, dtype",
-    [(5, 0, torch.float32), (5, 3, torch.bfloat16), (2, 3, torch.float32), (1, 0, torch.bfloat16)],
-    ids=["B5-spins0-fp32", "B5-spins3-bf16", "B2-spins3-fp32", "B1-spins0-bf16"],
-)
-def test_persistent_split_gives_every_row_the_same_bits(B, max_spins, dtype):
-    # programs_per_sm: a grid of two rows' programs under the interpreter, each walking every
-    # other row and loading the next row's chunk before meeting on this one. B = 1: fewer rows
-    # than the grid holds (one lane); 2: one row each; 5: a walk with a remainder. Every layout,
-    # so the prefetched chunk is cut where the row it belongs to starts.
-    for layout in layouts(dtype):
-        x = logits(B, 70, seed=40 + B, dtype=dtype, layout=layout)
-        want = st.run_path(x.contiguous(), "tile")
-        params = {"CHUNK": 16, "num_warps": 2, "programs_per_sm": 1, "max_spins": max_spins}
-        out = run_poisoned(run_path("split", **params), x, out_offset=1)
-        check_softmax(out, x, what=f"persistent split, {layout}")
-        assert torch.equal(bits(out), bits(want)), f"{layout}: bits differ from the tile path"
-
-
-def test_persistent_split_grid_holds_the_rows_in_flight():
-    # P programs per row of at most programs_per_sm * sms // P rows, never more rows than B and
-    # never fewer than one row; without programs_per_sm one program per chunk of every row.
-    lay = {"P": 8}
-    grid = st.PATH_TABLE["split"].grid
-    assert grid({"programs_per_sm": 4}, lay, 132)(4096) == 8 * (4 * 132 // 8)
-    assert grid({"programs_per_sm": 4}, lay, 132)(3) == 8 * 3
-    assert grid({"programs_per_sm": 1}, {"P": 200}, 132)(4096) == 200  # one row at a time
-    assert grid({}, lay, 132)(4096) == 8 * 4096
-    assert grid({"programs_per_sm": 1}, lay, None)(5) == 8 * 2  # the interpreter's two rows
-
-
-def test_resident_programs_follow_the_compiled_kernels_resources():
-    # What Nsight Compute reported on the H200 ("Block Limit Registers") for split builds of
-    # triton 3.6: 121 registers x 4 warps -> 4 programs, 107-108 x 8 warps -> 2; and the other
-    # limits: warps (2048 threads), shared memory, 32 blocks.
-    assert st.resident_programs(121, 4, 0) == 4
-    assert st.resident_programs(108, 8, 0) == st.resident_programs(107, 8, 0) == 2
-    assert st.resident_programs(64, 8, 0) == 4
-    assert st.resident_programs(74, 8, 0) == 3
-    assert st.resident_programs(33, 4, 0) == 12  # allocated per 8 registers: 40 x 128 (15 if 33 x 128)
-    assert st.resident_programs(16, 8, 0) == 8
-    assert st.resident_programs(32, 4, 100_000) == 2
-    assert st.resident_programs(16, 1, 0) == 32
-    assert st.resident_programs(255, 32, 0) == 0
-
-
-def test_a_persistent_grid_never_holds_more_rows_than_fit(monkeypatch):
-    # programs_per_sm = 4 asked, a build of 107 registers x 8 warps fits two: the grid holds two
-    # programs per SM's worth of rows; a build that fits what was asked keeps its grid.
-    x = torch.zeros(4096, 64)
-    bound = st.PATH_TABLE["split"].bind(
-        x, torch.empty_like(x), {"CHUNK": 16, "num_warps": 8, "programs_per_sm": 4}, sms=132
-    )
-    P = bound.geometry["P"]
-    assert bound.grid == P * (4 * 132 // P)
-    for regs, rows in ((107, 2 * 132 // P), (64, 4 * 132 // P)):
-        compiled = types.SimpleNamespace(
-            n_regs=regs, metadata=types.SimpleNamespace(shared=0), _init_handles=lambda: None
-        )
-        monkeypatch.setattr(type(bound), "warmup", lambda self, c=compiled: c)
-        fitted = st.fit_persistent(bound, ("test", regs), 132, limits=st.SMLimits())
-        assert fitted.grid == P * rows, regs
-        assert fitted.values == bound.values and fitted.constexprs == bound.constexprs
+    out = run_poisoned(run_path("split", CHUNK=16, num_warps=2, max_spins=max_spins), x)
+    check_softmax(out, x, what="split")
+    assert torch.equal(bits(out), bits(st.run_path(x, "tile"))), "bits differ from the tile path"
 
 
 @interpreted
@@ -688,8 +618,6 @@ def test_sm90_aot_builds_have_no_spills_and_fit_shared_memory(sm90_builds, reque
     tile = [r for r in sm90_builds if r["name"].startswith("tile")]
     assert len(tile) == len(st.CONFIGS)
     assert {r["name"].split()[0] for r in sm90_builds} == set(st.PATHS), "every path's kernel is built"
-    persistent = {r["PERSIST"] for r in sm90_builds if r["name"].startswith("split")}
-    assert persistent == {False, True}, "the plain and the persistent split are built"
     try:
         record = request.getfixturevalue("record_manifest")
     except pytest.FixtureLookupError:
@@ -706,8 +634,6 @@ def test_sm90_aot_builds_have_no_spills_and_fit_shared_memory(sm90_builds, reque
         assert r["shared"] <= SM90_SHARED_LIMIT, r
         assert r["regs"] <= 255, r
         per_thread = r.get("BLOCK", r.get("CHUNK", r.get("ROWS", 1) * r.get("BLOCK_V", 1))) // (32 * r["num_warps"])
-        if r.get("PERSIST"):  # a persistent split counts on all its programs being resident
-            assert r["programs_per_sm"] <= st.resident_programs(r["regs"], r["num_warps"], r["shared"]), r
         if r["ALIGN"] > 1 and per_thread >= r["ALIGN"]:
             assert r["vector_loads"], f"{r['name']} with ALIGN > 1 should issue vector loads: {r}"
             assert r["vector_stores"], f"{r['name']} with ALIGN > 1 should issue vector stores: {r}"

@@ -87,10 +87,7 @@ FORCED = [
     ("split", {}),
     ("split", {"CHUNK": 1024, "num_warps": 4}),
     ("split", {"max_spins": 0}),  # most programs take the streaming fallback
-    ("split", {"HOLD_INPUT": True}),  # the 16-bit chunk kept, exponentials computed twice
     ("split", {"CHUNK": 256, "num_warps": 1}),  # the smallest chunks of a short batch
-    ("split", {"CHUNK": 1024, "num_warps": 4, "programs_per_sm": 1}),  # persistent: rows walked, next one loaded
-    ("split", {"CHUNK": 256, "num_warps": 1, "programs_per_sm": 2, "max_spins": 0}),  # persistent, streamed
     ("stream", {}),
     ("stream", {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 1}),  # few programs: rows loop
 ]
@@ -117,7 +114,6 @@ def test_a_rows_bits_do_not_depend_on_path_batch_or_layout(V, dtype):
     holds = {"tile": True, "rows": V <= b["tile_max_v"], "row": V <= b["row_max_v"], "split": True, "stream": True}
     forced = [(p, {}) for p in st.PATHS if holds[p]]
     forced += [(p, q) for p, q in SCALED.items() if V <= 6001 and (p != "rows" or holds[p])]
-    forced.append(("split", dict(st.SPLIT_PERSIST_CANDIDATES[dtype])))  # persistent, not dispatched yet
     for path, params in forced:
         got = run_poisoned(run_path(path, **params), x)
         assert torch.equal(bits(got), bits(expected)), f"{path} {params}: bits differ from {st.plan(6, V, dtype)}"

@@ -52,43 +52,32 @@ VS = (50257, 128256, 151936, 200064, 202048, 262144, 1000003)
 BS = (1, 8, 64, 1024, 4096)
 SWEEP_V = (151936, 262144)  # large-B parameter sweep at these V (B >= SWEEP_MIN_B)
 SWEEP_MIN_B = 1024
-LIGHT_V = (50257, 128256)  # at B >= SWEEP_MIN_B: stream, and split holding 16-bit input
+LIGHT_V = (50257, 128256)  # at B >= SWEEP_MIN_B: stream
 DECODE_V = (262144,)  # small-B chunk sweep at these V (B <= 64)
-# (CHUNK, num_warps, HOLD_INPUT, maxnreg): the register cap sets the programs resident per SM
+# (CHUNK, num_warps, maxnreg): the register cap sets the programs resident per SM
 SPLIT_SWEEP = {
     torch.float32: [
-        (2048, 4, False, 48),
-        (4096, 4, False, 64),
-        (4096, 4, False, 80),
-        (4096, 8, False, 40),
-        (4096, 8, False, 48),
-        (4096, 8, False, 64),
-        (8192, 8, False, 64),
-        (8192, 8, False, 80),
-        (8192, 4, False, 128),
-        (4096, 4, False, 72),
+        (2048, 4, 48),
+        (4096, 4, 64),
+        (4096, 4, 80),
+        (4096, 8, 40),
+        (4096, 8, 48),
+        (4096, 8, 64),
+        (8192, 8, 64),
+        (8192, 8, 80),
+        (8192, 4, 128),
+        (4096, 4, 72),
     ],
     torch.bfloat16: [
-        (4096, 4, False, 72),
-        (8192, 4, False, 128),
-        (4096, 4, False, 64),
-        (4096, 8, False, 40),
-        (4096, 8, False, 48),
-        (8192, 8, False, 64),
-        (8192, 8, False, 72),
-        (8192, 8, False, 80),
-        (4096, 4, True, 64),
-        (4096, 8, True, 40),
-        (8192, 4, True, 128),
-        (8192, 8, True, 64),
-        (8192, 8, True, 80),
+        (4096, 4, 72),
+        (8192, 4, 128),
+        (4096, 4, 64),
+        (4096, 8, 40),
+        (4096, 8, 48),
+        (8192, 8, 64),
+        (8192, 8, 72),
+        (8192, 8, 80),
     ],
-}
-# The persistent split (CHUNK, num_warps, programs_per_sm): each fits an SM at programs_per_sm
-# with its sm_90 registers (64-117 without a cap); st.SPLIT_PERSIST_CANDIDATES is among them.
-PERSIST_SWEEP = {
-    torch.float32: [(4096, 8, 3), (4096, 8, 2), (2048, 4, 6), (2048, 4, 4), (2048, 8, 4)],
-    torch.bfloat16: [(4096, 8, 4), (4096, 8, 3), (4096, 4, 5), (2048, 4, 8), (2048, 4, 6), (8192, 8, 2)],
 }
 DECODE_CHUNKS = (8192, 4096, 2048, 1024, 512)
 SAMPLE_ROWS = (0, 1023)
@@ -115,27 +104,20 @@ def variants(dtype, B, V, sweep=True):
     """(name, path, params) for the run_path variants timed at this shape."""
     out = []
     if sweep and B >= SWEEP_MIN_B and V in SWEEP_V:
-        for chunk, warps, hold, regs in SPLIT_SWEEP[dtype]:
-            name = f"split/{chunk}x{warps}/r{regs}" + ("/hold" if hold else "")
-            out.append((name, "split", {"CHUNK": chunk, "num_warps": warps, "HOLD_INPUT": hold, "maxnreg": regs}))
+        for chunk, warps, regs in SPLIT_SWEEP[dtype]:
+            out.append(
+                (f"split/{chunk}x{warps}/r{regs}", "split", {"CHUNK": chunk, "num_warps": warps, "maxnreg": regs})
+            )
         out.append(("stream", "stream", st.launch_params("stream", V, dtype)))
-    if sweep and B >= SWEEP_MIN_B and (V in SWEEP_V or V in LIGHT_V):
-        for chunk, warps, pps in PERSIST_SWEEP[torch.float32 if dtype == torch.float32 else torch.bfloat16]:
-            params = {"CHUNK": chunk, "num_warps": warps, "programs_per_sm": pps}
-            out.append((f"split/{chunk}x{warps}/persist{pps}", "split", params))
     if sweep and B >= SWEEP_MIN_B and V in LIGHT_V:
         out.append(("stream", "stream", st.launch_params("stream", V, dtype)))
-        if dtype != torch.float32:
-            out.append(
-                ("split/8192x8/r64/hold", "split", {"CHUNK": 8192, "num_warps": 8, "HOLD_INPUT": True, "maxnreg": 64})
-            )
     if sweep and B <= 64 and V in DECODE_V:
         for chunk in DECODE_CHUNKS:
             out.append(
                 (
                     f"split/{chunk}x4/r128",
                     "split",
-                    {"CHUNK": chunk, "num_warps": 4, "HOLD_INPUT": False, "maxnreg": 128},
+                    {"CHUNK": chunk, "num_warps": 4, "maxnreg": 128},
                 )
             )
     return out
@@ -353,11 +335,7 @@ def main():
     for (d, V, B), m in by.items():
         t, f = m["triton"], m["F"]
         p = t["params"]
-        pstr = t["path"] + (
-            ""
-            if t["path"] != "split"
-            else f" {p.get('CHUNK')}x{p.get('num_warps')}" + ("h" if p.get("HOLD_INPUT") else "")
-        )
+        pstr = t["path"] + ("" if t["path"] != "split" else f" {p.get('CHUNK')}x{p.get('num_warps')}")
         line = (
             f"{d} V={V:>7} B={B:>4}: F {f['median_us']:>8.1f} | {t['median_us']:>8.1f} {t['frac_of_copy']:.2f} "
             f"{t['x_F_softmax']:.2f}x [{pstr}]"
