@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from kernels import CROSS_ENTROPY_KERNELS, SOFTMAX_BACKWARD_KERNELS, SOFTMAX_KERNELS
 from kernels.spec import SPECS
-from tests import adversaries
 from tests.helpers import (
     INTERPRETED,
     assert_as_accurate_as_torch,
@@ -24,6 +23,7 @@ from tests.helpers import (
     check_softmax,
     dtype_id,
     logits,
+    needs_triton,
     run_backward_poisoned,
     run_cross_entropy_poisoned,
     run_poisoned,
@@ -31,6 +31,14 @@ from tests.helpers import (
     skip_unless_runnable,
     targets,
 )
+
+try:
+    from tests import adversaries
+except ImportError:  # no Triton here: the corpus cannot load, and the cases needing it skip
+    adversaries = None
+PROPERTY = adversaries.BROKEN_PROPERTY if adversaries else {}
+GAMING_CROSS_ENTROPY = adversaries.GAMING_CROSS_ENTROPY if adversaries else {}
+GAMING_BACKWARD = adversaries.GAMING_BACKWARD if adversaries else {}
 
 interpreted = pytest.mark.skipif(not INTERPRETED, reason="the kernels run on CPU tensors only under TRITON_INTERPRET=1")
 BUILT_IN = {s.name for s in SPECS}
@@ -91,7 +99,8 @@ def test_new_contents_in_reused_storage(kernel, dtype, where):
     first = run_poisoned(k, x).clone()
     x.copy_(logits(B, V, seed=2, dtype=dtype, device=device_of(where)))
     again = run_poisoned(k, x)
-    check_softmax(again, x, what=broke(kernel, adversaries.BROKEN_PROPERTY["gaming_memo_by_address"], "refilled x"))
+    prop = PROPERTY.get("gaming_memo_by_address", "gaming_memo_by_address")
+    check_softmax(again, x, what=broke(kernel, prop, "refilled x"))
     assert not same_bits(again, first), broke(kernel, "new contents give a new answer", "the old answer came back")
 
 
@@ -106,7 +115,7 @@ def test_perturbed_copy_in_new_storage(kernel, dtype, where):
     changed = x.clone()
     changed[:, V // 2] += 3.0
     got = run_poisoned(k, changed)
-    prop = adversaries.BROKEN_PROPERTY["gaming_memo_by_sample"]
+    prop = PROPERTY.get("gaming_memo_by_sample", "gaming_memo_by_sample")
     check_softmax(got, changed, what=broke(kernel, prop, "row centres moved"), kernel=k)
 
 
@@ -122,7 +131,7 @@ def test_earlier_outputs_and_inputs_unchanged(kernel, dtype, where):
     snapshot = [y.clone() for y in ys]
     k(xs[0])  # later calls, with and without out
     k(xs[1], out=torch.empty_like(xs[1]))
-    prop = adversaries.BROKEN_PROPERTY["gaming_kept_buffer"]
+    prop = PROPERTY.get("gaming_kept_buffer", "gaming_kept_buffer")
     for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
         assert same_bits(x, kept[i]), broke(kernel, "its inputs stay as they were", f"input {i} changed")
         assert same_bits(y, snapshot[i]), broke(kernel, prop, f"output {i} changed under the caller")
@@ -160,7 +169,7 @@ def batch_sweep(kernel, dtype, where, batches, V_):
     x = logits(max(batches), V_, seed=5, dtype=dtype, device=device_of(where))
     full = run_poisoned(k, x)
     check_softmax(full, x, what=f"{kernel} at ({max(batches)}, {V_})", kernel=k)
-    prop = adversaries.BROKEN_PROPERTY["gaming_batch_switch"]
+    prop = PROPERTY.get("gaming_batch_switch", "gaming_batch_switch")
     for n in batches:
         got = run_poisoned(k, x[:n])
         if not same_bits(got, full[:n]):
@@ -193,7 +202,7 @@ def test_cpu_rows_past_several_thousand(kernel, dtype, where):
     k = ready(kernel, "cpu")
     for V_ in LONG_V:
         x = logits(2, V_, seed=V_, dtype=dtype)
-        prop = adversaries.BROKEN_PROPERTY["gaming_short_rows_only"]
+        prop = PROPERTY.get("gaming_short_rows_only", "gaming_short_rows_only")
         check_softmax(run_poisoned(k, x), x, what=broke(kernel, prop, f"(2, {V_})"), kernel=k)
 
 
@@ -238,7 +247,7 @@ def test_cuda_complete_on_the_callers_stream(kernel, dtype, where):
     k(x, out=out)
     seen = out.clone()  # ordered after the caller's stream's work only
     torch.cuda.synchronize()
-    prop = adversaries.BROKEN_PROPERTY["gaming_side_stream"]
+    prop = PROPERTY.get("gaming_side_stream", "gaming_side_stream")
     check_softmax(seen, x, what=broke(kernel, prop, "read on the caller's stream"), kernel=k)
 
 
@@ -299,23 +308,25 @@ def test_cpu_softmax_backward_remembers_nothing(name, fn):
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("name", adversaries.GAMING_CROSS_ENTROPY)
+@pytest.mark.parametrize("name", GAMING_CROSS_ENTROPY)
 def test_a_remembering_cross_entropy_is_rejected(name):
     with pytest.raises(AssertionError, match="breaks a verifier's property"):
-        memo_free_cross_entropy(name, adversaries.GAMING_CROSS_ENTROPY[name])
+        memo_free_cross_entropy(name, GAMING_CROSS_ENTROPY[name])
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("name", adversaries.GAMING_BACKWARD)
+@pytest.mark.parametrize("name", GAMING_BACKWARD)
 def test_a_remembering_or_aliasing_backward_is_rejected(name):
     with pytest.raises(AssertionError, match="breaks a verifier's property"):
-        memo_free_backward(name, adversaries.GAMING_BACKWARD[name])
+        memo_free_backward(name, GAMING_BACKWARD[name])
 
 
 # -- verdicts that explain themselves -------------------------------------------------------------------
 
 
 @pytest.mark.cpu
+@needs_triton
+@interpreted
 def test_an_inaccurate_kernel_reads_its_ratio_and_the_field_that_states_a_tolerance():
     """A contributor's kernel failing accuracy is told the measured ratio to F.softmax's error
     and the KernelSpec field (`tolerances`) that states a looser rule; stated, it passes."""
