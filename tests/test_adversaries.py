@@ -15,7 +15,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kernels import CROSS_ENTROPY_KERNELS, SOFTMAX_BACKWARD_KERNELS, SOFTMAX_KERNELS
-from kernels.spec import SPECS
 from tests.helpers import (
     INTERPRETED,
     assert_as_accurate_as_torch,
@@ -41,7 +40,6 @@ GAMING_CROSS_ENTROPY = adversaries.GAMING_CROSS_ENTROPY if adversaries else {}
 GAMING_BACKWARD = adversaries.GAMING_BACKWARD if adversaries else {}
 
 interpreted = pytest.mark.skipif(not INTERPRETED, reason="the kernels run on CPU tensors only under TRITON_INTERPRET=1")
-BUILT_IN = {s.name for s in SPECS}
 B, V = 3, 37  # a few rows, each several of the CPU tiles (16) long
 LONG_V = (5003,)  # past several thousand elements: longer than any other CPU case's row
 DEFAULT_SWEEP_MAX_K = 12  # batches up to 2^12 + 1 rows
@@ -181,18 +179,16 @@ def batch_sweep(kernel, dtype, where, batches, V_):
 
 
 # The interpreter runs a launch's programs one after another in Python: a Triton kernel's CPU
-# sweep stops at 2^INTERPRETED_SWEEP_MAX_K + 1 rows, its GPU sweep goes on past every threshold.
-INTERPRETED_SWEEP_MAX_K = 6
+# sweep stops at 2^INTERPRETED_SWEEP_MAX_K + 1 rows (a launch costs it about a second), its GPU
+# sweep goes on past every threshold.
+INTERPRETED_SWEEP_MAX_K = 3
 
 
 @on_cpu
 def test_cpu_batch_sweep(kernel, dtype, where):
     """The default sweep at rows of a few elements, to a few thousand rows for a kernel in
-    PyTorch ops, to INTERPRETED_SWEEP_MAX_K for an interpreted one (the suite's own Triton
-    kernel is swept on the GPU; on the CPU, test_coverage_matrix's test_cpu_path_batch_invariant)."""
+    PyTorch ops, to 2^INTERPRETED_SWEEP_MAX_K + 1 for an interpreted one."""
     k = SOFTMAX_KERNELS[kernel]
-    if kernel in BUILT_IN and k.backend == "triton":
-        pytest.skip("swept on the GPU by test_cuda_batch_sweep")
     top = 2 ** (INTERPRETED_SWEEP_MAX_K if k.backend == "triton" else DEFAULT_SWEEP_MAX_K) + 1
     batch_sweep(kernel, dtype, "cpu", [n for n in default_sweep() if n <= top], 5)
 
