@@ -223,6 +223,7 @@ def pytest_sessionfinish(session, exitstatus):
             benchmarks=benchmarks,
             recorded=_collector.combined(),
             environment=environment,
+            start_from=manifest.REPORTS_DIR / "manifest.json",
         )
     screen = config.stash.get(gate.SCREEN, None)  # absent when the baselines could not be read
     if config.getoption("regression_gate") and screen is not None:

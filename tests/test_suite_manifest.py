@@ -161,6 +161,30 @@ def test_a_cpu_run_keeps_the_gpu_sections():
     assert after["provenance"]["torch_port.max_abs_diff_to_numpy_reference"]["device"] == "cpu"
 
 
+def test_a_fresh_reports_dir_carries_what_the_run_did_not_measure(tmp_path):
+    committed = tmp_path / "committed.json"
+    measured_on_cpu = manifest.build_manifest(
+        None,
+        benchmarks=[],
+        recorded={"torch_port": {"max_abs_diff_to_numpy_reference": 3e-7, "byte_equivalence_at_fp32_cpu": "passed"}},
+        environment=CPU_ENV,
+        today="2026-11-30",
+    )
+    committed.write_bytes(manifest.serialise(measured_on_cpu))
+    out = tmp_path / "out"
+    out.mkdir()
+    kwargs = {"benchmarks": synthetic.lab_records(), "recorded": {"ceilings": dict(CEILINGS)}, "environment": GPU_ENV}
+    manifest.write_reports(out, start_from=committed, **kwargs)
+    written = json.loads((out / "manifest.json").read_text())
+    assert written["torch_port"]["max_abs_diff_to_numpy_reference"] == 3e-7  # from the committed manifest
+    assert written["ceilings"]["hbm_copy_TBps"] == CEILINGS["hbm_copy_TBps"]  # from this run
+    assert json.loads(committed.read_text()) == measured_on_cpu  # the source is only read
+    # A folder that has a manifest already is updated in place; the committed one is not consulted.
+    committed.write_text("{}")
+    manifest.write_reports(out, start_from=committed, **kwargs)
+    assert json.loads((out / "manifest.json").read_text()) == written
+
+
 def test_the_same_measurements_give_a_byte_identical_manifest(tmp_path):
     first = gpu_manifest(today="2026-11-29")
     again = gpu_manifest(previous=json.loads(manifest.serialise(first)), today="2026-12-24")

@@ -792,10 +792,14 @@ def write_reports(
     recorded: dict[str, dict],
     environment: dict,
     today: str | None = None,
+    start_from: Path | None = None,
 ) -> list[Path]:
-    """Update manifest.json (and the figures, when this run timed kernels) in `out_dir`.
-    Returns the paths whose contents changed. Nothing is written when the run measured nothing
-    or measured exactly what the files already hold. With `out_dir` None nothing is written, but
+    """Update manifest.json (and the figures, when this run timed kernels) in `out_dir`; a folder
+    without a manifest gets the one at `start_from` updated with this run (the run passes the
+    committed one, so that what it did not measure is carried into a fresh --reports-dir rather
+    than lost when that folder's copy replaces reports/). Returns the paths whose contents
+    changed. Nothing is written when the run measured nothing or measured exactly what the files
+    already hold. With `out_dir` None nothing is written, but
     the manifest this run would give reports/ is still built and validated, so that a value a
     test recorded against the schema fails every run, not only the runs that write."""
     if not benchmarks and not recorded:
@@ -803,9 +807,8 @@ def write_reports(
     from tests.suite import figures
 
     manifest_path = Path(REPORTS_DIR if out_dir is None else out_dir) / "manifest.json"
-    manifest = build_manifest(
-        read_manifest(manifest_path), benchmarks=benchmarks, recorded=recorded, environment=environment, today=today
-    )
+    previous = read_manifest(manifest_path if manifest_path.exists() or start_from is None else start_from)
+    manifest = build_manifest(previous, benchmarks=benchmarks, recorded=recorded, environment=environment, today=today)
     validate(manifest)
     if out_dir is None:
         return []
