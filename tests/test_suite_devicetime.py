@@ -84,7 +84,7 @@ def test_interleaved_rounds_alternate_the_order_and_keep_each_calls_times():
 
 
 @pytest.mark.cpu
-def test_reported_times_are_pytest_benchmarks_rounds(tmp_path):
+def test_reported_times_are_pytest_benchmarks_rounds():
     """Times handed to pytest-benchmark become its rounds and statistics. pytest-benchmark is
     off in xdist workers, so this runs in a session of its own, without xdist."""
     proc = testing.run_pytest(
@@ -93,8 +93,6 @@ def test_reported_times_are_pytest_benchmarks_rounds(tmp_path):
         "no:xdist",
         "-m",
         "cpu",
-        "--reports-dir",
-        str(tmp_path),
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

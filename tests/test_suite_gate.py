@@ -420,7 +420,7 @@ def run_gate(path, tmp_path, ratio, again=None, *args):
     env = {"PATH": path, "GATE_CASE_RATIO": str(ratio)}
     if again is not None:
         env["GATE_CASE_RATIO_AGAIN"] = str(again)
-    proc = run_pytest(str(CASES / "gate_case.py"), "--reports-dir", str(tmp_path / "reports"), *args, env=env)
+    proc = run_pytest(str(CASES / "gate_case.py"), *args, env=env)
     return proc, proc.stdout + proc.stderr
 
 
@@ -519,8 +519,6 @@ def quick_run(path, tmp_path, *args):
     proc = run_pytest(
         str(CASES / "gate_quick_case.py"),
         "-s",
-        "--reports-dir",
-        str(tmp_path / "reports"),
         f"--regression-baseline={folder}",
         *args,
         env={"PATH": path},

@@ -105,8 +105,6 @@ def test_xdist_workers_are_pinned_one_per_gpu(tmp_path):
         "cpu or cuda",
         "--allow-no-gpu",
         str(CASES / "pinning_case.py"),
-        "--reports-dir",
-        str(tmp_path / "reports"),
         env=env,
     )
     assert result.returncode == 0, result.stdout + result.stderr

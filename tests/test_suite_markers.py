@@ -124,29 +124,27 @@ def test_a_parallel_cuda_run_starts_the_first_builds_then_the_largest_inputs_fir
     ]
 
 
-def test_a_test_without_exactly_one_platform_marker_is_a_collection_error(tmp_path):
-    result = run_pytest(str(CASES / "unmarked_case.py"), "--reports-dir", str(tmp_path))
+def test_a_test_without_exactly_one_platform_marker_is_a_collection_error():
+    result = run_pytest(str(CASES / "unmarked_case.py"))
     assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
     output = result.stdout + result.stderr
     assert "test_without_platform_marker: carries neither" in output
     assert "test_with_both_markers: carries both" in output
 
 
-def test_cuda_run_without_a_gpu_fails_with_one_clear_line(tmp_path):
+def test_cuda_run_without_a_gpu_fails_with_one_clear_line():
     no_gpu = {"CUDA_VISIBLE_DEVICES": ""}
-    result = run_pytest("-m", "cuda", str(CASES / "cuda_case.py"), "--reports-dir", str(tmp_path), env=no_gpu)
+    result = run_pytest("-m", "cuda", str(CASES / "cuda_case.py"), env=no_gpu)
     assert result.returncode == markers.NO_GPU_EXIT_STATUS, result.stdout + result.stderr
     assert "-m cuda was asked for, but no NVIDIA GPU visible" in result.stdout + result.stderr
     # The opt-out turns the failure into visible skips.
-    result = run_pytest(
-        "-m", "cuda", "--allow-no-gpu", "-rs", str(CASES / "cuda_case.py"), "--reports-dir", str(tmp_path), env=no_gpu
-    )
+    result = run_pytest("-m", "cuda", "--allow-no-gpu", "-rs", str(CASES / "cuda_case.py"), env=no_gpu)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 skipped" in result.stdout and "cuda test: no NVIDIA GPU visible" in result.stdout
 
 
-def test_benchmarks_under_xdist_are_skipped_with_a_reason(tmp_path):
-    result = run_pytest("-n", "2", "-rs", str(CASES / "benchmark_case.py"), "--reports-dir", str(tmp_path))
+def test_benchmarks_under_xdist_are_skipped_with_a_reason():
+    result = run_pytest("-n", "2", "-rs", str(CASES / "benchmark_case.py"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "benchmarks do not run under xdist" in result.stdout
 
