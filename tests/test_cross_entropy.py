@@ -190,16 +190,18 @@ def test_split_meetings_stay_in_step_over_launches_blocks_and_wrapped_tags(case)
     # launch's), with and without smoothing (whose words are written as zeros without it):
     # launches of other N and P in between, meetings read a few words at a time (P_BLOCK 2 for a
     # row of three chunks), polls that find every sibling (max_spins > 0), and words left at the
-    # largest tag must all give the row path's bits.
+    # largest tag must all give the row path's bits. The batch changes between launches of the
+    # same P (N, then 1 row) and P between launches of the same workspace (CHUNK 32: two chunks).
     x, t = edge_rows(V_CPU, seed=4)
     o = options(*case)
     want = run_cross_entropy_poisoned(run_path("row"), x, t, **{**o, "reduction": "none"})
     N = x.shape[0]
-    for params in (SPLIT, {**SPLIT, "P_BLOCK": 2}, {**SPLIT, "max_spins": 3}, {"CHUNK": 32, "num_warps": 2}, SPLIT):
-        for n in (N, 1):
-            got = run_cross_entropy_poisoned(run_path("split", **params), x[:n], t[:n], **{**o, "reduction": "none"})
-            for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
-                assert torch.equal(bits(a), bits(b[:n])), f"{name}: {params} N={n}"
+    launches = [(SPLIT, N), (SPLIT, 1), ({**SPLIT, "P_BLOCK": 2}, N), ({**SPLIT, "max_spins": 3}, N)]
+    launches += [({"CHUNK": 32, "num_warps": 2}, 1), (SPLIT, N)]
+    for params, n in launches:
+        got = run_cross_entropy_poisoned(run_path("split", **params), x[:n], t[:n], **{**o, "reduction": "none"})
+        for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
+            assert torch.equal(bits(a), bits(b[:n])), f"{name}: {params} N={n}"
     P = tce.split_params(V_CPU, SPLIT)["P"]
     ws = tce.split_workspace("cross_entropy", x.device, N, P)
     ws.fill_(0x7FFFFFFF << 32)  # the next launch's tag wraps to 0
