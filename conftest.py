@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.suite import coverage, gate, gpus, manifest, markers, records
+from tests.suite import coverage, gate, gpus, interpreter, manifest, markers, records
 
 # Each xdist worker gets its own GPU before anything can initialise CUDA in it.
 gpus.pin_xdist_worker(os.environ.get("PYTEST_XDIST_WORKER"))
@@ -188,6 +188,11 @@ def pytest_sessionstart(session):
             config.stash[gate.SCREEN] = gate.Screen(gate.load_baselines(Path(config.getoption("regression_baseline"))))
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_runtest_setup(item):
+    # Once a test module has imported Triton's interpreter: its nested calls made cheaper.
+    interpreter.call_device_functions_directly()
 
 
 def pytest_runtest_logreport(report):
