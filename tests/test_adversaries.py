@@ -19,6 +19,7 @@ from tests.helpers import (
     INTERPRETED,
     assert_as_accurate_as_torch,
     bits,
+    check_cross_entropy,
     check_softmax,
     dtype_id,
     logits,
@@ -308,6 +309,48 @@ def test_cpu_softmax_backward_remembers_nothing(name, fn):
     if hasattr(fn, "unavailable_reason"):
         skip_if_unavailable(fn)
     memo_free_backward(name, fn)
+
+
+def cross_entropy_semantics(name, fn, device):
+    """PyTorch's answers where a kernel is most easily wrong: a mean over no counted rows is NaN
+    (the sum 0, the gradient 0), and bfloat16 rows whose target holds nearly all the mass keep
+    their small losses and gradients within the float64 reference's bounds (not asked of a
+    baseline: F.cross_entropy in bfloat16 rounds those losses to 0)."""
+    x = logits(3, V, seed=31, dtype=torch.float32, neg_inf=False).to(device)
+    t = torch.full((3,), -100, device=device)
+    mean = run_cross_entropy_poisoned(fn, x, t, reduction="mean")
+    assert torch.isnan(mean.loss), broke(name, "a mean over no counted rows is NaN", f"got {mean.loss.item()}")
+    assert not mean.grad.any(), broke(name, "the rows of an all-ignored batch have a zero gradient", "")
+    total = run_cross_entropy_poisoned(fn, x, t, reduction="sum").loss.item()
+    assert total == 0.0, broke(name, "a sum over no counted rows is 0", f"got {total}")
+    if getattr(fn, "baseline", False):
+        return
+    x = logits(8, V, seed=32, dtype=torch.float32, neg_inf=False)
+    t = targets(8, V, seed=32)
+    rows = torch.arange(8)
+    x[rows, t] = x.max(dim=1).values + torch.linspace(6.0, 12.0, 8)  # p_t from about 1 - 1e-1 to 1 - 1e-4
+    x, t = x.to(device=device, dtype=torch.bfloat16), t.to(device)
+    for reduction in ("none", "mean"):
+        result = run_cross_entropy_poisoned(fn, x, t, reduction=reduction)
+        check_cross_entropy(result, x, t, what=f"{name} bf16 confident targets, {reduction}", reduction=reduction)
+
+
+@pytest.mark.cpu
+@interpreted
+@pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")  # the mean over no rows: 0 / 0
+@pytest.mark.parametrize("name, fn", training_cases(CROSS_ENTROPY_KERNELS, {}))
+def test_cpu_cross_entropy_semantics(name, fn):
+    if hasattr(fn, "unavailable_reason"):
+        skip_if_unavailable(fn)
+    cross_entropy_semantics(name, fn, "cpu")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", list(CROSS_ENTROPY_KERNELS))
+def test_cuda_cross_entropy_semantics(name):
+    fn = CROSS_ENTROPY_KERNELS[name]
+    skip_if_unavailable(fn)
+    cross_entropy_semantics(name, fn, "cuda")
 
 
 @pytest.mark.cpu
