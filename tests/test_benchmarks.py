@@ -37,6 +37,7 @@ from tests.suite.devicetime import (
     calls_per_round,
     capture_graph,
     device_times_us,
+    fresh_contents,
     graph_replay_times_us,
     interleaved_device_times_us,
     interleaved_graph_replay_times_us,
@@ -234,7 +235,7 @@ def time_case(name: str, B: int, V: int, dtype: torch.dtype) -> tuple[list[float
     fn, x, info = prepared_case(name, B, V, dtype)
     # Timed as callers use them: each call allocates its output from torch's caching allocator
     # (free after warm-up). Passing `out` would add a copy to F.softmax, which has no out=.
-    return device_times_us(lambda: fn(x)), info
+    return device_times_us(lambda: fn(x), refresh=fresh_contents(x)), info
 
 
 def graph_pair(name: str, fn, x: torch.Tensor):
@@ -256,13 +257,16 @@ CALL_SHAPES = frozenset(call_shapes())
 @pytest.mark.parametrize("kernel, B, V, dtype", device_cases())
 def test_softmax_speed(benchmark, request, copy_times_us, kernel, B, V, dtype):
     fn, x, info = prepared_case(kernel, B, V, torch_dtype(dtype))
+    refresh = fresh_contents(x)  # new values in x every round: no remembered answer is timed
     if kernel in gate.GATED_KERNELS:
         reference = SOFTMAX_KERNELS[gate.REFERENCE]
         times = gate.measure_paired(
             request.config,
             info,
             "device",
-            lambda rounds: interleaved_device_times_us([lambda: fn(x), lambda: reference(x)], rounds=rounds),
+            lambda rounds: interleaved_device_times_us(
+                [lambda: fn(x), lambda: reference(x)], rounds=rounds, refresh=refresh
+            ),
             rounds=gate.device_rounds(request.config, ROUNDS),
             gpu_model=info["gpu"],
         )
@@ -276,7 +280,7 @@ def test_softmax_speed(benchmark, request, copy_times_us, kernel, B, V, dtype):
             measure = graph_pair(kernel, fn, x)
             gate.measure_paired(request.config, info, "graph", measure, rounds=CALL_ROUNDS, gpu_model=info["gpu"])
     else:
-        times = device_times_us(lambda: fn(x))
+        times = device_times_us(lambda: fn(x), refresh=refresh)
     copy_bytes, copy_times = copy_times_us
     copy_TBps = copy_bytes / (np.median(copy_times) * 1e-6) / 1e12
     # The input at the least comes from memory after each flush: reading it faster than a copy

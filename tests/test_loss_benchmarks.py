@@ -41,6 +41,7 @@ from tests.suite.devicetime import (
     calls_per_round,
     capture_graph,
     device_times_us,
+    fresh_contents,
     graph_replay_times_us,
     per_call_times_us,
     report_times_us,
@@ -160,10 +161,11 @@ def _peak_extra_bytes(call) -> int:
     return max(0, torch.cuda.max_memory_allocated() - before)
 
 
-def _time(benchmark, mode, call, info, validate, rounds):
+def _time(benchmark, mode, call, info, validate, rounds, changing):
     if mode == "device":
         info["peak_extra_bytes"] = _peak_extra_bytes(call)
-        times = device_times_us(call, rounds=rounds)
+        # New contents in `changing` (an input the result depends on) every round.
+        times = device_times_us(call, rounds=rounds, refresh=fresh_contents(changing))
     elif mode == "per_call":
         info["calls_per_round"] = n = calls_per_round(call)
         times = per_call_times_us(call, calls=n)
@@ -189,9 +191,11 @@ def test_cross_entropy_speed(benchmark, mode, impl, N, V, dtype, rounds):
     info["bytes"] = matrix_bytes(N, V, dtype, passes=LOSS_OPS["cross_entropy"][2])
     if not CROSS_ENTROPY_KERNELS[impl].baseline:
         info["plan"] = CROSS_ENTROPY_KERNELS[impl].plan(N, V, torch_dtype(dtype))
-    _time(
-        benchmark, mode, step, info, lambda: _validate_cross_entropy(impl, x.detach(), t, loss.detach(), x.grad), rounds
-    )
+
+    def validate():
+        _validate_cross_entropy(impl, x.detach(), t, loss.detach(), x.grad)
+
+    _time(benchmark, mode, step, info, validate, rounds, changing=x)
 
 
 # -- the softmax backward ----------------------------------------------------------------------------------
@@ -220,4 +224,4 @@ def test_softmax_backward_speed(benchmark, mode, impl, N, V, dtype, rounds):
     info["bytes"] = matrix_bytes(N, V, dtype, passes=LOSS_OPS["softmax_backward"][2])
     if not fn.baseline:
         info["plan"] = fn.plan(N, V, torch_dtype(dtype))
-    _time(benchmark, mode, call, info, validate, rounds)
+    _time(benchmark, mode, call, info, validate, rounds, changing=dy)

@@ -156,3 +156,44 @@ def test_a_rate_past_the_copy_ceiling_is_impossible():
         devicetime.physically_possible(10**9, [1000.0], 0.5, what="k")
     with pytest.raises(AssertionError, match="physically impossible"):
         devicetime.physically_possible(10**6, [0.0, 0.0, 1.0], 4.0, what="a remembered answer")
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_fresh_contents_never_repeat_in_the_same_storage(dtype):
+    import torch
+
+    x = (torch.randn(4, 33, generator=torch.Generator().manual_seed(1)) * 4).clamp(-15, 15).to(getattr(torch, dtype))
+    x[0, :3] = torch.tensor([-15.5, 0.0, 15.0])  # the range the step moves in every dtype
+    start, address = x.clone(), x.data_ptr()
+    refresh = devicetime.fresh_contents(x)
+    seen = [start.clone()]
+    for k in range(1, 6):
+        refresh()
+        assert x.data_ptr() == address
+        assert torch.equal(x, (start + k * devicetime.FRESH_STEP).to(x.dtype))
+        assert all((x != earlier).all() for earlier in seen), f"round {k} repeats a value of an earlier round"
+        seen.append(x.clone())
+    leaf = torch.zeros(3, requires_grad=True)  # a logits leaf of the loss benchmarks
+    devicetime.fresh_contents(leaf)()
+    assert torch.equal(leaf.detach(), torch.full((3,), devicetime.FRESH_STEP)) and leaf.requires_grad
+
+
+@pytest.mark.cuda
+def test_fresh_contents_leave_a_remembering_kernel_nothing_to_replay():
+    """A kernel answering from a cache keyed on a sample of its input (tests/adversaries.py):
+    timed on the same contents every round it replays a copy; timed as the benchmarks time, on
+    new contents every round, it computes every time and costs what the honest kernel costs."""
+    import torch
+
+    from kernels.registry import Kernel
+    from tests import adversaries
+
+    kernel = Kernel(next(spec for spec in adversaries.CORPUS if spec.name == "gaming_memo_by_sample"))
+    x = torch.randn(1024, 32768, device="cuda")
+    stale = statistics.median(devicetime.device_times_us(lambda: kernel(x), rounds=10))
+    fresh = statistics.median(
+        devicetime.device_times_us(lambda: kernel(x), rounds=10, refresh=devicetime.fresh_contents(x))
+    )
+    honest = statistics.median(devicetime.device_times_us(lambda: adversaries.honest(x), rounds=10))
+    assert stale < 0.8 * fresh and fresh > 0.8 * honest, (stale, fresh, honest)

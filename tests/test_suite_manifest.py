@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kernels import spec
-from tests.suite import manifest, records, synthetic
+from tests.suite import manifest, merge, records, synthetic
 from tests.suite.synthetic import CEILINGS, CPU_ENV, GPU_ENV
 
 jsonschema = pytest.importorskip("jsonschema")  # a CPU-suite dependency; absent on bare GPU images
@@ -437,3 +437,13 @@ def test_versions_read_without_importing_are_the_imported_ones(monkeypatch):
         monkeypatch.delitem(sys.modules, name)  # as in a process that never imported them
     assert manifest.software_versions() == imported
     assert "torch" not in sys.modules, "reading the versions imported torch"
+
+
+def test_each_sweep_entry_records_its_physical_check_and_merges_keep_it():
+    checked = synthetic.record("fused", 4096, 32000, "float32", 300.0, read_TBps_over_copy=0.41)
+    built = gpu_manifest(benchmarks=[checked, synthetic.record("F_softmax", 4096, 32000, "float32", 500.0)])
+    jsonschema.validate(built, schema())
+    entry = next(e for e in built["sweep"] if e["kernel"] == "fused")
+    assert entry["read_TBps_over_copy"] == 0.41
+    records, _ = merge.records_from_manifest(built)
+    assert next(r for r in records if r["kernel"] == "fused")["read_TBps_over_copy"] == 0.41

@@ -1,6 +1,8 @@
 """The three clocks of the benchmarks, and the one way their times reach pytest-benchmark.
 
-- Device time (`device_times_us`): CUDA events around each launch, L2 flushed before each.
+- Device time (`device_times_us`): CUDA events around each launch, L2 flushed before each, and
+  where the case says so (`fresh_contents`) new input values in the same storage every round,
+  so that no kernel can replay an answer it remembered from an earlier round.
   pytest-benchmark times the host; for a kernel of a few microseconds that measures Python and
   the launch, and a synchronize per call would inflate it many times over. L2 is flushed (a
   256 MiB write, larger than the H200's 60 MiB L2) as `triton.testing.do_bench` does: the lab's
@@ -51,9 +53,35 @@ MAX_ROUND_SECONDS = 0.5
 MIN_CALLS_PER_ROUND = 10
 
 
-def device_times_us(fn, *, warmup: int = WARMUP, rounds: int = ROUNDS, flush_l2: bool = True) -> list[float]:
+def device_times_us(
+    fn, *, warmup: int = WARMUP, rounds: int = ROUNDS, flush_l2: bool = True, refresh=None
+) -> list[float]:
     """Run `fn` `warmup` times, then time `rounds` launches with CUDA events. Microseconds."""
-    return interleaved_device_times_us([fn], warmup=warmup, rounds=rounds, flush_l2=flush_l2)[0]
+    return interleaved_device_times_us([fn], warmup=warmup, rounds=rounds, flush_l2=flush_l2, refresh=refresh)[0]
+
+
+# The step fresh_contents adds each round: twice bfloat16's spacing below 16, so that rounded to
+# any of the suite's dtypes every value smaller than 16 in magnitude (logits of randn * a few)
+# takes a new value every round, never one of an earlier round; a few hundred rounds shift the
+# inputs by tens, which softmax (shift-invariant) and its timing do not notice.
+FRESH_STEP = 2.0**-3
+
+
+def fresh_contents(x):
+    """A refresh for interleaved_device_times_us: each call writes x0 + k * FRESH_STEP into x
+    (x0 its values now, k the call's number), one pass over the input like the copy the kernels
+    are measured against, outside the timed events. No two rounds see the same contents at the
+    same address, however many rounds a case (or the gate's re-measurement) runs."""
+    import torch
+
+    target = x.detach()  # the same storage; a leaf that requires grad takes no in-place write
+    start = target.clone()
+    calls = iter(range(1, 1 << 62))
+
+    def refresh():
+        torch.add(start, next(calls) * FRESH_STEP, out=target)
+
+    return refresh
 
 
 def round_order(fns: list, round_index: int) -> list[tuple[int, object]]:
@@ -64,10 +92,11 @@ def round_order(fns: list, round_index: int) -> list[tuple[int, object]]:
 
 
 def interleaved_device_times_us(
-    fns: list, *, warmup: int = WARMUP, rounds: int = ROUNDS, flush_l2: bool = True
+    fns: list, *, warmup: int = WARMUP, rounds: int = ROUNDS, flush_l2: bool = True, refresh=None
 ) -> list[list[float]]:
     """Device time of each of `fns` in `rounds` interleaved rounds (one launch of each per round,
-    L2 flushed before every launch); one list of times per function, in µs."""
+    L2 flushed before every launch, `refresh()` called before each round's launches, outside
+    the timed events); one list of times per function, in µs."""
     import torch
 
     for fn in fns:
@@ -81,6 +110,8 @@ def interleaved_device_times_us(
     ]
     torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
     for r in range(rounds):
+        if refresh is not None:
+            refresh()
         for i, fn in round_order(fns, r):
             start, end = events[i][r]
             if flush is not None:

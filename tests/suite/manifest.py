@@ -196,8 +196,8 @@ def run_environment(gpu: dict | None, args) -> dict:
 _CASE_AND_TIMES = ("kernel", "B", "V", "dtype", "us_median", "us_min", "us_max")
 # plan: the dispatch path the case took (the kernel's plan(B, V, dtype)); size_class: fused's
 # size class within that path (kernels/cuda_plans.py FusedClass.describe()).
-_SWEEP_EXTRAS = ("plan", "size_class", "autotune_picked")
-_SWEEP_RAW = (*_CASE_AND_TIMES, "bytes_by_design", *_SWEEP_EXTRAS)
+SWEEP_EXTRAS = ("plan", "size_class", "autotune_picked", "read_TBps_over_copy")
+_SWEEP_RAW = (*_CASE_AND_TIMES, "bytes_by_design", *SWEEP_EXTRAS)
 
 
 def _records(benchmarks: list[dict], mode: str) -> list[dict]:
@@ -216,7 +216,7 @@ def raw_sweep_entry(record: dict) -> dict:
         "us_max": record["us_max"],
         "bytes_by_design": record["bytes"],
     }
-    for extra in _SWEEP_EXTRAS:
+    for extra in SWEEP_EXTRAS:
         if record.get(extra) is not None:
             entry[extra] = record[extra]
     return entry
@@ -238,7 +238,7 @@ def derive_sweep(entries: list[dict], copy_TBps: float | None) -> list[dict]:
         reference = baseline.get(case_key(e)[1:])
         if reference is not None:
             entry["frac_of_F_softmax"] = reference / e["us_median"]
-        for extra in _SWEEP_EXTRAS:
+        for extra in SWEEP_EXTRAS:
             if extra in e:
                 entry[extra] = e[extra]
         derived.append(entry)

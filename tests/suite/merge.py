@@ -26,6 +26,7 @@ from tests.suite.manifest import (
     CALL_MODES,
     LAB_POINT,
     MODES,
+    SWEEP_EXTRAS,
     TARGET_KERNELS,
     TARGET_MIN_BYTES,
     build_manifest,
@@ -55,7 +56,7 @@ def records_from_manifest(manifest: dict) -> tuple[list[dict], dict]:
     for e in manifest.get("sweep") or []:
         r = {k: e[k] for k in ("kernel", "B", "V", "dtype", "us_median", "us_min", "us_max")}
         r.update(mode="device", bytes=e["bytes_by_design"])
-        r.update({k: e[k] for k in ("plan", "size_class", "autotune_picked") if k in e})
+        r.update({k: e[k] for k in SWEEP_EXTRAS if k in e})
         records.append(r)
     calls = manifest.get("call_modes") or {}
     for e in calls.get("entries") or []:
