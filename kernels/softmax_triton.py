@@ -32,6 +32,7 @@ import torch
 
 from . import triton_launch as _launch
 from . import triton_store as _store
+from .autotune import run_autotune
 from .checks import FLOAT_DTYPES, check_softmax_input, on_device, prepare_output
 from .spec import LAB_SHAPES
 from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
@@ -76,7 +77,6 @@ from .triton_store import (
     fingerprint,
     kernel_source_hash,
     read_stored,
-    run_autotune,
     stored_choice,
     stored_path,
     v_bucket,

@@ -106,10 +106,11 @@ def paths_for(dtype: torch.dtype) -> tuple:
 def launch_params(
     path: str, V: int, dtype: torch.dtype = torch.float32, *, B: int | None = None, sms: int | None = None
 ) -> dict:
-    """The launch parameters a path uses for rows of length V (tile: its config), picked from
-    sweeps on an H200 (reports/profiles.md). split also depends on the batch: with B rows on a
-    GPU of `sms` multiprocessors, its chunks shrink (down to SPLIT_MIN_CHUNK) until the launch
-    has SPLIT_FILL programs per multiprocessor, so a short batch still spreads over the GPU."""
+    """The launch parameters a path other than tile uses for rows of length V, picked from sweeps
+    on an H200 (reports/profiles.md; tile's config is the stored or tuned choice of
+    kernels/triton_store.py). split also depends on the batch: with B rows on a GPU of `sms`
+    multiprocessors, its chunks shrink (down to SPLIT_MIN_CHUNK) until the launch has SPLIT_FILL
+    programs per multiprocessor, so a short batch still spreads over the GPU."""
     if path == "row":
         block = triton.next_power_of_2(V)
         if block <= 4096:
@@ -132,9 +133,7 @@ def launch_params(
         # beyond what fits an SM at once run as a second wave.
         return {"BLOCK": 4096, "num_warps": 16, "programs_per_sm": 8}
     if path == "tile":
-        from .triton_store import autotune_picked  # the stored or tuned config (or None: tune now)
-
-        return {"config": autotune_picked(V, dtype)}
+        raise ValueError(f"{KERNEL_NAME} softmax: tile's config is its autotuned choice (autotune_picked), not fixed")
     raise ValueError(f"{KERNEL_NAME} softmax: unknown path {path!r} ({', '.join(PATHS)})")
 
 

@@ -1,6 +1,6 @@
 """Autotuning of the Triton tile kernel: its configs, the stored choice
-(kernels/triton_autotune.json), the order in which a launch looks a config up, and the
-offline tuner behind `python -m kernels.autotune`.
+(kernels/triton_autotune.json) and the order in which a launch looks a config up; the offline
+tuner is `python -m kernels.autotune` (kernels/autotune.py).
 
 A choice serves a bucket of row lengths, the next power of two of V (at least MIN_BUCKET): the
 tile kernel's best BLOCK and warp count follow the row's size class, not its exact length, so a
@@ -230,7 +230,7 @@ def gpu_info(device_index: int) -> tuple:
     return info
 
 
-def _device_index(device) -> int:
+def cuda_device_index(device) -> int:
     device = torch.device("cuda") if device is None else torch.device(device)
     return device.index if device.index is not None else torch.cuda.current_device()
 
@@ -244,7 +244,7 @@ def autotune_picked(V: int, dtype: torch.dtype = torch.float32, *, device=None, 
     """
     if INTERPRET:
         return dict(INTERPRETER_CONFIG, num_stages=3)
-    dev = _device_index(device)
+    dev = cuda_device_index(device)
     name = gpu_info(dev)[0]
     bucket = v_bucket(V)
     if path is not None:
@@ -261,42 +261,7 @@ def record_tuned(dev: int, V: int, dtype: torch.dtype) -> None:
     _tuned_here[(dev, v_bucket(V), dtype)] = config_dict(tile_autotuned.best_config)
 
 
-def run_autotune(shapes=TUNE_SHAPES, *, dtypes=(torch.float32,), path=None, device="cuda", seed=0):
-    """Autotune the tile kernel on `shapes` with the GPU's timer and store the choices at `path`.
-
-    Shapes whose V share a bucket share one choice. Every config is timed on every shape; the
-    choice for a bucket is the config with the smallest mean slowdown against each shape's own
-    best, so no single shape decides alone. Returns the stored record.
-    """
-    from .triton_launch import PATH_TABLE
-
-    if INTERPRET or not torch.cuda.is_available():
-        raise RuntimeError("run_autotune needs a CUDA GPU (and TRITON_INTERPRET unset)")
-    dev = _device_index(device)
-    name = gpu_info(dev)[0]
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    per_v: dict = {}
-    for dtype in dtypes:
-        for B, V in shapes:
-            x = (torch.randn(B, V, generator=gen) * 3).to(device=f"cuda:{dev}", dtype=dtype)
-            y = torch.empty_like(x)
-            tile_autotuned.cache.clear()
-            PATH_TABLE["tile"].bind(x, y, {"config": None}, dev=dev).autotune()
-            timings = {
-                json.dumps(config_dict(c), sort_keys=True): float(t[0] if isinstance(t, (list, tuple)) else t)
-                for c, t in tile_autotuned.configs_timings.items()
-            }
-            per_v.setdefault(choice_key(V, dtype), []).append(
-                {"shape": [B, V], "timings_ms": timings, "best": config_dict(tile_autotuned.best_config)}
-            )
-    choices = {}
-    for key, runs in per_v.items():
-        names = list(runs[0]["timings_ms"])
-        score = {n: sum(r["timings_ms"][n] / min(r["timings_ms"].values()) for r in runs) / len(runs) for n in names}
-        best = min(names, key=score.get)
-        choices[key] = {**json.loads(best), "mean_slowdown": score[best], "runs": runs}
-    tile_autotuned.cache.clear()
-    out_path = write_stored(choices, name, path=path)
+def forget_tuned_here(dev: int) -> None:
+    """Drop what this process tuned on `dev`: a new stored choice supersedes it."""
     for key in [k for k in _tuned_here if k[0] == dev]:
         del _tuned_here[key]
-    return {"path": str(out_path), "gpu": name, "fingerprint": fingerprint(name), "choices": choices}
