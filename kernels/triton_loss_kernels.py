@@ -45,19 +45,45 @@ from .triton_kernels import (
 
 # ------------------------------------------------------------------------------ order-free sums
 #
-# Written out in each kernel rather than as @triton.jit helpers: Triton's interpreter re-patches
-# the language module on every nested call, which made the CPU tests several times slower. The
-# pattern, for a block of terms t whose largest finite magnitude is amax:
+# For a block of terms t whose largest finite magnitude is amax (or a bound of it):
 #
-#   biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF              exponent bits of amax
-#   shift = min(K - (biased == 0 ? -126 : biased - 126), 126)            amax < 2^(K - shift)
-#   up, down = 2^shift, 2^-shift                                         from exponent bits
-#   total = float(sum(int64(finite(t) * up))) * down + sum(non-finite t)
+#   up, down = _fixed_point_scale(amax, K)     2^shift and 2^-shift, amax < 2^(K - shift)
+#   total = float(sum(_fixed_finite(t, up))) * down + sum(_non_finite(t))
 #
-# and the sums of exponentials, which lie in [0, 1], use the fixed scale SCALE = 2^K:
-# sum(int64(e * SCALE)).
+# (`_order_free_sum` for a block held whole), and the sums of exponentials, which lie in [0, 1],
+# use the fixed scale SCALE = 2^K: sum(int64(e * SCALE)).
 
 INF = tl.constexpr(float("inf"))
+
+
+@triton.jit
+def _fixed_point_scale(amax, K):
+    # From amax's exponent bits: shift = min(K - e, 126) with amax < 2^e, and 2^shift, 2^-shift.
+    biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    shift = tl.minimum(K - tl.where(biased == 0, -126, biased - 126), 126)
+    up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+    down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+    return up, down
+
+
+@triton.jit
+def _fixed_finite(t, up):
+    # The finite terms at scale `up`, truncated to int64; the non-finite ones as 0.
+    return tl.where(tl.abs(t) < INF, t * up, 0.0).to(tl.int64)
+
+
+@triton.jit
+def _non_finite(t):
+    # The non-finite terms (inf, NaN), the finite ones as 0.
+    return tl.where(tl.abs(t) < INF, 0.0, t)
+
+
+@triton.jit
+def _order_free_sum(t, up, down):
+    # The sum of a whole block of terms at the scale of _fixed_point_scale: the same bits in any
+    # order of the terms.
+    return tl.sum(_fixed_finite(t, up), axis=0).to(tl.float32) * down + tl.sum(_non_finite(t), axis=0)
+
 
 # ------------------------------------------------------------------------------ softmax backward
 #
@@ -73,14 +99,8 @@ def softmax_backward_row_kernel(DY, Y, DX, V, stride_dy, stride_y, stride_dx, K,
     dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
     y = tl.load(Y + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
     t = y * dy
-    finite = tl.abs(t) < INF
-    amax = tl.max(tl.where(finite, tl.abs(t), 0.0), axis=0)
-    biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
-    shift = tl.minimum(K - tl.where(biased == 0, -126, biased - 126), 126)
-    up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
-    down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
-    fix = tl.sum(tl.where(finite, t * up, 0.0).to(tl.int64), axis=0)
-    s = fix.to(tl.float32) * down + tl.sum(tl.where(finite, 0.0, t), axis=0)
+    up, down = _fixed_point_scale(tl.max(tl.where(tl.abs(t) < INF, tl.abs(t), 0.0), axis=0), K)
+    s = _order_free_sum(t, up, down)
     tl.store(DX + row * stride_dx + cols, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
 
 
@@ -119,7 +139,7 @@ def softmax_backward_split_kernel(
 
     # Meeting 1: the largest finite |y dy| and the non-finite terms.
     my_a = _tagged(tag_hi, tl.max(tl.where(finite, tl.abs(t), 0.0), axis=0))
-    my_f = _tagged(tag_hi, tl.sum(tl.where(finite, 0.0, t), axis=0))
+    my_f = _tagged(tag_hi, tl.sum(_non_finite(t), axis=0))
     tl.atomic_xchg(ws + chunk, my_a, sem="relaxed")
     tl.atomic_xchg(ws + P + chunk, my_f, sem="relaxed")
     amax, stale = _meet_floats(ws, P, chunk, my_a, tag, False, P_BLOCK, MAX_SPINS)
@@ -136,17 +156,14 @@ def softmax_backward_split_kernel(
                 dy_row + idx, mask=idx < V, other=0.0
             ).to(tl.float32)
             a_run = tl.maximum(a_run, tl.where(tl.abs(tt) < INF, tl.abs(tt), 0.0))
-            f_run += tl.where(tl.abs(tt) < INF, 0.0, tt)
+            f_run += _non_finite(tt)
             start += FALLBACK_BLOCK
         amax = tl.max(a_run, axis=0)
         F = tl.sum(f_run, axis=0)
-    biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
-    shift = tl.minimum(K - tl.where(biased == 0, -126, biased - 126), 126)
-    up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
-    down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+    up, down = _fixed_point_scale(amax, K)
 
     # Meeting 2: the fixed-point sum.
-    s_c = tl.sum(tl.where(finite, t * up, 0.0).to(tl.int64), axis=0)
+    s_c = tl.sum(_fixed_finite(t, up), axis=0)
     my_hi, my_lo = _tagged_halves(tag_hi, s_c)
     tl.atomic_xchg(ws + 2 * P + 2 * chunk, my_hi, sem="relaxed")
     tl.atomic_xchg(ws + 2 * P + 2 * chunk + 1, my_lo, sem="relaxed")
@@ -159,7 +176,7 @@ def softmax_backward_split_kernel(
             tt = tl.load(y_row + idx, mask=idx < V, other=0.0).to(tl.float32) * tl.load(
                 dy_row + idx, mask=idx < V, other=0.0
             ).to(tl.float32)
-            s_run += tl.where(tl.abs(tt) < INF, tt * up, 0.0).to(tl.int64)
+            s_run += _fixed_finite(tt, up)
             start += FALLBACK_BLOCK
         S = tl.sum(s_run, axis=0)
 
@@ -214,6 +231,25 @@ def _ce_row_outputs(m, S_fix, SCALE, x_t, w_t, w_all, q, eps, inv_v, ignored, va
 
 
 @triton.jit
+def _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, inv_v, PREP, ignored, valid,
+                 OUT: tl.constexpr, HAS_SMOOTHING: tl.constexpr):  # fmt: skip
+    # The gradient of a row's (part of the row's) entries, per the derivation above: p_j - [j == t]
+    # with p_t - 1 = -(S - E_t) / S, smoothing, the reduction's scale PREP[2]; NaN throughout a
+    # row whose max is not finite (its probabilities are), 0 or NaN on an ignored row.
+    hi, inv = _row_scale(S_fix, SCALE)
+    inv = tl.where(fin, inv, float("nan"))
+    pm1 = tl.where(fin, -((S_fix - E_t).to(tl.float32) / S_fix.to(tl.float32)), float("nan"))
+    p = _normalise(e, hi, inv, OUT)
+    pq = tl.where(cols == t_safe, pm1, p)
+    if HAS_SMOOTHING:
+        g = (1.0 - eps) * w_t * pq + (eps * inv_v) * (w_all * p - w_j)
+    else:
+        g = w_t * pq
+    g = g * tl.load(PREP + 2)
+    return tl.where(ignored, tl.where(fin, 0.0, float("nan")), tl.where(valid, g, float("nan")))
+
+
+@triton.jit
 def cross_entropy_row_kernel(
     X, T, W, G, LOSS, LSE, PREP, V, stride_x, stride_g, ignore_index, eps, inv_v, KW, SCALE,
     BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
@@ -247,32 +283,14 @@ def cross_entropy_row_kernel(
     E_t = _fixed(_exp(x_t, m, G.dtype.element_ty), SCALE)
     q = 0.0
     if HAS_SMOOTHING:
-        bound = tl.load(PREP + 3) * (m - tl.min(tl.where(mask, x, INF), axis=0))
-        biased = (bound.to(tl.int32, bitcast=True) >> 23) & 0xFF
-        shift = tl.minimum(KW - tl.where(biased == 0, -126, biased - 126), 126)
-        up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
-        down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
-        wd = tl.where(mask, w_j * (x - m), 0.0)
-        finite = tl.abs(wd) < INF
-        q_fix = tl.sum(tl.where(finite, wd * up, 0.0).to(tl.int64), axis=0)
-        q = q_fix.to(tl.float32) * down + tl.sum(tl.where(finite, 0.0, wd), axis=0)
+        up, down = _fixed_point_scale(tl.load(PREP + 3) * (m - tl.min(tl.where(mask, x, INF), axis=0)), KW)
+        q = _order_free_sum(tl.where(mask, w_j * (x - m), 0.0), up, down)
     # The row's results.
     lse, loss, fin = _ce_row_outputs(m, S_fix, SCALE, x_t, w_t, w_all, q, eps, inv_v, ignored, valid, HAS_SMOOTHING)
     tl.store(LSE + row, lse)
     tl.store(LOSS + row, loss)
-    # The gradient: p_j - [j == t] with p_t - 1 = -(S - E_t) / S, smoothing, reduction's scale;
-    # NaN throughout a row whose max is not finite (its probabilities are).
-    hi, inv = _row_scale(S_fix, SCALE)
-    inv = tl.where(fin, inv, float("nan"))
-    pm1 = tl.where(fin, -((S_fix - E_t).to(tl.float32) / S_fix.to(tl.float32)), float("nan"))
-    p = _normalise(e, hi, inv, G.dtype.element_ty)
-    pq = tl.where(cols == t_safe, pm1, p)
-    if HAS_SMOOTHING:
-        g = (1.0 - eps) * w_t * pq + (eps * inv_v) * (w_all * p - w_j)
-    else:
-        g = w_t * pq
-    g = g * tl.load(PREP + 2)
-    g = tl.where(ignored, tl.where(fin, 0.0, float("nan")), tl.where(valid, g, float("nan")))
+    g = _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, inv_v, PREP,
+                     ignored, valid, G.dtype.element_ty, HAS_SMOOTHING)  # fmt: skip
     tl.store(G + row * stride_g + cols, g.to(G.dtype.element_ty), mask=mask)
 
 
@@ -349,11 +367,7 @@ def cross_entropy_split_kernel(
         if HAS_SMOOTHING:
             mn = tl.min(mn_run, axis=0)
     if HAS_SMOOTHING:
-        bound = tl.load(PREP + 3) * (m - mn)
-        biased = (bound.to(tl.int32, bitcast=True) >> 23) & 0xFF
-        shift = tl.minimum(KW - tl.where(biased == 0, -126, biased - 126), 126)
-        up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
-        down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+        up, down = _fixed_point_scale(tl.load(PREP + 3) * (m - mn), KW)
 
     # Meeting 2: the fixed-point sums, every chunk relative to the same m and scale.
     e = _exp(x, m, G.dtype.element_ty)
@@ -362,9 +376,8 @@ def cross_entropy_split_kernel(
     f_c = tl.zeros([], tl.float32)
     if HAS_SMOOTHING:
         wd = tl.where(mask, w_j * (x - m), 0.0)
-        finite = tl.abs(wd) < INF
-        q_c = tl.sum(tl.where(finite, wd * up, 0.0).to(tl.int64), axis=0)
-        f_c = tl.sum(tl.where(finite, 0.0, wd), axis=0)
+        q_c = tl.sum(_fixed_finite(wd, up), axis=0)
+        f_c = tl.sum(_non_finite(wd), axis=0)
     s_hi, s_lo = _tagged_halves(tag_hi, s_c)
     q_hi, q_lo = _tagged_halves(tag_hi, q_c)
     my_f = _tagged(tag_hi, f_c)
@@ -396,8 +409,8 @@ def cross_entropy_split_kernel(
                 else:
                     ww = tl.where(idx < V, 1.0, 0.0)
                 wdd = tl.where(idx < V, ww * (xx - m), 0.0)
-                q_run += tl.where(tl.abs(wdd) < INF, wdd * up, 0.0).to(tl.int64)
-                f_run += tl.where(tl.abs(wdd) < INF, 0.0, wdd)
+                q_run += _fixed_finite(wdd, up)
+                f_run += _non_finite(wdd)
             start += FALLBACK_BLOCK
         S_fix = tl.sum(s_run, axis=0)
         if HAS_SMOOTHING:
@@ -414,17 +427,8 @@ def cross_entropy_split_kernel(
     if chunk == row % P:  # one chunk a row, a different one from row to row (see above)
         tl.store(LSE + row, lse)
         tl.store(LOSS + row, loss)
-    hi, inv = _row_scale(S_fix, SCALE)
-    inv = tl.where(fin, inv, float("nan"))
-    pm1 = tl.where(fin, -((S_fix - E_t).to(tl.float32) / S_fix.to(tl.float32)), float("nan"))
-    p = _normalise(e, hi, inv, G.dtype.element_ty)
-    pq = tl.where(cols == t_safe, pm1, p)
-    if HAS_SMOOTHING:
-        g = (1.0 - eps) * w_t * pq + (eps * inv_v) * (w_all * p - w_j)
-    else:
-        g = w_t * pq
-    g = g * tl.load(PREP + 2)
-    g = tl.where(ignored, tl.where(fin, 0.0, float("nan")), tl.where(valid, g, float("nan")))
+    g = _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, inv_v, PREP,
+                     ignored, valid, G.dtype.element_ty, HAS_SMOOTHING)  # fmt: skip
     tl.store(G + row * stride_g + cols, g.to(G.dtype.element_ty), mask=mask)
 
 
@@ -457,20 +461,15 @@ def cross_entropy_prep_kernel(
         cnt_l += ok.to(tl.int64)
         if HAS_WEIGHT:
             w = tl.where(ok, tl.load(W + tl.where(ok, t, 0), mask=ok, other=0.0).to(tl.float32), 0.0)
-            finite = tl.abs(w) < INF
-            wmax_l = tl.maximum(wmax_l, tl.where(finite, tl.abs(w), 0.0))
-            winf_l += tl.where(finite, 0.0, w)
+            wmax_l = tl.maximum(wmax_l, tl.where(tl.abs(w) < INF, tl.abs(w), 0.0))
+            winf_l += _non_finite(w)
         start += BLOCK
     tl.store(BAD + 0, tl.sum(bad_l, axis=0))
     tl.store(BAD + 1, tl.min(lo_l, axis=0))
     tl.store(BAD + 2, tl.max(hi_l, axis=0))
     if HAS_WEIGHT:
         # The rows' target weights, order-free.
-        amax = tl.max(wmax_l, axis=0)
-        biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
-        shift = tl.minimum(KN - tl.where(biased == 0, -126, biased - 126), 126)
-        up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
-        down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+        up, down = _fixed_point_scale(tl.max(wmax_l, axis=0), KN)
         fix_l = tl.zeros([BLOCK], tl.int64)
         start = 0
         while start < N:
@@ -478,7 +477,7 @@ def cross_entropy_prep_kernel(
             t = tl.load(T + idx, mask=idx < N, other=ignore_index).to(tl.int64)
             ok = (t != ignore_index) & (t >= 0) & (t < V)
             w = tl.where(ok, tl.load(W + tl.where(ok, t, 0), mask=ok, other=0.0).to(tl.float32), 0.0)
-            fix_l += tl.where(tl.abs(w) < INF, w * up, 0.0).to(tl.int64)
+            fix_l += _fixed_finite(w, up)
             start += BLOCK
         w_rows = tl.sum(fix_l, axis=0).to(tl.float32) * down + tl.sum(winf_l, axis=0)
         # The sum of all class weights (label smoothing's W_all), order-free.
@@ -488,21 +487,17 @@ def cross_entropy_prep_kernel(
         while start < V:
             idx = start + cols
             w = tl.load(W + idx, mask=idx < V, other=0.0).to(tl.float32)
-            finite = tl.abs(w) < INF
-            amax_l = tl.maximum(amax_l, tl.where(finite, tl.abs(w), 0.0))
-            inf_l += tl.where(finite, 0.0, w)
+            amax_l = tl.maximum(amax_l, tl.where(tl.abs(w) < INF, tl.abs(w), 0.0))
+            inf_l += _non_finite(w)
             start += BLOCK
         amax = tl.max(amax_l, axis=0)
-        biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
-        shift = tl.minimum(KV - tl.where(biased == 0, -126, biased - 126), 126)
-        up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
-        down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+        up, down = _fixed_point_scale(amax, KV)
         all_l = tl.zeros([BLOCK], tl.int64)
         start = 0
         while start < V:
             idx = start + cols
             w = tl.load(W + idx, mask=idx < V, other=0.0).to(tl.float32)
-            all_l += tl.where(tl.abs(w) < INF, w * up, 0.0).to(tl.int64)
+            all_l += _fixed_finite(w, up)
             start += BLOCK
         w_all = tl.sum(all_l, axis=0).to(tl.float32) * down + tl.sum(inf_l, axis=0)
         w_max = amax
@@ -531,21 +526,16 @@ def cross_entropy_reduce_kernel(LOSS, PREP, OUT, N, KN, BLOCK: tl.constexpr, MEA
     while start < N:
         idx = start + cols
         v = tl.load(LOSS + idx, mask=idx < N, other=0.0)
-        finite = tl.abs(v) < INF
-        amax_l = tl.maximum(amax_l, tl.where(finite, tl.abs(v), 0.0))
-        inf_l += tl.where(finite, 0.0, v)
+        amax_l = tl.maximum(amax_l, tl.where(tl.abs(v) < INF, tl.abs(v), 0.0))
+        inf_l += _non_finite(v)
         start += BLOCK
-    amax = tl.max(amax_l, axis=0)
-    biased = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
-    shift = tl.minimum(KN - tl.where(biased == 0, -126, biased - 126), 126)
-    up = ((shift + 127) << 23).to(tl.float32, bitcast=True)
-    down = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+    up, down = _fixed_point_scale(tl.max(amax_l, axis=0), KN)
     fix_l = tl.zeros([BLOCK], tl.int64)
     start = 0
     while start < N:
         idx = start + cols
         v = tl.load(LOSS + idx, mask=idx < N, other=0.0)
-        fix_l += tl.where(tl.abs(v) < INF, v * up, 0.0).to(tl.int64)
+        fix_l += _fixed_finite(v, up)
         start += BLOCK
     total = tl.sum(fix_l, axis=0).to(tl.float32) * down + tl.sum(inf_l, axis=0)
     if MEAN:
