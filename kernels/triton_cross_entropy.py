@@ -79,7 +79,7 @@ def plan(N: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) ->
 def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict:
     if path == "row":
         block = triton.next_power_of_2(V)
-        # Up to 8 elements per thread and tensor: no spills on sm_90 (kernels.triton_loss_build).
+        # Up to 8 elements per thread and tensor: no spills on sm_90 (kernels.triton_build --training).
         warps = 4 if block <= 2048 else (8 if block <= 4096 else 16)
         return {"BLOCK": block, "num_warps": warps}
     if path == "split":

@@ -165,9 +165,9 @@ def test_interpreted_in_a_subprocess(pytestconfig):
 @pytest.mark.slow  # the deeper tier: a build, no kernel runs
 def test_loss_kernels_build_for_sm90_without_spills():
     """The largest configuration of each training kernel, compiled for sm_90 ahead of time
-    (kernels.triton_loss_build --quick, in a child process: the compiled kernels are needed, so
+    (kernels.triton_build --training --quick, in a child process: the compiled kernels are needed, so
     TRITON_INTERPRET must be unset there): no spills, no local memory, within sm_90's limits.
-    `python -m kernels.triton_loss_build` builds every configuration the wrappers launch."""
+    `python -m kernels.triton_build --training` builds every configuration the wrappers launch."""
     import json
     import os
     import subprocess
@@ -178,7 +178,7 @@ def test_loss_kernels_build_for_sm90_without_spills():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
-        [sys.executable, "-m", "kernels.triton_loss_build", "--quick"],
+        [sys.executable, "-m", "kernels.triton_build", "--training", "--quick"],
         cwd=repo,
         env=env,
         capture_output=True,
