@@ -48,7 +48,6 @@ from .triton_dispatch import (
     aligned_base,
     fallback_block,
     fixed_point_scale,
-    launch_params,
     long_row_path,
     p_block,
     paths_for,
@@ -56,6 +55,7 @@ from .triton_dispatch import (
     split_layout,
     split_workspace_words,
 )
+from .triton_dispatch import launch_params as _path_params
 from .triton_kernels import JIT_KERNELS
 from .triton_launch import (
     PATH_TABLE,
@@ -82,6 +82,16 @@ from .triton_store import (
     v_bucket,
     write_stored,
 )
+
+
+def launch_params(
+    path: str, V: int, dtype: torch.dtype = torch.float32, *, B: int | None = None, sms: int | None = None
+) -> dict:
+    """The launch parameters `path` uses for rows of length V: tile's stored or tuned config
+    ({"config": ...}, `autotune_picked`), the others' from kernels.triton_dispatch.launch_params."""
+    if path == "tile":
+        return {"config": autotune_picked(V, dtype)}
+    return _path_params(path, V, dtype, B=B, sms=sms)
 
 
 def clear_autotune_memo() -> None:
