@@ -1,6 +1,7 @@
-"""Triton's row and split kernels with 16-bit rows held packed: registers, bits and device time.
+"""Triton's row and split kernels with 16-bit rows held as stored: registers, bits and device time.
 
     python reports/probes/triton_hold16.py --aot                # sm_90 builds here, no GPU
+    PYTHONPATH=DIR python reports/probes/triton_hold16.py --aot # the same with the Triton in DIR
     python reports/probes/triton_hold16.py --cpu-bits           # bits against the kernels, interpreted
     python reports/probes/triton_hold16.py --out DIR [--jobs N] # on a GPU: the timed comparison
     python reports/probes/triton_hold16.py --cpu-smoke --out DIR  # the GPU run's code path, on CPU
@@ -18,12 +19,24 @@ occupancy. The variants here keep the loaded tensor as stored instead:
 Both exponentials are the kernels' own expression (`_exp`) on the same values, and the sum is an
 integer fixed-point sum, so the output bits must equal the kernels' bits, whatever CHUNK or
 num_warps. The compiler would merge the repeated upcasts and exponentials back into one float32
-tensor held across the reductions, so each recomputation upcasts `_launder(x, z)`: x with its
-bits XORed by a flag the compiler cannot know is 0. The flags are `m != m` and `inv != inv`;
-each is 1 only in a row whose max is NaN, whose outputs are all NaN whatever its values, and the
-flag of each recomputation depends on the reduction before it, so it cannot be hoisted above it.
+tensor held across the reductions, so each recomputation upcasts the held values XORed with a
+flag the compiler cannot know is 0 (`_launder`, `_both_halves`). The flags are `m != m` and
+`inv != inv`: each is 1 only in a row whose max is NaN, whose outputs are all NaN whatever its
+values, and each depends on the reduction before its recomputation, so that cannot be hoisted
+above it. (A flag in bit 0 of a word alone left the upper element of the word provably
+untouched, and the compiler merged its upcasts: 96 exponentials a thread instead of 128.)
+
+Two kinds of held kernel:
+- `unpacked` (`unpacked_row_kernel`, `unpacked_split_kernel`): the loaded tensor of 16-bit
+  elements is held as Triton loaded it. This frees few or no registers: ptxas gives each
+  16-bit element a 32-bit register of its own (row bf16 V = 32000 at 16 warps: 128 registers
+  against the current 106), so it is a control.
+- `packed` (`hold16_row_kernel`, `hold16_split_kernel`; 16-bit storage, even ALIGN): the row or
+  chunk is loaded, held and stored as int32 words of two elements, upcast exactly from the
+  word's halves, the outputs rounded to storage as the current kernels round them and packed
+  back. This is what holds two elements per register.
 The registers freed go to more bytes in flight: fewer warps per row (row: two programs per SM at
-BLOCK 32768) or longer chunks (split: CHUNK 16384 at the registers 8192 took).
+BLOCK 32768, under a 64-register cap) or more programs per SM and longer chunks (split).
 
 Modes:
 - `--aot`: sm_90 builds (kernels.triton_build.build, Triton's own ptxas) of the current and the
@@ -185,7 +198,7 @@ def unpacked_split_kernel(X, Y, WS, B, V, P, stride_x, stride_y, x_off, y_off, S
 # The packed kernels (16-bit storage only): the row or chunk is loaded, held and stored as int32
 # words of two elements each, so that a held element costs half a register. (A tensor of 16-bit
 # elements, as the unpacked kernels hold it, is kept one element per 32-bit register by ptxas:
-# no fewer registers than float32.) The halves are upcast exactly (bf16: the bits shifted into
+# it saves only what holding no float32 exponentials saves.) The halves are upcast exactly (bf16: the bits shifted into
 # the upper half of a float32; fp16: through fp16), and each output is rounded to storage as the
 # current kernels round it, so the bits are theirs. Needs ALIGN >= 2 (rows and strides of even
 # length): chunk and tile offsets then fall on words.
@@ -434,7 +447,7 @@ def aot_cases():
                         cases.append((kind, "row", p, V, dtype))
         for chunk in (8192, 16384):
             for warps in (4, 8):
-                for regs in (None, 64, 128):
+                for regs in (None, 64, 80, 128):
                     for kind in kinds:
                         cases.append(
                             (kind, "split", {"CHUNK": chunk, "num_warps": warps, "maxnreg": regs}, 262144, dtype)
