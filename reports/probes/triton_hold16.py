@@ -28,9 +28,9 @@ untouched, and the compiler merged its upcasts: 96 exponentials a thread instead
 
 Two kinds of held kernel:
 - `unpacked` (`unpacked_row_kernel`, `unpacked_split_kernel`): the loaded tensor of 16-bit
-  elements is held as Triton loaded it. This frees few or no registers: ptxas gives each
-  16-bit element a 32-bit register of its own (row bf16 V = 32000 at 16 warps: 128 registers
-  against the current 106), so it is a control.
+  elements is held as Triton loaded it. This frees few or no registers: the SASS moves each
+  loaded word's upper element into a register of its own (PRMT), so the tensor takes a register
+  per element (row bf16 V = 32000 at 16 warps: 128 registers against the current 106); a control.
 - `packed` (`hold16_row_kernel`, `hold16_split_kernel`; 16-bit storage, even ALIGN): the row or
   chunk is loaded, held and stored as int32 words of two elements, upcast exactly from the
   word's halves, the outputs rounded to storage as the current kernels round them and packed
@@ -197,11 +197,11 @@ def unpacked_split_kernel(X, Y, WS, B, V, P, stride_x, stride_y, x_off, y_off, S
 
 # The packed kernels (16-bit storage only): the row or chunk is loaded, held and stored as int32
 # words of two elements each, so that a held element costs half a register. (A tensor of 16-bit
-# elements, as the unpacked kernels hold it, is kept one element per 32-bit register by ptxas:
-# it saves only what holding no float32 exponentials saves.) The halves are upcast exactly (bf16: the bits shifted into
-# the upper half of a float32; fp16: through fp16), and each output is rounded to storage as the
-# current kernels round it, so the bits are theirs. Needs ALIGN >= 2 (rows and strides of even
-# length): chunk and tile offsets then fall on words.
+# elements, as the unpacked kernels hold it, is split into a register per element after the
+# load: it saves only what holding no float32 exponentials saves.) The halves are upcast
+# exactly (bf16: the bits shifted into the upper half of a float32; fp16: through fp16), and
+# each output is rounded to storage as the current kernels round it, so the bits are theirs.
+# Needs ALIGN >= 2 (rows and strides of even length): chunk and tile offsets then fall on words.
 _NEG_INF_BF16 = tl.constexpr(-8323200)  # 0xFF80FF80: two bf16 -inf
 _NEG_INF_FP16 = tl.constexpr(-67044352)  # 0xFC00FC00: two fp16 -inf
 _HIGH = tl.constexpr(-65536)  # 0xFFFF0000
