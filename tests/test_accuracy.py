@@ -3,7 +3,7 @@
 Every kernel of ours on the inputs that exercise it (tests.helpers.TAIL_CASES: wide ranges up to
 x 20, one confident entry, probabilities through every float32 binade, -inf masks, row maxima at
 and past the overflow edge of exp; and the issue's own shapes, ISSUE_CASES) is held to the
-tolerance table of tests/helpers.py at every output, and to the ratio rule: its largest error
+tolerance table of tests/helpers/tolerances.py at every output, and to the ratio rule: its largest error
 at most k x that of F.softmax on the same input in the same dtype. Each case records, before
 asserting, its figures in the manifest's `accuracy` section: under "cuda" from the GPU, under
 "cpu" from the Triton interpreter (and F.softmax on the CPU), so neither overwrites the other.

@@ -261,7 +261,7 @@ def test_compiled_model_keeps_the_triton_softmax_and_its_predictions(ieee_fp32, 
                 for _ in range(3):  # warm-up, record, replay
                     got = compiled(ids).clone()
             # The whole model compiled against eager: its layers are Inductor's code, not the
-            # kernel's, so this is the port's equivalence contract (tests/helpers.py PORT_ATOL);
+            # kernel's, so this is the port's equivalence contract (tests/helpers/tolerances.py PORT_ATOL);
             # the LM head's Triton softmax is held to TOLERANCES in tests/test_model_swap_cuda.py.
             torch.testing.assert_close(got, eager, atol=PORT_ATOL, rtol=PORT_RTOL)
             assert int(got[0, -1].argmax()) == int(eager[0, -1].argmax()), text

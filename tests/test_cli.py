@@ -98,7 +98,7 @@ def test_torch_backend_agrees_with_numpy(capsys):
     assert b["backend"] == "torch"
     assert [t["token"] for t in a["top"]] == [t["token"] for t in b["top"]]
     # Two printouts of the same model, NumPy and the PyTorch port: the port's equivalence
-    # contract applies (tests/helpers.py), not the kernels' TOLERANCES.
+    # contract applies (tests/helpers/tolerances.py), not the kernels' TOLERANCES.
     from tests.helpers import PORT_ATOL, PORT_RTOL
 
     for x, y in zip(a["top"], b["top"], strict=True):

@@ -290,7 +290,7 @@ def test_kernels_agree_with_each_other(B, V):
 def test_error_is_no_worse_than_torch(kernel, dtype):
     """Judged against the reference's own error as well as TOLERANCES' bound: the kernel's
     largest error may be at most k times that of F.softmax in the same dtype on the same input
-    (tests/helpers.py: the ratio rule; test_accuracy.py runs it on the tail inputs)."""
+    (tests/helpers/comparisons.py: the ratio rule; test_accuracy.py runs it on the tail inputs)."""
     k = SOFTMAX_KERNELS[kernel]
     skip_unless_runnable(k)
     x = logits(64, 4099, seed=4099, device="cuda", dtype=dtype)

@@ -30,7 +30,7 @@ from tests.helpers import (
 
 pytestmark = pytest.mark.cpu
 
-ATOL, RTOL = PORT_ATOL, PORT_RTOL  # the equivalence contract (tests/helpers.py), for every compared tensor
+ATOL, RTOL = PORT_ATOL, PORT_RTOL  # the port's contract (tests/helpers/tolerances.py), for every compared tensor
 RANDOM_VOCAB = 601  # odd on purpose; close to the trained vocabulary's size
 
 # Forward order, so the first key that disagrees is the layer where a drift starts.
