@@ -59,7 +59,7 @@ def _pyplot():
 def _png(fig) -> bytes:
     buffer = io.BytesIO()
     # No timestamp or software version in the file: an unchanged figure stays byte-identical.
-    fig.savefig(buffer, format="png", dpi=130, metadata={"Software": None})
+    fig.savefig(buffer, format="png", dpi=100, metadata={"Software": None})
     _pyplot().close(fig)
     return buffer.getvalue()
 
