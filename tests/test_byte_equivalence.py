@@ -30,6 +30,7 @@ from kernels.spec import dtype_name
 from tests.helpers import (
     INTERPRETED,
     VECTOR_BYTES,
+    array_bit_difference,
     cpu_path_runner,
     needs_triton,
     skip_if_unavailable,
@@ -78,17 +79,14 @@ def bit_difference(got: torch.Tensor, want: torch.Tensor) -> str | None:
     )
 
 
-def array_bit_difference(got: np.ndarray, want: np.ndarray) -> str | None:
-    """bit_difference for float64 NumPy arrays."""
+def reference_bit_difference(got: np.ndarray, want: np.ndarray) -> str | None:
+    """bit_difference for the float64 NumPy reference's outputs: array_bit_difference, once
+    both are float64 and neither holds NaN."""
     if got.shape != want.shape or got.dtype != np.float64 or want.dtype != np.float64:
         return f"got {got.shape} {got.dtype}, expected {want.shape} float64"
     if np.isnan(got).any() or np.isnan(want).any():
         return f"{int(np.isnan(got).sum())} NaN elements in the result, {int(np.isnan(want).sum())} in the reference"
-    differ = np.ascontiguousarray(got).view(np.uint64) != np.ascontiguousarray(want).view(np.uint64)
-    if not differ.any():
-        return None
-    first = np.argwhere(differ)[:4].tolist()
-    return f"{int(differ.sum())} of {differ.size} elements differ in their bits, first at {first}"
+    return array_bit_difference(got, want)
 
 
 def poisoned(B, V, dtype, device, *, offset=0):
@@ -640,7 +638,7 @@ def test_reference_deterministic(record_manifest):
         x = _reference_logits(B, V, seed=V)
         first = softmax_ref(x)
         for call in range(1, REPEATS):
-            diff = array_bit_difference(softmax_ref(x), first)
+            diff = reference_bit_difference(softmax_ref(x), first)
             if diff:
                 failures.append(f"(B={B}, V={V}) call {call} vs call 0: {diff}")
                 break
@@ -655,10 +653,10 @@ def test_reference_batch_invariant(record_manifest):
         full = softmax_ref(x)
         for b in sorted({1, B, B + 4}):
             shapes.append((b, V))
-            diff = array_bit_difference(softmax_ref(x[:b]), full[:b])
+            diff = reference_bit_difference(softmax_ref(x[:b]), full[:b])
             if diff:
                 failures.append(f"V={V}: rows of a batch of {b} vs of {B + 4}: {diff}")
-        diff = array_bit_difference(softmax_ref(x[-1:])[0], full[-1])
+        diff = reference_bit_difference(softmax_ref(x[-1:])[0], full[-1])
         if diff:
             failures.append(f"V={V}: the last row alone vs in the batch: {diff}")
     conclude(record_manifest, "reference", "float64", "batch_invariant", shapes, failures, gated=True)
@@ -682,7 +680,7 @@ def test_reference_position_invariant(record_manifest):
             x[...] = batch
             y = softmax_ref(x)
             for i in (0, 1, B - 1):
-                diff = array_bit_difference(y[i], want)
+                diff = reference_bit_difference(y[i], want)
                 if diff:
                     failures.append(f"(B={B}, V={V}) row at index {i}, byte offset {byte_offset}: {diff}")
     conclude(record_manifest, "reference", "float64", "position_invariant", shapes, failures, gated=True)
@@ -702,7 +700,7 @@ def test_reference_stride_invariant(record_manifest):
         for pad in (1, 2, 67):
             padded = np.full((B, V + pad), np.nan)
             padded[:, :V] = x
-            diff = array_bit_difference(softmax_ref(padded[:, :V]), want)
+            diff = reference_bit_difference(softmax_ref(padded[:, :V]), want)
             if diff:
                 failures.append(f"(B={B}, V={V}) row stride V+{pad} vs contiguous: {diff}")
     conclude(record_manifest, "reference", "float64", "stride_invariant", shapes, failures, gated=True)

@@ -30,6 +30,7 @@ import torch
 from kernels import SOFTMAX_KERNELS
 from tests.helpers import (
     INTERPRETED,
+    assert_same_bits,
     bits,
     check_softmax,
     cpu_path_runner,
@@ -126,24 +127,17 @@ def cpu_logits(kernel, dtype, B, V, layout="contiguous"):
     return logits(B, V, seed=seed_of(kernel, dtype_id(dtype), B, V), dtype=dtype, layout=layout)
 
 
-_reference_bits: dict = {}
+_reference_outputs: dict = {}
 
 
-def reference_bits(k, dtype, B, V) -> torch.Tensor:
-    """The bits of cpu_logits(k, dtype, B, V) through the kernel's first path at its CPU launch
-    parameters, contiguous: what every path and layout must give (once per process)."""
+def reference_output(k, dtype, B, V) -> torch.Tensor:
+    """cpu_logits(k, dtype, B, V) through the kernel's first path at its CPU launch parameters,
+    contiguous: the bits every path and layout must give (once per process)."""
     key = (k.name, dtype, B, V)
-    if key not in _reference_bits:
+    if key not in _reference_outputs:
         x = cpu_logits(k.name, dtype, B, V)
-        _reference_bits[key] = bits(run_poisoned(cpu_path_runner(k, k.paths[0]), x)).clone()
-    return _reference_bits[key]
-
-
-def assert_same_bits(got, want, what):
-    differ = bits(got) != want
-    if differ.any():
-        first = differ.nonzero()[:4].tolist()
-        raise AssertionError(f"{what}: {int(differ.sum())} of {differ.numel()} elements differ in bits, first {first}")
+        _reference_outputs[key] = run_poisoned(cpu_path_runner(k, k.paths[0]), x).clone()
+    return _reference_outputs[key]
 
 
 # -- the cases ---------------------------------------------------------------------------------------
@@ -184,7 +178,7 @@ def test_cpu_path_under_layout(request, kernel, path, layout, dtype, V):
     if not k.baseline:
         # Ours are bit-for-bit: neither the path nor the layout changes a row's bits.
         first = k.paths[0]
-        assert_same_bits(out, reference_bits(k, dtype, CPU_B, V), f"{what} vs {first} on a contiguous copy")
+        assert_same_bits(out, reference_output(k, dtype, CPU_B, V), f"{what} vs {first} on a contiguous copy")
     coverage.record_cell(request.node, "cpu", (kernel, path, layout, dtype_id(dtype)))
 
 
@@ -201,10 +195,10 @@ def test_cpu_path_batch_invariant(kernel, path, dtype):
     x = cpu_logits(kernel, dtype, B, V)
     full = run_poisoned(run, x)
     check_softmax(full, x, what=f"{kernel} via {path}, ({B}, {V})", kernel=k)
-    assert_same_bits(run_poisoned(run, x[:2]), bits(full[:2]), f"{kernel} via {path}: rows 0-1 as a batch of 2")
+    assert_same_bits(run_poisoned(run, x[:2]), full[:2], f"{kernel} via {path}: rows 0-1 as a batch of 2")
     for r in range(1, B):
         alone = run_poisoned(run, x[r : r + 1].clone())
-        assert_same_bits(alone, bits(full[r : r + 1]), f"{kernel} via {path}: row {r} alone vs in a batch of {B}")
+        assert_same_bits(alone, full[r : r + 1], f"{kernel} via {path}: row {r} alone vs in a batch of {B}")
 
 
 @pytest.mark.cpu

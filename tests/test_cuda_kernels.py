@@ -19,7 +19,7 @@ from kernels import SOFTMAX_KERNELS, cuda_plans
 from kernels import softmax_cuda as sc
 from kernels.cuda_plans import fused_class_description, select_fused_class
 from tests.helpers import (
-    bits,
+    assert_same_bits,
     check_softmax,
     dtype_id,
     layouts,
@@ -229,13 +229,6 @@ def test_non_contiguous_input(kernel, verify):
 
 
 # -- the bitwise claim: a row's bits depend only on its values and V --------------------------------
-
-
-def assert_same_bits(got, expected, what):
-    differ = bits(got) != bits(expected)
-    assert not differ.any(), (
-        f"{what}: {int(differ.sum())} elements differ in their bits, first at {differ.nonzero()[:4].tolist()}"
-    )
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)

@@ -32,6 +32,7 @@ from tests.helpers import (
     assert_cross_entropy_close,
     assert_loss_reduces_its_rows,
     assert_no_less_accurate_than_torch,
+    assert_same_bits,
     assert_within,
     bits,
     cross_entropy_expected,
@@ -106,13 +107,6 @@ def run_cross_entropy(x, t, **kwargs):
     torch.cuda.synchronize()
     assert torch.equal(t, before[1]), "changed the targets"
     return result
-
-
-def assert_same_bits(got, expected, what):
-    differ = bits(got) != bits(expected)
-    assert not differ.any(), (
-        f"{what}: {int(differ.sum())} elements differ in their bits, first {differ.nonzero()[:4].tolist()}"
-    )
 
 
 def _near(bounds):

@@ -30,6 +30,7 @@ from model import grammar
 from model.numpy_minigpt import DEFAULT_WEIGHTS, NumpyMiniGPT
 from model.tokenizer import Tokenizer
 from model.torch_minigpt import GrammarMiniGPT
+from tests.helpers import array_bit_difference
 
 pytestmark = pytest.mark.cpu
 
@@ -46,19 +47,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(saved)
-
-
-def bit_difference(got, want) -> str | None:
-    """None when the two arrays (float32 or int64) have the same dtype, shape and bits; else the
-    count and the first differing indices."""
-    got, want = np.asarray(got), np.asarray(want)
-    if got.shape != want.shape or got.dtype != want.dtype:
-        return f"got {got.shape} {got.dtype}, expected {want.shape} {want.dtype}"
-    unsigned = {4: np.uint32, 8: np.uint64}[got.dtype.itemsize]
-    differ = np.ascontiguousarray(got).view(unsigned) != np.ascontiguousarray(want).view(unsigned)
-    if not differ.any():
-        return None
-    return f"{int(differ.sum())} of {differ.size} differ in their bits, first at {np.argwhere(differ)[:4].tolist()}"
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +89,7 @@ def test_embedding_lookup_is_bit_identical(weight_paths, record_manifest):
             reference.logits(ids, trace=np_trace)
             with torch.no_grad():
                 model.logits(torch.from_numpy(ids), trace=pt_trace)
-            diff = bit_difference(pt_trace["embed"].numpy(), np_trace["embed"])
+            diff = array_bit_difference(pt_trace["embed"].numpy(), np_trace["embed"])
             if diff:
                 failures.append(f"{label} weights, (B={B}, T={T}): {diff}")
     record_manifest("torch_port", byte_equivalent_embedding=not failures)
@@ -132,7 +120,7 @@ def test_weight_round_trip_is_bit_identical(weight_paths, tmp_path, record_manif
                     )
                     continue
                 for name in sorted(original):
-                    diff = bit_difference(arrays[name], original[name])
+                    diff = array_bit_difference(arrays[name], original[name])
                     if diff:
                         failures.append(f"{label}/{attention} {what} {name}: {diff}")
     record_manifest("torch_port", byte_equivalent_weight_round_trip=not failures)
@@ -159,7 +147,7 @@ def test_tokenizer_ids_are_identical_for_both_backends(record_manifest):
     for k, sentence in enumerate(grammar.generate_corpus(200, seed=5)):
         words = tok.encode(sentence.text)
         ids = [tok.bos_id] + words
-        diff = bit_difference(torch.tensor([ids], dtype=torch.long).numpy(), np.array([ids], dtype=np.int64))
+        diff = array_bit_difference(torch.tensor([ids], dtype=torch.long).numpy(), np.array([ids], dtype=np.int64))
         if diff:
             failures.append(f"sentence {k}: torch ids vs NumPy ids: {diff}")
         if tok.encode(tok.decode(ids)) != words:
@@ -182,7 +170,7 @@ def test_logits_run_twice_are_bit_identical(weight_paths, record_manifest):
                     first = model.logits(ids).numpy(), model(ids).numpy()
                     second = model.logits(ids).numpy(), model(ids).numpy()
                 for what, a, b in zip(("logits", "probabilities"), second, first, strict=True):
-                    diff = bit_difference(a, b)
+                    diff = array_bit_difference(a, b)
                     if diff:
                         failures.append(f"{label}/{attention} T={T} {what}: {diff}")
     record_manifest("torch_port", byte_deterministic_logits=not failures)
@@ -205,7 +193,7 @@ def test_sequence_alone_and_in_a_batch_give_the_same_bits(weight_paths, record_m
                     for r in range(4):
                         alone = model.logits(ids[r : r + 1]).numpy(), model(ids[r : r + 1]).numpy()
                         for what, a, b in zip(("logits", "probabilities"), alone, batch, strict=True):
-                            diff = bit_difference(a[0], b[r])
+                            diff = array_bit_difference(a[0], b[r])
                             if diff:
                                 failures.append(
                                     f"{label}/{attention} T={T} sequence {r} alone vs in the batch {what}: {diff}"
@@ -229,7 +217,7 @@ def test_sequence_at_another_batch_index_gives_the_same_bits(weight_paths, recor
                 with torch.no_grad():
                     logits, probs = model.logits(ids).numpy(), model(ids).numpy()
                 for what, out in (("logits", logits), ("probabilities", probs)):
-                    diff = bit_difference(out[3], out[0])
+                    diff = array_bit_difference(out[3], out[0])
                     if diff:
                         failures.append(f"{label}/{attention} T={T} {what} at index 3 vs index 0: {diff}")
     record_manifest("torch_port", byte_position_invariant_logits=not failures)

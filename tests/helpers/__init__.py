@@ -3,7 +3,7 @@
     inputs       the seeded logits in every layout (`logits`, `layouts`, recipes, accuracy cases)
     running      run_poisoned: a kernel into a NaN-poisoned, NaN-guarded output; one path of a kernel
     tolerances   the tolerance table (its derivation), the port's equivalence contract
-    comparisons  outputs against the float64 reference, the ratio rule
+    comparisons  outputs against the float64 reference, the ratio rule, bit-for-bit comparisons
     training     the softmax backward and cross-entropy: inputs, poisoned runs, bounds, comparisons
     cuda_c       what an offline CUDA C build must show
     machines     what a test needs of the machine: Triton, CuPy, the interpreter
@@ -19,9 +19,11 @@ Every name is importable from the package itself as well:
 from tests.helpers.comparisons import (
     SoftmaxErrors,
     accuracy_gated,
+    array_bit_difference,
     assert_as_accurate_as_torch,
     assert_outputs_agree,
     assert_rows_sum_to_one,
+    assert_same_bits,
     assert_softmax_close,
     check_softmax,
     ratio_to_torch,
@@ -138,6 +140,7 @@ __all__ = [
     "UNIT_ROUNDOFF",
     "VECTOR_BYTES",
     "accuracy_gated",
+    "array_bit_difference",
     "assert_as_accurate_as_torch",
     "assert_backward_as_accurate_as_torch",
     "assert_backward_close",
@@ -147,6 +150,7 @@ __all__ = [
     "assert_no_less_accurate_than_torch",
     "assert_outputs_agree",
     "assert_rows_sum_to_one",
+    "assert_same_bits",
     "assert_softmax_close",
     "assert_within",
     "backward_error_bound",

@@ -1,6 +1,6 @@
 """Comparing outputs: a softmax output with the float64 reference under the tolerance table
 (`check_softmax`, `assert_softmax_close`, `assert_rows_sum_to_one`) and the ratio rule against
-F.softmax (`assert_as_accurate_as_torch`), and two outputs with each other."""
+F.softmax (`assert_as_accurate_as_torch`), two outputs with each other, and bit for bit."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 from kernels.reference import softmax_ref
 from kernels.spec import dtype_name
 from tests.helpers.inputs import dtype_id
+from tests.helpers.running import bits
 from tests.helpers.tolerances import Tolerance, row_sum_tolerance, tolerance
 
 _SHOWN = 6  # mismatches printed per kind
@@ -355,3 +356,26 @@ def check_softmax(
         slack = storage_rounding(e.ref[defined], got.dtype)
         assert_rows_sum_to_one(got[defined], dtype=got.dtype, what=what, slack=slack)
     return summary
+
+
+def assert_same_bits(got: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """`got` holds exactly the bits of `expected` (NaN payloads included), element by element."""
+    differ = bits(got) != bits(expected)
+    assert not differ.any(), (
+        f"{what}: {int(differ.sum())} of {differ.numel()} elements differ in their bits, "
+        f"first at {differ.nonzero()[:4].tolist()}"
+    )
+
+
+def array_bit_difference(got, want) -> str | None:
+    """None when two NumPy arrays (or array-likes) have the same dtype, shape and bits; else the
+    count and the first differing indices."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"got {got.shape} {got.dtype}, expected {want.shape} {want.dtype}"
+    unsigned = {2: np.uint16, 4: np.uint32, 8: np.uint64}[got.dtype.itemsize]
+    differ = np.ascontiguousarray(got).view(unsigned) != np.ascontiguousarray(want).view(unsigned)
+    if not differ.any():
+        return None
+    first = np.argwhere(differ)[:4].tolist()
+    return f"{int(differ.sum())} of {differ.size} elements differ in their bits, first at {first}"
