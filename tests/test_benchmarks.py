@@ -28,7 +28,7 @@ import torch
 from kernels import SOFTMAX_KERNELS
 from kernels.checks import torch_dtype
 from kernels.spec import LAB_POINT, LAB_SHAPES, in_grid, matrix_bytes
-from tests.helpers import check_softmax, logits
+from tests.helpers import check_softmax, device_logits
 from tests.suite import gate
 from tests.suite.devicetime import (
     CALL_MODES,
@@ -144,12 +144,6 @@ def call_cases():
     ]
 
 
-def make_logits(B: int, V: int, dtype: torch.dtype) -> torch.Tensor:
-    """The suite's logits (randn·3, a ±30 outlier per row so a wrong max subtraction shows),
-    drawn on the GPU: the large shapes would take minutes to draw on the host."""
-    return logits(B, V, seed=B * 100003 + V, dtype=dtype, device="cuda", neg_inf=False, on_device=True)
-
-
 def validate_output(name: str, x: torch.Tensor, out: torch.Tensor, how: str = "") -> None:
     """Every element written and finite; a sample of rows held to the float64 reference as
     tests.helpers holds the registry kernel (TOLERANCES for the kernels the accuracy rule gates,
@@ -206,7 +200,7 @@ def test_ceiling_fp32_matmul(benchmark, record_manifest, monkeypatch):
 def prepared_case(name: str, B: int, V: int, dtype: torch.dtype):
     """The kernel, a validated input, and the raw facts of the case for extra_info."""
     fn = SOFTMAX_KERNELS[name]
-    x = make_logits(B, V, dtype)
+    x = device_logits(B, V, dtype, "cuda", seed=B * 100003 + V, neg_inf=False)
     out = torch.full_like(x, float("nan"))
     validate_output(name, x, fn(x, out=out))
     del out
@@ -404,7 +398,7 @@ def floor_cases():
 @pytest.mark.parametrize("name, mode", floor_cases())
 def test_launch_floor(benchmark, name, mode):
     B, V, dtype = LAB_POINT  # the floors are timed on the lab point's input
-    x = make_logits(B, V, torch_dtype(dtype))
+    x = device_logits(B, V, torch_dtype(dtype), "cuda", seed=B * 100003 + V, neg_inf=False)
     call = floor_call(name, x)
     result = call()  # the launch works before it is timed
     torch.cuda.synchronize()

@@ -32,6 +32,7 @@ from tests.helpers import (
     VECTOR_BYTES,
     array_bit_difference,
     cpu_path_runner,
+    device_logits,
     needs_triton,
     skip_if_unavailable,
     skip_unless_runnable,
@@ -94,12 +95,6 @@ def poisoned(B, V, dtype, device, *, offset=0):
     return torch.full((offset + B * V,), float("nan"), dtype=dtype, device=device)[offset:].view(B, V)
 
 
-def make_logits(B, V, dtype, device, *, seed):
-    """The suite's seeded logits; on a GPU drawn there (the large shapes here would take
-    seconds to draw on the host). No row is all -inf."""
-    return seeded_logits(B, V, seed=seed, dtype=dtype, device=device, on_device=torch.device(device).type != "cpu")
-
-
 def conclude(record_manifest, kernel: str, dtype_name: str, prop: str, shapes, failures, *, gated: bool):
     """Record the verdict (before asserting), then assert where the kernel is gated."""
     verdict = "failed" if failures else "passed"
@@ -126,7 +121,7 @@ def measure_deterministic(run, shapes, dtype, device, *, path_of, repeats=REPEAT
     """The same input launched `repeats` times gives the same bits every time."""
     failures = []
     for B, V in shapes:
-        x = make_logits(B, V, dtype, device, seed=seed + B * 7919 + V)
+        x = device_logits(B, V, dtype, device, seed=seed + B * 7919 + V)
         first = run(x, poisoned(B, V, dtype, device))
         for launch in range(1, repeats):
             diff = bit_difference(run(x, poisoned(B, V, dtype, device)), first)
@@ -143,7 +138,7 @@ def measure_batch_invariant(run, batches, dtype, device, *, path_of, seed=1):
     shapes, failures = [], []
     for V, bs in batches:
         b_max = max(bs)
-        x = make_logits(b_max, V, dtype, device, seed=seed + V)
+        x = device_logits(b_max, V, dtype, device, seed=seed + V)
         full = run(x, poisoned(b_max, V, dtype, device))
         shapes.append((b_max, V))
         for b in sorted(set(bs) - {b_max}):
@@ -179,7 +174,7 @@ def measure_position_invariant(run, cases, dtype, device, *, path_of, seed=2):
     already start in every class; the offsets cover even V."""
     shapes, failures = [], []
     for B, V in cases:
-        x = make_logits(B, V, dtype, device, seed=seed + 31 * B + V)
+        x = device_logits(B, V, dtype, device, seed=seed + 31 * B + V)
         want = run(x, poisoned(B, V, dtype, device))
         shapes.append((B, V))
         for in_offset, out_offset in placements(dtype):
@@ -201,7 +196,7 @@ def measure_position_invariant(run, cases, dtype, device, *, path_of, seed=2):
     return shapes, failures
 
 
-def layouts(B, V, dtype):
+def strided_layouts(B, V, dtype):
     """(name, row stride, column stride) of the non-contiguous layouts compared with contiguous."""
     classes = VECTOR_BYTES // torch.empty((), dtype=dtype).element_size()
     pads = sorted({1, classes, 67})
@@ -213,10 +208,10 @@ def measure_stride_invariant(run, cases, dtype, device, *, path_of, seed=3):
     column-major give the bits of the contiguous layout."""
     shapes, failures = [], []
     for B, V in cases:
-        x = make_logits(B, V, dtype, device, seed=seed + B * 17 + V)
+        x = device_logits(B, V, dtype, device, seed=seed + B * 17 + V)
         want = run(x, poisoned(B, V, dtype, device))
         shapes.append((B, V))
-        for name, row_stride, col_stride in layouts(B, V, dtype):
+        for name, row_stride, col_stride in strided_layouts(B, V, dtype):
             size = (B - 1) * row_stride + (V - 1) * col_stride + 1
             strided = torch.full((size,), float("nan"), dtype=dtype, device=device).as_strided(
                 (B, V), (row_stride, col_stride)
@@ -234,7 +229,7 @@ def measure_graph_invariant(run, shapes, dtype, *, path_of, seed=4):
     copied into the static input afterwards."""
     failures = []
     for B, V in shapes:
-        inputs = [make_logits(B, V, dtype, "cuda", seed=seed + B * 13 + V + k) for k in range(2)]
+        inputs = [device_logits(B, V, dtype, "cuda", seed=seed + B * 13 + V + k) for k in range(2)]
         eager = [run(x, poisoned(B, V, dtype, "cuda")) for x in inputs]
         static_x = inputs[0].clone()
         static_out = poisoned(B, V, dtype, "cuda")
@@ -612,7 +607,7 @@ def test_interpreter_dispatch_batch_invariant(dtype, record_manifest):
     for V in (7, 600, 1024, 1025, b["tile_max_v"]):
         paths = st.plan(below, V, dtype), st.plan(above, V, dtype)
         assert paths == ("tile", "rows"), f"plan at V={V}: {paths}; the dispatch changed, update this test"
-        x = make_logits(3, V, dtype, "cpu", seed=V)
+        x = device_logits(3, V, dtype, "cpu", seed=V)
         want = st.run_path(x, paths[0], out=poisoned(3, V, dtype, "cpu"))
         got = st.run_path(x, paths[1], out=poisoned(3, V, dtype, "cpu"))
         shapes += [(below, V), (above, V)]

@@ -10,7 +10,7 @@ import torch
 from model.grammar import TENSE_PROMPTS
 from model.tokenizer import Tokenizer
 from model.torch_minigpt import GrammarMiniGPT, final_softmax
-from tests.helpers import assert_outputs_agree, assert_softmax_close, bits, logits
+from tests.helpers import assert_outputs_agree, assert_softmax_close, batched_logits, bits
 
 pytestmark = [pytest.mark.cuda, pytest.mark.quick]
 
@@ -170,31 +170,26 @@ def test_auto_dispatch_runs_triton_on_cuda(monkeypatch):
         return real(x, *args, **kwargs)
 
     monkeypatch.setitem(SOFTMAX_KERNELS, LM_HEAD_KERNEL, spy)
-    scores = batched_logits(2, 16, 257, seed=5)
+    scores = batched_logits(2, 16, 257, seed=5, device="cuda")
     final_softmax(scores, "torch")
     assert calls == [], "impl='torch' must not reach the Triton kernel"
     final_softmax(scores)
     assert calls == [((32, 257), True)], "impl='auto' on CUDA must hand the kernel one contiguous (B*T, V) matrix"
 
 
-def batched_logits(B, T, V, *, seed) -> torch.Tensor:
-    """(B, T, V) model-shaped logits on the GPU from the suite's one generator."""
-    return logits(B * T, V, seed=seed, device="cuda").view(B, T, V)
-
-
 @pytest.mark.parametrize("view", ["transposed", "sliced", "strided_rows", "contiguous"])
 def test_final_softmax_non_contiguous_cuda(view):
     if view == "transposed":
-        base = batched_logits(16, 2, 781, seed=1)
+        base = batched_logits(16, 2, 781, seed=1, device="cuda")
         scores = base.transpose(0, 1)  # (B, T, V) with B and T strides swapped
     elif view == "sliced":
-        base = batched_logits(2, 16, 800, seed=2)
+        base = batched_logits(2, 16, 800, seed=2, device="cuda")
         scores = base[..., 7:788]  # rows padded in memory, V = 781
     elif view == "strided_rows":
-        base = batched_logits(2, 32, 781, seed=3)
+        base = batched_logits(2, 32, 781, seed=3, device="cuda")
         scores = base[:, ::2]  # every other position
     else:
-        base = batched_logits(2, 16, 781, seed=4)
+        base = batched_logits(2, 16, 781, seed=4, device="cuda")
         scores = base
     assert scores.is_contiguous() == (view == "contiguous")
     before = bits(base).clone()

@@ -30,7 +30,7 @@ from model import grammar
 from model.numpy_minigpt import DEFAULT_WEIGHTS, NumpyMiniGPT
 from model.tokenizer import Tokenizer
 from model.torch_minigpt import GrammarMiniGPT
-from tests.helpers import array_bit_difference
+from tests.helpers import array_bit_difference, npz_arrays, random_ids
 
 pytestmark = pytest.mark.cpu
 
@@ -57,14 +57,11 @@ def weight_paths(tmp_path_factory):
     return {"trained": DEFAULT_WEIGHTS, "random": random_path}
 
 
-def npz_arrays(path) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as npz:
-        return {name: npz[name] for name in npz.files}
-
-
-def random_ids(vocab_size, B, T, seed):
-    ids = np.random.default_rng(seed).integers(0, vocab_size, size=(B, T), dtype=np.int64)
-    ids.flat[0], ids.flat[-1] = 0, vocab_size - 1  # the first and last rows of the embedding
+def ids_with_both_ends(vocab_size, B, T, seed):
+    """random_ids of shape (B, T), the first 0 and the last vocab_size - 1: the first and last
+    rows of the embedding are looked up too."""
+    ids = random_ids(vocab_size, (B, T), seed)
+    ids.flat[0], ids.flat[-1] = 0, vocab_size - 1
     return ids
 
 
@@ -84,7 +81,7 @@ def test_embedding_lookup_is_bit_identical(weight_paths, record_manifest):
         reference = NumpyMiniGPT.load(path)
         model = GrammarMiniGPT.from_numpy(path)
         for B, T in ((1, 1), (2, 16), (4, 32)):
-            ids = random_ids(reference.vocab_size, B, T, seed=B * 100 + T)
+            ids = ids_with_both_ends(reference.vocab_size, B, T, seed=B * 100 + T)
             np_trace, pt_trace = {}, {}
             reference.logits(ids, trace=np_trace)
             with torch.no_grad():
@@ -165,7 +162,7 @@ def test_logits_run_twice_are_bit_identical(weight_paths, record_manifest):
         for attention in ("explicit", "mha"):
             model = GrammarMiniGPT.from_numpy(path, attention=attention)
             for T in (1, 7, 32):
-                ids = torch.from_numpy(random_ids(model.config.vocab_size, 4, T, seed=T))
+                ids = torch.from_numpy(ids_with_both_ends(model.config.vocab_size, 4, T, seed=T))
                 with torch.no_grad():
                     first = model.logits(ids).numpy(), model(ids).numpy()
                     second = model.logits(ids).numpy(), model(ids).numpy()
@@ -187,7 +184,7 @@ def test_sequence_alone_and_in_a_batch_give_the_same_bits(weight_paths, record_m
         for attention, lengths in BATCH_INVARIANT_T.items():
             model = GrammarMiniGPT.from_numpy(path, attention=attention)
             for T in lengths:
-                ids = torch.from_numpy(random_ids(model.config.vocab_size, 4, T, seed=1000 + T))
+                ids = torch.from_numpy(ids_with_both_ends(model.config.vocab_size, 4, T, seed=1000 + T))
                 with torch.no_grad():
                     batch = model.logits(ids).numpy(), model(ids).numpy()
                     for r in range(4):
@@ -212,7 +209,7 @@ def test_sequence_at_another_batch_index_gives_the_same_bits(weight_paths, recor
         for attention in ("explicit", "mha"):
             model = GrammarMiniGPT.from_numpy(path, attention=attention)
             for T in POSITION_T:
-                ids = torch.from_numpy(random_ids(model.config.vocab_size, 4, T, seed=2000 + T))
+                ids = torch.from_numpy(ids_with_both_ends(model.config.vocab_size, 4, T, seed=2000 + T))
                 ids[3] = ids[0]
                 with torch.no_grad():
                     logits, probs = model.logits(ids).numpy(), model(ids).numpy()

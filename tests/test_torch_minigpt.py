@@ -23,9 +23,11 @@ from tests.helpers import (
     PORT_RTOL,
     assert_rows_sum_to_one,
     assert_softmax_close,
+    batched_logits,
     bits,
-    logits,
     needs_triton,
+    npz_arrays,
+    random_ids,
 )
 
 pytestmark = pytest.mark.cpu
@@ -95,17 +97,8 @@ def weights_path(request):
     return request.getfixturevalue(f"{request.param}_path")
 
 
-def npz_arrays(path) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as npz:
-        return {name: npz[name] for name in npz.files}
-
-
 def port(path, **kwargs) -> GrammarMiniGPT:
     return GrammarMiniGPT.from_numpy(path, **kwargs)
-
-
-def random_ids(vocab_size: int, shape, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, vocab_size, size=shape, dtype=np.int64)
 
 
 # -- comparing ------------------------------------------------------------------------------
@@ -377,11 +370,6 @@ def test_mha_variant_matches_numpy(trained_path):
 
 
 # -- the final softmax ----------------------------------------------------------------------
-
-
-def batched_logits(B, T, V, *, seed) -> torch.Tensor:
-    """(B, T, V) model-shaped logits from the suite's one generator (outliers and -inf)."""
-    return logits(B * T, V, seed=seed).view(B, T, V)
 
 
 def test_final_softmax_on_cpu_is_f_softmax():

@@ -1,6 +1,7 @@
 """What the tests share, one module per concern:
 
-    inputs       the seeded logits in every layout (`logits`, `layouts`, recipes, accuracy cases)
+    inputs       the seeded logits in every layout (`logits`, `layouts`, recipes, accuracy cases),
+                 the model port's token ids and weight files
     running      run_poisoned: a kernel into a NaN-poisoned, NaN-guarded output; one path of a kernel
     tolerances   the tolerance table (its derivation), the port's equivalence contract
     comparisons  outputs against the float64 reference, the ratio rule, bit-for-bit comparisons
@@ -44,10 +45,14 @@ from tests.helpers.inputs import (
     RECIPES,
     TAIL_CASES,
     VECTOR_BYTES,
+    batched_logits,
+    device_logits,
     dtype_id,
     layouts,
     logits,
+    npz_arrays,
     place,
+    random_ids,
 )
 from tests.helpers.machines import (
     INTERPRETED,
@@ -154,12 +159,14 @@ __all__ = [
     "assert_softmax_close",
     "assert_within",
     "backward_error_bound",
+    "batched_logits",
     "bits",
     "check_cross_entropy",
     "check_softmax",
     "cpu_path_runner",
     "cross_entropy_expected",
     "cross_entropy_inputs",
+    "device_logits",
     "dtype_id",
     "edge_rows",
     "fixed_point_error",
@@ -168,8 +175,10 @@ __all__ = [
     "logits",
     "needs_cupy",
     "needs_triton",
+    "npz_arrays",
     "path_runner",
     "place",
+    "random_ids",
     "ratio_to_torch",
     "row_sum_tolerance",
     "run_backward_poisoned",

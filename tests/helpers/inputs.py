@@ -1,10 +1,12 @@
 """The suite's inputs: one seeded generator of logits in every layout the kernels meet
-(`logits`, `layouts`, the named recipes and the accuracy cases)."""
+(`logits`, `layouts`, the named recipes and the accuracy cases), and the model port's token ids
+and weight files."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from kernels.spec import DTYPE_IDS, dtype_name
@@ -207,3 +209,28 @@ def _place(values: torch.Tensor, layout: str, device: torch.device) -> torch.Ten
 def place(values: torch.Tensor, layout: str, device="cpu") -> torch.Tensor:
     """`values` copied into `layout` (see `layouts`; NaN outside the view) on `device`."""
     return _place(values, layout, torch.device(device))
+
+
+def device_logits(B: int, V: int, dtype, device, *, seed: int, neg_inf: bool = True) -> torch.Tensor:
+    """logits(B, V, seed=seed, ...) drawn on `device` itself where that is a GPU (on_device: the
+    large shapes of the benchmarks and the byte cases would take seconds to minutes to draw on
+    the host), on the host otherwise. neg_inf=False: no -inf entry at all; never an all -inf row."""
+    return logits(
+        B, V, seed=seed, dtype=dtype, device=device, neg_inf=neg_inf, on_device=torch.device(device).type != "cpu"
+    )
+
+
+def batched_logits(B: int, T: int, V: int, *, seed: int, device="cpu") -> torch.Tensor:
+    """(B, T, V) model-shaped logits on `device` from the suite's one generator (outliers and -inf)."""
+    return logits(B * T, V, seed=seed, device=device).view(B, T, V)
+
+
+def random_ids(vocab_size: int, shape, seed: int) -> np.ndarray:
+    """int64 token ids of `shape`, uniform over the vocabulary, from a generator of their own."""
+    return np.random.default_rng(seed).integers(0, vocab_size, size=shape, dtype=np.int64)
+
+
+def npz_arrays(path) -> dict[str, np.ndarray]:
+    """Every array of a weights file (.npz), by name, read without pickles."""
+    with np.load(path, allow_pickle=False) as npz:
+        return {name: npz[name] for name in npz.files}
