@@ -21,7 +21,7 @@ from kernels import softmax_cuda as sc
 from kernels.cuda_build import FUSED_SOURCE
 from kernels.cuda_plans import fused_class_description, select_fused_class
 from kernels.spec import itemsize
-from tests.helpers import assert_builds_clean, dtype_id
+from tests.helpers import assert_builds_clean, dtype_id, slice_geometry
 
 pytestmark = pytest.mark.cpu
 
@@ -361,15 +361,6 @@ def test_fused_class_description_rejects_bad_arguments():
 # alignment, with no thread over its capacity. Vectorised over threads: the rows are long.
 
 
-def _slice_geometry(addr_elems: int, length: int, vec: int):
-    """SliceGeom: head up to the 16-byte boundary, body vectors, tail (address in elements)."""
-    mis = addr_elems % vec
-    head = min((vec - mis) % vec, length)
-    nvec = (length - head) // vec
-    tail0 = head + nvec * vec
-    return head, nvec, tail0, length - tail0
-
-
 def _covered(size_class, V, row_offset_elems, vec, parts=None):
     loaded = []
     P = parts or size_class.cluster
@@ -380,7 +371,7 @@ def _covered(size_class, V, row_offset_elems, vec, parts=None):
     for rank in range(P):
         start = min(rank * chunk, V)
         length = min(V - start, chunk)
-        head, nvec, tail0, tail = _slice_geometry(row_offset_elems + start, length, vec)
+        head, nvec, tail0, tail = slice_geometry(row_offset_elems + start, length, vec)
         assert (row_offset_elems + start + head) % vec == 0 or nvec == 0
         assert head < nt and tail < nt and head < vec and tail < vec
         assert nvec <= nv * nt, f"slice of {length} overflows {size_class}"

@@ -30,6 +30,7 @@ from tests.helpers import (
     cross_entropy_expected,
     cross_entropy_inputs,
     dtype_id,
+    slice_geometry,
     softmax_and_grad,
 )
 
@@ -183,14 +184,6 @@ def test_plan_functions_reject_bad_arguments():
 #   l < head: l;  l >= tail0: l - tail0;  else ((l - head) / VEC) % NT   (l = c - slice start).
 
 
-def _slice_geometry(addr_elems: int, length: int, vec: int):
-    mis = addr_elems % vec
-    head = min((vec - mis) % vec, length)
-    nvec = (length - head) // vec
-    tail0 = head + nvec * vec
-    return head, nvec, tail0, length - tail0
-
-
 def _holders(size_class, V, row_offset, vec):
     """(rank, thread) holding each column as the kernel's loads place them (every column must
     be held exactly once: asserted here), and the owner formula's (rank, thread) per column."""
@@ -203,7 +196,7 @@ def _holders(size_class, V, row_offset, vec):
     for rank in range(C):
         start = min(rank * chunk, V)
         length = min(V - start, chunk)
-        head, nvec, tail0, tail = _slice_geometry(row_offset + start, length, vec)
+        head, nvec, tail0, tail = slice_geometry(row_offset + start, length, vec)
         assert head < vec and tail < vec and head <= nt and tail <= nt
         if size_class.kind != "loop":
             assert nvec <= (size_class.elems // vec) * nt, f"slice of {length} overflows {size_class}"

@@ -6,7 +6,7 @@
     tolerances   the tolerance table (its derivation), the port's equivalence contract
     comparisons  outputs against the float64 reference, the ratio rule, bit-for-bit comparisons
     training     the softmax backward and cross-entropy: inputs, poisoned runs, bounds, comparisons
-    cuda_c       what an offline CUDA C build must show
+    cuda_c       what an offline CUDA C build must show; the slice geometry of its loads
     machines     what a test needs of the machine: Triton, CuPy, the interpreter
 
 Every name is importable from the package itself as well:
@@ -35,6 +35,7 @@ from tests.helpers.comparisons import (
 )
 from tests.helpers.cuda_c import (
     assert_builds_clean,
+    slice_geometry,
 )
 from tests.helpers.inputs import (
     CONFIDENT_MASS,
@@ -187,6 +188,7 @@ __all__ = [
     "run_poisoned",
     "skip_if_unavailable",
     "skip_unless_runnable",
+    "slice_geometry",
     "softmax_and_grad",
     "softmax_errors",
     "storage_rounding",

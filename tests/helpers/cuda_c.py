@@ -1,4 +1,5 @@
-"""The CUDA C kernels: what an offline build must show."""
+"""The CUDA C kernels: what an offline build must show, and the slice geometry of their loads
+(SliceGeom in kernels/cuda/), replayed in Python."""
 
 from __future__ import annotations
 
@@ -15,3 +16,13 @@ def assert_builds_clean(report: dict, expected, source: str) -> None:
         assert r["stack_bytes"] == 0, f"{name}: {r['stack_bytes']} bytes stack frame (arrays in local memory)"
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, f"{name} spills: {r}"
         assert r["registers"] <= 64, f"{name} uses {r['registers']} registers"
+
+
+def slice_geometry(addr_elems: int, length: int, vec: int):
+    """SliceGeom: head up to the 16-byte boundary, body vectors, tail (address in elements).
+    Returns (head, body vectors, the tail's first index, tail)."""
+    mis = addr_elems % vec
+    head = min((vec - mis) % vec, length)
+    nvec = (length - head) // vec
+    tail0 = head + nvec * vec
+    return head, nvec, tail0, length - tail0
