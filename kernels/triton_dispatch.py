@@ -116,7 +116,9 @@ def launch_params(
         if block <= 4096:
             warps = 4 if dtype == torch.float32 else 8
         else:
-            warps = 16 if block <= 8192 else 32
+            # 16-bit rows of 8193-16384 at 16 warps: two programs per SM instead of one at 32
+            # (1.6-1.7x at bf16 V = 16384, reports/profiles.md); float32 rows gain nothing there.
+            warps = 16 if block <= (8192 if dtype == torch.float32 else 16384) else 32
         return {"BLOCK": block, "num_warps": warps}
     if path == "rows":
         block_v = triton.next_power_of_2(V)
