@@ -219,15 +219,6 @@ def test_compiled_function_keeps_the_op_without_breaks(name):
 # -- the model, compiled --------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def ieee_fp32():
-    matmul = torch.backends.cuda.matmul
-    saved = matmul.allow_tf32
-    matmul.allow_tf32 = False
-    yield
-    matmul.allow_tf32 = saved
-
-
 def _forward_us(model, ids, reps=50):
     for _ in range(5):
         model(ids)

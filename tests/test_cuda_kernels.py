@@ -27,16 +27,11 @@ from tests.helpers import (
     run_poisoned,
 )
 
-pytestmark = pytest.mark.cuda
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("cupy_importable")]
 
 ALL_DTYPES = sc.FUSED_DTYPES
 CUDA_C = [k for k in SOFTMAX_KERNELS.values() if k.backend == "cupy"]  # the kernels of kernels/cuda/*.cu
 ONE_PATH_CUDA_C = [k for k in CUDA_C if len(k.paths) == 1]  # naive and smem: fused has its own cases
-
-
-@pytest.fixture(autouse=True)
-def _needs_cupy():
-    pytest.importorskip("cupy", reason="the CUDA C kernels are launched through CuPy")
 
 
 @pytest.fixture

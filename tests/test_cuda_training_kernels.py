@@ -43,14 +43,9 @@ from tests.helpers import (
     softmax_and_grad,
 )
 
-pytestmark = pytest.mark.cuda
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("cupy_importable")]
 
 DTYPES = ct.TRAINING_DTYPES
-
-
-@pytest.fixture(autouse=True)
-def _needs_cupy():
-    pytest.importorskip("cupy", reason="the CUDA C kernels are launched through CuPy")
 
 
 def _poisoned_like(shape, dtype, *, row_stride=None, offset=0):

@@ -22,19 +22,6 @@ CONTRACT_INPUT = "random ids (2, 16) seed 42"
 
 
 @pytest.fixture(scope="module")
-def ieee_fp32():
-    """TF32 off, so CUDA matmuls round like CPU fp32 ones; restored afterwards."""
-    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-    saved = (matmul.allow_tf32, cudnn.allow_tf32)
-    matmul.allow_tf32 = False
-    cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        matmul.allow_tf32, cudnn.allow_tf32 = saved
-
-
-@pytest.fixture(scope="module")
 def tokenizer():
     return Tokenizer.load()
 

@@ -32,21 +32,12 @@ from model.tokenizer import Tokenizer
 from model.torch_minigpt import GrammarMiniGPT
 from tests.helpers import array_bit_difference, npz_arrays, random_ids
 
-pytestmark = pytest.mark.cpu
+pytestmark = [pytest.mark.cpu, pytest.mark.usefixtures("one_thread")]
 
 RANDOM_VOCAB = 601
 # (attention, T) at which a sequence alone and among three others get the same bits (see above).
 BATCH_INVARIANT_T = {"explicit": (12, 16, 31, 32), "mha": (12, 16, 24, 32)}
 POSITION_T = (1, 3, 5, 11, 16, 32)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One CPU thread for every case, restored afterwards: a fixed reduction order."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
 
 
 @pytest.fixture(scope="module")

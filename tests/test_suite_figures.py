@@ -7,6 +7,7 @@ import math
 import pytest
 
 from tests.suite import figures, manifest, synthetic
+from tests.suite.testing import committed_manifest
 
 pytestmark = pytest.mark.cpu
 
@@ -115,12 +116,8 @@ def test_labels_stay_apart_and_near_their_points():
     assert abs(sum(placed[:3]) / 3 - sum(ys[:3]) / 3) < 1e-12  # a crowded group is centred on its points
 
 
-def committed():
-    return manifest.read_manifest(manifest.SCHEMA_PATH.parent / "manifest.json")
-
-
 def test_the_roofline_draws_every_kernel_at_the_lab_point_and_none_on_another():
-    m = committed()
+    m = committed_manifest()
     points = figures.roofline_points(m, m["ceilings"]["hbm_copy_TBps"])
     lab = {e["kernel"] for e in m["sweep"] if (e["B"], e["V"], e["dtype"]) == manifest.LAB_POINT}
     assert {p["kernel"] for p in points} == lab and "torch_compile" in lab
@@ -136,7 +133,7 @@ def test_the_roofline_draws_every_kernel_at_the_lab_point_and_none_on_another():
 
 
 def test_bandwidth_marks_misses_and_unmeasured_cells():
-    cells = figures.bandwidth_cells(committed())
+    cells = figures.bandwidth_cells(committed_manifest())
     fp32, bf16 = cells["float32"], cells["bfloat16"]
     # No kernel measured fp32 (32768, 128256) (16.8 GB a tensor): all four cells are shown empty.
     assert (128256, 32768) in fp32["shapes"]
@@ -146,7 +143,7 @@ def test_bandwidth_marks_misses_and_unmeasured_cells():
     # A measured cell holds the sweep's figure for its shape, kernel and dtype.
     (sweep_entry,) = [
         e
-        for e in committed()["sweep"]
+        for e in committed_manifest()["sweep"]
         if (e["kernel"], e["B"], e["V"], e["dtype"]) == ("fused", 32768, 4096, "bfloat16")
     ]
     assert bf16["measured"][(4096, 32768, "fused")] == sweep_entry["frac_of_copy_bw"]
@@ -156,7 +153,7 @@ def test_bandwidth_marks_misses_and_unmeasured_cells():
 
 
 def test_call_modes_counts_where_warm_replays_beat_cold_launches():
-    entries = committed()["call_modes"]["entries"]
+    entries = committed_manifest()["call_modes"]["entries"]
     below, both = figures.warm_below_cold(entries)
     # Every entry of the committed run has both clocks; warm replays beat most cold launches.
     assert both == len(entries) > 100

@@ -12,16 +12,11 @@ import pytest
 from kernels import spec
 from tests.suite import manifest, merge, records, synthetic
 from tests.suite.synthetic import CEILINGS, CPU_ENV, GPU_ENV
+from tests.suite.testing import manifest_schema
 
 jsonschema = pytest.importorskip("jsonschema")  # a CPU-suite dependency; absent on bare GPU images
 
 pytestmark = pytest.mark.cpu
-
-COMMITTED = Path(__file__).resolve().parent.parent / "reports" / "manifest.json"
-
-
-def schema():
-    return json.loads(manifest.SCHEMA_PATH.read_text())
 
 
 def gpu_manifest(benchmarks=None, previous=None, today="2026-11-29", **recorded):
@@ -57,7 +52,7 @@ def test_the_harness_reads_the_kernel_specs_without_torch():
 def test_the_schemas_kernel_lists_are_the_specs():
     """reports/manifest.schema.json lists, under softmax_kernels, the kernels the specs mark as
     the lab contract's (required), each autotuned one with its autotune choice."""
-    section = schema()["properties"]["softmax_kernels"]
+    section = manifest_schema()["properties"]["softmax_kernels"]
     assert tuple(section["required"]) == manifest.REQUIRED_KERNELS
     assert set(manifest.REQUIRED_KERNELS) <= set(section["properties"])
     for name in manifest.AUTOTUNED_KERNELS:
@@ -70,7 +65,7 @@ def test_the_schemas_kernel_lists_are_the_specs():
 
 def test_manifest_from_synthetic_records_validates_against_the_schema():
     built = gpu_manifest()
-    jsonschema.validate(built, schema())
+    jsonschema.validate(built, manifest_schema())
     kernels = built["softmax_kernels"]
     assert kernels["fused"][manifest.LAB_POINT_KEY] == pytest.approx(4.0 * (1 + 512 / 4096))
     # frac_of_F_softmax is t(F.softmax) / t(kernel) at the same point of the same run.
@@ -241,7 +236,7 @@ def test_a_run_on_another_gpu_model_drops_the_old_timings():
 
 def test_call_modes_are_derived_against_f_softmax_measured_the_same_way():
     built = gpu_manifest(synthetic.call_records())
-    jsonschema.validate(built, schema())
+    jsonschema.validate(built, manifest_schema())
     section = built["call_modes"]
     assert section["floors"] == synthetic.FLOORS
     entries = {manifest.case_key(e): e for e in section["entries"]}
@@ -266,7 +261,7 @@ def test_call_modes_without_a_device_time_or_a_baseline_leave_those_out():
     only_fused = [r for r in synthetic.call_records() if r.get("kernel") == "fused" and r["mode"] == "per_call"]
     entry = gpu_manifest(only_fused)["call_modes"]["entries"][0]
     assert set(entry) == {"kernel", "B", "V", "dtype", "per_call_us"}
-    jsonschema.validate(gpu_manifest(only_fused), schema())
+    jsonschema.validate(gpu_manifest(only_fused), manifest_schema())
 
 
 def test_byte_equivalence_records_combine_nest_and_validate():
@@ -281,7 +276,7 @@ def test_byte_equivalence_records_combine_nest_and_validate():
         ]
     )
     built = gpu_manifest(**recorded)
-    jsonschema.validate(built, schema())
+    jsonschema.validate(built, manifest_schema())
     section = built["byte_equivalence"]
     assert set(section) == {kernel for kernel, _ in synthetic.BYTE_EQUIVALENCE_CASES}
     assert section["fused"]["float32"]["deterministic"] == {"verdict": "passed", "shapes": [[1, 600], [64, 50257]]}
@@ -309,7 +304,7 @@ def test_malformed_byte_equivalence_records_are_refused(key, value):
 
 def test_accuracy_records_nest_by_device_kernel_and_dtype_and_validate():
     built = gpu_manifest(**records.combine_recorded(synthetic.accuracy_records()))
-    jsonschema.validate(built, schema())
+    jsonschema.validate(built, manifest_schema())
     fused = built["accuracy"]["cuda"]["fused"]["float32"]
     assert [(e["recipe"], e["scale"], e["V"]) for e in fused] == [("randn", 4.0, 600), ("span", 1.0, 600)]
     assert fused[0]["x_F_softmax"] == pytest.approx(0.1) and fused[0]["B"] == 64
@@ -326,7 +321,7 @@ def test_a_cpu_run_keeps_the_gpu_accuracy_and_adds_its_own_beside_it():
     after = manifest.build_manifest(
         json.loads(json.dumps(before)), benchmarks=[], recorded=cpu, environment=CPU_ENV, today="2026-12-05"
     )
-    jsonschema.validate(after, schema())
+    jsonschema.validate(after, manifest_schema())
     assert after["accuracy"]["cuda"] == before["accuracy"]["cuda"]
     assert after["provenance"]["accuracy.cuda.fused.float32"] == before["provenance"]["accuracy.cuda.fused.float32"]
     assert after["accuracy"]["cpu"]["fused"]["float32"][0]["max_rel_err"] == 9e-7
@@ -355,11 +350,6 @@ def test_malformed_accuracy_records_are_refused(key):
 # -- the committed manifest ----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def committed():
-    return json.loads(COMMITTED.read_text())
-
-
 def nulls(value, path="manifest"):
     if value is None:
         yield path
@@ -372,12 +362,12 @@ def nulls(value, path="manifest"):
 
 
 def test_schema_copy_is_the_contract():
-    assert schema()["properties"]["experiment"]["const"] == manifest.EXPERIMENT
-    jsonschema.Draft202012Validator.check_schema(schema())
+    assert manifest_schema()["properties"]["experiment"]["const"] == manifest.EXPERIMENT
+    jsonschema.Draft202012Validator.check_schema(manifest_schema())
 
 
 def test_committed_manifest_validates(committed):
-    jsonschema.validate(committed, schema())
+    jsonschema.validate(committed, manifest_schema())
 
 
 def test_committed_manifest_is_complete(committed):
@@ -442,7 +432,7 @@ def test_versions_read_without_importing_are_the_imported_ones(monkeypatch):
 def test_each_sweep_entry_records_its_physical_check_and_merges_keep_it():
     checked = synthetic.record("fused", 4096, 32000, "float32", 300.0, read_TBps_over_copy=0.41)
     built = gpu_manifest(benchmarks=[checked, synthetic.record("F_softmax", 4096, 32000, "float32", 500.0)])
-    jsonschema.validate(built, schema())
+    jsonschema.validate(built, manifest_schema())
     entry = next(e for e in built["sweep"] if e["kernel"] == "fused")
     assert entry["read_TBps_over_copy"] == 0.41
     records, _ = merge.records_from_manifest(built)

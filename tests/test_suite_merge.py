@@ -16,11 +16,6 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 
 @pytest.fixture(scope="module")
-def committed():
-    return json.loads((REPORTS / "manifest.json").read_text())
-
-
-@pytest.fixture(scope="module")
 def inputs(committed, tmp_path_factory):
     folder = tmp_path_factory.mktemp("machines")
     (folder / "h200.json").write_text((REPORTS / "manifest.json").read_text())

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.suite import manifest, records, synthetic
+from tests.suite.testing import manifest_schema
 
 jsonschema = pytest.importorskip("jsonschema")  # a CPU-suite dependency; absent on bare GPU images
 
@@ -22,10 +23,6 @@ pytestmark = pytest.mark.cpu
 ROOT = Path(__file__).resolve().parents[1]
 LAB_SCHEMA = ROOT / "reports" / "lab.manifest.schema.json"
 FIXTURE = "record_manifest"
-
-
-def schema() -> dict:
-    return json.loads(manifest.SCHEMA_PATH.read_text())
 
 
 def loss_records() -> list[dict]:
@@ -59,7 +56,7 @@ def built_sections() -> set[str]:
     built = manifest.build_manifest(
         None, benchmarks=benchmarks, recorded=recorded, environment=synthetic.GPU_ENV, today="2026-01-01"
     )
-    jsonschema.validate(built, schema())
+    jsonschema.validate(built, manifest_schema())
     return set(built)
 
 
@@ -143,24 +140,25 @@ def test_every_section_the_suite_writes_is_in_the_schema_and_nothing_else():
     recorded = all_recorded_sections()
     assert "?" not in recorded, f"record_manifest with a section the scan cannot resolve: {recorded.get('?')}"
     built = built_sections()
-    described = set(schema()["properties"])
+    described = set(manifest_schema()["properties"])
     missing = {s: recorded.get(s, ["build_manifest"]) for s in (built | set(recorded)) - described}
     assert not missing, f"sections written but not described in {manifest.SCHEMA_PATH.name}: {missing}"
     stale = described - built - set(recorded)
     assert not stale, f"{manifest.SCHEMA_PATH.name} describes sections nothing writes: {sorted(stale)}"
-    assert schema().get("additionalProperties") is False, "the schema must refuse sections it does not describe"
+    refuses = manifest_schema().get("additionalProperties") is False
+    assert refuses, "the schema must refuse sections it does not describe"
     assert manifest.schema_sections() == described
 
 
 def test_the_committed_manifest_validates_and_uses_todays_key_names():
     committed = json.loads((ROOT / "reports" / "manifest.json").read_text())
-    jsonschema.validate(committed, schema())
+    jsonschema.validate(committed, manifest_schema())
     assert manifest.upgrade(committed) == committed, "reports/manifest.json holds keys of an earlier schema"
 
 
 def test_the_lab_point_key_is_the_contracts_at_the_lab_point():
     B, V, dtype = manifest.LAB_POINT
-    point = schema()["$defs"]["kernel_point"]
+    point = manifest_schema()["$defs"]["kernel_point"]
     assert manifest.LAB_POINT_KEY == f"us_at_B{B}", "the contract's key names B = 512: the lab point moved"
     assert f"V = {V}, {dtype}" in point["description"]
     assert manifest.LAB_POINT_KEY in point["required"] and manifest.LAB_POINT_KEY in point["properties"]
@@ -173,7 +171,7 @@ def test_the_committed_manifest_holds_the_lab_contract():
     lab = json.loads(LAB_SCHEMA.read_text())
     committed = json.loads((ROOT / "reports" / "manifest.json").read_text())
     jsonschema.validate(committed, lab)
-    jsonschema.validate(committed, schema())
+    jsonschema.validate(committed, manifest_schema())
 
     def resolved(root, node):
         parts = [node]
@@ -192,7 +190,7 @@ def test_the_committed_manifest_holds_the_lab_contract():
         for key, child in node["properties"].items():
             yield from required(root, child, (*path, key))
 
-    ours = schema()
+    ours = manifest_schema()
     ours_required = set(required(ours, ours))
     missing = [".".join(keys) for keys in required(lab, lab) if keys not in ours_required]
     assert not missing, f"the lab contract's keys {missing} are not required by {manifest.SCHEMA_PATH.name}"

@@ -30,7 +30,7 @@ from tests.helpers import (
     random_ids,
 )
 
-pytestmark = pytest.mark.cpu
+pytestmark = [pytest.mark.cpu, pytest.mark.usefixtures("one_thread")]
 
 ATOL, RTOL = PORT_ATOL, PORT_RTOL  # the port's contract (tests/helpers/tolerances.py), for every compared tensor
 RANDOM_VOCAB = 601  # odd on purpose; close to the trained vocabulary's size
@@ -41,16 +41,6 @@ TRACE_KEYS = (
     + [f"blocks.{i}{part}" for i in range(numpy_minigpt.N_LAYER) for part in (".attn", ".mlp", "")]
     + ["ln_f", "logits"]
 )
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One CPU thread: a fixed reduction order, so the differences do not depend on the host.
-    The host's thread count comes back afterwards for the rest of the session."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
 
 
 # -- weights --------------------------------------------------------------------------------

@@ -38,14 +38,6 @@ FINAL_LOSS_TOLERANCE = 0.02  # nats: the issue's bound on the GPU run's final lo
 TRAIN_SECONDS = 300  # the whole 1500-step GPU run, generous: ~10-30 s expected on an H200
 
 
-@pytest.fixture
-def one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
-
 def _first_batch(seed, n_sentences=300, batch_size=8):
     tok = Tokenizer.from_grammar()
     inputs, targets, mask = numpy_trainer.encode_corpus(grammar.generate_corpus(n_sentences, seed=seed), tok)

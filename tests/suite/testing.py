@@ -1,6 +1,7 @@
 """What the suite's own tests share: running pytest in a subprocess on the tiny case files of
-tests/harness_cases/."""
+tests/harness_cases/, and reading the committed manifest and its schema."""
 
+import json
 import os
 import subprocess
 import sys
@@ -23,3 +24,18 @@ def run_pytest(*args, env=None, timeout=300):
         text=True,
         timeout=timeout,
     )
+
+
+COMMITTED_MANIFEST = ROOT / "reports" / "manifest.json"
+
+
+def committed_manifest() -> dict:
+    """reports/manifest.json as committed, read afresh (a caller may change what it gets)."""
+    return json.loads(COMMITTED_MANIFEST.read_text())
+
+
+def manifest_schema() -> dict:
+    """reports/manifest.schema.json: what every manifest the suite writes validates against."""
+    from tests.suite import manifest
+
+    return json.loads(manifest.SCHEMA_PATH.read_text())
