@@ -97,7 +97,7 @@ def measure(run, x: torch.Tensor, *, what: str, gated: bool = True) -> dict:
     return {"out": out, "ratio": ratio_to_torch(out, x), "what": what, "gated": gated}
 
 
-def conclude(m: dict, x: torch.Tensor) -> None:
+def assert_accuracy(m: dict, x: torch.Tensor) -> None:
     """The table at every output, the row sums, and the ratio rule (gated kernels only)."""
     check_softmax(m["out"], x, what=m["what"], gated=m["gated"])
     if m["gated"]:
@@ -255,7 +255,7 @@ def test_tail_recipes_make_what_they_say(dtype):
 # -- the Triton kernels under the interpreter, F.softmax on the CPU --------------------------------------
 
 
-def _cpu_cases():
+def _cpu_tail_cases():
     for V, B in CPU_V.items():
         for recipe, scale in TAIL_CASES:
             yield pytest.param(torch.float32, recipe, scale, B, V, id=f"fp32-{case_name(recipe, scale)}-V{V}")
@@ -268,13 +268,13 @@ def _cpu_cases():
 
 @pytest.mark.cpu
 @interpreted
-@pytest.mark.parametrize("dtype, recipe, scale, B, V", list(_cpu_cases()))
+@pytest.mark.parametrize("dtype, recipe, scale, B, V", list(_cpu_tail_cases()))
 def test_triton_interpreted_on_the_tail(dtype, recipe, scale, B, V, record_manifest):
     x = logits(B, V, seed=case_seed(recipe, scale, V), dtype=dtype, recipe=recipe, scale=scale)
     path = SOFTMAX_KERNELS["triton"].plan(B, V, dtype)
     m = measure(SOFTMAX_KERNELS["triton"], x, what=f"triton {case_name(recipe, scale)} ({B}, {V}) via {path}")
     record_case(record_manifest, "cpu", "triton", x, m["ratio"], recipe=recipe, scale=scale, path=path)
-    conclude(m, x)
+    assert_accuracy(m, x)
 
 
 @pytest.mark.cpu
@@ -296,7 +296,7 @@ def test_every_interpretable_path_on_wide_rows(kernel, path):
     seconds a path)."""
     k = SOFTMAX_KERNELS[kernel]
     x = logits(4, 193, seed=case_seed("randn", 20.0, 193), recipe="randn", scale=20.0)
-    conclude(measure(cpu_path_runner(k, path), x, what=f"{kernel} via {path} {k.path(path).cpu}"), x)
+    assert_accuracy(measure(cpu_path_runner(k, path), x, what=f"{kernel} via {path} {k.path(path).cpu}"), x)
 
 
 # -- the GPU ----------------------------------------------------------------------------------------------
@@ -306,7 +306,7 @@ def _rows(V: int) -> int:
     return max(4, min(1024, ELEMENTS // V))
 
 
-def _gpu_cases(kernels, vs=GPU_V):
+def _gpu_tail_cases(kernels, vs=GPU_V):
     for name in kernels:
         for dtype in SOFTMAX_KERNELS[name].dtypes:
             cases = [(recipe, scale, _rows(V), V) for recipe, scale in TAIL_CASES for V in vs]
@@ -321,7 +321,7 @@ UNGATED = [name for name, k in SOFTMAX_KERNELS.items() if not accuracy_gated(k)]
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("kernel, dtype, recipe, scale, B, V", list(_gpu_cases(OURS)))
+@pytest.mark.parametrize("kernel, dtype, recipe, scale, B, V", list(_gpu_tail_cases(OURS)))
 def test_kernel_on_the_tail(kernel, dtype, recipe, scale, B, V, record_manifest):
     k = SOFTMAX_KERNELS[kernel]
     skip_unless_runnable(k)
@@ -329,11 +329,11 @@ def test_kernel_on_the_tail(kernel, dtype, recipe, scale, B, V, record_manifest)
     path = k.plan(B, V, dtype)
     m = measure(k, x, what=f"{kernel} {case_name(recipe, scale)} ({B}, {V}) via {path}")
     record_case(record_manifest, "cuda", kernel, x, m["ratio"], recipe=recipe, scale=scale, path=path)
-    conclude(m, x)
+    assert_accuracy(m, x)
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("kernel, dtype, recipe, scale, B, V", list(_gpu_cases(UNGATED, COMPILED_V)))
+@pytest.mark.parametrize("kernel, dtype, recipe, scale, B, V", list(_gpu_tail_cases(UNGATED, COMPILED_V)))
 def test_baseline_measured_on_the_tail(kernel, dtype, recipe, scale, B, V, record_manifest):
     """Measured, recorded, not gated (accuracy_gated): only its NaN and ±inf placement count."""
     k = SOFTMAX_KERNELS[kernel]
@@ -341,5 +341,5 @@ def test_baseline_measured_on_the_tail(kernel, dtype, recipe, scale, B, V, recor
     x = logits(B, V, seed=case_seed(recipe, scale, V), dtype=dtype, device="cuda", recipe=recipe, scale=scale)
     m = measure(k, x, what=f"{kernel} {case_name(recipe, scale)} ({B}, {V})", gated=False)
     record_case(record_manifest, "cuda", kernel, x, m["ratio"], recipe=recipe, scale=scale, path=k.plan(B, V, dtype))
-    conclude(m, x)
+    assert_accuracy(m, x)
     assert math.isfinite(m["ratio"]["ours"])

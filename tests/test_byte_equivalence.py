@@ -95,7 +95,7 @@ def poisoned(B, V, dtype, device, *, offset=0):
     return torch.full((offset + B * V,), float("nan"), dtype=dtype, device=device)[offset:].view(B, V)
 
 
-def conclude(record_manifest, kernel: str, dtype_name: str, prop: str, shapes, failures, *, gated: bool):
+def record_then_assert(record_manifest, kernel: str, dtype_name: str, prop: str, shapes, failures, *, gated: bool):
     """Record the verdict (before asserting), then assert where the kernel is gated."""
     verdict = "failed" if failures else "passed"
     shapes = [list(s) for s in dict.fromkeys(tuple(s) for s in shapes)]
@@ -381,7 +381,7 @@ def _gpu_cases():
 def test_deterministic(gpu_kernel, record_manifest):
     name, dtype, run, path_of, gated = gpu_kernel
     shapes, failures = measure_deterministic(run, deterministic_shapes(name, dtype), dtype, "cuda", path_of=path_of)
-    conclude(record_manifest, name, dtype_name(dtype), "deterministic", shapes, failures, gated=gated)
+    record_then_assert(record_manifest, name, dtype_name(dtype), "deterministic", shapes, failures, gated=gated)
 
 
 @pytest.mark.cuda
@@ -389,7 +389,7 @@ def test_deterministic(gpu_kernel, record_manifest):
 def test_batch_invariant(gpu_kernel, record_manifest):
     name, dtype, run, path_of, gated = gpu_kernel
     shapes, failures = measure_batch_invariant(run, batch_plan(name, dtype), dtype, "cuda", path_of=path_of)
-    conclude(record_manifest, name, dtype_name(dtype), "batch_invariant", shapes, failures, gated=gated)
+    record_then_assert(record_manifest, name, dtype_name(dtype), "batch_invariant", shapes, failures, gated=gated)
 
 
 @pytest.mark.cuda
@@ -397,7 +397,7 @@ def test_batch_invariant(gpu_kernel, record_manifest):
 def test_position_invariant(gpu_kernel, record_manifest):
     name, dtype, run, path_of, gated = gpu_kernel
     shapes, failures = measure_position_invariant(run, position_cases(name, dtype), dtype, "cuda", path_of=path_of)
-    conclude(record_manifest, name, dtype_name(dtype), "position_invariant", shapes, failures, gated=gated)
+    record_then_assert(record_manifest, name, dtype_name(dtype), "position_invariant", shapes, failures, gated=gated)
 
 
 @pytest.mark.cuda
@@ -405,7 +405,7 @@ def test_position_invariant(gpu_kernel, record_manifest):
 def test_stride_invariant(gpu_kernel, record_manifest):
     name, dtype, run, path_of, gated = gpu_kernel
     shapes, failures = measure_stride_invariant(run, position_cases(name, dtype), dtype, "cuda", path_of=path_of)
-    conclude(record_manifest, name, dtype_name(dtype), "stride_invariant", shapes, failures, gated=gated)
+    record_then_assert(record_manifest, name, dtype_name(dtype), "stride_invariant", shapes, failures, gated=gated)
 
 
 @pytest.mark.cuda
@@ -413,7 +413,7 @@ def test_stride_invariant(gpu_kernel, record_manifest):
 def test_graph_invariant(gpu_kernel, record_manifest):
     name, dtype, run, path_of, gated = gpu_kernel
     shapes, failures = measure_graph_invariant(run, deterministic_shapes(name, dtype), dtype, path_of=path_of)
-    conclude(record_manifest, name, dtype_name(dtype), "graph_invariant", shapes, failures, gated=gated)
+    record_then_assert(record_manifest, name, dtype_name(dtype), "graph_invariant", shapes, failures, gated=gated)
 
 
 # -- once per path: the one-minute check (pytest -m "cuda and quick") ------------------------------
@@ -551,7 +551,9 @@ def test_interpreter_deterministic(path, dtype, record_manifest):
     shapes, failures = measure_deterministic(
         run, shapes, dtype, "cpu", path_of=_fixed_path(path), repeats=INTERPRETER_REPEATS
     )
-    conclude(record_manifest, _interpreter_key(path), dtype_name(dtype), "deterministic", shapes, failures, gated=True)
+    record_then_assert(
+        record_manifest, _interpreter_key(path), dtype_name(dtype), "deterministic", shapes, failures, gated=True
+    )
 
 
 @pytest.mark.cpu
@@ -561,7 +563,7 @@ def test_interpreter_deterministic(path, dtype, record_manifest):
 def test_interpreter_batch_invariant(path, dtype, record_manifest):
     batches = [(V, INTERPRETER_BATCHES[path]) for V in INTERPRETER_V[path]]
     shapes, failures = measure_batch_invariant(interpreter_run(path), batches, dtype, "cpu", path_of=_fixed_path(path))
-    conclude(
+    record_then_assert(
         record_manifest, _interpreter_key(path), dtype_name(dtype), "batch_invariant", shapes, failures, gated=True
     )
 
@@ -573,7 +575,7 @@ def test_interpreter_batch_invariant(path, dtype, record_manifest):
 def test_interpreter_position_invariant(path, dtype, record_manifest):
     cases = [(INTERPRETER_B[path], V) for V in INTERPRETER_V[path]]
     shapes, failures = measure_position_invariant(interpreter_run(path), cases, dtype, "cpu", path_of=_fixed_path(path))
-    conclude(
+    record_then_assert(
         record_manifest, _interpreter_key(path), dtype_name(dtype), "position_invariant", shapes, failures, gated=True
     )
 
@@ -585,7 +587,7 @@ def test_interpreter_position_invariant(path, dtype, record_manifest):
 def test_interpreter_stride_invariant(path, dtype, record_manifest):
     cases = [(INTERPRETER_B[path], V) for V in INTERPRETER_V[path]]
     shapes, failures = measure_stride_invariant(interpreter_run(path), cases, dtype, "cpu", path_of=_fixed_path(path))
-    conclude(
+    record_then_assert(
         record_manifest, _interpreter_key(path), dtype_name(dtype), "stride_invariant", shapes, failures, gated=True
     )
 
@@ -614,7 +616,9 @@ def test_interpreter_dispatch_batch_invariant(dtype, record_manifest):
         diff = bit_difference(got, want)
         if diff:
             failures.append(f"V={V}: rows through {paths[1]} (B >= {above}) vs {paths[0]} (B = {below}): {diff}")
-    conclude(record_manifest, "triton[interpreter]", dtype_name(dtype), "batch_invariant", shapes, failures, gated=True)
+    record_then_assert(
+        record_manifest, "triton[interpreter]", dtype_name(dtype), "batch_invariant", shapes, failures, gated=True
+    )
 
 
 # -- the NumPy reference (float64) -------------------------------------------------------------
@@ -637,7 +641,7 @@ def test_reference_deterministic(record_manifest):
             if diff:
                 failures.append(f"(B={B}, V={V}) call {call} vs call 0: {diff}")
                 break
-    conclude(record_manifest, "reference", "float64", "deterministic", REFERENCE_SHAPES, failures, gated=True)
+    record_then_assert(record_manifest, "reference", "float64", "deterministic", REFERENCE_SHAPES, failures, gated=True)
 
 
 @pytest.mark.cpu
@@ -654,7 +658,7 @@ def test_reference_batch_invariant(record_manifest):
         diff = reference_bit_difference(softmax_ref(x[-1:])[0], full[-1])
         if diff:
             failures.append(f"V={V}: the last row alone vs in the batch: {diff}")
-    conclude(record_manifest, "reference", "float64", "batch_invariant", shapes, failures, gated=True)
+    record_then_assert(record_manifest, "reference", "float64", "batch_invariant", shapes, failures, gated=True)
 
 
 @pytest.mark.cpu
@@ -678,7 +682,7 @@ def test_reference_position_invariant(record_manifest):
                 diff = reference_bit_difference(y[i], want)
                 if diff:
                     failures.append(f"(B={B}, V={V}) row at index {i}, byte offset {byte_offset}: {diff}")
-    conclude(record_manifest, "reference", "float64", "position_invariant", shapes, failures, gated=True)
+    record_then_assert(record_manifest, "reference", "float64", "position_invariant", shapes, failures, gated=True)
 
 
 @pytest.mark.cpu
@@ -698,4 +702,4 @@ def test_reference_stride_invariant(record_manifest):
             diff = reference_bit_difference(softmax_ref(padded[:, :V]), want)
             if diff:
                 failures.append(f"(B={B}, V={V}) row stride V+{pad} vs contiguous: {diff}")
-    conclude(record_manifest, "reference", "float64", "stride_invariant", shapes, failures, gated=True)
+    record_then_assert(record_manifest, "reference", "float64", "stride_invariant", shapes, failures, gated=True)

@@ -76,7 +76,7 @@ def cells(kernels, *, dispatched=True) -> set:
 missing_cells = coverage.missing_cells
 
 
-def _cuda_cases():
+def _cuda_cells():
     cases = []
     for k in SOFTMAX_KERNELS.values():
         for dtype in k.dtypes:
@@ -88,7 +88,7 @@ def _cuda_cases():
     return cases
 
 
-def _cpu_cases():
+def _cpu_cells():
     """(kernel, path, layout, dtype, V): the layouts of a path and dtype take the row lengths of
     CPU_V in turn, so each path meets every length in every dtype at a cell's cost of one."""
     return [
@@ -112,8 +112,8 @@ def _cpu_path_cases(*, ours=False):
     ]
 
 
-CUDA_CASES = _cuda_cases()
-CPU_CASES = _cpu_cases()
+CUDA_CASES = _cuda_cells()
+CPU_CASES = _cpu_cells()
 
 
 def seed_of(*parts) -> int:
