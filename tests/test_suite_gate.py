@@ -12,11 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.suite import gate, synthetic
-from tests.suite.testing import CASES, ROOT, run_pytest
+from tests.suite.testing import CASES, COMMITTED_MANIFEST, ROOT, committed_manifest, run_pytest
 
 pytestmark = pytest.mark.cpu
-
-COMMITTED_MANIFEST = ROOT / "reports" / "manifest.json"
 
 
 # -- one run's statistics ------------------------------------------------------------------------------
@@ -165,10 +163,6 @@ def test_model_slugs_name_the_files():
     assert gate.model_slug("NVIDIA A100-SXM4-80GB") == "nvidia-a100-sxm4-80gb"
     with pytest.raises(ValueError):
         gate.model_slug(" -- ")
-
-
-def committed_manifest():
-    return json.loads(COMMITTED_MANIFEST.read_text())
 
 
 def test_a_manifest_converts_into_a_baseline_of_unknown_dispersion():
@@ -364,7 +358,7 @@ def test_the_case_remeasures_only_what_the_screen_flags(baseline):
     def measure(ratio):
         def run(rounds):
             calls.append(rounds)
-            ratios = synthetic.paired_ratios(ratio, rounds)
+            ratios = synthetic.ratios_around(ratio, rounds)
             return [10.0 / r for r in ratios], [10.0] * rounds
 
         return run
@@ -378,7 +372,7 @@ def test_the_case_remeasures_only_what_the_screen_flags(baseline):
     info = dict(case)
     times = gate.measure_paired(config, info, "device", measure(ratio), rounds=100, gpu_model=MODEL)
     assert calls == [100, 100] and len(times) == 100 and "remeasured_ratios" not in info
-    assert info["paired_ratios"]["device"] == pytest.approx(synthetic.paired_ratios(ratio, 100))
+    assert info["paired_ratios"]["device"] == pytest.approx(synthetic.ratios_around(ratio, 100))
     assert info["paired_F_softmax_us"] == {"device": 10.0}
     gate.measure_paired(config, info, "device", measure(ratio / 1.2), rounds=100, gpu_model=MODEL)
     assert calls == [100, 100, 100, 300] and len(info["remeasured_ratios"]["device"]) == 300

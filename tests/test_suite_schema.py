@@ -25,7 +25,7 @@ LAB_SCHEMA = ROOT / "reports" / "lab.manifest.schema.json"
 FIXTURE = "record_manifest"
 
 
-def loss_records() -> list[dict]:
+def loss_op_records() -> list[dict]:
     """One device-time record per operation the manifest has a timing section for."""
     out = []
     for op, (_, baseline, passes) in manifest.LOSS_OPS.items():
@@ -49,7 +49,7 @@ def loss_records() -> list[dict]:
 
 def built_sections() -> set[str]:
     """The sections build_manifest writes from a run that measured every kind of thing."""
-    benchmarks = synthetic.lab_records() + synthetic.large_records() + synthetic.call_records() + loss_records()
+    benchmarks = synthetic.lab_records() + synthetic.large_records() + synthetic.call_records() + loss_op_records()
     recorded = records.combine_recorded(
         [("ceilings", dict(synthetic.CEILINGS)), *synthetic.byte_equivalence_records(), *synthetic.accuracy_records()]
     )

@@ -48,7 +48,7 @@ import pytest
 
 from kernels.spec import BASELINE, names
 from tests.suite.devicetime import MODES as CLOCKS
-from tests.suite.manifest import write_if_changed
+from tests.suite.manifest import case_key, write_if_changed
 
 GATED_KERNELS = names(lambda s: s.gated)  # from the kernels' specs (kernels/spec.py)
 REFERENCE = BASELINE
@@ -164,10 +164,6 @@ def model_slug(model: str) -> str:
     if not slug:
         raise ValueError(f"GPU model {model!r} has no letters or digits to name a baseline after")
     return slug
-
-
-def case_key(case: dict) -> tuple:
-    return (case["kernel"], int(case["B"]), int(case["V"]), case["dtype"])
 
 
 def too_short_for_device_time(case: dict) -> bool:

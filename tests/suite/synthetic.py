@@ -135,7 +135,7 @@ GATED_BASE_RATIO = {"device": 1.25, "graph": 1.4, "per_call": 0.85}
 PAIRED_ROUNDS = {"device": 100, "graph": 15, "per_call": 15}
 
 
-def paired_ratios(ratio: float, rounds: int, spread: float = 0.01) -> list[float]:
+def ratios_around(ratio: float, rounds: int, spread: float = 0.01) -> list[float]:
     """`rounds` made-up per-round ratios around `ratio`, within +-spread (deterministic)."""
     return [ratio * (1 + spread * math.sin(1.7 * i + 0.3)) for i in range(rounds)]
 
@@ -156,11 +156,11 @@ def gated_records(factor=None, remeasured=None, *, spread=0.01) -> list[dict]:
             for mode, base in GATED_BASE_RATIO.items():
                 slower = factor(kernel, B, V, dtype, mode) if factor else 1.0
                 r = record(kernel, B, V, dtype, 5.0, mode=mode)
-                r["paired_ratios"] = {mode: paired_ratios(base / slower, PAIRED_ROUNDS[mode], spread)}
+                r["paired_ratios"] = {mode: ratios_around(base / slower, PAIRED_ROUNDS[mode], spread)}
                 r["paired_F_softmax_us"] = {mode: f_softmax_device_us(B, V, dtype)}
                 again = remeasured(kernel, B, V, dtype, mode) if remeasured else None
                 if again is not None:
-                    r["remeasured_ratios"] = {mode: paired_ratios(base / again, 3 * PAIRED_ROUNDS[mode], spread)}
+                    r["remeasured_ratios"] = {mode: ratios_around(base / again, 3 * PAIRED_ROUNDS[mode], spread)}
                 records.append(r)
     return records
 
