@@ -212,6 +212,37 @@ def _wrong_context(error: str) -> bool:
     return "INVALID_CONTEXT" in error or "INVALID_HANDLE" in error or "CONTEXT_IS_DESTROYED" in error
 
 
+# -- workspaces: the per-row words through which a split launch's CTAs or programs meet -------------
+
+_workspaces: dict = {}
+
+
+def workspace(kind, dev: int, words: int, *, at_least: int = 0, dtype=torch.int64) -> torch.Tensor:
+    """`words` zeroed words of `dtype` (at least `at_least` when allocated) for the split launches
+    of `kind` (what decides which launches may share words: the kernel family, and for Triton's
+    tagged words P) on device `dev` (-1: the CPU, under the Triton interpreter), cached per
+    device and torch's current stream. Every kernel leaves its words ready for the next launch
+    (the CUDA C kernels zero them, kernels/cuda/softmax_fused.cu; Triton's tag them,
+    kernels/triton_kernels.py), and a launch on a stream runs after the previous one there,
+    never beside it: no fill runs per call. A buffer outgrown is replaced; torch's allocator
+    reuses its memory only in that stream's order.
+
+    Inside a CUDA graph capture every call gets a fresh buffer, allocated (and zeroed) in the
+    graph's memory pool and never cached: a graph is replayed later, on whatever stream is
+    current then, possibly beside eager launches or another graph's replay (graphs share
+    torch's capture stream), and words shared with those would be written by two launches at
+    once. That costs each replay one fill of the words; it is the one rule that holds however
+    graphs and eager calls interleave."""
+    device = "cpu" if dev < 0 else f"cuda:{dev}"
+    if dev >= 0 and torch.cuda.is_current_stream_capturing():
+        return torch.zeros(words, dtype=dtype, device=device)
+    key = (kind, dev, 0 if dev < 0 else current_stream(dev))
+    ws = _workspaces.get(key)
+    if ws is None or ws.numel() < words:
+        ws = _workspaces[key] = torch.zeros(max(words, at_least), dtype=dtype, device=device)
+    return ws
+
+
 # -- the floor: an empty kernel through this path ------------------------------------------------
 
 _NOOP_SOURCE = 'extern "C" __global__ void softmax_suite_noop(unsigned long long p) {}'
@@ -236,6 +267,7 @@ __all__ = [
     "KernelLauncher",
     "LaunchError",
     "launch_noop",
+    "workspace",
     "current_stream",
     "driver",
     "FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES",

@@ -43,8 +43,8 @@ from .launch import (
     FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
     FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
     KernelLauncher,
-    current_stream,
     driver,
+    workspace,
 )
 
 FUSED_DTYPES = tuple(FORMATS)
@@ -222,29 +222,8 @@ def _fused_launch(dev: int, V: int, dtype, size_class: FusedClass | None) -> _Fu
 # shapes.
 _fused_dispatch: dict = {}
 
-# (device, stream) -> the split / loop workspace: 8 int32 words per row, zeroed once and left
-# zeroed by every launch (the last CTA out of a row zeroes its words), so no fill kernel runs
-# per call. A launch on one stream runs after the previous one there, never beside it.
-# Superseded buffers are kept alive: a CUDA graph captured with one still points at it.
+# The split / loop classes' workspace (kernels.launch.workspace): 8 int32 words per row.
 WORKSPACE_WORDS_PER_ROW = 8
-_workspaces: dict = {}
-_retired_workspaces: list = []
-
-
-def _split_workspace(dev: int, B: int) -> torch.Tensor:
-    words = WORKSPACE_WORDS_PER_ROW * B
-    key = (dev, current_stream(dev))
-    ws = _workspaces.get(key)
-    if ws is not None and ws.numel() >= words:
-        return ws
-    if torch.cuda.is_current_stream_capturing():
-        # Memory allocated during a capture belongs to the graph (zeroed in it): never cache it.
-        return torch.zeros(words, dtype=torch.int32, device=f"cuda:{dev}")
-    if ws is not None:
-        _retired_workspaces.append(ws)
-    words = max(words, WORKSPACE_WORDS_PER_ROW * 4096)
-    ws = _workspaces[key] = torch.zeros(words, dtype=torch.int32, device=f"cuda:{dev}")
-    return ws
 
 
 def softmax_fused(
@@ -307,7 +286,10 @@ def _launch_fused(
     # mod 16 that holds for every row and slice.
     if entry.size_class.meets_in_memory:
         P = parts or fused_parts(entry.size_class, B, V, entry.sm_count)
-        ws = _split_workspace(dev, B).data_ptr() if P > 1 else 0
+        ws = 0
+        if P > 1:
+            words = WORKSPACE_WORDS_PER_ROW * B
+            ws = workspace("fused", dev, words, at_least=WORKSPACE_WORDS_PER_ROW * 4096, dtype=torch.int32).data_ptr()
         grid = min(B * P, _MAX_GRID_X)
         if grid_cap is not None:
             grid = max(1, min(grid, grid_cap))
