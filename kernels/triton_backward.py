@@ -28,28 +28,25 @@ import triton
 from .checks import check_backward_inputs, on_device, prepare_dx
 from .spec import spec_of
 from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
-from .triton_dispatch import INTERPRET, SPLIT_MAX_SPINS, checked_p_block, fixed_point_bits, p_block
-from .triton_launch import launch_named, tagged_workspace
-from .triton_loss_kernels import (
-    softmax_backward_row_kernel,
-    softmax_backward_split_kernel,
-)
+from .triton_dispatch import INTERPRET, SPLIT_MAX_SPINS, fixed_point_bits
+from .triton_launch import launch_entry
 
 KERNEL_NAME = "triton"
 PATHS = spec_of("softmax_backward", KERNEL_NAME).path_names  # the registry's entry names them
-DISPATCH_BOUNDARIES = {"row_max_v": 8192}  # two inputs in registers: a quarter of the forward's row path
-
-# The split kernels' poll bound on a GPU is the forward's (SPLIT_MAX_SPINS). Under the
-# interpreter, whose programs run one after another, 0: early chunks stream, the last combines.
+# Two inputs in registers: a quarter of the forward's row path. The cross-entropy's too.
+DISPATCH_BOUNDARIES = {"row_max_v": 8192}
 
 
 def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) -> str:
-    """The path softmax_backward() takes for (B, V) rows of `dtype`: row or split."""
+    """The path softmax_backward() and cross_entropy() take for (B, V) rows of `dtype`: row or split."""
     b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
     return "row" if V <= b["row_max_v"] else "split"
 
 
 def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict:
+    """The launch parameters of the softmax backward's and the cross-entropy's entries of
+    kernels.triton_launch.TABLES for rows of V: row and split, and cross-entropy's prep, reduce
+    and scale."""
     if path == "row":
         block = triton.next_power_of_2(V)
         # Up to 8 elements per thread and tensor: no spills on sm_90 (kernels.triton_build --training).
@@ -57,40 +54,11 @@ def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict
         return {"BLOCK": block, "num_warps": warps}
     if path == "split":
         return {"CHUNK": 4096, "num_warps": 8}
-    raise ValueError(f"{KERNEL_NAME} softmax backward: unknown path {path!r} ({', '.join(PATHS)})")
-
-
-# int64 words a row's chunk publishes in each kernel's split meetings (kernels/triton_loss_kernels.py)
-SPLIT_WORDS_PER_CHUNK = {"softmax_backward": 4, "cross_entropy": 7}
-
-
-def split_workspace(kernel: str, device: torch.device, rows: int, P: int) -> torch.Tensor:
-    """The words of `kernel`'s split launches ("softmax_backward" or "cross_entropy") for `rows`
-    rows of P chunks, zeroed when allocated (kernels.triton_launch.tagged_workspace)."""
-    per_row = SPLIT_WORDS_PER_CHUNK[kernel] * P
-    if INTERPRET:
-        return tagged_workspace(kernel, -1, rows * per_row, P, at_least=64 * per_row)
-    if torch.cuda.is_current_stream_capturing():
-        # A graph captured here always gets words of its own (tagged_workspace would hand it
-        # the cached buffer, as it does the forward's graphs).
-        return torch.zeros(rows * per_row, dtype=torch.int64, device=device)
-    dev = device.index if device.index is not None else torch.cuda.current_device()
-    return tagged_workspace(kernel, dev, rows * per_row, P, at_least=64 * per_row)
-
-
-def split_params(V: int, p: dict) -> dict:
-    """P (programs per row) and the constexprs of a split launch for rows of V. P_BLOCK (the
-    words a meeting reads at once, at least one a thread: kernels.triton_dispatch.p_block) may be
-    given smaller under the interpreter, so that tests reach the meetings' loops."""
-    P = triton.cdiv(V, p["CHUNK"])
-    max_spins = p.get("max_spins", 0 if INTERPRET else SPLIT_MAX_SPINS)
-    return {
-        "P": P,
-        "CHUNK": p["CHUNK"],
-        "P_BLOCK": checked_p_block(p.get("P_BLOCK", p_block(P, p["num_warps"])), p["num_warps"]),
-        "FALLBACK_BLOCK": min(p["CHUNK"], 1024),
-        "MAX_SPINS": max_spins,
-    }
+    if path in ("prep", "reduce"):
+        return {"BLOCK": 1024, "num_warps": 4}
+    if path == "scale":
+        return {"BLOCK": min(4096, triton.next_power_of_2(V)), "num_warps": 4}
+    raise ValueError(f"{KERNEL_NAME} training kernels: unknown path {path!r} (row, split, prep, reduce, scale)")
 
 
 def _launch(dy, y, dx, path: str, params: dict) -> None:
@@ -99,21 +67,10 @@ def _launch(dy, y, dx, path: str, params: dict) -> None:
         return
     dy = dy if dy.stride(1) == 1 else dy.contiguous()
     y = y if y.stride(1) == 1 else y.contiguous()
+    values = {"DY": dy, "Y": y, "DX": dx, "V": V, "stride_dy": dy.stride(0), "stride_y": y.stride(0)}
+    values.update(stride_dx=dx.stride(0), K=fixed_point_bits(V))
     p = {**launch_params(path, V, y.dtype), **params}
-    K = fixed_point_bits(V)
-    strides = {"stride_dy": dy.stride(0), "stride_y": y.stride(0), "stride_dx": dx.stride(0)}
-    if path == "row":
-        block = max(p["BLOCK"], triton.next_power_of_2(V))
-        args = {"DY": dy, "Y": y, "DX": dx, "V": V, **strides, "K": K}
-        launch_named(softmax_backward_row_kernel, B, args, BLOCK=block, num_warps=p["num_warps"])
-    elif path == "split":
-        sp = split_params(V, p)
-        P = sp.pop("P")
-        ws = split_workspace("softmax_backward", y.device, B, P)
-        args = {"DY": dy, "Y": y, "DX": dx, "WS": ws, "V": V, "P": P, **strides, "K": K}
-        launch_named(softmax_backward_split_kernel, B * P, args, **sp, num_warps=p["num_warps"])
-    else:
-        raise ValueError(f"{KERNEL_NAME} softmax backward: unknown path {path!r} ({', '.join(PATHS)})")
+    launch_entry("softmax_backward", path, values, p, V, B, -1 if INTERPRET else y.get_device())
 
 
 def run_path(dy: torch.Tensor, y: torch.Tensor, path: str, *, out=None, **params) -> torch.Tensor:
@@ -142,8 +99,6 @@ __all__ = [
     "launch_params",
     "check_backward_inputs",
     "fixed_point_bits",
-    "split_workspace",
-    "split_params",
     "PATHS",
     "DISPATCH_BOUNDARIES",
     "SPLIT_MAX_SPINS",

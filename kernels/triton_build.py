@@ -83,17 +83,15 @@ def build(
     }
 
 
-def build_path(name: str, path: str, p: dict, V: int, dtype_name: str) -> dict:
-    """Build one Triton path as its launches specialise it for contiguous, 16-byte-aligned rows
-    of length V in `dtype_name` (a suite dtype id), all from the path's table entry."""
-    from .triton_launch import PATH_TABLE
-
-    entry = PATH_TABLE[path]
+def build_path(name: str, entry, p: dict, V: int, dtype_name: str) -> dict:
+    """Build one entry of kernels.triton_launch.TABLES as its launches specialise it for
+    contiguous, 16-byte-aligned rows of length V in `dtype_name` (a suite dtype name), all from
+    the table: the record `name`."""
     dtype = DTYPE_IDS[dtype_name]  # Triton's type names are the suite's ids
     spec = entry.aot(p, V, dtype, ITEMSIZE[dtype_name])
     options = dict(spec["options"])
     record = build(
-        f"{name} {dtype}",
+        name,
         entry.kernel,
         dtype,
         spec["constexprs"],
@@ -107,45 +105,42 @@ def build_path(name: str, path: str, p: dict, V: int, dtype_name: str) -> dict:
     return record
 
 
+def _compiled(module):
+    if module.INTERPRET:
+        raise RuntimeError("kernels.triton_build needs the compiled kernels: unset TRITON_INTERPRET")
+    from .triton_launch import TABLES
+
+    return TABLES
+
+
 def build_all() -> list[dict]:
     """Every autotune config of the tile kernel, and the row, rows, split and stream kernels as
     the wrapper launches them at typical V, in fp32 and bf16."""
     from . import softmax_triton as st
 
-    if st.INTERPRET:
-        raise RuntimeError("kernels.triton_build needs the compiled kernels: unset TRITON_INTERPRET")
-    rows = [build_path("tile", "tile", {"config": st.config_dict(cfg)}, 4096, "float32") for cfg in st.CONFIGS]
+    table = _compiled(st)["softmax"]
+
+    def one(path, p, V, name):
+        return build_path(f"{path} {DTYPE_IDS[name]}", table[path], p, V, name)
+
+    rows = [one("tile", {"config": st.config_dict(cfg)}, 4096, "float32") for cfg in st.CONFIGS]
     for name in ("float32", "bfloat16"):
         tdtype = torch_dtype(name)
         for V in (4096, 8192, 16384, 32768):
-            rows.append(build_path("row", "row", st.launch_params("row", V, tdtype), V, name))
-        rows.append(build_path("rows", "rows", st.launch_params("rows", 600, tdtype), 600, name))
+            rows.append(one("row", st.launch_params("row", V, tdtype), V, name))
+        rows.append(one("rows", st.launch_params("rows", 600, tdtype), 600, name))
         # split for a full batch at typical V, and for one row of 262144 on an H200 (the
         # smallest chunks the batch rule picks). Chunks are cut on 16-byte groups whatever V is:
         # odd V gets the same vector accesses as even V (Y_ALIGN = ALIGN for contiguous rows).
         for V, B in ((50257, None), (128256, None), (262144, 1)):
-            p = st.launch_params("split", V, tdtype, B=B, sms=None if B is None else 132)
-            rows.append(build_path("split", "split", p, V, name))
-        rows.append(build_path("stream", "stream", st.launch_params("stream", 128256, tdtype), 128256, name))
+            rows.append(
+                one("split", st.launch_params("split", V, tdtype, B=B, sms=None if B is None else 132), V, name)
+            )
+        rows.append(one("stream", st.launch_params("stream", 128256, tdtype), 128256, name))
     return rows
 
 
 # -- the training kernels -------------------------------------------------------------------------
-
-# Parameter name -> compile type; "T" is the storage dtype of the build.
-_TYPES = {
-    "DY": "*T", "Y": "*T", "DX": "*T", "X": "*T", "G": "*T", "OUT": "*T", "WS": "*i64", "CNT": "*i64",
-    "T": "*i64", "W": "*T", "LOSS": "*fp32", "LSE": "*fp32", "PREP": "*fp32", "BAD": "*i64", "GO": "*T",
-    "eps": "fp32", "inv_v": "fp32", "SCALE": "fp32",
-}  # fmt: skip
-
-
-def loss_signature(kernel, dtype: str, overrides: dict | None = None) -> dict:
-    types = {**_TYPES, **(overrides or {})}
-    return {
-        p.name: "constexpr" if p.is_constexpr else types.get(p.name, "i32").replace("T", dtype) for p in kernel.params
-    }
-
 
 QUICK = {"bwd-row fp32", "bwd-split fp32", "ce-row fp32 weighted smoothed", "ce-split fp32 weighted smoothed",
          "ce-scale fp32", "ce-prep", "ce-reduce"}  # fmt: skip
@@ -154,60 +149,31 @@ QUICK = {"bwd-row fp32", "bwd-split fp32", "ce-row fp32 weighted smoothed", "ce-
 def build_training(quick: bool = False) -> list[dict]:
     """The softmax-backward and cross-entropy kernels as the wrappers launch them at V = 600 (row,
     small), 8192 (the row paths' largest) and 262144 (split), in fp32 and bf16, with and without
-    weights and smoothing."""
+    weights and smoothing; --quick: the QUICK records, the row kernels at their largest row only."""
     from . import triton_backward as tb
-    from . import triton_cross_entropy as tce
-    from . import triton_loss_kernels as K
 
-    if tb.INTERPRET:
-        raise RuntimeError("kernels.triton_build needs the compiled kernels: unset TRITON_INTERPRET")
-    rows = []
-
-    def one(name, kernel, dtype, constexprs, num_warps, sig):
-        # --quick: the QUICK kernels, the row kernels at their largest row only.
-        small_row = name.startswith(("bwd-row", "ce-row")) and constexprs["BLOCK"] < 8192
-        if quick and (name not in QUICK or small_row):
-            return None
-        return build(name, kernel, dtype, constexprs, num_warps, sig=sig)
-
-    for dtype in ("fp32", "bf16"):  # Triton's type names are the suite's dtype ids
-        tdtype = torch_dtype(dtype)
-        for V in (600, 8192):
-            p = tb.launch_params("row", V, tdtype)
-            sig = loss_signature(K.softmax_backward_row_kernel, dtype)
-            rows.append(one(f"bwd-row {dtype}", K.softmax_backward_row_kernel, dtype, {"BLOCK": p["BLOCK"]},
-                              p["num_warps"], sig=sig))  # fmt: skip
-        p = tb.launch_params("split", 262144, tdtype)
-        sp = tb.split_params(262144, p)
-        del sp["P"]
-        sig = loss_signature(K.softmax_backward_split_kernel, dtype)
-        rows.append(one(f"bwd-split {dtype}", K.softmax_backward_split_kernel, dtype, sp, p["num_warps"], sig=sig))
-        for weight, smoothing in ((False, False), (True, True)):
-            flags = {"HAS_WEIGHT": weight, "HAS_SMOOTHING": smoothing}
-            tag = f"{dtype}{' weighted smoothed' if weight else ''}"
-            for V in (600, 8192):
-                p = tce.launch_params("row", V, tdtype)
-                sig = loss_signature(K.cross_entropy_row_kernel, dtype)
-                rows.append(one(f"ce-row {tag}", K.cross_entropy_row_kernel, dtype, {"BLOCK": p["BLOCK"], **flags},
-                                  p["num_warps"], sig=sig))  # fmt: skip
-            p = tce.launch_params("split", 262144, tdtype)
-            sp = tb.split_params(262144, p)
-            del sp["P"]
-            sig = loss_signature(K.cross_entropy_split_kernel, dtype)
-            rows.append(one(f"ce-split {tag}", K.cross_entropy_split_kernel, dtype, {**sp, **flags},
-                              p["num_warps"], sig=sig))  # fmt: skip
-        for in_place in (True, False):
-            sig = loss_signature(K.cross_entropy_scale_kernel, dtype)
-            rows.append(one(f"ce-scale {dtype}", K.cross_entropy_scale_kernel, dtype,
-                              {"BLOCK": 4096, "IN_PLACE": in_place}, 4, sig=sig))  # fmt: skip
+    tables = _compiled(tb)
+    builds = []  # (record name, op, path, V, dtype name, flags)
+    for name in ("float32", "bfloat16"):
+        dtype = DTYPE_IDS[name]
+        builds += [(f"bwd-row {dtype}", "softmax_backward", "row", V, name, {}) for V in (600, 8192)]
+        builds.append((f"bwd-split {dtype}", "softmax_backward", "split", 262144, name, {}))
+        for both in (False, True):
+            flags = {"HAS_WEIGHT": both, "HAS_SMOOTHING": both}
+            tag = f"{dtype}{' weighted smoothed' if both else ''}"
+            builds += [(f"ce-row {tag}", "cross_entropy", "row", V, name, flags) for V in (600, 8192)]
+            builds.append((f"ce-split {tag}", "cross_entropy", "split", 262144, name, flags))
+        builds += [
+            (f"ce-scale {dtype}", "cross_entropy", "scale", 262144, name, {"IN_PLACE": i}) for i in (True, False)
+        ]
     for mean in (True, False):
-        sig = loss_signature(K.cross_entropy_prep_kernel, "fp32")
-        rows.append(one("ce-prep", K.cross_entropy_prep_kernel, "fp32",
-                          {"BLOCK": 1024, "HAS_WEIGHT": True, "MEAN": mean}, 4, sig=sig))  # fmt: skip
-        sig = loss_signature(K.cross_entropy_reduce_kernel, "bf16", {"OUT": "*bf16"})
-        rows.append(one("ce-reduce", K.cross_entropy_reduce_kernel, "bf16", {"BLOCK": 1024, "MEAN": mean}, 4,
-                          sig=sig))  # fmt: skip
-    return [r for r in rows if r is not None]
+        builds.append(("ce-prep", "cross_entropy", "prep", 262144, "float32", {"HAS_WEIGHT": True, "MEAN": mean}))
+        builds.append(("ce-reduce", "cross_entropy", "reduce", 262144, "bfloat16", {"MEAN": mean}))
+    return [
+        build_path(record, tables[op][path], {**tb.launch_params(path, V, torch_dtype(name)), **flags}, V, name)
+        for record, op, path, V, name, flags in builds
+        if not quick or (record in QUICK and not (path == "row" and V < 8192))
+    ]
 
 
 def main(argv=None) -> int:

@@ -40,55 +40,23 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import triton
 
 from .checks import CROSS_ENTROPY_REDUCTIONS as REDUCTIONS
 from .checks import check_cross_entropy_inputs, on_device
 from .spec import spec_of
-from .triton_backward import split_params, split_workspace
+from .triton_backward import DISPATCH_BOUNDARIES, launch_params, plan
 from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
 from .triton_dispatch import INTERPRET, fixed_point_bits
-from .triton_launch import launch_named
-from .triton_loss_kernels import (
-    cross_entropy_prep_kernel,
-    cross_entropy_reduce_kernel,
-    cross_entropy_row_kernel,
-    cross_entropy_scale_kernel,
-    cross_entropy_split_kernel,
-)
+from .triton_launch import launch_entry
 
 KERNEL_NAME = "triton"
 PATHS = spec_of("cross_entropy", KERNEL_NAME).path_names  # the registry's entry names them
-DISPATCH_BOUNDARIES = {"row_max_v": 8192}
-
-_PREP_BLOCK = 1024
 
 
 class CrossEntropyResult(NamedTuple):
     loss: torch.Tensor
     lse: torch.Tensor
     grad: torch.Tensor
-
-
-def plan(N: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) -> str:
-    """The path cross_entropy() takes for (N, V) logits of `dtype`: row or split."""
-    b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
-    return "row" if V <= b["row_max_v"] else "split"
-
-
-def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict:
-    if path == "row":
-        block = triton.next_power_of_2(V)
-        # Up to 8 elements per thread and tensor: no spills on sm_90 (kernels.triton_build --training).
-        warps = 4 if block <= 2048 else (8 if block <= 4096 else 16)
-        return {"BLOCK": block, "num_warps": warps}
-    if path == "split":
-        return {"CHUNK": 4096, "num_warps": 8}
-    raise ValueError(f"{KERNEL_NAME} cross-entropy: unknown path {path!r} ({', '.join(PATHS)})")
-
-
-def loss_shape(N: int, reduction: str) -> tuple:
-    return (N,) if reduction == "none" else ()
 
 
 def _target_error(bad: list[int], V: int, ignore_index: int) -> ValueError:
@@ -112,51 +80,27 @@ def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction
     targets = targets if targets.is_contiguous() else targets.contiguous()
     has_weight = weight is not None
     w = (weight if weight.is_contiguous() else weight.contiguous()) if has_weight else lse  # lse: unused pointer
-    smoothing = float(label_smoothing) > 0.0
     prep = torch.empty(4, dtype=torch.float32, device=device)
     bad = torch.empty(3, dtype=torch.int64, device=device)
     KN, KV = fixed_point_bits(N), fixed_point_bits(V)
-    launch_named(
-        cross_entropy_prep_kernel, 1,
-        {"T": targets, "W": w, "PREP": prep, "BAD": bad, "N": N, "V": V, "ignore_index": ignore_index, "KN": KN,
-         "KV": KV},
-        BLOCK=_PREP_BLOCK, HAS_WEIGHT=has_weight, MEAN=reduction == "mean", num_warps=4,
-    )  # fmt: skip
+    dev = -1 if INTERPRET else logits.get_device()
+    values = {"X": x, "T": targets, "W": w, "G": grad, "LSE": lse, "PREP": prep, "BAD": bad, "N": N, "V": V}
+    values.update(stride_x=x.stride(0), stride_g=grad.stride(0), ignore_index=ignore_index, KN=KN, KV=KV, KW=KV)
+    values.update(eps=float(label_smoothing), inv_v=1.0 / V, SCALE=float(2.0**KV))
+    flags = {"HAS_WEIGHT": has_weight, "MEAN": reduction == "mean"}
+    launch_entry("cross_entropy", "prep", values, {**launch_params("prep", V), **flags}, V, 1, dev)
     if validate and (INTERPRET or not torch.cuda.is_current_stream_capturing()):
         counts = bad.tolist()
         if counts[0]:
             raise _target_error(counts, V, ignore_index)
-    row_loss = torch.empty(N, dtype=torch.float32, device=device)
-    p = {**launch_params(path, V, logits.dtype), **params}
-    args = {"X": x, "T": targets, "W": w, "G": grad, "LOSS": row_loss, "LSE": lse, "PREP": prep}
-    scalars = {
-        "stride_x": x.stride(0),
-        "stride_g": grad.stride(0),
-        "ignore_index": ignore_index,
-        "eps": float(label_smoothing),
-        "inv_v": 1.0 / V,
-        "KW": KV,
-        "SCALE": float(2.0**KV),
-    }
-    flags = {"HAS_WEIGHT": has_weight, "HAS_SMOOTHING": smoothing, "num_warps": p["num_warps"]}
-    if path == "row":
-        block = max(p["BLOCK"], triton.next_power_of_2(V))
-        launch_named(cross_entropy_row_kernel, N, {**args, "V": V, **scalars}, BLOCK=block, **flags)
-    elif path == "split":
-        sp = split_params(V, p)
-        P = sp.pop("P")
-        ws = split_workspace("cross_entropy", device, N, P)
-        launch_named(cross_entropy_split_kernel, N * P, {**args, "WS": ws, "V": V, "P": P, **scalars}, **sp, **flags)
-    else:
-        raise ValueError(f"{KERNEL_NAME} cross-entropy: unknown path {path!r} ({', '.join(PATHS)})")
+    values["LOSS"] = row_loss = torch.empty(N, dtype=torch.float32, device=device)
+    p = {**launch_params(path, V, logits.dtype), **params, **flags, "HAS_SMOOTHING": float(label_smoothing) > 0.0}
+    launch_entry("cross_entropy", path, values, p, V, N, dev)
     if reduction == "none":
         loss = row_loss if logits.dtype == torch.float32 else row_loss.to(logits.dtype)
     else:
-        loss = torch.empty((), dtype=logits.dtype, device=device)
-        launch_named(
-            cross_entropy_reduce_kernel, 1, {"LOSS": row_loss, "PREP": prep, "OUT": loss, "N": N, "KN": KN},
-            BLOCK=_PREP_BLOCK, MEAN=reduction == "mean", num_warps=4,
-        )  # fmt: skip
+        values["OUT"] = loss = torch.empty((), dtype=logits.dtype, device=device)
+        launch_entry("cross_entropy", "reduce", values, {**launch_params("reduce", V), **flags}, V, 1, dev)
     return CrossEntropyResult(loss, lse, grad)
 
 
@@ -253,17 +197,11 @@ def _scale(grad: torch.Tensor, grad_output: torch.Tensor, out: torch.Tensor) -> 
     if grad_output.dim() not in (0, 1) or (grad_output.dim() == 1 and grad_output.shape[0] != N):
         raise ValueError(f"{KERNEL_NAME} cross-entropy: grad_output of shape {tuple(grad_output.shape)} for {N} rows")
     go = grad_output.reshape(-1)
-    stride_go = 0 if grad_output.dim() == 0 else go.stride(0)
-    block = min(4096, triton.next_power_of_2(V))
-
-    def run():
-        launch_named(
-            cross_entropy_scale_kernel, N,
-            {"G": grad, "OUT": out, "GO": go, "B": N, "V": V, "stride_g": grad.stride(0), "stride_out": out.stride(0),
-             "stride_go": stride_go},
-            BLOCK=block, IN_PLACE=out is grad, num_warps=4,
-        )  # fmt: skip
-
+    values = {"G": grad, "OUT": out, "GO": go, "B": N, "V": V, "stride_g": grad.stride(0), "stride_out": out.stride(0)}
+    values["stride_go"] = 0 if grad_output.dim() == 0 else go.stride(0)
+    p = {**launch_params("scale", V), "IN_PLACE": out is grad}
+    dev = -1 if INTERPRET else grad.get_device()
+    run = lambda: launch_entry("cross_entropy", "scale", values, p, V, N, dev)  # noqa: E731
     on_device(run, grad)
     return out
 
@@ -287,7 +225,6 @@ __all__ = [
     "plan",
     "launch_params",
     "check_cross_entropy_inputs",
-    "loss_shape",
     "CrossEntropyResult",
     "PATHS",
     "REDUCTIONS",

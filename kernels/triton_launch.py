@@ -1,24 +1,27 @@
-"""How a Triton softmax path is launched: one table entry per path, and the launches made
-from it.
+"""How a Triton kernel is launched, for every op: one table entry per path, and the launches
+made from it.
 
-The table. `PATH_TABLE[path]` is a `TritonPath`: the jitted kernel, its runtime arguments as
-an ordered spec of (name, Triton type), its constexprs, and the functions that give a launch's
-geometry, constexprs, options and grid from the path's launch parameters
-(`kernels.triton_dispatch.launch_params`). Building an entry checks the spec against the
-kernel's own signature, names and order, so an argument reordered, renamed or added on either
-side fails at import with an error naming both lists (widths alone would let two same-width
-arguments swap silently). Everything that passes arguments to a kernel is generated from the
-entry: the first launch through Triton (`BoundLaunch.__call__`), the remembered launch that
-repeats it through one driver call (`BoundLaunch.replay`), the autotuner's call of the tile
-kernel, and the ahead-of-time builds of `kernels.triton_build` (`TritonPath.aot`).
+The tables. `TABLES[op][path]` (`PATH_TABLE` is the softmax's) is a `TritonPath`: the jitted
+kernel, its runtime arguments as an ordered spec of (name, Triton type), its constexprs, and
+the functions that give a launch's geometry, constexprs, options and grid from the path's
+launch parameters (`kernels.triton_dispatch.launch_params` for the softmax,
+`kernels.triton_backward.launch_params` for the softmax backward and cross-entropy, whose
+entries are also cross-entropy's one-program prep and reduce kernels and its scale kernel).
+Building an entry checks the spec against the kernel's own signature, names and order, so an
+argument reordered, renamed or added on either side fails at import with an error naming both
+lists (widths alone would let two same-width arguments swap silently). Everything that passes
+arguments to a kernel is generated from the entry: the first launch through Triton
+(`BoundLaunch.__call__`), the softmax's remembered launch that repeats it through one driver
+call (`BoundLaunch.replay`), the autotuner's call of the tile kernel, and the ahead-of-time
+builds of `kernels.triton_build` (`TritonPath.aot`).
 
 Launches. A kernel is compiled and loaded by Triton's own launcher on its first call for a
-specialisation (dtype, pointer alignment, constexprs, warps); later calls launch the same
-loaded function through `kernels.launch` (one driver call), which is what makes a call cheap.
-A replay recomputes only the arguments in PER_CALL_ARGS (the buffers' addresses, B and the
-workspace); every other argument is fixed by the key the replay is remembered under. The split
-path's workspace is zeroed once per device, stream and P and kept: every launch leaves its
-words tagged for the next, so no fill kernel runs before a launch.
+specialisation (dtype, pointer alignment, constexprs, warps); later softmax calls launch the
+same loaded function through `kernels.launch` (one driver call), which is what makes a call
+cheap; the training kernels always go through Triton's launcher (`launch_entry`). A replay
+recomputes only the arguments in PER_CALL_ARGS (the buffers' addresses, B and the
+workspace); every other argument is fixed by the key the replay is remembered under. Split
+launches meet through `split_workspace` (kernels.launch.workspace: no fill before a launch).
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ import triton
 
 from . import triton_store as store
 from .build_once import build_lock
-from .launch import KernelLauncher, LaunchError, current_stream, driver
+from .launch import KernelLauncher, LaunchError, driver, workspace
+from .spec import spec_of
 from .triton_dispatch import (
     DISPATCH_BOUNDARIES,
     INT32_MAX,
@@ -47,28 +51,40 @@ from .triton_dispatch import (
     chunk_layout,
     fixed_point_scale,
     launch_params,
+    p_block,
     plan,
     split_workspace_words,
     vector_align,
 )
 from .triton_kernels import JIT_KERNELS
+from .triton_loss_kernels import JIT_KERNELS as LOSS_KERNELS
 
 # Triton's type names in an argument spec ("T": the storage dtype) -> kernels.launch's kinds.
-ARG_TYPES = {"*T": "ptr", "*i64": "ptr", "i32": "i32", "fp32": "f32"}
-# What a launch can pass, by name: every spec draws on these (kernels/triton_kernels.py).
+ARG_TYPES = {"*T": "ptr", "*i64": "ptr", "*fp32": "ptr", "i32": "i32", "fp32": "f32"}
+# What a launch can pass, by name: every spec draws on these (kernels/triton_kernels.py,
+# kernels/triton_loss_kernels.py).
 ARG_MEANINGS = {
-    "X": "the input rows (a 16-byte-aligned base view for the chunked paths)",
-    "Y": "the output rows (likewise)",
-    "WS": "the split path's int64 workspace",
+    "X": "the input rows (a 16-byte-aligned base view for the softmax's chunked paths; the logits)",
+    "Y": "the softmax's output rows (likewise)",
+    "WS": "a split path's int64 workspace",
     "B": "rows",
     "V": "row length",
     "P": "programs per row",
     "stride_x": "input row stride",
-    "stride_y": "output row stride",
+    "stride_y": "row stride of Y",
     "x_off": "the input's head past X",
     "y_off": "the output's head past Y",
     "SCALE": "fixed_point_scale(V)",
-}
+    "DY": "the incoming gradient", "DX": "the gradient written", "stride_dy": "DY's row stride",
+    "stride_dx": "DX's row stride", "K": "fixed_point_bits(V)", "N": "rows (cross-entropy)",
+    "T": "the int64 targets", "W": "the class weights (any pointer without)", "G": "the gradient written",
+    "LOSS": "the rows' float32 losses", "LSE": "the rows' log-sum-exp", "PREP": "the prep kernel's 4 floats",
+    "BAD": "the prep kernel's count, least and largest bad target", "OUT": "the loss; the scaled gradient",
+    "GO": "grad_output", "stride_g": "G's row stride", "stride_out": "OUT's row stride",
+    "stride_go": "GO's stride (0: a scalar)", "ignore_index": "the ignored target", "eps": "label smoothing",
+    "inv_v": "1 / V", "KW": "fixed_point_bits(V), the smoothing sum's", "KN": "fixed_point_bits(N)",
+    "KV": "fixed_point_bits(V)",
+}  # fmt: skip
 # Arguments a remembered launch recomputes on every call; the others are fixed by its key.
 PER_CALL_ARGS = ("X", "Y", "B", "WS")
 
@@ -89,23 +105,20 @@ def kernel_name(kernel) -> str:
     return getattr(fn, "__name__", repr(kernel))
 
 
-@functools.cache
-def _runtime_names(fn) -> tuple:  # keyed on the Python function: hashable in every Triton
-    return kernel_signature(fn)[0]
+def _no_geometry(p, V, *layout) -> dict:
+    return {}
 
 
-def launch_named(kernel, grid: int, args: dict, **constexprs):
-    """kernel[(grid,)] with every runtime argument named: `args` must hold the kernel's runtime
-    parameters, by name and in its order (ValueError naming both lists otherwise); `constexprs`
-    also carries the compile options (num_warps, ...). For launches that always go through
-    Triton's launcher (the training kernels); the softmax paths use PATH_TABLE."""
-    names = _runtime_names(getattr(kernel, "fn", kernel))
-    if tuple(args) != names:
-        raise ValueError(
-            f"launch of {kernel_name(kernel)}: arguments ({', '.join(args)}) do not match "
-            f"{kernel_name(kernel)}({', '.join(names)}): names and order must be the kernel's"
-        )
-    return kernel[(grid,)](*args.values(), **constexprs)
+def _warps(p) -> dict:
+    return {"num_warps": p["num_warps"]}
+
+
+def _one_per_row(p, g, sms):
+    return _rows_grid
+
+
+def _rows_grid(B: int) -> int:
+    return B
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,10 +126,12 @@ class TritonPath:
     """One Triton path: the kernel, its named argument spec, and how a launch is specialised.
 
     geometry(p, V, stride_x, stride_y, element_size, align, x_head, y_head) -> dict: what the
-        memory layout decides (ALIGN, and for chunked paths P, Y_ALIGN, P_BLOCK, ...).
-    specialise(p, geometry, V) -> dict: the constexprs (exactly `constexprs`).
+        memory layout decides (ALIGN, and for chunked paths P, Y_ALIGN, P_BLOCK, ...); the
+        training entries' take (p, V) and ignore the layout.
+    specialise(p, geometry, V) -> dict: the constexprs (exactly `constexprs`); None: each by
+        name from the geometry, else from p.
     options(p) -> dict: num_warps and the other compile options.
-    grid(p, geometry, sms) -> (B -> programs).
+    grid(p, geometry, sms) -> (rows -> programs).
     chunked: X and Y are 16-byte-aligned base views of the tensors, with heads x_off, y_off.
     """
 
@@ -124,10 +139,10 @@ class TritonPath:
     kernel: object
     args: tuple  # ((name, Triton type), ...) in the kernel's order
     constexprs: tuple  # names, in the kernel's order
-    geometry: Callable
-    specialise: Callable
-    options: Callable
-    grid: Callable
+    geometry: Callable = _no_geometry
+    specialise: Callable | None = None
+    options: Callable = _warps
+    grid: Callable = _one_per_row
     chunked: bool = False
 
     def __post_init__(self):
@@ -173,14 +188,16 @@ class TritonPath:
         return {"signature": self.signature(dtype), "constexprs": self._specialise(p, g, V), "options": self.options(p)}
 
     def _specialise(self, p, g, V) -> dict:
+        if self.specialise is None:
+            return {n: g[n] if n in g else p[n] for n in self.constexprs}
         c = self.specialise(p, g, V)
         if tuple(c) != self.constexprs:
             raise ValueError(f"Triton path {self.name!r}: specialise gave {tuple(c)}, the spec says {self.constexprs}")
         return c
 
     def bind(self, x: torch.Tensor, y: torch.Tensor, p: dict, *, dev: int = -1, sms: int | None = None):
-        """The launch of this path for x -> y with launch parameters `p` (plus `align`), every
-        argument by name. Tile with no config yet (p["config"] None): a launch for the autotuner."""
+        """The softmax launch of this path for x -> y with launch parameters `p` (plus `align`),
+        every argument by name. Tile with no config yet (p["config"] None): for the autotuner."""
         B, V = x.shape
         sx, sy = x.stride(0), y.stride(0)
         if max(sx, sy) > INT32_MAX or B > INT32_MAX:
@@ -197,15 +214,30 @@ class TritonPath:
         values = {"X": xb, "Y": yb, "B": B, "V": V, "P": g.get("P", 1), "stride_x": sx, "stride_y": sy}
         values.update(x_off=xo, y_off=yo, SCALE=fixed_point_scale(V))
         if "WS" in self.arg_names:
-            values["WS"] = split_workspace(dev, B, g["P"])
+            values["WS"] = split_workspace("softmax", dev, B, g["P"])
         untuned = p.get("config", True) is None
+        values = {n: values[n] for n in self.arg_names}
+        return self.bind_values(values, p, V, B, g, dev=dev, sms=sms, untuned=untuned)
+
+    def bind_values(self, values: dict, p: dict, V: int, rows: int, g=None, *, dev=-1, sms=None, untuned=False):
+        """The launch of this path with `values`, exactly its arguments by name and in order
+        (ValueError naming both lists otherwise), for `rows` rows of V with launch parameters
+        `p` and geometry `g` (None: the entry's for p and V)."""
+        if tuple(values) != self.arg_names:
+            name = kernel_name(self.kernel)
+            raise ValueError(
+                f"launch of {name}: arguments ({', '.join(values)}) do not match "
+                f"{name}({', '.join(self.arg_names)}): names and order must be the kernel's"
+            )
+        g = self.geometry(p, V) if g is None else g
         return BoundLaunch(
             path=self,
-            values={n: values[n] for n in self.arg_names},
+            values=values,
             constexprs={"ALIGN": g["ALIGN"]} if untuned else self._specialise(p, g, V),
             options={} if untuned else self.options(p),
             grid_of=self.grid(p, g, sms),
             geometry=g,
+            rows=rows,
             dev=dev,
             untuned=untuned,
         )
@@ -216,7 +248,7 @@ _launches_through_triton = 0
 
 def launch_count() -> int:
     """Launches made through Triton's own launcher in this process: every launch under the
-    interpreter, the first of each specialisation on a GPU (later ones replay)."""
+    interpreter, the first of each softmax specialisation on a GPU (later ones replay)."""
     return _launches_through_triton
 
 
@@ -230,6 +262,7 @@ class BoundLaunch:
     options: dict
     grid_of: Callable
     geometry: dict
+    rows: int
     dev: int = -1
     untuned: bool = False  # the tile kernel before any config is chosen: autotune() only
 
@@ -239,7 +272,7 @@ class BoundLaunch:
 
     @property
     def grid(self) -> int:
-        return self.grid_of(self.values.get("B", self.values["X"].shape[0]))
+        return self.grid_of(self.rows)
 
     def words(self) -> tuple:
         """The arguments as a driver launch passes them (tensors as addresses)."""
@@ -282,7 +315,7 @@ class BoundLaunch:
             "X": "x.data_ptr() + dx",
             "Y": "y.data_ptr() + dy",
             "B": "B",
-            "WS": "workspace(dev, B, P).data_ptr()",
+            "WS": "workspace('softmax', dev, B, P).data_ptr()",
         }
         args = []
         for name in self.path.arg_names:  # names are checked against ARG_MEANINGS: identifiers
@@ -294,7 +327,7 @@ class BoundLaunch:
         return env["again"]
 
 
-# --------------------------------------------------------------------------- the table
+# --------------------------------------------------------------------------- the tables
 
 
 def _row_geometry(p, V, sx, sy, es, align, x_head, y_head) -> dict:
@@ -310,168 +343,164 @@ def _chunk_geometry(width: str):
     return geometry
 
 
-def _warps(p) -> dict:
-    return {"num_warps": p["num_warps"]}
-
-
-def _one_per_row(p, g, sms):
-    return _rows_grid
-
-
-def _rows_grid(B: int) -> int:
-    return B
-
-
-TILE_ARGS = (("X", "*T"), ("Y", "*T"), ("V", "i32"), ("stride_x", "i32"), ("stride_y", "i32"), ("SCALE", "fp32"))
-
-TILE = TritonPath(
-    name="tile",
-    kernel=JIT_KERNELS["tile"],
-    args=TILE_ARGS,
-    constexprs=("BLOCK", "ALIGN"),
-    geometry=_row_geometry,
-    specialise=lambda p, g, V: {"BLOCK": p["config"]["BLOCK"], "ALIGN": g["ALIGN"]},
-    options=lambda p: {"num_warps": p["config"]["num_warps"], "num_stages": p["config"].get("num_stages", 3)},
-    grid=_one_per_row,
-)
-ROW = TritonPath(
-    name="row",
-    kernel=JIT_KERNELS["row"],
-    args=TILE_ARGS,
-    constexprs=("BLOCK", "ALIGN"),
-    geometry=_row_geometry,
-    specialise=lambda p, g, V: {"BLOCK": max(p["BLOCK"], triton.next_power_of_2(V)), "ALIGN": g["ALIGN"]},
-    options=_warps,
-    grid=_one_per_row,
-)
-ROWS = TritonPath(
-    name="rows",
-    kernel=JIT_KERNELS["rows"],
-    args=(
-        ("X", "*T"),
-        ("Y", "*T"),
-        ("B", "i32"),
-        ("V", "i32"),
-        ("stride_x", "i32"),
-        ("stride_y", "i32"),
-        ("SCALE", "fp32"),
-    ),  # fmt: skip
-    constexprs=("ROWS", "BLOCK_V", "ALIGN"),
-    geometry=_row_geometry,
-    specialise=lambda p, g, V: {
-        "ROWS": p["ROWS"],
-        "BLOCK_V": max(p["BLOCK_V"], triton.next_power_of_2(V)),
-        "ALIGN": g["ALIGN"],
-    },  # fmt: skip
-    options=_warps,
-    grid=lambda p, g, sms: functools.partial(_cdiv, d=p["ROWS"]),
-)
-
-
 def _split_grid(p, g, sms):
-    """B -> the split launch's programs: P per row."""
+    """rows -> a split launch's programs: P per row."""
     return functools.partial(operator.mul, g["P"])
-
-
-SPLIT = TritonPath(
-    name="split",
-    kernel=JIT_KERNELS["split"],
-    args=(
-        ("X", "*T"),
-        ("Y", "*T"),
-        ("WS", "*i64"),
-        ("B", "i32"),
-        ("V", "i32"),
-        ("P", "i32"),
-        ("stride_x", "i32"),
-        ("stride_y", "i32"),
-        ("x_off", "i32"),
-        ("y_off", "i32"),
-        ("SCALE", "fp32"),
-    ),  # fmt: skip
-    constexprs=("CHUNK", "P_BLOCK", "FALLBACK_BLOCK", "MAX_SPINS", "ALIGN", "Y_ALIGN"),
-    geometry=_chunk_geometry("CHUNK"),
-    specialise=lambda p, g, V: {
-        "CHUNK": p["CHUNK"],
-        "P_BLOCK": checked_p_block(p.get("P_BLOCK", g["P_BLOCK"]), p["num_warps"]),
-        "FALLBACK_BLOCK": g["FALLBACK_BLOCK"],
-        "MAX_SPINS": p.get("max_spins", 0 if INTERPRET else SPLIT_MAX_SPINS),
-        "ALIGN": g["ALIGN"],
-        "Y_ALIGN": g["Y_ALIGN"],
-    },
-    options=lambda p: {"num_warps": p["num_warps"], **({"maxnreg": p["maxnreg"]} if p.get("maxnreg") else {})},
-    grid=_split_grid,
-    chunked=True,
-)
-STREAM = TritonPath(
-    name="stream",
-    kernel=JIT_KERNELS["stream"],
-    args=(
-        ("X", "*T"),
-        ("Y", "*T"),
-        ("B", "i32"),
-        ("V", "i32"),
-        ("stride_x", "i32"),
-        ("stride_y", "i32"),
-        ("x_off", "i32"),
-        ("y_off", "i32"),
-        ("SCALE", "fp32"),
-    ),  # fmt: skip
-    constexprs=("BLOCK", "ALIGN", "Y_ALIGN"),
-    geometry=_chunk_geometry("BLOCK"),
-    specialise=lambda p, g, V: {"BLOCK": p["BLOCK"], "ALIGN": g["ALIGN"], "Y_ALIGN": g["Y_ALIGN"]},
-    options=_warps,
-    # A few programs per SM walk the rows (two under the interpreter, so the rows loop runs).
-    grid=lambda p, g, sms: functools.partial(min, 2 if sms is None else p["programs_per_sm"] * sms),
-    chunked=True,
-)
 
 
 def _cdiv(B: int, d: int) -> int:
     return -(-B // d)
 
 
-PATH_TABLE = {entry.name: entry for entry in (TILE, ROW, ROWS, SPLIT, STREAM)}
-if sorted(PATH_TABLE) != sorted(PATHS):
-    raise RuntimeError(
-        f"{KERNEL_NAME}: the launch table's paths ({', '.join(sorted(PATH_TABLE))}) are not the registry's "
-        f"({', '.join(sorted(PATHS))}, kernels/spec.py)"
+def _entry(name: str, args: str, constexprs: str, **fields) -> TritonPath:
+    """The table entry of kernel `name` (kernels/triton_kernels.py, kernels/triton_loss_kernels.py):
+    its argument spec as "NAME:type ..." in order (no type: i32), its constexprs as names in order."""
+    spec = tuple((n, t or "i32") for n, _, t in (word.partition(":") for word in args.split()))
+    return TritonPath(name, {**JIT_KERNELS, **LOSS_KERNELS}[name], spec, tuple(constexprs.split()), **fields)
+
+
+_TILE_ARGS = "X:*T Y:*T V stride_x stride_y SCALE:fp32"
+
+PATH_TABLE = {
+    entry.name: entry
+    for entry in (
+        _entry(
+            "tile", _TILE_ARGS, "BLOCK ALIGN",
+            geometry=_row_geometry,
+            specialise=lambda p, g, V: {"BLOCK": p["config"]["BLOCK"], "ALIGN": g["ALIGN"]},
+            options=lambda p: {"num_warps": p["config"]["num_warps"], "num_stages": p["config"].get("num_stages", 3)},
+        ),
+        _entry(
+            "row", _TILE_ARGS, "BLOCK ALIGN",
+            geometry=_row_geometry,
+            specialise=lambda p, g, V: {"BLOCK": max(p["BLOCK"], triton.next_power_of_2(V)), "ALIGN": g["ALIGN"]},
+        ),
+        _entry(
+            "rows", "X:*T Y:*T B V stride_x stride_y SCALE:fp32", "ROWS BLOCK_V ALIGN",
+            geometry=_row_geometry,
+            specialise=lambda p, g, V: {
+                "ROWS": p["ROWS"], "BLOCK_V": max(p["BLOCK_V"], triton.next_power_of_2(V)), "ALIGN": g["ALIGN"]
+            },
+            grid=lambda p, g, sms: functools.partial(_cdiv, d=p["ROWS"]),
+        ),
+        _entry(
+            "split", "X:*T Y:*T WS:*i64 B V P stride_x stride_y x_off y_off SCALE:fp32",
+            "CHUNK P_BLOCK FALLBACK_BLOCK MAX_SPINS ALIGN Y_ALIGN",
+            geometry=_chunk_geometry("CHUNK"),
+            specialise=lambda p, g, V: {
+                "CHUNK": p["CHUNK"],
+                "P_BLOCK": checked_p_block(p.get("P_BLOCK", g["P_BLOCK"]), p["num_warps"]),
+                "FALLBACK_BLOCK": g["FALLBACK_BLOCK"],
+                "MAX_SPINS": p.get("max_spins", 0 if INTERPRET else SPLIT_MAX_SPINS),
+                "ALIGN": g["ALIGN"],
+                "Y_ALIGN": g["Y_ALIGN"],
+            },
+            options=lambda p: {"num_warps": p["num_warps"], **({"maxnreg": p["maxnreg"]} if p.get("maxnreg") else {})},
+            grid=_split_grid,
+            chunked=True,
+        ),
+        _entry(
+            "stream", "X:*T Y:*T B V stride_x stride_y x_off y_off SCALE:fp32", "BLOCK ALIGN Y_ALIGN",
+            geometry=_chunk_geometry("BLOCK"),  # BLOCK from p, ALIGN and Y_ALIGN from the geometry
+            # A few programs per SM walk the rows (two under the interpreter, so the rows loop runs).
+            grid=lambda p, g, sms: functools.partial(min, 2 if sms is None else p["programs_per_sm"] * sms),
+            chunked=True,
+        ),
     )
+}  # fmt: skip
 
 
-# --------------------------------------------------------------------------- workspace
-
-# (name, device, stream, P) -> the int64 words of one kind of split launch (the forward's, the
-# training kernels'), zeroed when allocated: every launch leaves its words tagged for the next
-# one, so no fill kernel runs before a launch. One per P: the tags of a row's words stay in step
-# only while the same programs write the same words. Superseded buffers are kept alive (they are
-# small): a CUDA graph captured with one still points at it.
-_workspaces: dict = {}
-_retired_workspaces: list = []
+# The training kernels' geometry (kernels/triton_loss_kernels.py): constexprs derived from p.
 
 
-def tagged_workspace(name: str, dev: int, words: int, P: int, *, at_least: int = 0) -> torch.Tensor:
-    """`words` zeroed int64 words (at least `at_least` when allocated) for the tagged meetings of
-    `name`'s split launches of P programs a row on device `dev` (-1: the CPU), cached per
-    device, stream and P; inside a CUDA graph capture a fresh buffer the graph owns."""
-    key = (name, dev, 0 if INTERPRET else current_stream(dev), P)
-    ws = _workspaces.get(key)
-    if ws is not None and ws.numel() >= words:
-        return ws
-    device = "cpu" if INTERPRET else f"cuda:{dev}"
-    if not INTERPRET and torch.cuda.is_current_stream_capturing():
-        # Memory allocated during a capture belongs to the graph: use it, never cache it. The
-        # zero fill is captured too, so every replay starts from untagged words.
-        return torch.zeros(words, dtype=torch.int64, device=device)
-    if ws is not None:
-        _retired_workspaces.append(ws)
-    ws = _workspaces[key] = torch.zeros(max(words, at_least), dtype=torch.int64, device=device)
-    return ws
+def _row_block(p, V, *layout) -> dict:
+    return {"BLOCK": max(p["BLOCK"], triton.next_power_of_2(V))}
 
 
-def split_workspace(dev: int, B: int, P: int) -> torch.Tensor:
-    """The split path's workspace for B rows of P programs on device `dev` (-1: the CPU)."""
-    return tagged_workspace("softmax", dev, split_workspace_words(B, P), P, at_least=3 * P * 64)
+def split_geometry(p, V, *layout) -> dict:
+    """P (programs per row) and the constexprs of a training split launch for rows of V. P_BLOCK
+    (the words a meeting reads at once, at least one a thread: kernels.triton_dispatch.p_block)
+    may be given smaller under the interpreter, so that tests reach the meetings' loops."""
+    P = triton.cdiv(V, p["CHUNK"])
+    return {
+        "P": P,
+        "P_BLOCK": checked_p_block(p.get("P_BLOCK", p_block(P, p["num_warps"])), p["num_warps"]),
+        "FALLBACK_BLOCK": min(p["CHUNK"], 1024),
+        "MAX_SPINS": p.get("max_spins", 0 if INTERPRET else SPLIT_MAX_SPINS),
+    }
+
+
+def _one_program(p, g, sms):
+    return lambda rows: 1
+
+
+_SPLIT = "CHUNK P_BLOCK FALLBACK_BLOCK MAX_SPINS"
+_CE_HEAD = "X:*T T:*i64 W:*T G:*T LOSS:*fp32 LSE:*fp32 PREP:*fp32"  # then V (row) or WS:*i64 V P (split)
+_CE_TAIL = "stride_x stride_g ignore_index eps:fp32 inv_v:fp32 KW SCALE:fp32"
+
+TABLES = {
+    "softmax": PATH_TABLE,
+    "softmax_backward": {
+        "row": _entry(
+            "softmax_backward_row", "DY:*T Y:*T DX:*T V stride_dy stride_y stride_dx K", "BLOCK",
+            geometry=_row_block,
+        ),
+        "split": _entry(
+            "softmax_backward_split", "DY:*T Y:*T DX:*T WS:*i64 V P stride_dy stride_y stride_dx K", _SPLIT,
+            geometry=split_geometry, grid=_split_grid,
+        ),
+    },
+    "cross_entropy": {
+        "row": _entry(
+            "cross_entropy_row", f"{_CE_HEAD} V {_CE_TAIL}", "BLOCK HAS_WEIGHT HAS_SMOOTHING",
+            geometry=_row_block,
+        ),
+        "split": _entry(
+            "cross_entropy_split", f"{_CE_HEAD} WS:*i64 V P {_CE_TAIL}", f"{_SPLIT} HAS_WEIGHT HAS_SMOOTHING",
+            geometry=split_geometry, grid=_split_grid,
+        ),
+        "prep": _entry(
+            "cross_entropy_prep", "T:*i64 W:*T PREP:*fp32 BAD:*i64 N V ignore_index KN KV", "BLOCK HAS_WEIGHT MEAN",
+            grid=_one_program,
+        ),
+        "reduce": _entry("cross_entropy_reduce", "LOSS:*fp32 PREP:*fp32 OUT:*T N KN", "BLOCK MEAN", grid=_one_program),
+        "scale": _entry("cross_entropy_scale", "G:*T OUT:*T GO:*T B V stride_g stride_out stride_go", "BLOCK IN_PLACE"),
+    },
+}  # fmt: skip
+for _op, _table in TABLES.items():
+    _paths = spec_of(_op, KERNEL_NAME).path_names
+    if not set(_paths) <= set(_table) or (_op == "softmax" and len(_table) != len(_paths)):
+        raise RuntimeError(
+            f"{KERNEL_NAME} {_op}: the launch table's entries ({', '.join(sorted(_table))}) do not match the "
+            f"registry's paths ({', '.join(_paths)}, kernels/spec.py)"
+        )
+
+
+def launch_entry(op: str, path: str, values: dict, p: dict, V: int, rows: int, dev: int) -> None:
+    """Launch `op`'s entry `path` through Triton's launcher for `rows` rows of V with launch
+    parameters `p`, its arguments picked by name from `values`; a split entry's P and
+    workspace come from its geometry."""
+    entry = TABLES[op].get(path)
+    if entry is None:
+        raise ValueError(f"{KERNEL_NAME} {op}: unknown path {path!r} ({', '.join(TABLES[op])})")
+    g = entry.geometry(p, V)
+    if "WS" in entry.arg_names:
+        values = {**values, "P": g["P"], "WS": split_workspace(op, dev, rows, g["P"])}
+    entry.bind_values({n: values[n] for n in entry.arg_names}, p, V, rows, g, dev=dev)()
+
+
+# int64 words a row's program publishes in each op's split meetings (kernels/triton_kernels.py,
+# kernels/triton_loss_kernels.py).
+SPLIT_WORDS_PER_CHUNK = {"softmax": split_workspace_words(1, 1), "softmax_backward": 4, "cross_entropy": 7}
+
+
+def split_workspace(op: str, dev: int, rows: int, P: int) -> torch.Tensor:
+    """The words of `op`'s split launches for `rows` rows of P programs on device `dev` (-1: the
+    CPU), zeroed when allocated (kernels.launch.workspace), at least 64 rows' worth; one
+    workspace per P, as the tags of a row's words stay in step only while the same programs
+    write the same words."""
+    per_row = SPLIT_WORDS_PER_CHUNK[op] * P
+    return workspace((op, P), dev, rows * per_row, at_least=64 * per_row)
 
 
 # --------------------------------------------------------------------------- launches

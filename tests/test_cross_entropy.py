@@ -29,6 +29,7 @@ if TRITON_MISSING:  # Triton publishes Linux wheels only: what this file tests n
 
 from kernels import triton_cross_entropy as tce  # noqa: E402
 from kernels.reference import cross_entropy_ref  # noqa: E402
+from kernels.triton_launch import split_geometry, split_workspace  # noqa: E402
 from tests import broken_loss_kernels  # noqa: E402
 from tests.broken_loss_kernels import BROKEN_CROSS_ENTROPY  # noqa: E402
 from tests.helpers import (  # noqa: E402
@@ -202,8 +203,8 @@ def test_split_meetings_stay_in_step_over_launches_blocks_and_wrapped_tags(case)
         got = run_cross_entropy_poisoned(run_path("split", **params), x[:n], t[:n], **{**o, "reduction": "none"})
         for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
             assert torch.equal(bits(a), bits(b[:n])), f"{name}: {params} N={n}"
-    P = tce.split_params(V_CPU, SPLIT)["P"]
-    ws = tce.split_workspace("cross_entropy", x.device, N, P)
+    P = split_geometry(SPLIT, V_CPU)["P"]
+    ws = split_workspace("cross_entropy", -1, N, P)
     ws.fill_(0x7FFFFFFF << 32)  # the next launch's tag wraps to 0
     for _ in range(2):
         got = run_cross_entropy_poisoned(run_path("split", **SPLIT), x, t, **{**o, "reduction": "none"})

@@ -298,18 +298,19 @@ def test_path_table_rejects_a_kernel_that_reorders_its_arguments():
 
 
 def test_named_launches_of_the_training_kernels_check_names_and_order():
-    # The backward and cross-entropy kernels launch through launch_named: a dict of arguments by
-    # name, held to the kernel's signature before anything is launched.
-    from kernels.triton_launch import launch_named
-    from kernels.triton_loss_kernels import softmax_backward_row_kernel
+    # The backward and cross-entropy kernels launch from their table entries like the softmax's:
+    # a dict of arguments by name, held to the kernel's signature before anything is launched.
+    from kernels.triton_launch import TABLES
 
+    entry = TABLES["softmax_backward"]["row"]
     t = torch.zeros(1, 4)
     args = {"DY": t, "Y": t, "DX": t, "V": 4, "stride_dy": 4, "stride_y": 4, "stride_dx": 4, "K": 30}
     swapped = {n: args[n] for n in _swapped(args, "stride_y", "stride_dx")}
+    p = {"BLOCK": 4, "num_warps": 1}
     with pytest.raises(ValueError, match=r"arguments \(DY, Y, DX, V, stride_dy, stride_dx, stride_y, K\) do not match"):
-        launch_named(softmax_backward_row_kernel, 1, swapped, BLOCK=4)
+        entry.bind_values(swapped, p, 4, 1)
     with pytest.raises(ValueError, match="do not match softmax_backward_row_kernel"):
-        launch_named(softmax_backward_row_kernel, 1, {k: v for k, v in args.items() if k != "K"}, BLOCK=4)
+        entry.bind_values({k: v for k, v in args.items() if k != "K"}, p, 4, 1)
 
 
 @pytest.mark.parametrize("path", sorted(st.PATH_TABLE))
