@@ -85,7 +85,7 @@ def case_id(case):
     return f"{reduction}-ls{smoothing}" + ("-weighted" if weighted else "")
 
 
-def run_path(path, **params):
+def cross_entropy_path_runner(path, **params):
     def call(x, t, *, out, **opts):
         return tce.run_path(x, t, path, params=params, out=out, **opts)
 
@@ -176,9 +176,9 @@ def test_long_row_paths_give_the_row_paths_bits(path, case):
     # chunks of a row stream it themselves and the last combines what they published).
     x, t = edge_rows(V_CPU, seed=3)
     o = options(*case)
-    got = run_cross_entropy_poisoned(run_path(path, **SCALED[path]), x, t, **o)
+    got = run_cross_entropy_poisoned(cross_entropy_path_runner(path, **SCALED[path]), x, t, **o)
     check_cross_entropy(got, x, t, what=f"{path} {case_id(case)}", **o)
-    row = run_cross_entropy_poisoned(run_path("row"), x, t, **o)
+    row = run_cross_entropy_poisoned(cross_entropy_path_runner("row"), x, t, **o)
     for name, a, b in zip(("loss", "lse", "grad"), got, row, strict=True):
         assert torch.equal(bits(a), bits(b)), f"{name}: {path} and row paths differ"
 
@@ -195,19 +195,23 @@ def test_split_meetings_stay_in_step_over_launches_blocks_and_wrapped_tags(case)
     # same P (N, then 1 row) and P between launches of the same workspace (CHUNK 32: two chunks).
     x, t = edge_rows(V_CPU, seed=4)
     o = options(*case)
-    want = run_cross_entropy_poisoned(run_path("row"), x, t, **{**o, "reduction": "none"})
+    want = run_cross_entropy_poisoned(cross_entropy_path_runner("row"), x, t, **{**o, "reduction": "none"})
     N = x.shape[0]
     launches = [(SPLIT, N), (SPLIT, 1), ({**SPLIT, "P_BLOCK": 2}, N), ({**SPLIT, "max_spins": 3}, N)]
     launches += [({"CHUNK": 32, "num_warps": 2}, 1), (SPLIT, N)]
     for params, n in launches:
-        got = run_cross_entropy_poisoned(run_path("split", **params), x[:n], t[:n], **{**o, "reduction": "none"})
+        got = run_cross_entropy_poisoned(
+            cross_entropy_path_runner("split", **params), x[:n], t[:n], **{**o, "reduction": "none"}
+        )
         for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
             assert torch.equal(bits(a), bits(b[:n])), f"{name}: {params} N={n}"
     P = split_geometry(SPLIT, V_CPU)["P"]
     ws = split_workspace("cross_entropy", -1, N, P)
     ws.fill_(0x7FFFFFFF << 32)  # the next launch's tag wraps to 0
     for _ in range(2):
-        got = run_cross_entropy_poisoned(run_path("split", **SPLIT), x, t, **{**o, "reduction": "none"})
+        got = run_cross_entropy_poisoned(
+            cross_entropy_path_runner("split", **SPLIT), x, t, **{**o, "reduction": "none"}
+        )
         for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
             assert torch.equal(bits(a), bits(b)), f"{name} after the tags wrapped"
 
@@ -293,7 +297,7 @@ def every_path(kernel: str) -> list:
     k = runnable(kernel)
     if k.baseline:
         return [(kernel, k)]
-    return [(f"{kernel} {path}", run_path(path, **SCALED[path])) for path in tce.PATHS]
+    return [(f"{kernel} {path}", cross_entropy_path_runner(path, **SCALED[path])) for path in tce.PATHS]
 
 
 @pytest.mark.cpu
@@ -533,17 +537,19 @@ def test_cuda_edge_rows_every_path_and_layout(path, dtype, V):
     x, t = edge_rows(V, seed=V, dtype=dtype, device="cuda")
     params = SCALED[path] if V < 1000 else {}
     o = options("mean", 0.1, True, V=V, dtype=dtype, device="cuda")
-    want = run_cross_entropy_poisoned(run_path(path, **params), x, t, **o)
+    want = run_cross_entropy_poisoned(cross_entropy_path_runner(path, **params), x, t, **o)
     check_cross_entropy(want, x, t, what=f"{path} V={V} edge rows", **o)
     dispatched = run_cross_entropy_poisoned(CROSS_ENTROPY_KERNELS["triton"], x, t, **o)
     for layout in layouts(dtype):
-        got = run_cross_entropy_poisoned(run_path(path, **params), place(x, layout, "cuda"), t, **o)
+        got = run_cross_entropy_poisoned(cross_entropy_path_runner(path, **params), place(x, layout, "cuda"), t, **o)
         for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
             assert torch.equal(bits(a), bits(b)), f"{path} {layout}: {name} bits differ"
     for name, a, b in zip(("loss", "lse", "grad"), dispatched, want, strict=True):
         assert torch.equal(bits(a), bits(b)), f"{path} vs dispatched: {name} bits differ"
-    alone = run_cross_entropy_poisoned(run_path(path, **params), x[2:3].clone(), t[2:3].clone(), reduction="none")
-    batch = run_cross_entropy_poisoned(run_path(path, **params), x, t, reduction="none")
+    alone = run_cross_entropy_poisoned(
+        cross_entropy_path_runner(path, **params), x[2:3].clone(), t[2:3].clone(), reduction="none"
+    )
+    batch = run_cross_entropy_poisoned(cross_entropy_path_runner(path, **params), x, t, reduction="none")
     assert torch.equal(bits(alone.grad), bits(batch.grad[2:3])) and torch.equal(bits(alone.loss), bits(batch.loss[2:3]))
 
 
@@ -559,7 +565,10 @@ def test_cuda_rows_of_nan_and_inf(kernel, V):
     t = torch.tensor([0, -100, -100, -100, 2, 3], device="cuda")
     fns = [(kernel, CROSS_ENTROPY_KERNELS[kernel])]
     if kernel == "triton":
-        fns = [(f"triton {path}", run_path(path, **(SCALED[path] if V < 1000 else {}))) for path in tce.PATHS]
+        fns = [
+            (f"triton {path}", cross_entropy_path_runner(path, **(SCALED[path] if V < 1000 else {})))
+            for path in tce.PATHS
+        ]
     for name, fn in fns:
         if name == "triton row" and V > tce.DISPATCH_BOUNDARIES["row_max_v"]:
             continue

@@ -58,7 +58,7 @@ def pair(B, V, *, seed, dtype=torch.float32, device="cpu", y_layout="contiguous"
     return place(dy.to(dtype), dy_layout, device), place(y.to(dtype), y_layout, device)
 
 
-def run_path(path, **params):
+def backward_path_runner(path, **params):
     def call(dy, y, *, out):
         return tb.run_path(dy, y, path, out=out, **params)
 
@@ -116,7 +116,7 @@ def test_plan_depends_on_v_alone():
 @pytest.mark.parametrize("path", tb.PATHS)
 def test_each_path_and_dtype_matches_the_reference(path, dtype):
     dy, y = pair(3, 37, seed=37, dtype=dtype)
-    dx = run_backward_poisoned(run_path(path, **SCALED[path]), dy, y)
+    dx = run_backward_poisoned(backward_path_runner(path, **SCALED[path]), dy, y)
     assert_backward_close(dx, dy, y, what=f"triton backward {path}")
 
 
@@ -143,16 +143,16 @@ def test_split_meetings_stay_in_step_over_launches_blocks_and_wrapped_tags():
     # run one after another here, so the last chunk finds the others published), and words left
     # at the largest tag must all give the row path's bits.
     dy, y = pair(4, 37, seed=41)
-    want = run_backward_poisoned(run_path("row"), dy, y)
+    want = run_backward_poisoned(backward_path_runner("row"), dy, y)
     for params in (SPLIT, {**SPLIT, "P_BLOCK": 2}, {**SPLIT, "max_spins": 3}, {"CHUNK": 32, "num_warps": 2}, SPLIT):
         for B in (4, 1):
-            got = run_backward_poisoned(run_path("split", **params), dy[:B], y[:B])
+            got = run_backward_poisoned(backward_path_runner("split", **params), dy[:B], y[:B])
             assert torch.equal(bits(got), bits(want[:B])), f"{params} B={B}"
     P = split_geometry(SPLIT, 37)["P"]
     ws = split_workspace("softmax_backward", -1, 4, P)
     ws.fill_(0x7FFFFFFF << 32)  # the next launch's tag wraps to 0
     for _ in range(2):
-        got = run_backward_poisoned(run_path("split", **SPLIT), dy, y)
+        got = run_backward_poisoned(backward_path_runner("split", **SPLIT), dy, y)
         assert torch.equal(bits(got), bits(want)), "after the tags wrapped"
 
 
@@ -160,12 +160,12 @@ def test_split_meetings_stay_in_step_over_launches_blocks_and_wrapped_tags():
 @interpreted
 def test_a_rows_bits_depend_on_neither_batch_position_nor_path():
     dy, y = pair(5, 37, seed=5)
-    full = {path: run_backward_poisoned(run_path(path, **SCALED[path]), dy, y) for path in tb.PATHS}
+    full = {path: run_backward_poisoned(backward_path_runner(path, **SCALED[path]), dy, y) for path in tb.PATHS}
     assert torch.equal(bits(full["row"]), bits(full["split"])), "row and split paths give different bits"
     perm = torch.tensor([3, 0, 4, 2, 1])
-    shuffled = run_backward_poisoned(run_path("row"), dy[perm].clone(), y[perm].clone())
+    shuffled = run_backward_poisoned(backward_path_runner("row"), dy[perm].clone(), y[perm].clone())
     assert torch.equal(bits(shuffled), bits(full["row"][perm])), "a row's bits moved with its position"
-    alone = run_backward_poisoned(run_path("split", **SPLIT), dy[2:3].clone(), y[2:3].clone())
+    alone = run_backward_poisoned(backward_path_runner("split", **SPLIT), dy[2:3].clone(), y[2:3].clone())
     assert torch.equal(bits(alone), bits(full["row"][2:3])), "a row alone differs from the row in a batch"
 
 
@@ -178,7 +178,7 @@ def test_edges(path):
     y[1] = float("nan")  # the softmax of an all -inf row: NaN in, NaN out
     dy[2, :4] = torch.tensor([1e30, -1e30, 3e29, -7e29])  # huge gradients: no overflow to inf or NaN
     dy[3, 5] = float("inf")  # an infinite gradient where y > 0
-    fn = run_path(path, **SCALED[path])
+    fn = backward_path_runner(path, **SCALED[path])
     dx = run_backward_poisoned(fn, dy, y)
     assert torch.isnan(dx[1]).all()
     assert torch.isfinite(dx[2]).all()
@@ -307,17 +307,19 @@ def test_cuda_every_path_and_layout_gives_the_same_bits(path, V, dtype):
         pytest.skip("the row path holds a row in registers: V <= row_max_v")
     dy0, y0 = pair(6, V, seed=V + 1, dtype=dtype, device="cuda")
     params = SCALED[path] if V < 1000 else {}
-    want = run_backward_poisoned(run_path(path, **params), dy0, y0)
+    want = run_backward_poisoned(backward_path_runner(path, **params), dy0, y0)
     assert_backward_close(want, dy0, y0, what=f"{path} V={V}")
     reference_bits = bits(run_backward_poisoned(SOFTMAX_BACKWARD_KERNELS["triton"], dy0, y0))
     assert torch.equal(bits(want), reference_bits), f"{path} differs from the dispatched path"
     for layout in layouts(dtype):
         for which in ("dy", "y"):
             dy, y = pair(6, V, seed=V + 1, dtype=dtype, device="cuda", **{f"{which}_layout": layout})
-            got = run_backward_poisoned(run_path(path, **params), dy, y)
+            got = run_backward_poisoned(backward_path_runner(path, **params), dy, y)
             assert torch.equal(bits(got), bits(want)), f"{path} {which} {layout}: bits differ"
     for row in (0, 5):
-        alone = run_backward_poisoned(run_path(path, **params), dy0[row : row + 1].clone(), y0[row : row + 1].clone())
+        alone = run_backward_poisoned(
+            backward_path_runner(path, **params), dy0[row : row + 1].clone(), y0[row : row + 1].clone()
+        )
         assert torch.equal(bits(alone), bits(want[row : row + 1])), f"{path}: row {row} alone differs"
 
 

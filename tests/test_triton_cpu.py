@@ -42,6 +42,7 @@ from tests.helpers import (  # noqa: E402
     layouts,
     logits,
     run_poisoned,
+    triton_path_runner,
 )
 
 pytestmark = pytest.mark.cpu
@@ -58,16 +59,6 @@ interpreted = pytest.mark.skipif(
 V_SHAPES = (1, 7, 255, 600, 781, 1025, 2049, 5000)
 DTYPES = SOFTMAX_KERNELS[st.KERNEL_NAME].dtypes
 SM90_SHARED_LIMIT = 232448  # bytes of shared memory one block may use on sm_90
-
-
-def run_path(path, **params):
-    """st.run_path through one path, in run_poisoned's calling convention."""
-
-    def call(x, *, out):
-        return st.run_path(x, path, out=out, **params)
-
-    call.__name__ = f"triton {path}"
-    return call
 
 
 def _config_id(cfg):
@@ -125,7 +116,7 @@ def test_config_cases_cover_every_block_v_and_batch_size():
 @pytest.mark.parametrize("cfg,B,V", CONFIG_CASES)
 def test_every_autotune_config_matches_reference(cfg, B, V):
     x = logits(B, V, seed=B * 100003 + V)
-    out = run_poisoned(run_path("tile", config=st.config_dict(cfg)), x)
+    out = run_poisoned(triton_path_runner("tile", config=st.config_dict(cfg)), x)
     check_softmax(out, x, what=f"tile {_config_id(cfg)}")
 
 
@@ -145,7 +136,7 @@ def test_each_path_matches_reference(path, B, V):
         # V <= 100, and more programs than a meeting's slots by the meeting tests below).
         B, params = 1, {**params, "CHUNK": 64}
     x = logits(B, V, seed=7 * B + V)
-    out = run_poisoned(run_path(path, **params), x)
+    out = run_poisoned(triton_path_runner(path, **params), x)
     check_softmax(out, x, what=f"{path} ({B}, {V})")
 
 
@@ -155,7 +146,7 @@ def test_vector_alignment_hint_keeps_results(align):
     # V = 64 and strides divisible by 4: every hint the wrapper might pass is true here.
     x = logits(6, 64, seed=align)
     for path, params in SCALED.items():
-        check_softmax(run_poisoned(run_path(path, align=align, **params), x), x, what=f"{path} align {align}")
+        check_softmax(run_poisoned(triton_path_runner(path, align=align, **params), x), x, what=f"{path} align {align}")
 
 
 @interpreted
@@ -196,7 +187,7 @@ def test_split_combines_published_partials_and_falls_back():
     # agree with the reference, including a chunk that is entirely -inf.
     x = logits(4, 64, seed=3)
     x[1, 16:32] = -float("inf")
-    out = run_poisoned(run_path("split", CHUNK=16, num_warps=2, max_spins=0), x)
+    out = run_poisoned(triton_path_runner("split", CHUNK=16, num_warps=2, max_spins=0), x)
     check_softmax(out, x)
 
 
@@ -209,7 +200,7 @@ def test_split_combines_published_partials_and_falls_back():
 def test_split_gives_the_tile_paths_bits_on_both_sides_of_the_meetings(dtype, max_spins):
     # The row's bits must be those of every other path whether the meetings combine or stream.
     x = logits(3, 70, seed=12, dtype=dtype)
-    out = run_poisoned(run_path("split", CHUNK=16, num_warps=2, max_spins=max_spins), x)
+    out = run_poisoned(triton_path_runner("split", CHUNK=16, num_warps=2, max_spins=max_spins), x)
     check_softmax(out, x, what="split")
     assert torch.equal(bits(out), bits(st.run_path(x, "tile"))), "bits differ from the tile path"
 
@@ -219,7 +210,7 @@ def test_split_gives_the_tile_paths_bits_on_both_sides_of_the_meetings(dtype, ma
 def test_split_meets_in_blocks_when_a_row_has_more_programs_than_slots(p_block):
     # A row of P = 5 chunks met P_BLOCK words at a time (the last block partly masked).
     x = logits(3, 70, seed=13)
-    out = run_poisoned(run_path("split", CHUNK=16, num_warps=2, P_BLOCK=p_block, max_spins=2), x)
+    out = run_poisoned(triton_path_runner("split", CHUNK=16, num_warps=2, P_BLOCK=p_block, max_spins=2), x)
     assert torch.equal(bits(out), bits(st.run_path(x, "tile")))
 
 
@@ -231,7 +222,7 @@ def test_split_workspace_tags_stay_in_step_over_batches_and_chunk_counts():
     want = st.run_path(x, "tile")
     for chunk in (16, 32, 16):
         for B in (4, 1, 3):
-            out = run_poisoned(run_path("split", CHUNK=chunk, num_warps=2), x[:B])
+            out = run_poisoned(triton_path_runner("split", CHUNK=chunk, num_warps=2), x[:B])
             assert torch.equal(bits(out), bits(want[:B])), f"CHUNK {chunk} B {B}"
 
 
@@ -402,7 +393,7 @@ def test_split_group_aligned_chunks_at_any_row_offset(B, V, head, pad, align, dt
     # value, nothing outside the output window touched (run_poisoned's guards), the input kept,
     # and the output, 3 + head elements past a 16-byte boundary, is aligned unlike the input.
     x = _offset_views(B, V, head=head, pad=pad, seed=B * 1000 + V * 10 + head, dtype=dtype)
-    out = run_poisoned(run_path("split", CHUNK=16, num_warps=2, align=align), x, out_offset=3 + head)
+    out = run_poisoned(triton_path_runner("split", CHUNK=16, num_warps=2, align=align), x, out_offset=3 + head)
     check_softmax(out, x, what=f"split head {head} pad {pad} align {align}")
 
 

@@ -19,6 +19,7 @@ from tests.helpers import (  # noqa: E402
     layouts,
     logits,
     run_poisoned,
+    triton_path_runner,
 )
 
 pytestmark = pytest.mark.cuda
@@ -27,16 +28,6 @@ TRITON = SOFTMAX_KERNELS[st.KERNEL_NAME]
 DTYPES = TRITON.dtypes
 # Each path's launch parameters scaled down for short rows (the registry entry's Path.cpu).
 SCALED = {path.name: dict(path.cpu) for path in TRITON.spec.paths}
-
-
-def run_path(path, **params):
-    """st.run_path through one path, in run_poisoned's calling convention."""
-
-    def call(x, *, out):
-        return st.run_path(x, path, out=out, **params)
-
-    call.__name__ = f"triton {path}"
-    return call
 
 
 def _boundary_cases():
@@ -98,7 +89,7 @@ FORCED = [
 @pytest.mark.parametrize("B,V", [(3, 7), (70000, 33), (31, 2049), (9, 6001)])
 def test_each_path_on_gpu(path, params, B, V, dtype):
     x = logits(B, V, seed=V + B, dtype=dtype, device="cuda")
-    check_softmax(run_poisoned(run_path(path, **params), x), x, what=f"{path} {params} ({B}, {V})")
+    check_softmax(run_poisoned(triton_path_runner(path, **params), x), x, what=f"{path} {params} ({B}, {V})")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -115,7 +106,7 @@ def test_a_rows_bits_do_not_depend_on_path_batch_or_layout(V, dtype):
     forced = [(p, {}) for p in st.PATHS if holds[p]]
     forced += [(p, q) for p, q in SCALED.items() if V <= 6001 and (p != "rows" or holds[p])]
     for path, params in forced:
-        got = run_poisoned(run_path(path, **params), x)
+        got = run_poisoned(triton_path_runner(path, **params), x)
         assert torch.equal(bits(got), bits(expected)), f"{path} {params}: bits differ from {st.plan(6, V, dtype)}"
     for layout in layouts(dtype):
         xl = logits(6, V, seed=V + 30, dtype=dtype, device="cuda", layout=layout)
@@ -163,7 +154,7 @@ def test_long_row_paths_at_odd_v_and_unaligned_rows_on_gpu(path, B, V, head, pad
     # take the edge loads/stores; the output window has NaN guards that must stay untouched.
     flat = logits(1, (B - 1) * (V + pad) + V + head + 5, seed=B + V + head, dtype=dtype, device="cuda")[0]
     x = flat[head:].as_strided((B, V), (V + pad, 1))
-    out = run_poisoned(run_path(path, **params), x, out_offset=3 + head)
+    out = run_poisoned(triton_path_runner(path, **params), x, out_offset=3 + head)
     check_softmax(out, x, what=f"{path} head {head} pad {pad}")
 
 
@@ -199,7 +190,7 @@ def test_split_meetings_stay_exact_over_many_launches(dtype):
     assert len({st.split_layout(x, x, CHUNK=params["CHUNK"])["P"] for x, _ in inputs}) == 1, "one shared workspace"
     for launch in range(40):
         x, want = inputs[launch % len(inputs)]
-        got = st.softmax(x) if launch % 3 else run_poisoned(run_path("split", **params), x)
+        got = st.softmax(x) if launch % 3 else run_poisoned(triton_path_runner("split", **params), x)
         assert torch.equal(bits(got), bits(want)), f"launch {launch}: ({x.shape[0]}, {x.shape[1]}) differs"
 
 
@@ -207,7 +198,7 @@ def test_split_meetings_stay_exact_over_many_launches(dtype):
 def test_every_autotune_config_on_gpu(cfg):
     for B, V in ((33, 600), (3, 5000), (2, 1)):
         x = logits(B, V, seed=B + V, device="cuda")
-        out = run_poisoned(run_path("tile", config=st.config_dict(cfg)), x)
+        out = run_poisoned(triton_path_runner("tile", config=st.config_dict(cfg)), x)
         check_softmax(out, x, what=f"tile {cfg} ({B}, {V})")
 
 
@@ -215,7 +206,7 @@ def test_special_values_on_gpu():
     for path, params in FORCED:
         x = logits(4, 3000, seed=1, device="cuda", neg_inf_rows=[1])
         x[2, 5], x[2, 6], x[3, 0] = 1e30, -1e30, -1e30
-        y = run_poisoned(run_path(path, **params), x)
+        y = run_poisoned(triton_path_runner(path, **params), x)
         assert torch.isnan(y[1]).all(), path
         assert torch.isfinite(y[[0, 2, 3]]).all(), path
         check_softmax(y, x, what=f"{path} {params} with an all -inf row and ±1e30")

@@ -71,6 +71,7 @@ from tests.helpers.running import (
     cpu_path_runner,
     path_runner,
     run_poisoned,
+    triton_path_runner,
 )
 from tests.helpers.tolerances import (
     CE_ULPS,
@@ -196,5 +197,6 @@ __all__ = [
     "tolerance",
     "tolerance_verdict",
     "triton_module",
+    "triton_path_runner",
     "ulp_of",
 ]

@@ -3,6 +3,7 @@ and nothing else), whole or through one named path of its dispatch."""
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import torch
@@ -53,3 +54,16 @@ def cpu_path_runner(kernel, path: str):
     """path_runner with the launch parameters the kernel's spec gives the path for the CPU (the
     Triton interpreter): scaled down so that rows of tens of elements span several tiles."""
     return path_runner(kernel, path, **kernel.path(path).cpu)
+
+
+def triton_path_runner(path: str, **params):
+    """fn(x, *, out) that runs kernels.softmax_triton's run_path through the named path with
+    launch parameters `params`, in run_poisoned's calling convention (only where Triton is
+    installed: the module imports it)."""
+    st = importlib.import_module("kernels.softmax_triton")
+
+    def call(x, *, out):
+        return st.run_path(x, path, out=out, **params)
+
+    call.__name__ = f"triton {path}"
+    return call
