@@ -1,14 +1,8 @@
 """CUDA C training kernels, compiled at run time through CuPy and launched through
-`kernels.launch`, like the forward's (`kernels.softmax_cuda`):
-
-  softmax_backward_fused(y, dy, *, out=None) -> dx
-      dx = y * (dy - sum(y * dy, -1)) for (B, V) tensors: y the softmax's output, dy the gradient
-      of it. One kernel, two reads and one write per element (kernels/cuda/softmax_backward.cu).
-  cross_entropy_fused(logits, target, *, weight=None, ignore_index=-100, label_smoothing=0.0,
-                      reduction="mean", inplace=False, out=None) -> (loss, grad_logits, lse)
-      F.cross_entropy with class-index targets, and in the same pass over the logits the
-      gradient of the loss with respect to them (kernels/cuda/cross_entropy.cu): one read and
-      one write per element, the write over the logits themselves with inplace=True.
+`kernels.launch`, like the forward's (`kernels.softmax_cuda`): `softmax_backward_fused`, one
+kernel of two reads and one write per element (kernels/cuda/softmax_backward.cu), and
+`cross_entropy_fused`, F.cross_entropy with class-index targets and in the same pass over the
+logits its gradient, one read and one write per element (kernels/cuda/cross_entropy.cu).
 
 Both take float32 / bfloat16 / float16 on a CUDA device and compute in float32. Rows may have
 any stride (a tensor whose elements are strided within a row is copied first); outputs are
@@ -30,15 +24,14 @@ and such a row's loss and gradient come out NaN.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import torch
 
 from .checks import (
-    CROSS_ENTROPY_REDUCTIONS,
     FLOAT_DTYPES,
     check_backward_inputs,
     check_cross_entropy_inputs,
+    check_out,
     prepare_dx,
 )
 from .cuda_training_plans import (
@@ -56,15 +49,11 @@ from .cuda_training_plans import (
 )
 from .launch import KernelLauncher
 
-# One cache of device facts and of compiled modules for every CUDA C kernel.
-from .softmax_cuda import _sm_count_and_major, module_function
+# One cache of device facts, compiled modules and launchers for every CUDA C kernel.
+from .softmax_cuda import ClassLaunch, _sm_count_and_major, check_columns, class_launch, cuda_launcher
 
 TRAINING_DTYPES = FLOAT_DTYPES
-REDUCTIONS = CROSS_ENTROPY_REDUCTIONS
-MAX_V = 2**31 - 2**20  # the kernels index columns with 32-bit ints
-WARP_BLOCKS_PER_SM = 32  # the warp kinds' grid; rows past it are looped over in the kernel
 HELPER_THREADS = 1024  # CE_HELPER_THREADS of cross_entropy.cu
-_MAX_GRID_X = 2**31 - 1
 _BWD = "fused softmax backward"
 _CE = "fused cross-entropy"
 
@@ -74,38 +63,15 @@ _PROLOGUE_ARGS = ("ptr", "i64", "i32", "i64", "ptr", "i32", "ptr", "ptr")
 _REDUCE_ARGS = ("ptr", "i64", "ptr", "i32", "ptr")
 _SOURCES = {"bwd": BACKWARD_SOURCE, "ce": CROSS_ENTROPY_SOURCE}
 
-# -- compiled kernels, one launcher per (device, kernel) ------------------------------------------
-
-_launchers: dict = {}  # (device index, kernel name) -> KernelLauncher
-
 
 def _launcher(device_index: int, op: str, name: str, *, block: int, arg_kinds) -> KernelLauncher:
-    launcher = _launchers.get((device_index, name))
-    if launcher is not None:
-        return launcher
-    function = module_function(device_index, kernel_source(_SOURCES[op], name), name)
-    launcher = _launchers[(device_index, name)] = KernelLauncher(name, function, arg_kinds=arg_kinds, block=block)
-    return launcher
+    return cuda_launcher(device_index, _SOURCES[op], name, block=block, arg_kinds=arg_kinds, source=kernel_source)
 
 
-class _Launch(NamedTuple):
-    """A size class resolved for one device and dtype: its launcher and the grid arithmetic."""
-
-    size_class: TrainingClass
-    launcher: KernelLauncher
-    grid_limit: int  # in row units: blocks for the warp kinds, CTA groups (clusters) otherwise
-
-    def grid(self, B: int, grid_cap: int | None = None) -> int:
-        units = min(-(-B // self.size_class.rows_per_block), self.grid_limit)
-        if grid_cap is not None:
-            units = max(1, min(units, grid_cap // self.size_class.cluster))
-        return units * self.size_class.cluster
+_dispatch: dict = {}  # (op, dtype, V, device) -> the dispatched size class's ClassLaunch
 
 
-_dispatch: dict = {}  # (op, dtype, V, device) -> the dispatched size class's _Launch
-
-
-def _resolve(op: str, what: str, dev: int, V: int, dtype, size_class: TrainingClass | None) -> _Launch:
+def _resolve(op: str, what: str, dev: int, V: int, dtype, size_class: TrainingClass | None) -> ClassLaunch:
     if size_class is None:
         key = (op, dtype, V, dev)
         entry = _dispatch.get(key)
@@ -122,23 +88,13 @@ def _resolve(op: str, what: str, dev: int, V: int, dtype, size_class: TrainingCl
     return _make_launch(op, dev, dtype, size_class)
 
 
-def _make_launch(op: str, dev: int, dtype, size_class: TrainingClass) -> _Launch:
+def _make_launch(op: str, dev: int, dtype, size_class: TrainingClass) -> ClassLaunch:
     kinds = _BWD_ARGS if op == "bwd" else _CE_ARGS
     launcher = _launcher(dev, op, size_class.kernel_name(dtype), block=size_class.threads, arg_kinds=kinds)
-    if size_class.kind in ("warp", "warpvec"):
-        limit = _sm_count_and_major(dev)[0] * WARP_BLOCKS_PER_SM
-    else:
-        limit = _MAX_GRID_X // size_class.cluster
-    return _Launch(size_class, launcher, limit)
+    return class_launch(dev, size_class, launcher)
 
 
 # -- input checks --------------------------------------------------------------------------------
-
-
-def _check_columns(t: torch.Tensor, what: str) -> None:
-    """What the kernels add to kernels.checks: a column index that fits 32 bits."""
-    if t.shape[1] >= MAX_V:
-        raise ValueError(f"{what}: V = {t.shape[1]} exceeds the kernels' 32-bit column index")
 
 
 def _check_cuda(t: torch.Tensor, name: str, what: str) -> None:
@@ -149,19 +105,6 @@ def _check_cuda(t: torch.Tensor, name: str, what: str) -> None:
 def _unit_rows(t: torch.Tensor) -> torch.Tensor:
     """`t` itself when its rows are unit-stride (any row stride), else a contiguous copy."""
     return t if t.shape[1] == 1 or t.stride(1) == 1 else t.contiguous()
-
-
-def _check_out(out, like: torch.Tensor, what: str) -> None:
-    """The cross-entropy's `out`: like the logits, with unit stride within its rows."""
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"{what}: out must be a torch.Tensor, got {type(out).__name__}")
-    if out.shape != like.shape or out.dtype != like.dtype or out.device != like.device:
-        raise ValueError(
-            f"{what}: out is {tuple(out.shape)} {out.dtype} on {out.device}, "
-            f"expected {tuple(like.shape)} {like.dtype} on {like.device}"
-        )
-    if out.shape[1] > 1 and out.stride(1) != 1:
-        raise ValueError(f"{what}: out must have unit stride within its rows")
 
 
 # -- softmax backward ----------------------------------------------------------------------------
@@ -185,7 +128,7 @@ def softmax_backward_fused(
     """
     # Everything but the device first (kernels.checks), so a problem reads the same on any machine.
     check_backward_inputs(dy, y, kernel="fused", device_type=None)
-    _check_columns(y, _BWD)
+    check_columns(y, _BWD)
     dx = prepare_dx(y, out, kernel="fused")
     _check_cuda(y, "y", _BWD)
     y, dy = _unit_rows(y), _unit_rows(dy)
@@ -219,7 +162,7 @@ def _check_cross_entropy(logits, target, weight, ignore_index, label_smoothing, 
         kernel="fused",
         device_type=None,
     )
-    _check_columns(logits, _CE)
+    check_columns(logits, _CE)
     if inplace:
         if out is not None:
             raise ValueError(f"{_CE}: inplace=True writes the gradient over the logits; out must be None")
@@ -228,7 +171,9 @@ def _check_cross_entropy(logits, target, weight, ignore_index, label_smoothing, 
         if logits.requires_grad:
             raise ValueError(f"{_CE}: inplace=True would overwrite logits that require grad")
     elif out is not None:
-        _check_out(out, logits, _CE)
+        check_out(out, logits, _CE)
+        if out.shape[1] > 1 and out.stride(1) != 1:
+            raise ValueError(f"{_CE}: out must have unit stride within its rows")
     _check_cuda(logits, "logits", _CE)
 
 
@@ -373,7 +318,6 @@ __all__ = [
     "cross_entropy_class_description",
     "cross_entropy_path",
     "PATHS",
-    "REDUCTIONS",
     "TRAINING_DTYPES",
     "TargetError",
     "TrainingClass",

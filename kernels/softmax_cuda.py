@@ -108,14 +108,24 @@ def _sm_count_and_major(device_index: int) -> tuple[int, int]:
 PORTABLE_CLUSTER_SIZE = 8
 
 
-def _launcher(
-    device_index: int, path, name: str, *, block: int, arg_kinds, cluster: int = 1, shared: int = 0
+def cuda_launcher(
+    device_index: int,
+    path,
+    name: str,
+    *,
+    block: int,
+    arg_kinds,
+    cluster: int = 1,
+    shared: int = 0,
+    source=kernel_source,
 ) -> KernelLauncher:
+    """The launcher of kernel `name` of `path` on a device (its unit: source(path, name)), built
+    once per process, for this module's kernels and kernels/cuda_training.py's."""
     key = (device_index, name)
     launcher = _launchers.get(key)
     if launcher is not None:
         return launcher
-    function = module_function(device_index, kernel_source(path, name), name)
+    function = module_function(device_index, source(path, name), name)
     with _cupy().cuda.Device(device_index):
         if cluster > PORTABLE_CLUSTER_SIZE:
             driver().set_function_attribute(function, FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, name=name)
@@ -125,10 +135,15 @@ def _launcher(
     return launcher
 
 
+def check_columns(t: torch.Tensor, what: str) -> None:
+    """A column index that fits the kernels' 32 bits."""
+    if t.shape[1] >= MAX_V:
+        raise ValueError(f"{what}: V = {t.shape[1]} exceeds the kernels' 32-bit column index")
+
+
 def _prepare(x, out, kernel: str, dtypes):
     check_softmax_input(x, kernel=kernel, dtypes=dtypes)
-    if x.shape[1] >= MAX_V:
-        raise ValueError(f"{kernel} softmax: V = {x.shape[1]} exceeds the kernels' 32-bit column index")
+    check_columns(x, f"{kernel} softmax")
     if not x.is_contiguous():
         x = x.contiguous()  # the kernels assume rows of stride V
     return x, prepare_output(x, out, kernel=kernel)
@@ -147,7 +162,7 @@ def softmax_naive(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.
     if grid > _MAX_GRID_X:
         raise ValueError(f"naive softmax: B = {B} needs more than 2^31 - 1 blocks")
     dev = x.get_device()
-    _launcher(dev, NAIVE_SOURCE, "softmax_naive_f32", block=NAIVE_THREADS, arg_kinds=_ROWS_ARGS)(
+    cuda_launcher(dev, NAIVE_SOURCE, "softmax_naive_f32", block=NAIVE_THREADS, arg_kinds=_ROWS_ARGS)(
         dev, grid, x.data_ptr(), y.data_ptr(), B, V
     )
     return y
@@ -160,14 +175,15 @@ def softmax_smem(x: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.T
     if B == 0:
         return y
     dev = x.get_device()
-    _launcher(dev, SMEM_SOURCE, "softmax_smem_f32", block=SMEM_THREADS, arg_kinds=_ROWS_ARGS)(
+    cuda_launcher(dev, SMEM_SOURCE, "softmax_smem_f32", block=SMEM_THREADS, arg_kinds=_ROWS_ARGS)(
         dev, min(B, SMEM_MAX_GRID), x.data_ptr(), y.data_ptr(), B, V
     )
     return y
 
 
-class _FusedLaunch(NamedTuple):
-    """A size_class resolved for one device and dtype: its launcher and the grid arithmetic."""
+class ClassLaunch(NamedTuple):
+    """A size class resolved for one device and dtype: its launcher and the grid arithmetic (the
+    fused softmax's and kernels/cuda_training.py's)."""
 
     size_class: FusedClass
     launcher: KernelLauncher
@@ -184,7 +200,18 @@ class _FusedLaunch(NamedTuple):
         return units * self.cluster
 
 
-def _fused_launch(dev: int, V: int, dtype, size_class: FusedClass | None) -> _FusedLaunch:
+def class_launch(dev: int, size_class, launcher: KernelLauncher) -> ClassLaunch:
+    sms = _sm_count_and_major(dev)[0]
+    if size_class.kind in ("warp", "warpvec"):
+        # Enough blocks to fill every SM several times over; the kernel loops over the rest.
+        limit = sms * WARP_BLOCKS_PER_SM
+    else:  # a CTA (group) per row, as many as the grid holds
+        limit = _MAX_GRID_X // size_class.cluster
+    cluster = size_class.cluster
+    return ClassLaunch(size_class, launcher, size_class.rows_per_block, limit, cluster, size_class.kind != "warp", sms)
+
+
+def _fused_launch(dev: int, V: int, dtype, size_class: FusedClass | None) -> ClassLaunch:
     sms, major = _sm_count_and_major(dev)
     if size_class is None:
         size_class = select_fused_class(V, dtype, clusters=major >= 9)
@@ -197,7 +224,7 @@ def _fused_launch(dev: int, V: int, dtype, size_class: FusedClass | None) -> _Fu
         kinds = _ROWS_ARGS + ("i32", "ptr", "i32", "i32")
     else:
         kinds = _ROWS_ARGS if size_class.kind == "warp" else _ROWS_ARGS + ("i32",)
-    launcher = _launcher(
+    launcher = cuda_launcher(
         dev,
         FUSED_SOURCE,
         size_class.kernel_name(dtype),
@@ -206,13 +233,7 @@ def _fused_launch(dev: int, V: int, dtype, size_class: FusedClass | None) -> _Fu
         cluster=size_class.cluster,
         shared=size_class.shared_bytes(dtype),
     )
-    if size_class.kind in ("warp", "warpvec"):
-        # Enough blocks to fill every SM several times over; the kernel loops over the rest.
-        limit = sms * WARP_BLOCKS_PER_SM
-    else:  # a CTA (group) per row, as many as the grid holds
-        limit = _MAX_GRID_X // size_class.cluster
-    takes_flag = size_class.kind != "warp"
-    return _FusedLaunch(size_class, launcher, size_class.rows_per_block, limit, size_class.cluster, takes_flag, sms)
+    return class_launch(dev, size_class, launcher)
 
 
 # (dtype, V, device) -> the dispatched size_class's launch, resolved on the first checked call. A hit
@@ -280,7 +301,7 @@ def softmax_fused(
 
 
 def _launch_fused(
-    entry: _FusedLaunch, dev: int, x_ptr: int, y_ptr: int, B: int, V: int, grid_cap, parts, max_polls
+    entry: ClassLaunch, dev: int, x_ptr: int, y_ptr: int, B: int, V: int, grid_cap, parts, max_polls
 ) -> None:
     # Vector stores need the output slice aligned like the input slice; with equal addresses
     # mod 16 that holds for every row and slice.
