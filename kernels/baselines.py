@@ -62,29 +62,28 @@ def compiled_softmax_backward(dy, y, *, out=None):
     return dx if out is None else prepare_dx(y, out, kernel="torch_compile").copy_(dx)
 
 
-def _torch_cross_entropy_grad(
-    loss_fn, logits, targets, weight, ignore_index, label_smoothing, reduction, out, *, kernel, device_type
-):
-    """A PyTorch baseline's (loss, lse, grad): the inputs checked as `kernel`, then `loss_fn`'s
-    forward, its autograd backward, torch.logsumexp."""
-    check_cross_entropy_inputs(
-        logits,
-        targets,
-        weight=weight,
-        ignore_index=ignore_index,
-        label_smoothing=label_smoothing,
-        reduction=reduction,
-        kernel=kernel,
-        device_type=device_type,
-    )
-    x = logits.detach().requires_grad_(True)
-    with torch.enable_grad():
-        loss = loss_fn(x, targets, weight, ignore_index, label_smoothing, reduction)
-        (grad,) = torch.autograd.grad(loss, x, torch.ones_like(loss))
-    lse = torch.logsumexp(logits.detach().float(), dim=-1)
-    if out is not None:
-        grad = out.copy_(grad)
-    return loss.detach(), lse, grad
+def _cross_entropy_baseline(name: str, loss_fn, kernel: str, device_type):
+    """A PyTorch baseline's cross_entropy(logits, targets, ...) -> (loss, lse, grad): the inputs
+    checked as `kernel`, then `loss_fn()`'s forward, its autograd backward, torch.logsumexp."""
+
+    def cross_entropy(
+        logits, targets, *, weight=None, ignore_index=-100, label_smoothing=0.0, reduction="mean", out=None
+    ):
+        options = {"weight": weight, "ignore_index": ignore_index, "label_smoothing": label_smoothing}
+        check_cross_entropy_inputs(
+            logits, targets, **options, reduction=reduction, kernel=kernel, device_type=device_type
+        )
+        x = logits.detach().requires_grad_(True)
+        with torch.enable_grad():
+            loss = loss_fn()(x, targets, weight, ignore_index, label_smoothing, reduction)
+            (grad,) = torch.autograd.grad(loss, x, torch.ones_like(loss))
+        lse = torch.logsumexp(logits.detach().float(), dim=-1)
+        if out is not None:
+            grad = out.copy_(grad)
+        return loss.detach(), lse, grad
+
+    cross_entropy.__name__ = cross_entropy.__qualname__ = name
+    return cross_entropy
 
 
 def _f_cross_entropy(x, targets, weight, ignore_index, label_smoothing, reduction):
@@ -93,42 +92,16 @@ def _f_cross_entropy(x, targets, weight, ignore_index, label_smoothing, reductio
     )
 
 
-def torch_cross_entropy(
-    logits, targets, *, weight=None, ignore_index=-100, label_smoothing=0.0, reduction="mean", out=None
-):
-    """The baseline: F.cross_entropy forward, its autograd backward, torch.logsumexp."""
-    return _torch_cross_entropy_grad(
-        _f_cross_entropy,
-        logits,
-        targets,
-        weight,
-        ignore_index,
-        label_smoothing,
-        reduction,
-        out,
-        kernel=CROSS_ENTROPY_BASELINE,
-        device_type=None,
-    )
-
-
 @functools.cache
 def _compiled_cross_entropy():
     return torch.compile(_f_cross_entropy)
 
 
-def compiled_cross_entropy(
-    logits, targets, *, weight=None, ignore_index=-100, label_smoothing=0.0, reduction="mean", out=None
-):
-    """The second baseline: torch.compile(F.cross_entropy), forward and backward."""
-    return _torch_cross_entropy_grad(
-        _compiled_cross_entropy(),
-        logits,
-        targets,
-        weight,
-        ignore_index,
-        label_smoothing,
-        reduction,
-        out,
-        kernel="torch_compile",
-        device_type="cuda",
-    )
+# The baseline: F.cross_entropy forward, its autograd backward, torch.logsumexp.
+torch_cross_entropy = _cross_entropy_baseline(
+    "torch_cross_entropy", lambda: _f_cross_entropy, CROSS_ENTROPY_BASELINE, None
+)
+# The second baseline: torch.compile(F.cross_entropy), forward and backward.
+compiled_cross_entropy = _cross_entropy_baseline(
+    "compiled_cross_entropy", _compiled_cross_entropy, "torch_compile", "cuda"
+)

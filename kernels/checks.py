@@ -44,19 +44,24 @@ def check_softmax_input(x, *, kernel: str, dtypes=FLOAT_DTYPES, device_type: str
     return x
 
 
-def prepare_output(x: torch.Tensor, out, *, kernel: str) -> torch.Tensor:
+def check_out(out, like: torch.Tensor, what: str) -> None:
+    """`out` must be a tensor of `like`'s shape, dtype and device: TypeError / ValueError naming `what`."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{what}: out must be a torch.Tensor, got {type(out).__name__}")
+    if out.shape != like.shape or out.dtype != like.dtype or out.device != like.device:
+        raise ValueError(
+            f"{what}: out is {tuple(out.shape)} {out.dtype} on {out.device}, "
+            f"expected {tuple(like.shape)} {like.dtype} on {like.device}"
+        )
+
+
+def prepare_output(x: torch.Tensor, out, *, kernel: str, op: str = "softmax") -> torch.Tensor:
     """Return `out` checked against `x` (same shape, dtype, device, contiguous), or a new tensor."""
     if out is None:
         return torch.empty_like(x, memory_format=torch.contiguous_format)
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"{kernel} softmax: out must be a torch.Tensor, got {type(out).__name__}")
-    if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
-        raise ValueError(
-            f"{kernel} softmax: out is {tuple(out.shape)} {out.dtype} on {out.device}, "
-            f"expected {tuple(x.shape)} {x.dtype} on {x.device}"
-        )
+    check_out(out, x, f"{kernel} {op}")
     if not out.is_contiguous():
-        raise ValueError(f"{kernel} softmax: out must be contiguous")
+        raise ValueError(f"{kernel} {op}: out must be contiguous")
     return out
 
 
@@ -94,18 +99,8 @@ def check_backward_inputs(dy, y, *, kernel: str, device_type: str | None = "cuda
 
 
 def prepare_dx(y: torch.Tensor, out, *, kernel: str) -> torch.Tensor:
-    if out is None:
-        return torch.empty(y.shape, dtype=y.dtype, device=y.device)
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"{kernel} softmax backward: out must be a torch.Tensor, got {type(out).__name__}")
-    if out.shape != y.shape or out.dtype != y.dtype or out.device != y.device:
-        raise ValueError(
-            f"{kernel} softmax backward: out is {tuple(out.shape)} {out.dtype} on {out.device}, "
-            f"expected {tuple(y.shape)} {y.dtype} on {y.device}"
-        )
-    if not out.is_contiguous():
-        raise ValueError(f"{kernel} softmax backward: out must be contiguous")
-    return out
+    """prepare_output for a softmax backward's dx."""
+    return prepare_output(y, out, kernel=kernel, op="softmax backward")
 
 
 def check_cross_entropy_inputs(

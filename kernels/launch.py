@@ -53,28 +53,13 @@ class _Driver:
             raise LaunchError(f"the CUDA driver library could not be loaded: {e}") from e
         self.launch = lib.cuLaunchKernel
         self.launch.restype = ctypes.c_int
-        self.launch.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_uint,
-            ctypes.c_uint,
-            ctypes.c_uint,
-            ctypes.c_uint,
-            ctypes.c_uint,
-            ctypes.c_uint,
-            ctypes.c_uint,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-            ctypes.c_void_p,
-        ]
+        # (function, grid x y z, block x y z, shared bytes, stream, params, extra)
+        self.launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
         self.param_info = getattr(lib, "cuFuncGetParamInfo", None)
         if self.param_info is not None:
             self.param_info.restype = ctypes.c_int
-            self.param_info.argtypes = [
-                ctypes.c_void_p,
-                ctypes.c_size_t,
-                ctypes.POINTER(ctypes.c_size_t),
-                ctypes.POINTER(ctypes.c_size_t),
-            ]
+            size_p = ctypes.POINTER(ctypes.c_size_t)
+            self.param_info.argtypes = [ctypes.c_void_p, ctypes.c_size_t, size_p, size_p]
         self.set_attribute = lib.cuFuncSetAttribute
         self.set_attribute.restype = ctypes.c_int
         self.set_attribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]

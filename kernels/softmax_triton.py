@@ -1,29 +1,12 @@
-"""Row softmax in Triton: the public entry points over the kernels of `kernels.triton_kernels`.
-
-The Triton softmax is four modules, and this one is their facade (the registry's entry in
-kernels/spec.py names `softmax`, `plan` and `run_path` here):
-
-  kernels.triton_dispatch  which path a (B, V, dtype) takes (`plan`, `DISPATCH_BOUNDARIES`),
-                           each path's launch parameters (`launch_params`) and the memory
-                           geometry of a launch (alignment, chunk layout, workspace size);
-  kernels.triton_launch    one table entry per path (`PATH_TABLE`: kernel, named argument
-                           spec, constexprs, grid), checked against the kernel's signature,
-                           from which the first launch, the remembered launch through one
-                           driver call and the ahead-of-time builds are generated;
-  kernels.triton_store     the tile kernel's autotuning: `CONFIGS`, the stored choice and its
-                           fingerprint, the lookup order, the offline tuner (`python -m
-                           kernels.autotune`).
+"""Row softmax in Triton: the public entry points (the registry's entry in kernels/spec.py names
+`softmax`, `plan` and `run_path` here), a facade over `kernels.triton_dispatch` (which path, with
+what parameters), `kernels.triton_launch` (the launch table and the launches made from it) and
+`kernels.triton_store` (the tile kernel's autotuning), whose names it re-exports.
 
 All arithmetic is float32 whatever the storage dtype. The input may have any row stride; a
 tensor whose elements are not contiguous within a row is copied with `.contiguous()` first.
-The output is always contiguous.
-
-Autotune once, then reuse. `python -m kernels.autotune` tunes the tile kernel on the lab shapes
-and writes `STORED_PATH`; the wrapper launches the stored config without benchmarking as long
-as the fingerprint (kernel source, config list, GPU name) matches.
-
-Under TRITON_INTERPRET=1 (set before this module is imported) the kernels run on CPU tensors
-through Triton's interpreter; the tile path then uses `INTERPRETER_CONFIG`.
+The output is always contiguous. Under TRITON_INTERPRET=1 (set before this module is imported)
+the kernels run on CPU tensors through Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -42,14 +25,9 @@ from .triton_dispatch import (
     KERNEL_NAME,
     PATHS,
     SPLIT_FILL,
-    SPLIT_MAX_SPINS,
     SPLIT_MIN_CHUNK,
     SPLIT_PARAMS,
     aligned_base,
-    fallback_block,
-    fixed_point_scale,
-    long_row_path,
-    p_block,
     paths_for,
     plan,
     split_layout,
@@ -60,7 +38,6 @@ from .triton_kernels import JIT_KERNELS
 from .triton_launch import (
     PATH_TABLE,
     BoundLaunch,
-    TritonPath,
     launch_count,
 )
 from .triton_store import (
@@ -176,17 +153,13 @@ __all__ = [
     "plan",
     "bind",
     "paths_for",
-    "long_row_path",
     "launch_params",
     "split_layout",
     "split_workspace_words",
-    "p_block",
-    "fallback_block",
     "SPLIT_PARAMS",
     "SPLIT_FILL",
     "SPLIT_MIN_CHUNK",
     "aligned_base",
-    "fixed_point_scale",
     "CONFIGS",
     "DISPATCH_BOUNDARIES",
     "INTERPRETER_CONFIG",
@@ -195,7 +168,6 @@ __all__ = [
     "v_bucket",
     "PATHS",
     "PATH_TABLE",
-    "TritonPath",
     "BoundLaunch",
     "launch_count",
     "STORED_PATH",
@@ -216,5 +188,4 @@ __all__ = [
     "clear_autotune_memo",
     "INTERPRET",
     "KERNEL_NAME",
-    "SPLIT_MAX_SPINS",
 ]

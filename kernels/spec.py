@@ -315,55 +315,38 @@ SPECS: tuple[KernelSpec, ...] = (
         )
         for op in ("softmax_backward", "cross_entropy")
     ),
-    KernelSpec(
-        "triton",
-        "kernels.triton_backward:softmax_backward",
-        (
-            Path("row", gpu=(5, 100)),
-            Path("split", gpu=(5, 8193), cpu={"CHUNK": 16, "num_warps": 2}),
-        ),
-        _ALL,
-        backend="triton",
-        plan="kernels.triton_backward:plan",
-        run_path="kernels.triton_backward:run_path",  # run_path(dy, y, path, *, out=None, **params)
-        interpretable=True,
-        grids=(),
-        op="softmax_backward",
+    *(
+        KernelSpec(
+            "triton",
+            f"kernels.{module}:{op}",
+            (
+                Path("row", gpu=(5, 100)),
+                Path("split", gpu=(5, 8193), cpu={"CHUNK": 16, "num_warps": 2}),
+            ),
+            _ALL,
+            backend="triton",
+            plan=f"kernels.{module}:plan",
+            # softmax_backward: run_path(dy, y, path, *, out=None, **params); cross_entropy:
+            # run_path(logits, targets, path, *, params, **options)
+            run_path=f"kernels.{module}:run_path",
+            interpretable=True,
+            grids=(),
+            op=op,
+        )
+        for op, module in (("softmax_backward", "triton_backward"), ("cross_entropy", "triton_cross_entropy"))
     ),
-    KernelSpec(
-        "triton",
-        "kernels.triton_cross_entropy:cross_entropy",
-        (
-            Path("row", gpu=(5, 100)),
-            Path("split", gpu=(5, 8193), cpu={"CHUNK": 16, "num_warps": 2}),
-        ),
-        _ALL,
-        backend="triton",
-        plan="kernels.triton_cross_entropy:plan",
-        run_path="kernels.triton_cross_entropy:run_path",  # run_path(logits, targets, path, *, params, **options)
-        interpretable=True,
-        grids=(),
-        op="cross_entropy",
-    ),
-    KernelSpec(
-        BACKWARD_BASELINE,
-        "kernels.baselines:torch_softmax_backward",
-        (Path("torch", gpu=(5, 100)),),
-        _ALL,
-        interpretable=True,
-        baseline=True,
-        grids=(),
-        op="softmax_backward",
-    ),
-    KernelSpec(
-        CROSS_ENTROPY_BASELINE,
-        "kernels.baselines:torch_cross_entropy",
-        (Path("torch", gpu=(5, 100)),),
-        _ALL,
-        interpretable=True,
-        baseline=True,
-        grids=(),
-        op="cross_entropy",
+    *(
+        KernelSpec(
+            baseline,
+            f"kernels.baselines:torch_{op}",
+            (Path("torch", gpu=(5, 100)),),
+            _ALL,
+            interpretable=True,
+            baseline=True,
+            grids=(),
+            op=op,
+        )
+        for op, baseline in (("softmax_backward", BACKWARD_BASELINE), ("cross_entropy", CROSS_ENTROPY_BASELINE))
     ),
     *(
         KernelSpec(

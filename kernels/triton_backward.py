@@ -1,23 +1,14 @@
 """The softmax backward in Triton: dx = y * (dy - sum(y * dy)) over the last dimension, from the
-softmax output y and the incoming gradient dy, in one kernel (two reads and one write).
+softmax output y and the incoming gradient dy, in one kernel (two reads and one write); and the
+dispatch and launch parameters the Triton cross-entropy shares.
 
 Paths (`plan(B, V, dtype)` names the one a call takes; `DISPATCH_BOUNDARIES` holds the limit):
-
-  row   V <= row_max_v. One program per row holds dy and y in registers: each element is read
-        once and written once.
-  split V > row_max_v. P = cdiv(V, CHUNK) programs share a row, each with a CHUNK of dy and y in
-        registers (still one read of each), meeting twice through a per-row workspace (the
-        largest |y * dy|, then the fixed-point sum); a program whose siblings are not running
-        streams the row itself, so a launch cannot hang.
-
-Every path gives a row the same bits: the sum is order-free (kernels.triton_loss_kernels), and
-the path depends on V alone, never on B. dy and y may have any row stride and
-different layouts (each is copied with `.contiguous()` only when its elements are not
-contiguous within a row); dx is new and contiguous, or `out` (contiguous). float32, bfloat16
-and float16 storage, all arithmetic in float32; dy and y share one dtype, as
-`torch._softmax_backward_data` requires.
-
-Under TRITON_INTERPRET=1 (set before the kernels are imported) the kernels run on CPU tensors.
+row for V <= row_max_v, one program a row; split above it, P = cdiv(V, CHUNK) programs a row
+(kernels/triton_loss_kernels.py). Every path gives a row the same bits: the sum is order-free,
+and the path depends on V alone, never on B. dy and y may have any row stride and different
+layouts (each is copied with `.contiguous()` only when its elements are not contiguous within a
+row); dx is new and contiguous, or `out` (contiguous). float32, bfloat16 and float16 storage,
+all arithmetic in float32; dy and y share one dtype, as `torch._softmax_backward_data` requires.
 """
 
 from __future__ import annotations
@@ -28,7 +19,7 @@ import triton
 from .checks import check_backward_inputs, on_device, prepare_dx
 from .spec import spec_of
 from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
-from .triton_dispatch import INTERPRET, SPLIT_MAX_SPINS, fixed_point_bits
+from .triton_dispatch import INTERPRET, fixed_point_bits
 from .triton_launch import launch_entry
 
 KERNEL_NAME = "triton"
@@ -97,10 +88,7 @@ __all__ = [
     "run_path",
     "plan",
     "launch_params",
-    "check_backward_inputs",
-    "fixed_point_bits",
     "PATHS",
     "DISPATCH_BOUNDARIES",
-    "SPLIT_MAX_SPINS",
     "INTERPRET",
 ]

@@ -11,15 +11,9 @@ its combination with label smoothing.
     result.lse       (N,) float32: log-sum-exp of each row (-inf for a row of -inf)
     result.grad      (N, V), the logits' dtype: d loss / d logits (for "none": of loss.sum())
 
-Launches, in order on the stream:
-  prep    one program: the mean's denominator, the sum and the largest |w| of the class weights,
-          and the targets that are neither in [0, V) nor ignore_index (count, least and largest).
-  row     V <= row_max_v: one program per row with the row in registers, or
-  split   V > row_max_v: P = cdiv(V, CHUNK) programs per row, each with a CHUNK of the logits in
-          registers (one read, one write), meeting twice through a per-row workspace (the max
-          and the min, then the fixed-point sums; bounded waits, a program whose
-          siblings are not running streams the row itself).
-  reduce  one program ("mean" / "sum"): the rows' losses summed in fixed point.
+Launches, in order on the stream (kernels/triton_loss_kernels.py): prep, one program over the
+targets and class weights; row or split, the softmax backward's paths (kernels.triton_backward);
+for "mean" / "sum", reduce, one program summing the rows' losses in fixed point.
 
 A target out of range. With `validate=True` (the default) the wrapper reads the prep kernel's
 three integers back before launching the row kernel and raises a ValueError naming the bad
@@ -41,8 +35,7 @@ from typing import NamedTuple
 
 import torch
 
-from .checks import CROSS_ENTROPY_REDUCTIONS as REDUCTIONS
-from .checks import check_cross_entropy_inputs, on_device
+from .checks import check_cross_entropy_inputs, check_out, on_device
 from .spec import spec_of
 from .triton_backward import DISPATCH_BOUNDARIES, launch_params, plan
 from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
@@ -104,8 +97,8 @@ def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction
     return CrossEntropyResult(loss, lse, grad)
 
 
-def _cross_entropy(logits, targets, weight, ignore_index, label_smoothing, reduction, out, inplace, validate, path,
-                   params):  # fmt: skip
+def _cross_entropy(logits, targets, path, params, *, weight=None, ignore_index=-100, label_smoothing=0.0,
+                   reduction="mean", out=None, inplace=False, validate=True):  # fmt: skip
     check_cross_entropy_inputs(
         logits,
         targets,
@@ -125,13 +118,7 @@ def _cross_entropy(logits, targets, weight, ignore_index, label_smoothing, reduc
     elif out is None:
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
     else:
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"{KERNEL_NAME} cross-entropy: out must be a torch.Tensor, got {type(out).__name__}")
-        if out.shape != logits.shape or out.dtype != logits.dtype or out.device != logits.device:
-            raise ValueError(
-                f"{KERNEL_NAME} cross-entropy: out is {tuple(out.shape)} {out.dtype} on {out.device}, "
-                f"expected {tuple(logits.shape)} {logits.dtype} on {logits.device}"
-            )
+        check_out(out, logits, f"{KERNEL_NAME} cross-entropy")
         if out.stride(1) != 1:
             raise ValueError(f"{KERNEL_NAME} cross-entropy: out must have rows of unit column stride")
         grad = out
@@ -161,30 +148,15 @@ def cross_entropy(
     validate: raise a ValueError for a target outside [0, V) that is not ignore_index (one
         synchronisation per call; see the module's docstring).
     """
-    return _cross_entropy(
-        logits, targets, weight, ignore_index, label_smoothing, reduction, out, inplace, validate, None, {}
-    )
+    options = {"weight": weight, "ignore_index": ignore_index, "label_smoothing": label_smoothing, "out": out}
+    return _cross_entropy(logits, targets, None, {}, reduction=reduction, inplace=inplace, validate=validate, **options)
 
 
 def run_path(logits, targets, path: str, *, params: dict | None = None, **options) -> CrossEntropyResult:
     """cross_entropy through one named path with launch parameters `params` (row: BLOCK,
     num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK);
     `options` as cross_entropy takes them."""
-    o = {"weight": None, "ignore_index": -100, "label_smoothing": 0.0, "reduction": "mean", "out": None,
-         "inplace": False, "validate": True, **options}  # fmt: skip
-    return _cross_entropy(
-        logits,
-        targets,
-        o["weight"],
-        o["ignore_index"],
-        o["label_smoothing"],
-        o["reduction"],
-        o["out"],
-        o["inplace"],
-        o["validate"],
-        path,
-        params or {},
-    )
+    return _cross_entropy(logits, targets, path, params or {}, **options)
 
 
 def _scale(grad: torch.Tensor, grad_output: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -223,11 +195,8 @@ __all__ = [
     "scale_gradient_",
     "scaled_gradient",
     "plan",
-    "launch_params",
-    "check_cross_entropy_inputs",
     "CrossEntropyResult",
     "PATHS",
-    "REDUCTIONS",
     "DISPATCH_BOUNDARIES",
     "INTERPRET",
 ]
