@@ -13,7 +13,7 @@ rules: the fused kernel's fp32 path (max, exp, fixed-point sum, normalisation) i
     optionally +-ULPS of deterministic noise (the hardware's error is up to 2 ulps), flush to
     zero: the form before (2Sum on the raw max, the quotient from the product with inv and one
     correction step) and now (exp_reference, three-operation err, e * inv + e * inv_lo), each
-    held to the suite's rules (tests/helpers.py: TOLERANCES at every output, the ratio to
+    held to the suite's rules (tests/helpers/tolerances.py: TOLERANCES at every output, the ratio to
     F.softmax on the CPU) on the accuracy tests' recipes.
 """
 
