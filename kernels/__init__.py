@@ -61,28 +61,17 @@ def __dir__():
     return sorted({*globals(), *_LAZY})
 
 
+# The names from kernels.spec, then every lazy one.
 __all__ = [
-    "REGISTRY",
-    "OPS",
-    "SOFTMAX_KERNELS",
-    "SUPPORTED_DTYPES",
-    "OUR_KERNELS",
+    "BACKWARD_BASELINE",
     "BASELINE",
-    "EXTRA_KERNELS_ENV",
+    "CROSS_ENTROPY_BASELINE",
     "LAB_POINT",
     "LAB_SHAPES",
+    "OPS",
     "SPECS",
-    "Kernel",
     "KernelSpec",
     "Path",
     "matrix_bytes",
-    "torch_softmax",
-    "compiled_softmax",
-    "check_softmax_input",
-    "prepare_output",
-    "SOFTMAX_BACKWARD_KERNELS",
-    "SOFTMAX_BACKWARD_OF",
-    "CROSS_ENTROPY_KERNELS",
-    "BACKWARD_BASELINE",
-    "CROSS_ENTROPY_BASELINE",
+    *_LAZY,
 ]

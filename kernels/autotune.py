@@ -3,9 +3,8 @@
     python -m kernels.autotune                       # TUNE_SHAPES, every dtype, kernels/triton_autotune.json
     python -m kernels.autotune --shapes 64x600 4096x600 --dtypes float32 bfloat16 --path /tmp/t.json
 
-Later runs of `kernels.softmax_triton.softmax` read the file and launch the stored config
-without benchmarking, as long as the kernel source, the config list and the GPU name still
-match the fingerprint the choice was stored under.
+Later runs launch the stored config without benchmarking while its fingerprint holds
+(kernels/triton_store.py).
 """
 
 import argparse
@@ -15,6 +14,7 @@ import sys
 import torch
 
 from .checks import torch_dtype
+from .launch import device_info
 from .spec import DTYPE_NAMES
 from .triton_dispatch import INTERPRET
 from .triton_launch import PATH_TABLE
@@ -25,7 +25,6 @@ from .triton_store import (
     cuda_device_index,
     fingerprint,
     forget_tuned_here,
-    gpu_info,
     stored_path,
     tile_autotuned,
     write_stored,
@@ -47,7 +46,7 @@ def run_autotune(shapes=TUNE_SHAPES, *, dtypes=(torch.float32,), path=None, devi
     if INTERPRET or not torch.cuda.is_available():
         raise RuntimeError("run_autotune needs a CUDA GPU (and TRITON_INTERPRET unset)")
     dev = cuda_device_index(device)
-    name = gpu_info(dev)[0]
+    name = device_info(dev)[0]
     gen = torch.Generator(device="cpu").manual_seed(seed)
     per_v: dict = {}
     for dtype in dtypes:

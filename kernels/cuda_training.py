@@ -47,10 +47,10 @@ from .cuda_training_plans import (
     select_training_class,
     training_classes,
 )
-from .launch import KernelLauncher
+from .launch import KernelLauncher, device_info
 
 # One cache of device facts, compiled modules and launchers for every CUDA C kernel.
-from .softmax_cuda import ClassLaunch, _sm_count_and_major, check_columns, class_launch, cuda_launcher
+from .softmax_cuda import ClassLaunch, check_columns, class_launch, cuda_launcher
 
 TRAINING_DTYPES = FLOAT_DTYPES
 HELPER_THREADS = 1024  # CE_HELPER_THREADS of cross_entropy.cu
@@ -76,14 +76,14 @@ def _resolve(op: str, what: str, dev: int, V: int, dtype, size_class: TrainingCl
         key = (op, dtype, V, dev)
         entry = _dispatch.get(key)
         if entry is None:
-            chosen = select_training_class(op, V, dtype, clusters=_sm_count_and_major(dev)[1] >= 9)
+            chosen = select_training_class(op, V, dtype, clusters=device_info(dev)[2] >= 9)
             entry = _dispatch[key] = _make_launch(op, dev, dtype, chosen)
         return entry
     if size_class not in training_classes(op, dtype):
         raise ValueError(f"{what}: {size_class} is not a size class of this kernel for {dtype}")
     if size_class.capacity is not None and V > size_class.capacity:
         raise ValueError(f"{what}: V = {V} does not fit {size_class.describe()}")
-    if size_class.cluster > 1 and _sm_count_and_major(dev)[1] < 9:
+    if size_class.cluster > 1 and device_info(dev)[2] < 9:
         raise ValueError(f"{what}: {size_class.describe()} needs thread-block clusters (sm_90 or newer)")
     return _make_launch(op, dev, dtype, size_class)
 
@@ -121,10 +121,8 @@ def softmax_backward_fused(
     """dx = y * (dy - sum(y * dy, -1)) over rows of (B, V) tensors y (the softmax's output) and
     dy (the gradient of it); float32 / bfloat16 / float16, y and dy of one dtype.
 
-    `out`, if given, receives dx (contiguous, y's shape and dtype). `size_class` forces a
-    size class (one of `kernels.cuda_training_plans.training_classes("bwd", dtype)`; ValueError if the row does not
-    fit it), `grid_cap` caps the grid at that many CTAs so that CTAs loop over rows: both for
-    tests that reach every path and loop at small shapes.
+    `out`, if given, receives dx (contiguous, y's shape and dtype). `size_class` (one of
+    `training_classes("bwd", dtype)`) and `grid_cap`: as kernels.softmax_cuda.softmax_fused takes them.
     """
     # Everything but the device first (kernels.checks), so a problem reads the same on any machine.
     check_backward_inputs(dy, y, kernel="fused", device_type=None)
@@ -152,16 +150,8 @@ class TargetError(ValueError):
 
 def _check_cross_entropy(logits, target, weight, ignore_index, label_smoothing, reduction, inplace, out):
     # kernels.checks' rules without the device, then the wrapper's own options, the device last.
-    check_cross_entropy_inputs(
-        logits,
-        target,
-        weight=weight,
-        ignore_index=ignore_index,
-        label_smoothing=label_smoothing,
-        reduction=reduction,
-        kernel="fused",
-        device_type=None,
-    )
+    options = dict(weight=weight, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction)
+    check_cross_entropy_inputs(logits, target, **options, kernel="fused", device_type=None)
     check_columns(logits, _CE)
     if inplace:
         if out is not None:
@@ -296,15 +286,8 @@ def registry_cross_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The registry's calling convention (kernels.CROSS_ENTROPY_KERNELS): (loss, lse, grad); the
     wrapper applies the suite-wide input checks of kernels.checks."""
-    loss, grad, lse = cross_entropy_fused(
-        logits,
-        targets,
-        weight=weight,
-        ignore_index=ignore_index,
-        label_smoothing=label_smoothing,
-        reduction=reduction,
-        out=out,
-    )
+    options = dict(weight=weight, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction)
+    loss, grad, lse = cross_entropy_fused(logits, targets, **options, out=out)
     return loss, lse, grad
 
 

@@ -207,17 +207,16 @@ def _dtype(dtype, what: str) -> torch.dtype:
         raise TypeError(f"{what}: dtype {dtype} is not supported (float32, bfloat16, float16)") from None
 
 
-def _class_for(op: str, what: str, B: int, V: int, dtype) -> TrainingClass | None:
+def _description(op: str, what: str, B: int, V: int, dtype) -> str:
     dtype = _dtype(dtype, what)
     if V < 1:
         raise ValueError(f"{what}: V must be >= 1, got {V}")
-    return None if B == 0 else select_training_class(op, V, dtype)
+    return "empty(no launch)" if B == 0 else select_training_class(op, V, dtype).describe()
 
 
 def backward_class_description(B: int, V: int, dtype=torch.float32) -> str:
     """Description of the path the fused softmax backward takes for (B, V) rows on sm_90."""
-    size_class = _class_for("bwd", "fused softmax backward", B, V, dtype)
-    return "empty(no launch)" if size_class is None else size_class.describe()
+    return _description("bwd", "fused softmax backward", B, V, dtype)
 
 
 def backward_path(B: int, V: int, dtype=torch.float32) -> str:
@@ -227,8 +226,7 @@ def backward_path(B: int, V: int, dtype=torch.float32) -> str:
 
 def cross_entropy_class_description(B: int, V: int, dtype=torch.float32) -> str:
     """Description of the path the fused cross-entropy takes for (N, V) logits on sm_90."""
-    size_class = _class_for("ce", "fused cross-entropy", B, V, dtype)
-    return "empty(no launch)" if size_class is None else size_class.describe()
+    return _description("ce", "fused cross-entropy", B, V, dtype)
 
 
 def cross_entropy_path(B: int, V: int, dtype=torch.float32) -> str:
@@ -274,27 +272,3 @@ def expected_kernels(path: Path) -> list[str]:
     op = _op_of(path)
     names = [p.kernel_name(dt) for dt in FORMATS for p in training_classes(op, dt)]
     return names + list(CROSS_ENTROPY_HELPERS) if op == "ce" else names
-
-
-__all__ = [
-    "OPS",
-    "PATHS",
-    "TrainingClass",
-    "TRAINING_SOURCES",
-    "BACKWARD_SOURCE",
-    "CROSS_ENTROPY_SOURCE",
-    "CROSS_ENTROPY_HELPERS",
-    "training_classes",
-    "select_training_class",
-    "loop_class",
-    "boundaries",
-    "all_boundaries",
-    "backward_class_description",
-    "backward_path",
-    "cross_entropy_class_description",
-    "cross_entropy_path",
-    "module_source",
-    "kernel_source",
-    "expected_kernels",
-    "expand_includes",
-]

@@ -197,6 +197,18 @@ def _wrong_context(error: str) -> bool:
     return "INVALID_CONTEXT" in error or "INVALID_HANDLE" in error or "CONTEXT_IS_DESTROYED" in error
 
 
+_device_info: dict = {}
+
+
+def device_info(device_index: int) -> tuple[str, int, int]:
+    """(name, SM count, compute capability major) of a GPU, read once per process."""
+    info = _device_info.get(device_index)
+    if info is None:
+        props = torch.cuda.get_device_properties(device_index)
+        info = _device_info[device_index] = (props.name, props.multi_processor_count, props.major)
+    return info
+
+
 # -- workspaces: the per-row words through which a split launch's CTAs or programs meet -------------
 
 _workspaces: dict = {}
@@ -246,15 +258,3 @@ def launch_noop(device_index: int) -> None:
             launcher = KernelLauncher("noop", kernel.kernel.ptr, arg_kinds=("ptr",), block=32)
         _noop[device_index] = launcher
     launcher(device_index, 1, 0)
-
-
-__all__ = [
-    "KernelLauncher",
-    "LaunchError",
-    "launch_noop",
-    "workspace",
-    "current_stream",
-    "driver",
-    "FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES",
-    "FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED",
-]

@@ -152,29 +152,14 @@ def cross_entropy_triton(
     label_smoothing: float,
     reduction: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    loss, lse, grad = CROSS_ENTROPY_KERNELS["triton"](
-        logits,
-        targets,
-        weight=weight,
-        ignore_index=ignore_index,
-        label_smoothing=label_smoothing,
-        reduction=reduction,
-    )
-    return loss, lse, grad
+    options = dict(weight=weight, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction)
+    return tuple(CROSS_ENTROPY_KERNELS["triton"](logits, targets, **options))
 
 
 @cross_entropy_triton.register_fake
 def _(logits, targets, weight, ignore_index, label_smoothing, reduction):
-    check_cross_entropy_inputs(
-        logits,
-        targets,
-        weight=weight,
-        ignore_index=ignore_index,
-        label_smoothing=label_smoothing,
-        reduction=reduction,
-        kernel="triton",
-        device_type=None,
-    )
+    options = dict(weight=weight, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction)
+    check_cross_entropy_inputs(logits, targets, **options, kernel="triton", device_type=None)
     N = logits.shape[0]
     loss = logits.new_empty((N,) if reduction == "none" else ())
     return loss, logits.new_empty((N,), dtype=torch.float32), logits.new_empty(logits.shape)
@@ -219,17 +204,3 @@ def cross_entropy(
         logits, targets, weight, int(ignore_index), float(label_smoothing), reduction
     )
     return loss, lse
-
-
-__all__ = [
-    "OPS",
-    "fused",
-    "triton",
-    "cross_entropy",
-    "cross_entropy_triton",
-    "cross_entropy_grad_scale_",
-    "cross_entropy_grad_scaled",
-    "softmax_backward_for",
-    "BACKWARD_OPS",
-    "NAMESPACE",
-]

@@ -56,13 +56,9 @@ def _lazy(ref, what: str):
     return call
 
 
+@functools.cache
 def triton_missing() -> str | None:
     """Why the triton package cannot be used here (Triton publishes Linux wheels only), or None."""
-    return _triton_missing()
-
-
-@functools.cache
-def _triton_missing() -> str | None:
     try:
         import triton  # noqa: F401
     except ImportError as exc:

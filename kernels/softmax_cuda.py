@@ -43,6 +43,7 @@ from .launch import (
     FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
     FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
     KernelLauncher,
+    device_info,
     driver,
     workspace,
 )
@@ -62,7 +63,6 @@ SMEM_MAX_GRID = 1 << 20  # the kernel loops over rows beyond the grid
 
 _modules: dict = {}  # (device index, source sha256) -> cupy.RawModule
 _launchers: dict = {}  # (device index, kernel name) -> KernelLauncher
-_device_info: dict = {}  # device index -> (SM count, compute capability major)
 
 
 def _cupy():
@@ -94,14 +94,6 @@ def module_function(device_index: int, src: str, name: str) -> int:
             function = mod.get_function(name).kernel.ptr  # compiles (or loads from the cache) now
         _modules[mkey] = mod
         return function
-
-
-def _sm_count_and_major(device_index: int) -> tuple[int, int]:
-    info = _device_info.get(device_index)
-    if info is None:
-        props = torch.cuda.get_device_properties(device_index)
-        info = _device_info[device_index] = (props.multi_processor_count, props.major)
-    return info
 
 
 # Clusters of more than this many CTAs are non-portable: the kernel must allow them first.
@@ -201,7 +193,7 @@ class ClassLaunch(NamedTuple):
 
 
 def class_launch(dev: int, size_class, launcher: KernelLauncher) -> ClassLaunch:
-    sms = _sm_count_and_major(dev)[0]
+    sms = device_info(dev)[1]
     if size_class.kind in ("warp", "warpvec"):
         # Enough blocks to fill every SM several times over; the kernel loops over the rest.
         limit = sms * WARP_BLOCKS_PER_SM
@@ -212,7 +204,7 @@ def class_launch(dev: int, size_class, launcher: KernelLauncher) -> ClassLaunch:
 
 
 def _fused_launch(dev: int, V: int, dtype, size_class: FusedClass | None) -> ClassLaunch:
-    sms, major = _sm_count_and_major(dev)
+    _, sms, major = device_info(dev)
     if size_class is None:
         size_class = select_fused_class(V, dtype, clusters=major >= 9)
         if size_class.kind == "split" and not split_fits(size_class, V, sms):
@@ -323,6 +315,3 @@ def _launch_fused(
         entry.launcher(dev, grid, x_ptr, y_ptr, B, V, int((y_ptr - x_ptr) % _VEC_BYTES == 0))
     else:
         entry.launcher(dev, grid, x_ptr, y_ptr, B, V)
-
-
-__all__ = ["softmax_naive", "softmax_smem", "softmax_fused", "FUSED_DTYPES", "MAX_V", "WARP_BLOCKS_PER_SM"]

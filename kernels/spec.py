@@ -1,14 +1,11 @@
 """What the suite knows about each kernel of its three operations (the softmax, the softmax
 backward, the cross-entropy), in one entry per kernel: the specification the registry
-(`kernels.REGISTRY`, and its views `SOFTMAX_KERNELS`, `SOFTMAX_BACKWARD_KERNELS`,
-`CROSS_ENTROPY_KERNELS`), every registry-wide test, the benchmarks and the report harness
+(`kernels.registry`), every registry-wide test, the benchmarks and the report harness
 (tests/suite: manifest, gate, figures) are derived from.
 
 This module imports nothing but the standard library, so the harness reads it without
-importing torch; `kernels.registry` builds the callable `Kernel` objects on top of it. A new
-kernel is one `KernelSpec(...)` in `SPECS` below (README, "Adding a kernel"); one kept outside
-this tree is added through the environment variable `SOFTMAX_SUITE_EXTRA_KERNELS`
-(`kernels.registry.EXTRA_KERNELS_ENV`).
+importing torch. A new kernel is one `KernelSpec(...)` in `SPECS` below (README, "Adding a
+kernel"); one kept outside this tree is added through `kernels.registry.EXTRA_KERNELS_ENV`.
 
 Also here, because the harness needs them without torch: the dtype names, the lab's shapes and
 the bytes a softmax moves.
@@ -207,25 +204,18 @@ _ROW_SERIAL = (
 )
 
 SPECS: tuple[KernelSpec, ...] = (
-    KernelSpec(
-        "naive",
-        "kernels.softmax_cuda:softmax_naive",
-        (Path("thread", gpu=(5, 100)),),
-        backend="cupy",
-        lab_contract=True,
-        grids=("lab", "calls"),
-        bench_max_v=_ROW_SERIAL,
-        passes=4,  # three reads (max, sum, normalise) and one write
-    ),
-    KernelSpec(
-        "smem",
-        "kernels.softmax_cuda:softmax_smem",
-        (Path("block", gpu=(5, 100)),),
-        backend="cupy",
-        lab_contract=True,
-        grids=("lab", "calls"),
-        bench_max_v=_ROW_SERIAL,
-        passes=4,
+    *(
+        KernelSpec(
+            name,
+            f"kernels.softmax_cuda:softmax_{name}",
+            (Path(path, gpu=(5, 100)),),
+            backend="cupy",
+            lab_contract=True,
+            grids=("lab", "calls"),
+            bench_max_v=_ROW_SERIAL,
+            passes=4,  # three reads (max, sum, normalise) and one write
+        )
+        for name, path in (("naive", "thread"), ("smem", "block"))
     ),
     KernelSpec(
         "fused",
@@ -383,28 +373,3 @@ def in_grid(grid: str, specs=SPECS) -> tuple[str, ...]:
     if grid not in GRIDS:
         raise ValueError(f"no benchmark grid {grid!r}: one of {GRIDS}")
     return names(lambda s: grid in s.grids, specs)
-
-
-__all__ = [
-    "BACKENDS",
-    "BACKWARD_BASELINE",
-    "BASELINE",
-    "CROSS_ENTROPY_BASELINE",
-    "DTYPE_IDS",
-    "DTYPE_NAMES",
-    "GRIDS",
-    "ITEMSIZE",
-    "KernelSpec",
-    "LAB_POINT",
-    "LAB_SHAPES",
-    "OPS",
-    "Path",
-    "SPECS",
-    "SPEC_BY_NAME",
-    "dtype_name",
-    "in_grid",
-    "itemsize",
-    "matrix_bytes",
-    "names",
-    "spec_of",
-]

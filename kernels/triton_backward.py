@@ -60,14 +60,15 @@ def _launch(dy, y, dx, path: str, params: dict) -> None:
     y = y if y.stride(1) == 1 else y.contiguous()
     values = {"DY": dy, "Y": y, "DX": dx, "V": V, "stride_dy": dy.stride(0), "stride_y": y.stride(0)}
     values.update(stride_dx=dx.stride(0), K=fixed_point_bits(V))
+    path = path or plan(B, V, y.dtype)
     p = {**launch_params(path, V, y.dtype), **params}
     launch_entry("softmax_backward", path, values, p, V, B, -1 if INTERPRET else y.get_device())
 
 
-def run_path(dy: torch.Tensor, y: torch.Tensor, path: str, *, out=None, **params) -> torch.Tensor:
+def run_path(dy: torch.Tensor, y: torch.Tensor, path: str | None, *, out=None, **params) -> torch.Tensor:
     """softmax_backward(dy, y) through one named path; `params` override its launch parameters
-    (row: BLOCK, num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK). Tests use it to reach
-    the split path at small V (CHUNK=16)."""
+    (row: BLOCK, num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK; path None: plan's).
+    Tests use it to reach the split path at small V (CHUNK=16)."""
     check_backward_inputs(dy, y, kernel=KERNEL_NAME, device_type=_DEVICE_TYPE)
     dx = prepare_dx(y, out, kernel=KERNEL_NAME)
     on_device(lambda: _launch(dy, y, dx, path, params), y)
@@ -76,19 +77,4 @@ def run_path(dy: torch.Tensor, y: torch.Tensor, path: str, *, out=None, **params
 
 def softmax_backward(dy: torch.Tensor, y: torch.Tensor, *, out=None) -> torch.Tensor:
     """dx = y * (dy - sum(y * dy, -1)) for (B, V) tensors: the gradient of softmax's input."""
-    check_backward_inputs(dy, y, kernel=KERNEL_NAME, device_type=_DEVICE_TYPE)
-    dx = prepare_dx(y, out, kernel=KERNEL_NAME)
-    B, V = y.shape
-    on_device(lambda: _launch(dy, y, dx, plan(B, V, y.dtype), {}), y)
-    return dx
-
-
-__all__ = [
-    "softmax_backward",
-    "run_path",
-    "plan",
-    "launch_params",
-    "PATHS",
-    "DISPATCH_BOUNDARIES",
-    "INTERPRET",
-]
+    return run_path(dy, y, None, out=out)

@@ -52,14 +52,6 @@ class CrossEntropyResult(NamedTuple):
     grad: torch.Tensor
 
 
-def _target_error(bad: list[int], V: int, ignore_index: int) -> ValueError:
-    count, lo, hi = bad
-    return ValueError(
-        f"{KERNEL_NAME} cross-entropy: {count} target(s) outside [0, {V}) that are not ignore_index "
-        f"({ignore_index}): values from {lo} to {hi}"
-    )
-
-
 def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction, validate, path, params):
     N, V = logits.shape
     device = logits.device
@@ -83,9 +75,12 @@ def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction
     flags = {"HAS_WEIGHT": has_weight, "MEAN": reduction == "mean"}
     launch_entry("cross_entropy", "prep", values, {**launch_params("prep", V), **flags}, V, 1, dev)
     if validate and (INTERPRET or not torch.cuda.is_current_stream_capturing()):
-        counts = bad.tolist()
-        if counts[0]:
-            raise _target_error(counts, V, ignore_index)
+        count, lo, hi = bad.tolist()
+        if count:
+            raise ValueError(
+                f"{KERNEL_NAME} cross-entropy: {count} target(s) outside [0, {V}) that are not ignore_index "
+                f"({ignore_index}): values from {lo} to {hi}"
+            )
     values["LOSS"] = row_loss = torch.empty(N, dtype=torch.float32, device=device)
     p = {**launch_params(path, V, logits.dtype), **params, **flags, "HAS_SMOOTHING": float(label_smoothing) > 0.0}
     launch_entry("cross_entropy", path, values, p, V, N, dev)
@@ -99,16 +94,8 @@ def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction
 
 def _cross_entropy(logits, targets, path, params, *, weight=None, ignore_index=-100, label_smoothing=0.0,
                    reduction="mean", out=None, inplace=False, validate=True):  # fmt: skip
-    check_cross_entropy_inputs(
-        logits,
-        targets,
-        weight=weight,
-        ignore_index=ignore_index,
-        label_smoothing=label_smoothing,
-        reduction=reduction,
-        kernel=KERNEL_NAME,
-        device_type=_DEVICE_TYPE,
-    )
+    options = dict(weight=weight, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction)
+    check_cross_entropy_inputs(logits, targets, **options, kernel=KERNEL_NAME, device_type=_DEVICE_TYPE)
     if inplace:
         if out is not None:
             raise ValueError(f"{KERNEL_NAME} cross-entropy: give either out or inplace=True, not both")

@@ -15,13 +15,11 @@ arguments to a kernel is generated from the entry: the first launch through Trit
 call (`BoundLaunch.replay`), the autotuner's call of the tile kernel, and the ahead-of-time
 builds of `kernels.triton_build` (`TritonPath.aot`).
 
-Launches. A kernel is compiled and loaded by Triton's own launcher on its first call for a
-specialisation (dtype, pointer alignment, constexprs, warps); later softmax calls launch the
-same loaded function through `kernels.launch` (one driver call), which is what makes a call
-cheap; the training kernels always go through Triton's launcher (`launch_entry`). A replay
-recomputes only the arguments in PER_CALL_ARGS (the buffers' addresses, B and the
-workspace); every other argument is fixed by the key the replay is remembered under. Split
-launches meet through `split_workspace` (kernels.launch.workspace: no fill before a launch).
+Launches. Triton's own launcher compiles and loads a kernel on its first call for a
+specialisation (dtype, pointer alignment, constexprs, warps); later softmax calls repeat it
+through one driver call (`kernels.launch`), recomputing only the arguments in PER_CALL_ARGS;
+the training kernels always go through Triton's launcher (`launch_entry`). Split launches meet
+through `split_workspace` (kernels.launch.workspace).
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ import triton
 
 from . import triton_store as store
 from .build_once import build_lock
-from .launch import KernelLauncher, LaunchError, driver, workspace
+from .launch import KernelLauncher, LaunchError, device_info, driver, workspace
 from .spec import spec_of
 from .triton_dispatch import (
     DISPATCH_BOUNDARIES,
@@ -65,16 +63,9 @@ ARG_TYPES = {"*T": "ptr", "*i64": "ptr", "*fp32": "ptr", "i32": "i32", "fp32": "
 # kernels/triton_loss_kernels.py).
 ARG_MEANINGS = {
     "X": "the input rows (a 16-byte-aligned base view for the softmax's chunked paths; the logits)",
-    "Y": "the softmax's output rows (likewise)",
-    "WS": "a split path's int64 workspace",
-    "B": "rows",
-    "V": "row length",
-    "P": "programs per row",
-    "stride_x": "input row stride",
-    "stride_y": "row stride of Y",
-    "x_off": "the input's head past X",
-    "y_off": "the output's head past Y",
-    "SCALE": "fixed_point_scale(V)",
+    "Y": "the softmax's output rows (likewise)", "WS": "a split path's int64 workspace", "B": "rows",
+    "V": "row length", "P": "programs per row", "stride_x": "input row stride", "stride_y": "row stride of Y",
+    "x_off": "the input's head past X", "y_off": "the output's head past Y", "SCALE": "fixed_point_scale(V)",
     "DY": "the incoming gradient", "DX": "the gradient written", "stride_dy": "DY's row stride",
     "stride_dx": "DX's row stride", "K": "fixed_point_bits(V)", "N": "rows (cross-entropy)",
     "T": "the int64 targets", "W": "the class weights (any pointer without)", "G": "the gradient written",
@@ -410,9 +401,6 @@ PATH_TABLE = {
 }  # fmt: skip
 
 
-# The training kernels' geometry (kernels/triton_loss_kernels.py): constexprs derived from p.
-
-
 def _row_block(p, V, *layout) -> dict:
     return {"BLOCK": max(p["BLOCK"], triton.next_power_of_2(V))}
 
@@ -544,7 +532,7 @@ def _driver_launcher(compiled, name: str, kinds) -> KernelLauncher | None:
 
 def gpu_sms(dev: int) -> int | None:
     """Multiprocessors of the launch's GPU (None under the interpreter: no batch rule)."""
-    return None if INTERPRET else store.gpu_info(dev)[1]
+    return None if INTERPRET else device_info(dev)[1]
 
 
 def bind(x: torch.Tensor, y: torch.Tensor, path: str, params: dict) -> BoundLaunch:

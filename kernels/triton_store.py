@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 import triton
 
+from .launch import device_info
 from .spec import LAB_SHAPES
 from .triton_dispatch import DISPATCH_BOUNDARIES, INTERPRET
 from .triton_kernels import softmax_tile_kernel
@@ -209,25 +210,15 @@ def bench_calls() -> int:
 tile_autotuned = triton.autotune(configs=CONFIGS, key=["V"], do_bench=_bench)(softmax_tile_kernel)
 
 # What the lookups resolved once per process: (device, bucket, dtype, file generation) -> config,
-# (device, bucket, dtype) -> config the autotuner picked here, device -> (name, SM count).
+# (device, bucket, dtype) -> config the autotuner picked here.
 _lookup_memo: dict = {}
 _tuned_here: dict = {}
-_device_info: dict = {}
 
 
 def clear_memo() -> None:
     """Forget what this process resolved or tuned (the next lookup reads the stored file again)."""
     _lookup_memo.clear()
     _tuned_here.clear()
-
-
-def gpu_info(device_index: int) -> tuple:
-    """(name, SM count) of a GPU, read once per process."""
-    info = _device_info.get(device_index)
-    if info is None:
-        props = torch.cuda.get_device_properties(device_index)
-        info = _device_info[device_index] = (props.name, props.multi_processor_count)
-    return info
 
 
 def cuda_device_index(device) -> int:
@@ -245,7 +236,7 @@ def autotune_picked(V: int, dtype: torch.dtype = torch.float32, *, device=None, 
     if INTERPRET:
         return dict(INTERPRETER_CONFIG, num_stages=3)
     dev = cuda_device_index(device)
-    name = gpu_info(dev)[0]
+    name = device_info(dev)[0]
     bucket = v_bucket(V)
     if path is not None:
         return stored_choice(V, dtype, name, path=path) or _tuned_here.get((dev, bucket, dtype))
