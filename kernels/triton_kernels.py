@@ -39,7 +39,7 @@ _INTS = ["V", "B", "P", "stride_x", "stride_y", "x_off", "y_off"]
 
 
 def _no_value_specialisation(fn):
-    names = [n for n in _INTS if n in fn.__code__.co_varnames[:fn.__code__.co_argcount]]
+    names = [n for n in _INTS if n in fn.__code__.co_varnames[: fn.__code__.co_argcount]]
     return triton.jit(do_not_specialize=names)(fn)
 
 
@@ -182,8 +182,9 @@ def softmax_row_kernel(X, Y, V, stride_x, stride_y, SCALE, BLOCK: tl.constexpr, 
 
 
 @_no_value_specialisation
-def softmax_rows_kernel(X, Y, B, V, stride_x, stride_y, SCALE, ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
-                        ALIGN: tl.constexpr = 1):
+def softmax_rows_kernel(
+    X, Y, B, V, stride_x, stride_y, SCALE, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, ALIGN: tl.constexpr = 1
+):
     # Many short rows: a [ROWS, BLOCK_V] block per program, so each moves enough bytes.
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_V)
@@ -306,14 +307,19 @@ def _split_edges(xs, chunk, V, ALIGN: tl.constexpr):
     # A row's edges: the first ALIGN offsets of the row and the partial group at its end, each
     # element once (the tail part skips what the head part covers); only chunk 0 holds them.
     # (positions, mask)
-    g_lo = (xs + ALIGN - 1) // ALIGN                  # first group wholly inside the row
-    g_hi = (xs + V) // ALIGN                          # one past the last such group
+    g_lo = (xs + ALIGN - 1) // ALIGN  # first group wholly inside the row
+    g_hi = (xs + V) // ALIGN  # one past the last such group
     e = tl.arange(0, 2 * ALIGN)
     pos = tl.where(e < ALIGN, xs + e, g_hi * ALIGN + (e - ALIGN))
     pos_g = pos // ALIGN
     # (pos - pos + chunk): the chunk test as a tensor; the interpreter rejects a scalar term in a mask.
-    e_mask = ((pos >= xs) & (pos < xs + V) & ((pos_g < g_lo) | (pos_g >= g_hi))
-              & ((e < ALIGN) | (pos >= xs + ALIGN)) & ((pos - pos + chunk) == 0))
+    e_mask = (
+        (pos >= xs)
+        & (pos < xs + V)
+        & ((pos_g < g_lo) | (pos_g >= g_hi))
+        & ((e < ALIGN) | (pos >= xs + ALIGN))
+        & ((pos - pos + chunk) == 0)
+    )
     return pos, e_mask
 
 
@@ -323,14 +329,30 @@ def _split_chunk(xs, chunk, V, CHUNK: tl.constexpr, ALIGN: tl.constexpr):
     g_lo = (xs + ALIGN - 1) // ALIGN
     g_hi = (xs + V) // ALIGN
     c_start = tl.multiple_of((xs // ALIGN) * ALIGN + chunk * CHUNK, ALIGN)
-    grp = tl.arange(0, CHUNK) // ALIGN                # constant over ALIGN-groups
+    grp = tl.arange(0, CHUNK) // ALIGN  # constant over ALIGN-groups
     return c_start, _group_mask(grp, c_start, g_lo, g_hi, ALIGN)
 
 
 @_no_value_specialisation
-def softmax_split_kernel(X, Y, WS, B, V, P, stride_x, stride_y, x_off, y_off, SCALE,
-                         CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr,
-                         MAX_SPINS: tl.constexpr, ALIGN: tl.constexpr = 1, Y_ALIGN: tl.constexpr = 1):
+def softmax_split_kernel(
+    X,
+    Y,
+    WS,
+    B,
+    V,
+    P,
+    stride_x,
+    stride_y,
+    x_off,
+    y_off,
+    SCALE,
+    CHUNK: tl.constexpr,
+    P_BLOCK: tl.constexpr,
+    FALLBACK_BLOCK: tl.constexpr,
+    MAX_SPINS: tl.constexpr,
+    ALIGN: tl.constexpr = 1,
+    Y_ALIGN: tl.constexpr = 1,
+):
     # A row too long for one program's registers is shared by P programs, each keeping its
     # chunk in registers: one read and one write. Chunks are cut on ALIGN-groups of element
     # offsets from X (the wrapper makes X 16-byte aligned and passes the tensor's head as
@@ -404,8 +426,20 @@ def softmax_split_kernel(X, Y, WS, B, V, P, stride_x, stride_y, x_off, y_off, SC
 
 
 @_no_value_specialisation
-def softmax_stream_kernel(X, Y, B, V, stride_x, stride_y, x_off, y_off, SCALE,
-                          BLOCK: tl.constexpr, ALIGN: tl.constexpr = 1, Y_ALIGN: tl.constexpr = 1):
+def softmax_stream_kernel(
+    X,
+    Y,
+    B,
+    V,
+    stride_x,
+    stride_y,
+    x_off,
+    y_off,
+    SCALE,
+    BLOCK: tl.constexpr,
+    ALIGN: tl.constexpr = 1,
+    Y_ALIGN: tl.constexpr = 1,
+):
     # Rows too long for one program's registers: a grid of a few programs per SM
     # walks the rows, reading each three times in BLOCK-wide tiles (max, fixed-point sum,
     # write). The grid bounds the rows in flight, so a row's second and third reads find it in
@@ -414,19 +448,18 @@ def softmax_stream_kernel(X, Y, B, V, stride_x, stride_y, x_off, y_off, SCALE,
     # head as x_off), so the body moves in vector accesses at any V or row offset; the partly
     # covered groups at each end (the "edges") are loaded and stored element-wise.
     cols = tl.arange(0, BLOCK)
-    grp = cols // ALIGN                               # constant over ALIGN-groups
+    grp = cols // ALIGN  # constant over ALIGN-groups
     e = tl.arange(0, 2 * ALIGN)
     row = tl.program_id(0).to(tl.int64)
     while row < B:
-        xs = x_off + row * stride_x                   # row start, elements from X
-        g_lo = (xs + ALIGN - 1) // ALIGN              # first group wholly inside the row
-        g_hi = (xs + V) // ALIGN                      # one past the last such group
+        xs = x_off + row * stride_x  # row start, elements from X
+        g_lo = (xs + ALIGN - 1) // ALIGN  # first group wholly inside the row
+        g_hi = (xs + V) // ALIGN  # one past the last such group
         base = (xs // ALIGN) * ALIGN
         end = g_hi * ALIGN
         pos = tl.where(e < ALIGN, xs + e, end + (e - ALIGN))
         pos_g = pos // ALIGN
-        e_mask = ((pos >= xs) & (pos < xs + V) & ((pos_g < g_lo) | (pos_g >= g_hi))
-                  & ((e < ALIGN) | (pos >= xs + ALIGN)))
+        e_mask = (pos >= xs) & (pos < xs + V) & ((pos_g < g_lo) | (pos_g >= g_hi)) & ((e < ALIGN) | (pos >= xs + ALIGN))
         xe = tl.load(X + pos, mask=e_mask, other=-float("inf")).to(tl.float32)
 
         m_lane = tl.full([BLOCK], -float("inf"), tl.float32)
@@ -463,5 +496,10 @@ def softmax_stream_kernel(X, Y, B, V, stride_x, stride_y, x_off, y_off, SCALE,
         row += tl.num_programs(0)
 
 
-JIT_KERNELS = {"tile": softmax_tile_kernel, "row": softmax_row_kernel, "rows": softmax_rows_kernel,
-               "split": softmax_split_kernel, "stream": softmax_stream_kernel}
+JIT_KERNELS = {
+    "tile": softmax_tile_kernel,
+    "row": softmax_row_kernel,
+    "rows": softmax_rows_kernel,
+    "split": softmax_split_kernel,
+    "stream": softmax_stream_kernel,
+}

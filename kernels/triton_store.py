@@ -8,9 +8,10 @@ row of a length nobody tuned for takes its bucket's choice instead of timing twe
 (each a compile) in every process. The offline tuner times TUNE_SHAPES: a few batch sizes in
 every bucket of the tile path.
 
-Each stored choice sits under a fingerprint: a hash of the tile kernel's source, the config
-list and the GPU name, so editing the kernel or the configs, or moving to another GPU, makes
-the wrapper ignore it and autotune again on first use (standard `@triton.autotune` behaviour).
+Each stored choice sits under a fingerprint: a hash of what the tile kernel compiles (its
+syntax tree and its helpers', `kernel_source_hash`), the config list and the GPU name, so
+changing the kernel, a helper it calls or the configs, or moving to another GPU, makes the
+wrapper ignore it and autotune again on first use (standard `@triton.autotune` behaviour).
 
 The file read and written by default is STORED_PATH, or the file named by the environment
 variable SOFTMAX_SUITE_TRITON_AUTOTUNE_FILE (set it before the first call, or call
@@ -21,10 +22,12 @@ Under TRITON_INTERPRET=1 the tile path uses `INTERPRETER_CONFIG` and nothing is 
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import json
 import os
+import textwrap
 from pathlib import Path
 
 import torch
@@ -66,10 +69,34 @@ def config_dict(cfg) -> dict:
 
 
 def kernel_source_hash(kernel=None) -> str:
-    """sha256 of a jitted kernel's Python source (what `@triton.jit` compiles); the tile
-    kernel's by default (what the fingerprint covers)."""
-    fn = kernel or softmax_tile_kernel
-    return hashlib.sha256(inspect.getsource(getattr(fn, "fn", fn)).encode()).hexdigest()
+    """sha256 of what `@triton.jit` compiles for a kernel (the tile kernel by default): the
+    syntax tree of its function and of every jit function it calls, directly or through others,
+    and the values of the module constants they read. Comments, docstrings and formatting do not
+    count; an edit to a helper the kernel calls (its exp, its normaliser) does."""
+    h = hashlib.sha256()
+    todo, seen = [kernel or softmax_tile_kernel], set()
+    while todo:
+        fn = todo.pop(0)
+        while hasattr(fn, "fn"):  # a JITFunction, or the interpreter's stand-in, around the Python function
+            fn = fn.fn
+        if fn in seen:
+            continue
+        seen.add(fn)
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if isinstance(node, ast.FunctionDef) and isinstance(body[0], ast.Expr):
+                if isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                    node.body = body[1:] or [ast.Pass()]
+        h.update(ast.unparse(tree).encode())  # the same text on every Python version, unlike ast.dump
+        for name in sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}):
+            value = fn.__globals__.get(name)
+            if isinstance(value, triton.runtime.jit.KernelInterface):
+                todo.append(value)
+            elif isinstance(value, (triton.language.constexpr, int, float, str)):
+                value = getattr(value, "value", value)  # constexpr's repr differs between Triton versions
+                h.update(f"{name}={value!r}".encode())
+    return h.hexdigest()
 
 
 def configs_hash(configs=None) -> str:

@@ -698,7 +698,45 @@ def test_changed_source_configs_or_gpu_invalidate_the_stored_choice(tmp_path):
     assert st.configs_hash() == st.configs_hash(list(st.CONFIGS))
 
 
-def test_source_hash_follows_the_kernel_text():
+_KEYED_KERNEL = """
+import triton
+import triton.language as tl
+
+SCALE = tl.constexpr({scale})
+
+
+@triton.jit
+def _helper(x):
+    return x + {add}
+
+
+@triton.jit
+def kernel(X, N: tl.constexpr):
+    {first}
+    offs = tl.arange(0,{space}N)
+    tl.store(X + offs, _helper(tl.load(X + offs)) * SCALE)
+"""
+
+
+def _key_of(tmp_path, name: str, **parts) -> str:
+    """The autotune key of `kernel` in a module written from _KEYED_KERNEL with `parts`."""
+    import importlib.util
+
+    path = tmp_path / f"keyed_{name}.py"
+    path.write_text(_KEYED_KERNEL.format(**{"scale": 2, "add": 1, "first": "# a comment", "space": "", **parts}))
+    spec = importlib.util.spec_from_file_location(f"keyed_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return st.kernel_source_hash(module.kernel)
+
+
+def test_the_autotune_key_follows_what_compiles(tmp_path):
+    """The stored choice is keyed on what the tile kernel compiles: a comment, a docstring or
+    formatting keeps the key; a change in a jit helper it calls or a constant it reads does not."""
+    base = _key_of(tmp_path, "base")
+    assert _key_of(tmp_path, "docstring", first='"""A docstring."""  # another comment', space=" ") == base
+    assert _key_of(tmp_path, "helper", add=2) != base
+    assert _key_of(tmp_path, "constant", scale=3) != base
     assert st.kernel_source_hash(st.JIT_KERNELS["row"]) != st.kernel_source_hash()
     assert st.kernel_source_hash() == st.kernel_source_hash(st.JIT_KERNELS["tile"])
 
@@ -760,7 +798,7 @@ def test_repo_autotune_file_matches_the_current_tile_kernel():
     entries = st.read_stored(st.STORED_PATH).get("entries", {})
     assert entries, "the stored file holds no entries"
     for key, entry in entries.items():
-        assert entry["kernel_source_sha256"] == st.kernel_source_hash(), "tile kernel source changed"
+        assert entry["kernel_source_sha256"] == st.kernel_source_hash(), "what the tile kernel compiles changed"
         assert entry["configs_sha256"] == st.configs_hash(), "tile config list changed"
         assert key == st.fingerprint(entry["gpu"])
         for bucket in tile_buckets():
