@@ -1,0 +1,133 @@
+"""The Triton rows path (many short rows, a [ROWS, BLOCK_V] block per program): launch parameters.
+
+    python reports/probes/triton_rows_sweep.py --out DIR     # on a GPU
+
+The question. `launch_params("rows", V)` gives every dtype ROWS = 2048 // BLOCK_V rows per
+program, so a 16-bit program moves half the bytes of a float32 one; at (32768, 600) bf16 the
+path ran at 0.53 of copy. Per (dtype, B, V): F.softmax, the dispatch, and the rows path at
+ROWS x num_warps, each timed in CUDA graphs of (L2 flush, call) pairs less a graph of the flushes alone
+(`graph_times_us`: through `run_path` a call costs more on the host than the kernel takes,
+which event timing of single launches would add), median of ROUNDS; fraction of a
+copy ceiling measured in the same run; every output's bits against the dispatch's (ROWS and
+warps change how rows are grouped, never how a row is combined). Writes DIR/triton_rows.json
+and prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from kernels import SOFTMAX_KERNELS
+from kernels.softmax_triton import launch_params, plan, run_path
+from kernels.spec import matrix_bytes
+from tests.suite.devicetime import FLUSH_BYTES, device_times_us
+
+SHAPES = [(B, V, dt) for dt in (torch.bfloat16, torch.float32) for B, V in ((8192, 600), (32768, 600), (32768, 2000))]
+ROWS = (1, 2, 4, 8, 16)
+WARPS = (1, 2, 4, 8)
+ROUNDS = 20
+CALLS = 10  # flush + call pairs per graph
+
+
+def graph_times_us(fns: list) -> list[list[float]]:
+    """Device time per call of each of `fns`, free of host launch cost: a CUDA graph of CALLS
+    (L2 flush, call) pairs per function and one of CALLS flushes alone, replayed in interleaved
+    rounds; per call = (pairs - flushes) / CALLS, one value per round."""
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
+    graphs = []
+    for fn in [None, *fns]:
+        for _ in range(2):
+            fn and fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(CALLS):
+                flush.zero_()
+                fn and fn()
+        graphs.append(g)
+    times = [[] for _ in graphs]
+    for r in range(ROUNDS):
+        order = list(range(len(graphs)))
+        order = order[r % len(order) :] + order[: r % len(order)]
+        for i in order:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graphs[i].replay()
+            end.record()
+            end.synchronize()
+            times[i].append(start.elapsed_time(end) * 1e3)
+    return [[(t - f) / CALLS for t, f in zip(ts, times[0], strict=True)] for ts in times[1:]]
+
+
+def copy_TBps() -> float:
+    src = torch.randn(2**29, device="cuda")
+    dst = torch.empty_like(src)
+    t = device_times_us(lambda: dst.copy_(src), flush_l2=False, rounds=20)
+    return 2 * src.numel() * 4 / (statistics.median(t) * 1e-6) / 1e12
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    copy = copy_TBps()
+    triton = SOFTMAX_KERNELS["triton"]
+    results = []
+    for B, V, dtype in SHAPES:
+        x = torch.randn(B, V, device="cuda", dtype=torch.float32).mul_(3).to(dtype)
+        reference = triton(x)
+        base = launch_params("rows", V, dtype)
+        variants = {"F.softmax": lambda x=x: F.softmax(x, -1), f"dispatch ({plan(B, V, dtype)})": lambda x=x: triton(x)}
+        for rows, warps in itertools.product(ROWS, WARPS):
+            if rows * base["BLOCK_V"] // (32 * warps) < 1:
+                continue
+            params = {"ROWS": rows, "BLOCK_V": base["BLOCK_V"], "num_warps": warps}
+            y = torch.full_like(x, float("nan"))
+            run_path(x, "rows", out=y, **params)
+            same = bool(
+                torch.equal(
+                    y.view(torch.int16 if y.element_size() == 2 else torch.int32),
+                    reference.view(torch.int16 if y.element_size() == 2 else torch.int32),
+                )
+            )
+            variants[f"rows {rows}x{warps}" + ("" if same else " BITS DIFFER")] = lambda x=x, params=params: run_path(
+                x, "rows", **params
+            )
+        names = list(variants)
+        times = graph_times_us([variants[n] for n in names])
+        bytes_moved = matrix_bytes(B, V, str(dtype).removeprefix("torch."))
+        f_us = statistics.median(times[0])
+        for name, t in zip(names, times, strict=True):
+            us = statistics.median(t)
+            tbps = bytes_moved / (us * 1e-6) / 1e12
+            results.append(
+                {
+                    "B": B,
+                    "V": V,
+                    "dtype": str(dtype),
+                    "variant": name,
+                    "us": us,
+                    "of_copy": tbps / copy,
+                    "x_F_softmax": f_us / us,
+                    "base": base,
+                }
+            )
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "triton_rows.json").write_text(json.dumps({"copy_TBps": copy, "results": results}, indent=1))
+    print(f"copy {copy:.3f} TB/s")
+    for r in results:
+        print(
+            f"{r['dtype']:15s} ({r['B']}, {r['V']}) {r['variant']:28s} {r['us']:8.2f} us "
+            f"{r['of_copy']:.3f} of copy {r['x_F_softmax']:.2f}x F"
+        )
+
+
+if __name__ == "__main__":
+    main()
