@@ -9,8 +9,8 @@ any stride (a tensor whose elements are strided within a row is copied first); o
 new contiguous tensors unless `out` is given. Each row's result is bitwise independent of the
 batch, of the row's position and alignment, of the strides and of the size class, because
 every row sum is taken in 64-bit fixed point (see the .cu files). Which size class a shape
-takes: `backward_class_description` / `backward_path` and `cross_entropy_class_description` /
-`cross_entropy_path`.
+takes: `kernels.cuda_training_plans` (`backward_class_description` / `backward_path`,
+`cross_entropy_class_description` / `cross_entropy_path`).
 
 Cross-entropy runs three kernels: a one-block prologue over the targets (which counts and
 weighs the rows and finds any target out of range), the fused pass, and for "mean" / "sum" a
@@ -37,12 +37,7 @@ from .checks import (
 from .cuda_training_plans import (
     BACKWARD_SOURCE,
     CROSS_ENTROPY_SOURCE,
-    PATHS,
     TrainingClass,
-    backward_class_description,
-    backward_path,
-    cross_entropy_class_description,
-    cross_entropy_path,
     kernel_source,
     select_training_class,
     training_classes,
@@ -289,19 +284,3 @@ def registry_cross_entropy(
     options = dict(weight=weight, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction)
     loss, grad, lse = cross_entropy_fused(logits, targets, **options, out=out)
     return loss, lse, grad
-
-
-__all__ = [
-    "softmax_backward_fused",
-    "cross_entropy_fused",
-    "registry_softmax_backward",
-    "registry_cross_entropy",
-    "backward_class_description",
-    "backward_path",
-    "cross_entropy_class_description",
-    "cross_entropy_path",
-    "PATHS",
-    "TRAINING_DTYPES",
-    "TargetError",
-    "TrainingClass",
-]

@@ -1,7 +1,7 @@
 """Row softmax in Triton: the public entry points (the registry's entry in kernels/spec.py names
-`softmax`, `plan` and `run_path` here), a facade over `kernels.triton_dispatch` (which path, with
-what parameters), `kernels.triton_launch` (the launch table and the launches made from it) and
-`kernels.triton_store` (the tile kernel's autotuning), whose names it re-exports.
+`softmax`, `plan` and `run_path` here), over `kernels.triton_dispatch` (which path, with what
+parameters), `kernels.triton_launch` (the launch table and the launches made from it) and
+`kernels.triton_store` (the tile kernel's autotuning); their other names are imported from them.
 
 All arithmetic is float32 whatever the storage dtype. The input may have any row stride; a
 tensor whose elements are not contiguous within a row is copied with `.contiguous()` first.
@@ -15,50 +15,12 @@ import torch
 
 from . import triton_launch as _launch
 from . import triton_store as _store
-from .autotune import run_autotune
 from .checks import FLOAT_DTYPES, check_softmax_input, on_device, prepare_output
-from .spec import LAB_SHAPES
 from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
-from .triton_dispatch import (
-    DISPATCH_BOUNDARIES,
-    INTERPRET,
-    KERNEL_NAME,
-    PATHS,
-    SPLIT_FILL,
-    SPLIT_MIN_CHUNK,
-    SPLIT_PARAMS,
-    aligned_base,
-    paths_for,
-    plan,
-    split_layout,
-    split_workspace_words,
-)
+from .triton_dispatch import INTERPRET, KERNEL_NAME, plan
 from .triton_dispatch import launch_params as _path_params
-from .triton_kernels import JIT_KERNELS
-from .triton_launch import (
-    PATH_TABLE,
-    BoundLaunch,
-    launch_count,
-)
-from .triton_store import (
-    CONFIGS,
-    INTERPRETER_CONFIG,
-    STORED_PATH,
-    STORED_PATH_ENV,
-    TUNE_SHAPES,
-    autotune_picked,
-    bench_calls,
-    choice_key,
-    config_dict,
-    configs_hash,
-    fingerprint,
-    kernel_source_hash,
-    read_stored,
-    stored_choice,
-    stored_path,
-    v_bucket,
-    write_stored,
-)
+from .triton_launch import BoundLaunch
+from .triton_store import autotune_picked
 
 
 def launch_params(
@@ -145,47 +107,3 @@ def softmax(x: torch.Tensor, *, out=None) -> torch.Tensor:
     B, V = x.shape
     path = plan(B, V, x.dtype)
     return on_device(lambda: _softmax(x, y, path, {}, common), x)
-
-
-__all__ = [
-    "softmax",
-    "run_path",
-    "plan",
-    "bind",
-    "paths_for",
-    "launch_params",
-    "split_layout",
-    "split_workspace_words",
-    "SPLIT_PARAMS",
-    "SPLIT_FILL",
-    "SPLIT_MIN_CHUNK",
-    "aligned_base",
-    "CONFIGS",
-    "DISPATCH_BOUNDARIES",
-    "INTERPRETER_CONFIG",
-    "LAB_SHAPES",
-    "TUNE_SHAPES",
-    "v_bucket",
-    "PATHS",
-    "PATH_TABLE",
-    "BoundLaunch",
-    "launch_count",
-    "STORED_PATH",
-    "STORED_PATH_ENV",
-    "stored_path",
-    "JIT_KERNELS",
-    "autotune_picked",
-    "run_autotune",
-    "stored_choice",
-    "write_stored",
-    "read_stored",
-    "fingerprint",
-    "kernel_source_hash",
-    "configs_hash",
-    "config_dict",
-    "choice_key",
-    "bench_calls",
-    "clear_autotune_memo",
-    "INTERPRET",
-    "KERNEL_NAME",
-]

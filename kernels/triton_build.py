@@ -117,13 +117,14 @@ def build_all() -> list[dict]:
     """Every autotune config of the tile kernel, and the row, rows, split and stream kernels as
     the wrapper launches them at typical V, in fp32 and bf16."""
     from . import softmax_triton as st
+    from . import triton_store as store
 
     table = _compiled(st)["softmax"]
 
     def one(path, p, V, name):
         return build_path(f"{path} {DTYPE_IDS[name]}", table[path], p, V, name)
 
-    rows = [one("tile", {"config": st.config_dict(cfg)}, 4096, "float32") for cfg in st.CONFIGS]
+    rows = [one("tile", {"config": store.config_dict(cfg)}, 4096, "float32") for cfg in store.CONFIGS]
     for name in ("float32", "bfloat16"):
         tdtype = torch_dtype(name)
         for V in (4096, 8192, 16384, 32768):

@@ -37,7 +37,7 @@ import torch
 
 from .checks import check_cross_entropy_inputs, check_out, on_device
 from .spec import spec_of
-from .triton_backward import DISPATCH_BOUNDARIES, launch_params, plan
+from .triton_backward import launch_params, plan
 from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
 from .triton_dispatch import INTERPRET, fixed_point_bits
 from .triton_launch import launch_entry
@@ -174,16 +174,3 @@ def scale_gradient_(grad: torch.Tensor, grad_output: torch.Tensor) -> torch.Tens
 def scaled_gradient(grad: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
     """grad * grad_output into a new tensor (every row read and written): the functional form."""
     return _scale(grad, grad_output, torch.empty(grad.shape, dtype=grad.dtype, device=grad.device))
-
-
-__all__ = [
-    "cross_entropy",
-    "run_path",
-    "scale_gradient_",
-    "scaled_gradient",
-    "plan",
-    "CrossEntropyResult",
-    "PATHS",
-    "DISPATCH_BOUNDARIES",
-    "INTERPRET",
-]

@@ -214,9 +214,9 @@ def prepared_case(name: str, B: int, V: int, dtype: torch.dtype):
     info["plan"] = fn.plan(B, V, dtype)  # the dispatch path the case takes
     # After the first call: that is when Triton has picked (or loaded) its config.
     if name == "triton":
-        from kernels import softmax_triton
+        from kernels import triton_store
 
-        info["autotune_picked"] = softmax_triton.autotune_picked(V, dtype=dtype)
+        info["autotune_picked"] = triton_store.autotune_picked(V, dtype=dtype)
     elif name == "fused":
         from kernels import cuda_plans
 

@@ -292,13 +292,13 @@ def v_boundaries(name: str, dtype) -> list[int]:
 
         return list(cuda_plans.DISPATCH_BOUNDARIES_BY_DTYPE[dtype])
     if name == "triton":
-        return [v for key, v in triton_module().DISPATCH_BOUNDARIES.items() if not key.endswith("_b")]
+        return [v for key, v in triton_module("triton_dispatch").DISPATCH_BOUNDARIES.items() if not key.endswith("_b")]
     return []
 
 
 def b_thresholds(name: str) -> list[int]:
     if name == "triton":
-        return [b for key, b in triton_module().DISPATCH_BOUNDARIES.items() if key.endswith("_b")]
+        return [b for key, b in triton_module("triton_dispatch").DISPATCH_BOUNDARIES.items() if key.endswith("_b")]
     return []
 
 
@@ -603,7 +603,7 @@ def test_interpreter_dispatch_batch_invariant(dtype, record_manifest):
     path (and parameters) `plan` picks for rows_min_b - 1 rows and for rows_min_b rows. (8191
     tile programs take ~11 s in the interpreter; that each path gives a row the same bits at any
     B is test_interpreter_batch_invariant's job.) Recorded under the B each side stands for."""
-    b = st.DISPATCH_BOUNDARIES
+    b = triton_module("triton_dispatch").DISPATCH_BOUNDARIES
     below, above = b["rows_min_b"] - 1, b["rows_min_b"]
     shapes, failures = [], []
     for V in (7, 600, 1024, 1025, b["tile_max_v"]):

@@ -29,6 +29,7 @@ if TRITON_MISSING:  # Triton publishes Linux wheels only: what this file tests n
 
 from kernels import triton_cross_entropy as tce  # noqa: E402
 from kernels.reference import cross_entropy_ref  # noqa: E402
+from kernels.triton_backward import DISPATCH_BOUNDARIES  # noqa: E402
 from kernels.triton_launch import split_geometry, split_workspace  # noqa: E402
 from tests import broken_loss_kernels  # noqa: E402
 from tests.broken_loss_kernels import BROKEN_CROSS_ENTROPY  # noqa: E402
@@ -141,7 +142,7 @@ def test_registry_describes_every_cross_entropy_kernel():
     baselines = {n for n, k in CROSS_ENTROPY_KERNELS.items() if k.baseline}
     assert baselines == {kernels.CROSS_ENTROPY_BASELINE, "torch_compile"}
     assert CROSS_ENTROPY_KERNELS["triton"].paths == tce.PATHS
-    b = tce.DISPATCH_BOUNDARIES["row_max_v"]
+    b = DISPATCH_BOUNDARIES["row_max_v"]
     for name, k in CROSS_ENTROPY_KERNELS.items():
         assert k.name == name and torch.float32 in k.dtypes and k.paths, name
         for N, V in ((1, 1), (8, 37), (4096, b), (16384, b + 1), (4096, 262144)):
@@ -532,7 +533,7 @@ def test_cuda_matches_the_reference(case, dtype, V):
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("path", tce.PATHS)
 def test_cuda_edge_rows_every_path_and_layout(path, dtype, V):
-    if path == "row" and V > tce.DISPATCH_BOUNDARIES["row_max_v"]:
+    if path == "row" and V > DISPATCH_BOUNDARIES["row_max_v"]:
         pytest.skip("the row path holds a row in registers: V <= row_max_v")
     x, t = edge_rows(V, seed=V, dtype=dtype, device="cuda")
     params = SCALED[path] if V < 1000 else {}
@@ -570,7 +571,7 @@ def test_cuda_rows_of_nan_and_inf(kernel, V):
             for path in tce.PATHS
         ]
     for name, fn in fns:
-        if name == "triton row" and V > tce.DISPATCH_BOUNDARIES["row_max_v"]:
+        if name == "triton row" and V > DISPATCH_BOUNDARIES["row_max_v"]:
             continue
         for case in OPTION_CASES:
             o = options(*case, V=V, device="cuda")

@@ -157,24 +157,24 @@ def test_long_rows_without_clusters_use_one_block():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "bf16", "float16"])
 def test_plan_names(dtype):
-    assert ct.backward_class_description(4096, 100, dtype).startswith("warp(")
-    assert ct.backward_class_description(8, 4096, dtype).startswith("row(cluster=1")
-    assert ct.cross_entropy_class_description(8, 50257, dtype).startswith("cluster(cluster=")
-    assert ct.cross_entropy_class_description(2, 262144, dtype) == "loop(cluster=8, threads=1024, three passes)"
-    assert ct.backward_class_description(0, 600, dtype).startswith("empty")
-    assert ct.cross_entropy_path(4, 200, dtype) == "warpvec"
-    assert ct.backward_path(4, 300000, dtype) == "loop"
+    assert tp.backward_class_description(4096, 100, dtype).startswith("warp(")
+    assert tp.backward_class_description(8, 4096, dtype).startswith("row(cluster=1")
+    assert tp.cross_entropy_class_description(8, 50257, dtype).startswith("cluster(cluster=")
+    assert tp.cross_entropy_class_description(2, 262144, dtype) == "loop(cluster=8, threads=1024, three passes)"
+    assert tp.backward_class_description(0, 600, dtype).startswith("empty")
+    assert tp.cross_entropy_path(4, 200, dtype) == "warpvec"
+    assert tp.backward_path(4, 300000, dtype) == "loop"
     for B, V in ((1, 7), (64, 600), (3, 50257)):
-        assert ct.backward_path(B, V, dtype) in tp.PATHS and ct.cross_entropy_path(B, V, dtype) in tp.PATHS
+        assert tp.backward_path(B, V, dtype) in tp.PATHS and tp.cross_entropy_path(B, V, dtype) in tp.PATHS
 
 
 def test_plan_functions_reject_bad_arguments():
     with pytest.raises(TypeError, match="softmax backward: dtype torch.float64"):
-        ct.backward_class_description(4, 8, torch.float64)
+        tp.backward_class_description(4, 8, torch.float64)
     with pytest.raises(TypeError, match="cross-entropy: dtype int8"):
-        ct.cross_entropy_path(4, 8, "int8")
+        tp.cross_entropy_path(4, 8, "int8")
     with pytest.raises(ValueError):
-        ct.cross_entropy_class_description(4, 0)
+        tp.cross_entropy_class_description(4, 0)
 
 
 # -- the kernels' index arithmetic, replayed ----------------------------------------------------------

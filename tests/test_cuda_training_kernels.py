@@ -125,7 +125,7 @@ def _classes_fitting(op, V, dtype):
 @pytest.mark.parametrize("V", BWD_BOUNDARY_V)
 def test_backward_at_dispatch_boundaries(V, dtype):
     y, dy = softmax_and_grad(5, V, seed=V, dtype=dtype, device="cuda")
-    assert_backward_close(run_backward(y, dy), dy, y, what=f"V={V} {ct.backward_class_description(5, V, dtype)}")
+    assert_backward_close(run_backward(y, dy), dy, y, what=f"V={V} {tp.backward_class_description(5, V, dtype)}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -133,7 +133,7 @@ def test_backward_at_dispatch_boundaries(V, dtype):
 def test_backward_irregular_lengths(V, dtype):
     B = 9 if V <= 50257 else 3
     y, dy = softmax_and_grad(B, V, seed=V + 1, dtype=dtype, device="cuda", dy_scale=4.0)
-    assert_backward_close(run_backward(y, dy), dy, y, what=f"V={V} {ct.backward_class_description(B, V, dtype)}")
+    assert_backward_close(run_backward(y, dy), dy, y, what=f"V={V} {tp.backward_class_description(B, V, dtype)}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -289,7 +289,7 @@ def check_ce(x, t, what, **opts):
 @pytest.mark.parametrize("V", CE_BOUNDARY_V)
 def test_ce_at_dispatch_boundaries(V, dtype):
     x, t = cross_entropy_inputs(7, V, seed=V, dtype=dtype, device="cuda")
-    check_ce(x, t, f"V={V} {ct.cross_entropy_class_description(7, V, dtype)}", reduction="none")
+    check_ce(x, t, f"V={V} {tp.cross_entropy_class_description(7, V, dtype)}", reduction="none")
 
 
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
@@ -305,7 +305,7 @@ def test_ce_options(V, dtype, opts, reduction):
     )
     o = _options(opts, V, V)
     check_ce(
-        x, t, f"V={V} {ct.cross_entropy_class_description(N, V, dtype)} {opts} {reduction}", reduction=reduction, **o
+        x, t, f"V={V} {tp.cross_entropy_class_description(N, V, dtype)} {opts} {reduction}", reduction=reduction, **o
     )
 
 

@@ -35,6 +35,11 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from kernels import softmax_triton as st  # noqa: E402
+from kernels import triton_dispatch as dispatch  # noqa: E402
+from kernels import triton_kernels as tkernels  # noqa: E402
+from kernels import triton_launch as tlaunch  # noqa: E402
+from kernels import triton_store as store  # noqa: E402
+from kernels.spec import LAB_SHAPES  # noqa: E402
 from tests.helpers import (  # noqa: E402
     bits,
     check_softmax,
@@ -49,15 +54,15 @@ pytestmark = pytest.mark.cpu
 
 # Each path's launch parameters for the CPU, from the registry's entry (kernels/spec.py): scaled
 # down so that rows of tens of elements take the path's real loop.
-SCALED = {path.name: dict(path.cpu) for path in SOFTMAX_KERNELS[st.KERNEL_NAME].spec.paths}
+SCALED = {path.name: dict(path.cpu) for path in SOFTMAX_KERNELS[dispatch.KERNEL_NAME].spec.paths}
 
 REPO = Path(__file__).resolve().parents[1]
 interpreted = pytest.mark.skipif(
-    not st.INTERPRET, reason="needs the interpreted module; test_interpreter_tests_in_a_subprocess runs it"
+    not dispatch.INTERPRET, reason="needs the interpreted module; test_interpreter_tests_in_a_subprocess runs it"
 )
 
 V_SHAPES = (1, 7, 255, 600, 781, 1025, 2049, 5000)
-DTYPES = SOFTMAX_KERNELS[st.KERNEL_NAME].dtypes
+DTYPES = SOFTMAX_KERNELS[dispatch.KERNEL_NAME].dtypes
 SM90_SHARED_LIMIT = 232448  # bytes of shared memory one block may use on sm_90
 
 
@@ -79,7 +84,7 @@ def _config_cases():
     num_warps does not change what the interpreter computes, so the other configs of a BLOCK
     would run the same program: the GPU cases launch every config."""
     by_block: dict[int, list] = {}
-    for cfg in st.CONFIGS:
+    for cfg in store.CONFIGS:
         by_block.setdefault(cfg.kwargs["BLOCK"], []).append(cfg)
     cases = {}
     for i, (block, configs) in enumerate(sorted(by_block.items())):
@@ -103,10 +108,10 @@ CONFIG_CASES = _config_cases()
 
 def test_config_cases_cover_every_block_v_and_batch_size():
     chosen = {p.values[0] for p in CONFIG_CASES}
-    assert {c.kwargs["BLOCK"] for c in chosen} == {c.kwargs["BLOCK"] for c in st.CONFIGS}
-    assert {c.num_warps for c in chosen} == {c.num_warps for c in st.CONFIGS}
+    assert {c.kwargs["BLOCK"] for c in chosen} == {c.kwargs["BLOCK"] for c in store.CONFIGS}
+    assert {c.num_warps for c in chosen} == {c.num_warps for c in store.CONFIGS}
     seen = {(p.values[0].kwargs["BLOCK"], p.values[2]) for p in CONFIG_CASES}
-    for cfg in st.CONFIGS:
+    for cfg in store.CONFIGS:
         block = cfg.kwargs["BLOCK"]
         assert {(block, V) for V in (*V_SHAPES, block - 1, block, block + 1)} <= seen
     assert {p.values[2] for p in CONFIG_CASES if p.values[1] == GRID_ROWS} >= {V for V in V_SHAPES if V <= 1024}
@@ -116,7 +121,7 @@ def test_config_cases_cover_every_block_v_and_batch_size():
 @pytest.mark.parametrize("cfg,B,V", CONFIG_CASES)
 def test_every_autotune_config_matches_reference(cfg, B, V):
     x = logits(B, V, seed=B * 100003 + V)
-    out = run_poisoned(triton_path_runner("tile", config=st.config_dict(cfg)), x)
+    out = run_poisoned(triton_path_runner("tile", config=store.config_dict(cfg)), x)
     check_softmax(out, x, what=f"tile {_config_id(cfg)}")
 
 
@@ -168,7 +173,7 @@ def test_alignment_hints_are_true_for_every_layout(dtype):
                     a, v = launch.constexprs["ALIGN"], launch.values
                     what = f"{path} V={V} {layout} out+{out_offset}: ALIGN {a}"
                     assert a & (a - 1) == 0 and a * es <= 16, what
-                    if not st.PATH_TABLE[path].chunked:
+                    if not tlaunch.PATH_TABLE[path].chunked:
                         assert V % a == 0 and v["stride_x"] % a == 0 and v["stride_y"] % a == 0, what
                         continue
                     ya = launch.constexprs["Y_ALIGN"]
@@ -232,7 +237,7 @@ def test_split_tags_wrap_around():
     x = logits(2, 50, seed=4)
     y = torch.full_like(x, float("nan"))
     launch = st.bind(x, y, "split", CHUNK=16, num_warps=2, max_spins=0)
-    ws = torch.full((st.split_workspace_words(2, launch.geometry["P"]),), 0x7FFFFFFF << 32, dtype=torch.int64)
+    ws = torch.full((dispatch.split_workspace_words(2, launch.geometry["P"]),), 0x7FFFFFFF << 32, dtype=torch.int64)
     launch.values["WS"] = ws
     launch()
     assert torch.equal(bits(y), bits(st.run_path(x, "tile")))
@@ -249,11 +254,11 @@ def _swapped(names, a, b):
     return names
 
 
-@pytest.mark.parametrize("path", sorted(st.PATH_TABLE))
+@pytest.mark.parametrize("path", sorted(tlaunch.PATH_TABLE))
 def test_path_table_rejects_reordered_renamed_or_missing_arguments(path):
     # Two arguments of one width swapped would pass every width check of a launch and compute
     # garbage: the table is checked against the kernel's own signature, by name and order.
-    entry = st.PATH_TABLE[path]
+    entry = tlaunch.PATH_TABLE[path]
     kernel = entry.kernel.fn.__name__
     types = dict(entry.args)
     swapped = _swapped(entry.arg_names, "stride_x", "stride_y")
@@ -280,7 +285,7 @@ def _kernel_with_an_unknown_argument(X, Y, Z, V, stride_x, stride_y, SCALE, BLOC
 
 
 def test_path_table_rejects_a_kernel_that_reorders_its_arguments():
-    tile = st.PATH_TABLE["tile"]
+    tile = tlaunch.PATH_TABLE["tile"]
     with pytest.raises(ValueError, match=r"_tile_kernel_with_swapped_strides\(X, Y, V, stride_y, stride_x, SCALE\)"):
         dataclasses.replace(tile, kernel=_tile_kernel_with_swapped_strides)
     args = (*tile.args[:2], ("Z", "*T"), *tile.args[2:])
@@ -304,9 +309,9 @@ def test_named_launches_of_the_training_kernels_check_names_and_order():
         entry.bind_values({k: v for k, v in args.items() if k != "K"}, p, 4, 1)
 
 
-@pytest.mark.parametrize("path", sorted(st.PATH_TABLE))
+@pytest.mark.parametrize("path", sorted(tlaunch.PATH_TABLE))
 def test_ahead_of_time_signature_comes_from_the_table(path):
-    entry = st.PATH_TABLE[path]
+    entry = tlaunch.PATH_TABLE[path]
     sig = entry.signature("bf16")
     assert list(sig) == list(inspect.signature(entry.kernel.fn).parameters), "every parameter, in the kernel's order"
     assert all(sig[n] == ("*i64" if n == "WS" else "*bf16") for n in entry.arg_names if n in ("X", "Y", "WS"))
@@ -401,13 +406,13 @@ def test_split_group_aligned_chunks_at_any_row_offset(B, V, head, pad, align, dt
 def test_aligned_base_view_points_at_a_group_boundary():
     flat = torch.randn(64)
     for head in range(5):
-        view, h = st.aligned_base(flat[head : head + 40], 4)
+        view, h = dispatch.aligned_base(flat[head : head + 40], 4)
         assert view.data_ptr() % 16 == 0 and h == head % 4
         assert view.data_ptr() + h * 4 == flat[head:].data_ptr()
 
 
 def test_plan_changes_at_each_boundary():
-    b = st.DISPATCH_BOUNDARIES
+    b = dispatch.DISPATCH_BOUNDARIES
     assert st.plan(64, b["tile_max_v"]) == "tile"
     assert st.plan(64, b["tile_max_v"] + 1) == "row"
     assert st.plan(b["rows_min_b"] - 1, 600) == "tile"
@@ -425,7 +430,7 @@ def test_plan_changes_at_each_boundary():
         assert st.plan(b["stream_min_b"], b["stream_max_v"], dtype) == "stream"
         assert st.plan(b["stream_min_b"], b["stream_max_v"] + 1, dtype) == "split"
         assert st.plan(1 << 20, 262144, dtype) == "split", "rows too long for L2 split at every B"
-    for B, V in st.LAB_SHAPES:
+    for B, V in LAB_SHAPES:
         assert st.plan(B, V, torch.float32) == "tile", "the lab shapes must run the autotuned kernel"
     assert SOFTMAX_KERNELS["triton"].plan is not None
     assert (
@@ -436,11 +441,11 @@ def test_plan_changes_at_each_boundary():
             for dtype in (torch.float32, torch.bfloat16)
         }
         == set(SOFTMAX_KERNELS["triton"].paths)
-        == set(st.PATHS)
+        == set(dispatch.PATHS)
     )
     for dtype in DTYPES:
         planned = {st.plan(B, V, dtype) for B in (1, b["stream_min_b"], b["rows_min_b"]) for V in (1, 3000, long)}
-        assert planned == set(st.paths_for(dtype)), dtype
+        assert planned == set(dispatch.paths_for(dtype)), dtype
 
 
 def test_plan_accepts_scaled_boundaries():
@@ -458,17 +463,17 @@ H200_SMS = 132
 def test_split_chunks_shrink_for_short_batches(dtype):
     # A short batch halves the chunks until the launch has SPLIT_FILL programs per SM, never
     # below SPLIT_MIN_CHUNK; a batch that fills the GPU keeps SPLIT_PARAMS.
-    b = st.DISPATCH_BOUNDARIES
-    full = st.SPLIT_PARAMS
+    b = dispatch.DISPATCH_BOUNDARIES
+    full = dispatch.SPLIT_PARAMS
     assert st.launch_params("split", 262144, dtype) == full
     for V in (b["row_max_v"] + 1, 50257, 128256, 151936, 200064, 202048, 262144, 1000003):
         for B in (1, 2, 8, 64, 1023):
             p = st.launch_params("split", V, dtype, B=B, sms=H200_SMS)
             programs = B * -(-V // p["CHUNK"])
-            assert st.SPLIT_MIN_CHUNK <= p["CHUNK"] <= full["CHUNK"], p
-            assert programs >= st.SPLIT_FILL * H200_SMS or p["CHUNK"] == st.SPLIT_MIN_CHUNK, (B, V, p)
+            assert dispatch.SPLIT_MIN_CHUNK <= p["CHUNK"] <= full["CHUNK"], p
+            assert programs >= dispatch.SPLIT_FILL * H200_SMS or p["CHUNK"] == dispatch.SPLIT_MIN_CHUNK, (B, V, p)
             if p["CHUNK"] < full["CHUNK"]:  # no larger chunk would have filled the GPU
-                assert B * -(-V // (2 * p["CHUNK"])) < st.SPLIT_FILL * H200_SMS, (B, V, p)
+                assert B * -(-V // (2 * p["CHUNK"])) < dispatch.SPLIT_FILL * H200_SMS, (B, V, p)
             assert {k: v for k, v in p.items() if k != "CHUNK"} == {k: v for k, v in full.items() if k != "CHUNK"}
             assert p["CHUNK"] // (32 * p["num_warps"]) >= 16 // torch.tensor([], dtype=dtype).element_size(), p
         assert st.launch_params("split", V, dtype, B=4096, sms=H200_SMS) == full
@@ -492,16 +497,16 @@ def test_public_softmax(B, V, dtype):
 
 @interpreted
 def test_empty_batch_returns_without_launch():
-    before = st.launch_count()
+    before = tlaunch.launch_count()
     for V in (5, 600, 40000):
         x = torch.empty(0, V)
         y = st.softmax(x)
         assert y.shape == (0, V) and y.dtype == x.dtype
-        for path in st.PATHS:
+        for path in dispatch.PATHS:
             assert st.run_path(x, path).shape == (0, V)
-    assert st.launch_count() == before, "a kernel was launched for B = 0"
+    assert tlaunch.launch_count() == before, "a kernel was launched for B = 0"
     st.run_path(logits(1, 5, seed=0), "tile")
-    assert st.launch_count() == before + 1, "launch_count counts the launches it should have seen"
+    assert tlaunch.launch_count() == before + 1, "launch_count counts the launches it should have seen"
 
 
 @interpreted
@@ -544,7 +549,7 @@ def test_bad_inputs_raise_clear_errors(bad, exc, msg):
         st.softmax(bad())
 
 
-@pytest.mark.skipif(st.INTERPRET, reason="only the compiled module insists on CUDA tensors")
+@pytest.mark.skipif(dispatch.INTERPRET, reason="only the compiled module insists on CUDA tensors")
 def test_cpu_tensor_rejected_without_interpreter():
     with pytest.raises(ValueError, match="cuda"):
         st.softmax(torch.randn(2, 3))
@@ -554,7 +559,7 @@ def test_interpreter_tests_in_a_subprocess(pytestconfig):
     """On a machine whose test process runs the compiled module, run the interpreter tests in a
     child process that has TRITON_INTERPRET=1 from the start (the variable is read when the
     kernels are decorated, at import: this needs a fresh interpreter)."""
-    if st.INTERPRET:
+    if dispatch.INTERPRET:
         pytest.skip("this process is interpreted already: the tests above ran here")
     env = dict(os.environ, TRITON_INTERPRET="1")
     cmd = [
@@ -613,8 +618,8 @@ def test_sm90_aot_builds_have_no_spills_and_fit_shared_memory(sm90_builds, reque
             f"vector loads {r['vector_loads']}, stores {r['vector_stores']}"
         )
     tile = [r for r in sm90_builds if r["name"].startswith("tile")]
-    assert len(tile) == len(st.CONFIGS)
-    assert {r["name"].split()[0] for r in sm90_builds} == set(st.PATHS), "every path's kernel is built"
+    assert len(tile) == len(store.CONFIGS)
+    assert {r["name"].split()[0] for r in sm90_builds} == set(dispatch.PATHS), "every path's kernel is built"
     try:
         record = request.getfixturevalue("record_manifest")
     except pytest.FixtureLookupError:
@@ -639,45 +644,45 @@ def test_sm90_aot_builds_have_no_spills_and_fit_shared_memory(sm90_builds, reque
 # ------------------------------------------------------------------ stored choice and staleness
 
 GPU = "Test GPU 9000"
-KEY_600 = st.choice_key(600, torch.float32)
+KEY_600 = store.choice_key(600, torch.float32)
 
 
 def test_stored_choice_round_trip(tmp_path):
     path = tmp_path / "tune.json"
-    assert st.stored_choice(600, torch.float32, GPU, path=path) is None  # no file yet
-    st.write_stored({KEY_600: {"BLOCK": 512, "num_warps": 4, "num_stages": 3}}, GPU, path=path)
-    assert st.stored_choice(600, torch.float32, GPU, path=path) == {"BLOCK": 512, "num_warps": 4, "num_stages": 3}
-    assert st.stored_choice(600, torch.bfloat16, GPU, path=path) is None
+    assert store.stored_choice(600, torch.float32, GPU, path=path) is None  # no file yet
+    store.write_stored({KEY_600: {"BLOCK": 512, "num_warps": 4, "num_stages": 3}}, GPU, path=path)
+    assert store.stored_choice(600, torch.float32, GPU, path=path) == {"BLOCK": 512, "num_warps": 4, "num_stages": 3}
+    assert store.stored_choice(600, torch.bfloat16, GPU, path=path) is None
     # A choice serves its bucket of row lengths (513 ... 1024), not one V.
-    assert KEY_600 == st.choice_key(513, torch.float32) == st.choice_key(1024, torch.float32) == "1024|float32"
-    assert st.stored_choice(513, torch.float32, GPU, path=path)["BLOCK"] == 512
-    assert st.stored_choice(1025, torch.float32, GPU, path=path) is None
-    assert st.stored_choice(512, torch.float32, GPU, path=path) is None
+    assert KEY_600 == store.choice_key(513, torch.float32) == store.choice_key(1024, torch.float32) == "1024|float32"
+    assert store.stored_choice(513, torch.float32, GPU, path=path)["BLOCK"] == 512
+    assert store.stored_choice(1025, torch.float32, GPU, path=path) is None
+    assert store.stored_choice(512, torch.float32, GPU, path=path) is None
     data = json.loads(path.read_text())
-    entry = data["entries"][st.fingerprint(GPU)]
-    assert entry["kernel_source_sha256"] == st.kernel_source_hash()
-    assert entry["configs_sha256"] == st.configs_hash()
+    entry = data["entries"][store.fingerprint(GPU)]
+    assert entry["kernel_source_sha256"] == store.kernel_source_hash()
+    assert entry["configs_sha256"] == store.configs_hash()
 
 
 def test_the_environment_names_the_stored_file(tmp_path, monkeypatch):
     path = tmp_path / "elsewhere.json"
-    monkeypatch.setenv(st.STORED_PATH_ENV, str(path))
-    assert st.stored_path() == path
-    st.write_stored({KEY_600: {"BLOCK": 256, "num_warps": 2}}, GPU)
+    monkeypatch.setenv(store.STORED_PATH_ENV, str(path))
+    assert store.stored_path() == path
+    store.write_stored({KEY_600: {"BLOCK": 256, "num_warps": 2}}, GPU)
     assert path.exists()
-    assert st.stored_choice(600, torch.float32, GPU)["BLOCK"] == 256
-    monkeypatch.delenv(st.STORED_PATH_ENV)
-    assert st.stored_path() == st.STORED_PATH
+    assert store.stored_choice(600, torch.float32, GPU)["BLOCK"] == 256
+    monkeypatch.delenv(store.STORED_PATH_ENV)
+    assert store.stored_path() == store.STORED_PATH
 
 
 def test_measuring_again_drops_a_carried_over_note(tmp_path):
     path = tmp_path / "tune.json"
-    st.write_stored({KEY_600: {"BLOCK": 1024, "num_warps": 4}}, GPU, path=path)
+    store.write_stored({KEY_600: {"BLOCK": 1024, "num_warps": 4}}, GPU, path=path)
     data = json.loads(path.read_text())
     (entry,) = data["entries"].values()
     entry.update(choices_measured_with_kernel_source_sha256="0" * 64, note="carried over")
     path.write_text(json.dumps(data))
-    st.write_stored({KEY_600: {"BLOCK": 512, "num_warps": 4}}, GPU, path=path)
+    store.write_stored({KEY_600: {"BLOCK": 512, "num_warps": 4}}, GPU, path=path)
     (entry,) = json.loads(path.read_text())["entries"].values()
     assert not set(entry) & {"choices_measured_with_kernel_source_sha256", "note"}
     assert entry["choices"][KEY_600]["BLOCK"] == 512
@@ -685,17 +690,20 @@ def test_measuring_again_drops_a_carried_over_note(tmp_path):
 
 def test_changed_source_configs_or_gpu_invalidate_the_stored_choice(tmp_path):
     path = tmp_path / "tune.json"
-    st.write_stored({KEY_600: {"BLOCK": 1024, "num_warps": 8}}, GPU, path=path)
-    assert st.stored_choice(600, torch.float32, GPU, path=path) is not None
+    store.write_stored({KEY_600: {"BLOCK": 1024, "num_warps": 8}}, GPU, path=path)
+    assert store.stored_choice(600, torch.float32, GPU, path=path) is not None
     # Another GPU name: different fingerprint.
-    assert st.stored_choice(600, torch.float32, "Other GPU", path=path) is None
+    assert store.stored_choice(600, torch.float32, "Other GPU", path=path) is None
     # Edited kernel: the hash of the source differs.
-    assert st.stored_choice(600, torch.float32, GPU, path=path, source_hash="0" * 64) is None
+    assert store.stored_choice(600, torch.float32, GPU, path=path, source_hash="0" * 64) is None
     # A different config list (one config dropped) changes the config hash ...
-    assert st.configs_hash(st.CONFIGS[:-1]) != st.configs_hash()
-    assert st.stored_choice(600, torch.float32, GPU, path=path, config_hash=st.configs_hash(st.CONFIGS[:-1])) is None
+    assert store.configs_hash(store.CONFIGS[:-1]) != store.configs_hash()
+    assert (
+        store.stored_choice(600, torch.float32, GPU, path=path, config_hash=store.configs_hash(store.CONFIGS[:-1]))
+        is None
+    )
     # ... and the hash used when none is passed is that of CONFIGS.
-    assert st.configs_hash() == st.configs_hash(list(st.CONFIGS))
+    assert store.configs_hash() == store.configs_hash(list(store.CONFIGS))
 
 
 _KEYED_KERNEL = """
@@ -727,7 +735,7 @@ def _key_of(tmp_path, name: str, **parts) -> str:
     spec = importlib.util.spec_from_file_location(f"keyed_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return st.kernel_source_hash(module.kernel)
+    return store.kernel_source_hash(module.kernel)
 
 
 def test_the_autotune_key_follows_what_compiles(tmp_path):
@@ -737,23 +745,23 @@ def test_the_autotune_key_follows_what_compiles(tmp_path):
     assert _key_of(tmp_path, "docstring", first='"""A docstring."""  # another comment', space=" ") == base
     assert _key_of(tmp_path, "helper", add=2) != base
     assert _key_of(tmp_path, "constant", scale=3) != base
-    assert st.kernel_source_hash(st.JIT_KERNELS["row"]) != st.kernel_source_hash()
-    assert st.kernel_source_hash() == st.kernel_source_hash(st.JIT_KERNELS["tile"])
+    assert store.kernel_source_hash(tkernels.JIT_KERNELS["row"]) != store.kernel_source_hash()
+    assert store.kernel_source_hash() == store.kernel_source_hash(tkernels.JIT_KERNELS["tile"])
 
 
 def test_write_keeps_other_gpus_and_drops_stale_entries(tmp_path):
     path = tmp_path / "tune.json"
-    st.write_stored({KEY_600: {"BLOCK": 256, "num_warps": 2}}, "Other GPU", path=path)
+    store.write_stored({KEY_600: {"BLOCK": 256, "num_warps": 2}}, "Other GPU", path=path)
     data = json.loads(path.read_text())
     # A stale entry for GPU (old kernel source) that the next write must replace.
     data["entries"]["stale"] = {"gpu": GPU, "choices": {KEY_600: {"BLOCK": 2048, "num_warps": 8}}}
     path.write_text(json.dumps(data))
-    st.write_stored({KEY_600: {"BLOCK": 512, "num_warps": 4}}, GPU, path=path)
+    store.write_stored({KEY_600: {"BLOCK": 512, "num_warps": 4}}, GPU, path=path)
     entries = json.loads(path.read_text())["entries"]
     assert "stale" not in entries
     assert {e["gpu"] for e in entries.values()} == {GPU, "Other GPU"}
-    assert st.stored_choice(600, torch.float32, "Other GPU", path=path)["BLOCK"] == 256
-    assert st.stored_choice(600, torch.float32, GPU, path=path)["BLOCK"] == 512
+    assert store.stored_choice(600, torch.float32, "Other GPU", path=path)["BLOCK"] == 256
+    assert store.stored_choice(600, torch.float32, GPU, path=path)["BLOCK"] == 512
 
 
 def test_unknown_file_format_is_ignored(tmp_path):
@@ -762,55 +770,60 @@ def test_unknown_file_format_is_ignored(tmp_path):
         json.dumps(
             {
                 "format": 999,
-                "entries": {st.fingerprint(GPU): {"gpu": GPU, "choices": {KEY_600: {"BLOCK": 256, "num_warps": 2}}}},
+                "entries": {store.fingerprint(GPU): {"gpu": GPU, "choices": {KEY_600: {"BLOCK": 256, "num_warps": 2}}}},
             }
         )
     )
-    assert st.stored_choice(600, torch.float32, GPU, path=path) is None
+    assert store.stored_choice(600, torch.float32, GPU, path=path) is None
 
 
 @interpreted
 def test_interpreter_uses_fixed_config():
-    assert st.autotune_picked(600) == dict(st.INTERPRETER_CONFIG, num_stages=3)
-    assert st.INTERPRETER_CONFIG in [{"BLOCK": c.kwargs["BLOCK"], "num_warps": c.num_warps} for c in st.CONFIGS]
+    assert store.autotune_picked(600) == dict(store.INTERPRETER_CONFIG, num_stages=3)
+    assert store.INTERPRETER_CONFIG in [{"BLOCK": c.kwargs["BLOCK"], "num_warps": c.num_warps} for c in store.CONFIGS]
 
 
 def tile_buckets() -> list[int]:
-    top = st.v_bucket(st.DISPATCH_BOUNDARIES["tile_max_v"])
-    return [b for b in (2**k for k in range(top.bit_length())) if st.v_bucket(1) <= b <= top]
+    top = store.v_bucket(dispatch.DISPATCH_BOUNDARIES["tile_max_v"])
+    return [b for b in (2**k for k in range(top.bit_length())) if store.v_bucket(1) <= b <= top]
 
 
 def test_tune_shapes_reach_every_bucket_of_the_tile_path():
     """The offline tuner times every bucket of row lengths the tile path takes, at shapes the
     dispatch sends down the tile path, so no V of that path autotunes on a tuned GPU."""
-    assert sorted({st.v_bucket(V) for _, V in st.TUNE_SHAPES}) == tile_buckets()
-    assert all(st.plan(B, V) == "tile" for B, V in st.TUNE_SHAPES)
-    assert set(st.LAB_SHAPES) <= set(st.TUNE_SHAPES)
-    assert [st.v_bucket(V) for V in (1, 16, 17, 600, 1024, 1025)] == [16, 16, 32, 1024, 1024, 2048]
+    assert sorted({store.v_bucket(V) for _, V in store.TUNE_SHAPES}) == tile_buckets()
+    assert all(st.plan(B, V) == "tile" for B, V in store.TUNE_SHAPES)
+    assert set(LAB_SHAPES) <= set(store.TUNE_SHAPES)
+    assert [store.v_bucket(V) for V in (1, 16, 17, 600, 1024, 1025)] == [16, 16, 32, 1024, 1024, 2048]
 
 
 def test_repo_autotune_file_matches_the_current_tile_kernel():
     """The stored choices in kernels/triton_autotune.json stay valid only while the tile kernel
     and its config list are unchanged: every entry's fingerprint must still be recomputable, and
     each holds a choice for every bucket of the tile path in every dtype."""
-    if not st.STORED_PATH.exists():
+    if not store.STORED_PATH.exists():
         pytest.skip("no stored autotune file in the repo")
-    entries = st.read_stored(st.STORED_PATH).get("entries", {})
+    entries = store.read_stored(store.STORED_PATH).get("entries", {})
     assert entries, "the stored file holds no entries"
     for key, entry in entries.items():
-        assert entry["kernel_source_sha256"] == st.kernel_source_hash(), "what the tile kernel compiles changed"
-        assert entry["configs_sha256"] == st.configs_hash(), "tile config list changed"
-        assert key == st.fingerprint(entry["gpu"])
+        assert entry["kernel_source_sha256"] == store.kernel_source_hash(), "what the tile kernel compiles changed"
+        assert entry["configs_sha256"] == store.configs_hash(), "tile config list changed"
+        assert key == store.fingerprint(entry["gpu"])
         for bucket in tile_buckets():
             for dtype in (torch.float32, torch.bfloat16, torch.float16):
-                assert st.stored_choice(bucket, dtype, entry["gpu"], path=st.STORED_PATH) is not None, (bucket, dtype)
+                assert store.stored_choice(bucket, dtype, entry["gpu"], path=store.STORED_PATH) is not None, (
+                    bucket,
+                    dtype,
+                )
 
 
 def test_the_schema_lists_the_autotune_configs():
     """reports/manifest.schema.json enumerates the values autotune_picked may hold: the BLOCKs and
     warp counts of CONFIGS (or null before any GPU run), checked here rather than copied."""
     schema = json.loads((REPO / "reports" / "manifest.schema.json").read_text())
-    picked = schema["properties"]["softmax_kernels"]["properties"][st.KERNEL_NAME]["properties"]["autotune_picked"]
+    picked = schema["properties"]["softmax_kernels"]["properties"][dispatch.KERNEL_NAME]["properties"][
+        "autotune_picked"
+    ]
     enums = {key: picked["properties"][key]["enum"] for key in ("BLOCK", "num_warps")}
-    assert enums["BLOCK"] == [None, *sorted({c.kwargs["BLOCK"] for c in st.CONFIGS})]
-    assert enums["num_warps"] == [None, *sorted({c.num_warps for c in st.CONFIGS})]
+    assert enums["BLOCK"] == [None, *sorted({c.kwargs["BLOCK"] for c in store.CONFIGS})]
+    assert enums["num_warps"] == [None, *sorted({c.num_warps for c in store.CONFIGS})]

@@ -11,7 +11,10 @@ from tests.helpers import TRITON_MISSING
 if TRITON_MISSING:  # Triton publishes Linux wheels only: every test here needs it
     pytest.skip(TRITON_MISSING, allow_module_level=True)
 
+from kernels import autotune as autotune  # noqa: E402
 from kernels import softmax_triton as st  # noqa: E402
+from kernels import triton_dispatch as dispatch  # noqa: E402
+from kernels import triton_store as store  # noqa: E402
 from tests.helpers import (  # noqa: E402
     bits,
     check_softmax,
@@ -24,14 +27,14 @@ from tests.helpers import (  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 
-TRITON = SOFTMAX_KERNELS[st.KERNEL_NAME]
+TRITON = SOFTMAX_KERNELS[dispatch.KERNEL_NAME]
 DTYPES = TRITON.dtypes
 # Each path's launch parameters scaled down for short rows (the registry entry's Path.cpu).
 SCALED = {path.name: dict(path.cpu) for path in TRITON.spec.paths}
 
 
 def _boundary_cases():
-    b = st.DISPATCH_BOUNDARIES
+    b = dispatch.DISPATCH_BOUNDARIES
     for V in (
         b["tile_max_v"] - 1,
         b["tile_max_v"],
@@ -99,11 +102,11 @@ def test_a_rows_bits_do_not_depend_on_path_batch_or_layout(V, dtype):
     # row position, alignment or stride, a row's output bits depend only on its values and V.
     x = logits(6, V, seed=V + 30, dtype=dtype, device="cuda")
     expected = run_poisoned(st.softmax, x)
-    b = st.DISPATCH_BOUNDARIES
+    b = dispatch.DISPATCH_BOUNDARIES
     # Each path where its registers hold the row (rows and row keep a whole row per program),
     # with its own launch parameters and with the scaled-down ones.
     holds = {"tile": True, "rows": V <= b["tile_max_v"], "row": V <= b["row_max_v"], "split": True, "stream": True}
-    forced = [(p, {}) for p in st.PATHS if holds[p]]
+    forced = [(p, {}) for p in dispatch.PATHS if holds[p]]
     forced += [(p, q) for p, q in SCALED.items() if V <= 6001 and (p != "rows" or holds[p])]
     for path, params in forced:
         got = run_poisoned(triton_path_runner(path, **params), x)
@@ -165,7 +168,7 @@ def test_long_rows_at_alternating_batch_sizes_through_the_remembered_call(dtype,
     # stream_max_v stream from stream_min_b on) and is remembered per layout and batch class:
     # calls of one V at alternating batch sizes, each the second of its kind too, must keep
     # every row's bits.
-    b = st.DISPATCH_BOUNDARIES
+    b = dispatch.DISPATCH_BOUNDARIES
     x = logits(b["stream_min_b"], V, seed=3, dtype=dtype, device="cuda")
     want = run_poisoned(st.softmax, x)
     check_softmax(want[:4], x[:4], what=f"({b['stream_min_b']}, {V}) via {st.plan(b['stream_min_b'], V, dtype)}")
@@ -181,24 +184,26 @@ def test_split_meetings_stay_exact_over_many_launches(dtype):
     # and dispatched calls (other workspaces) in between: every launch must meet on its own
     # words only. The stream kernel, which has no meetings, gives the same bits by construction
     # and is the reference.
-    params = st.SPLIT_PARAMS
+    params = dispatch.SPLIT_PARAMS
     inputs = []
     for i, (B, V, head) in enumerate([(64, 151936, 0), (3, 151941, 3), (1024, 151936, 0), (7, 151939, 1)]):
         flat = logits(1, B * V + head, seed=40 + i, dtype=dtype, device="cuda")[0]
         x = flat[head:].view(B, V)
         inputs.append((x, st.run_path(x, "stream")))
-    assert len({st.split_layout(x, x, CHUNK=params["CHUNK"])["P"] for x, _ in inputs}) == 1, "one shared workspace"
+    assert len({dispatch.split_layout(x, x, CHUNK=params["CHUNK"])["P"] for x, _ in inputs}) == 1, (
+        "one shared workspace"
+    )
     for launch in range(40):
         x, want = inputs[launch % len(inputs)]
         got = st.softmax(x) if launch % 3 else run_poisoned(triton_path_runner("split", **params), x)
         assert torch.equal(bits(got), bits(want)), f"launch {launch}: ({x.shape[0]}, {x.shape[1]}) differs"
 
 
-@pytest.mark.parametrize("cfg", st.CONFIGS, ids=lambda c: f"BLOCK{c.kwargs['BLOCK']}-w{c.num_warps}")
+@pytest.mark.parametrize("cfg", store.CONFIGS, ids=lambda c: f"BLOCK{c.kwargs['BLOCK']}-w{c.num_warps}")
 def test_every_autotune_config_on_gpu(cfg):
     for B, V in ((33, 600), (3, 5000), (2, 1)):
         x = logits(B, V, seed=B + V, device="cuda")
-        out = run_poisoned(triton_path_runner("tile", config=st.config_dict(cfg)), x)
+        out = run_poisoned(triton_path_runner("tile", config=store.config_dict(cfg)), x)
         check_softmax(out, x, what=f"tile {cfg} ({B}, {V})")
 
 
@@ -242,8 +247,8 @@ def test_compiled_kernels_do_not_spill(request):
     x = logits(4, 600, seed=0, device="cuda")
     y = torch.empty_like(x)
     rows = [
-        built(f"tile BLOCK={cfg.kwargs['BLOCK']} w{cfg.num_warps}", x, y, "tile", config=st.config_dict(cfg))
-        for cfg in st.CONFIGS
+        built(f"tile BLOCK={cfg.kwargs['BLOCK']} w{cfg.num_warps}", x, y, "tile", config=store.config_dict(cfg))
+        for cfg in store.CONFIGS
     ]
     # The split and stream kernels at an odd V, as the wrapper launches them (group-aligned
     # chunks and tiles): split for a full batch and for one row.
@@ -272,7 +277,7 @@ def test_compiled_kernels_do_not_spill(request):
 def test_autotune_once_then_reuse(tmp_path, monkeypatch):
     path = tmp_path / "tune.json"
     # The wrapper reads the stored file the environment names: point it at this test's own.
-    monkeypatch.setenv(st.STORED_PATH_ENV, str(path))
+    monkeypatch.setenv(store.STORED_PATH_ENV, str(path))
     st.clear_autotune_memo()
     try:
         _autotune_once_then_reuse(path, monkeypatch)
@@ -283,57 +288,57 @@ def test_autotune_once_then_reuse(tmp_path, monkeypatch):
 
 def _autotune_once_then_reuse(path, monkeypatch):
     shapes = list(LAB_SHAPES[:2])
-    before = st.bench_calls()
-    record = st.run_autotune(shapes, path=path)
-    assert st.bench_calls() - before == len(shapes) * len(st.CONFIGS)  # every config on every shape
-    choice = record["choices"][st.choice_key(600, torch.float32)]
+    before = store.bench_calls()
+    record = autotune.run_autotune(shapes, path=path)
+    assert store.bench_calls() - before == len(shapes) * len(store.CONFIGS)  # every config on every shape
+    choice = record["choices"][store.choice_key(600, torch.float32)]
     assert {k: choice[k] for k in ("BLOCK", "num_warps")} in [
-        {"BLOCK": c.kwargs["BLOCK"], "num_warps": c.num_warps} for c in st.CONFIGS
+        {"BLOCK": c.kwargs["BLOCK"], "num_warps": c.num_warps} for c in store.CONFIGS
     ]
 
     # A fresh lookup (memo cleared, as in a new process) reads the file and does not benchmark.
     st.clear_autotune_memo()
-    picked = st.autotune_picked(600, torch.float32)
+    picked = store.autotune_picked(600, torch.float32)
     assert (picked["BLOCK"], picked["num_warps"]) == (choice["BLOCK"], choice["num_warps"])
-    before = st.bench_calls()
+    before = store.bench_calls()
     for B, _ in shapes + [(4096, 600)]:
         x = logits(B, 600, seed=B, device="cuda")
         check_softmax(run_poisoned(st.softmax, x), x)
-    assert st.bench_calls() == before, "a stored choice must not be re-benchmarked"
+    assert store.bench_calls() == before, "a stored choice must not be re-benchmarked"
 
     # Another V of the same bucket takes its choice; a V of a bucket with no stored choice
     # autotunes on first use, once.
     x = logits(64, 777, seed=5, device="cuda")
     check_softmax(run_poisoned(st.softmax, x), x)
-    assert st.bench_calls() == before, "a V of a tuned bucket must not be benchmarked"
-    assert st.choice_key(1500, torch.float32) not in record["choices"] and st.plan(64, 1500) == "tile"
+    assert store.bench_calls() == before, "a V of a tuned bucket must not be benchmarked"
+    assert store.choice_key(1500, torch.float32) not in record["choices"] and st.plan(64, 1500) == "tile"
     x = logits(64, 1500, seed=5, device="cuda")
     check_softmax(run_poisoned(st.softmax, x), x)
-    assert st.bench_calls() - before == len(st.CONFIGS)
+    assert store.bench_calls() - before == len(store.CONFIGS)
     check_softmax(run_poisoned(st.softmax, x), x)
-    assert st.bench_calls() - before == len(st.CONFIGS)
-    assert st.autotune_picked(1500, torch.float32) is not None
+    assert store.bench_calls() - before == len(store.CONFIGS)
+    assert store.autotune_picked(1500, torch.float32) is not None
 
     # Stale file (stored under another config list: the fingerprint no longer matches): ignored.
     stale = path.parent / "stale.json"
-    other = st.configs_hash(st.CONFIGS[:-1] + [type(st.CONFIGS[0])({"BLOCK": 128}, num_warps=4)])
-    st.write_stored(
-        {st.choice_key(600, torch.float32): choice}, torch.cuda.get_device_name(), path=stale, config_hash=other
+    other = store.configs_hash(store.CONFIGS[:-1] + [type(store.CONFIGS[0])({"BLOCK": 128}, num_warps=4)])
+    store.write_stored(
+        {store.choice_key(600, torch.float32): choice}, torch.cuda.get_device_name(), path=stale, config_hash=other
     )
-    monkeypatch.setenv(st.STORED_PATH_ENV, str(stale))
+    monkeypatch.setenv(store.STORED_PATH_ENV, str(stale))
     st.clear_autotune_memo()
-    assert st.stored_choice(600, torch.float32, torch.cuda.get_device_name()) is None
-    assert st.autotune_picked(600, torch.float32) is None
+    assert store.stored_choice(600, torch.float32, torch.cuda.get_device_name()) is None
+    assert store.autotune_picked(600, torch.float32) is None
 
 
 def test_repo_autotune_file_is_fresh_for_this_gpu():
     """If kernels/triton_autotune.json exists, the lab shapes on this GPU must use it."""
-    if not st.STORED_PATH.exists():
+    if not store.STORED_PATH.exists():
         pytest.skip("no stored autotune file yet: run python -m kernels.autotune on the GPU")
     name = torch.cuda.get_device_name()
-    entries = st.read_stored(st.STORED_PATH).get("entries", {})
+    entries = store.read_stored(store.STORED_PATH).get("entries", {})
     if not any(e.get("gpu") == name for e in entries.values()):
         pytest.skip(f"the stored file holds no choice for {name}")
-    assert st.stored_choice(600, torch.float32, name, path=st.STORED_PATH) is not None, (
+    assert store.stored_choice(600, torch.float32, name, path=store.STORED_PATH) is not None, (
         "the stored choice for this GPU is stale (kernel or config list changed): re-run python -m kernels.autotune"
     )

@@ -85,6 +85,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from kernels import softmax_triton as st  # noqa: E402
+from kernels import triton_dispatch as dispatch  # noqa: E402
 from kernels.triton_kernels import (  # noqa: E402
     _exp,
     _fixed,
@@ -556,7 +557,7 @@ SMOKE_ROW_V = 512  # held-row variants past the row path's V (GPU: 65536 at V = 
 def variants(dtype, B: int, V: int) -> list[tuple[str, str, str, dict]]:
     """(name, kind, path, params): the current path's controls and the held variants at (B, V)."""
     out = []
-    row_max = SMOKE_ROW_V // 2 if SMOKE else st.DISPATCH_BOUNDARIES["row_max_v"]
+    row_max = SMOKE_ROW_V // 2 if SMOKE else dispatch.DISPATCH_BOUNDARIES["row_max_v"]
     chunk = (lambda c: SMOKE_SPLIT_CHUNK[c]) if SMOKE else (lambda c: c)
     half = dtype != torch.float32
     if V <= row_max:
@@ -571,7 +572,7 @@ def variants(dtype, B: int, V: int) -> list[tuple[str, str, str, dict]]:
                 name = f"row packed nw{warps}" + (f" r{regs}" if regs else "")
                 out.append((name, "packed", "row", {**cur, "num_warps": warps, "maxnreg": regs}))
         return out
-    cur = dict(st.SPLIT_PARAMS)
+    cur = dict(dispatch.SPLIT_PARAMS)
     cur["CHUNK"] = chunk(cur["CHUNK"])
     out.append(("split cur 8192x4 r128", "current", "split", cur))
     out.append(("split unpacked 8192x4 r128", "unpacked", "split", dict(cur)))

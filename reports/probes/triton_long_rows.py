@@ -45,6 +45,7 @@ if SMOKE:
 DEV = "cpu" if SMOKE else "cuda"
 
 from kernels import softmax_triton as st  # noqa: E402
+from kernels import triton_dispatch as dispatch  # noqa: E402
 from tests.helpers import check_softmax, dtype_id  # noqa: E402
 from tests.suite.devicetime import device_times_us  # noqa: E402
 
@@ -311,10 +312,10 @@ def main():
         "(5 for inputs over 1 GiB) after 2 warm-ups; frac_of_copy against copy_TBps of this run",
         "copy_TBps": round(copy_tbps, 4),
         "dispatch": {
-            "boundaries": st.DISPATCH_BOUNDARIES,
-            "split": st.SPLIT_PARAMS,
-            "split_fill": st.SPLIT_FILL,
-            "split_min_chunk": st.SPLIT_MIN_CHUNK,
+            "boundaries": dispatch.DISPATCH_BOUNDARIES,
+            "split": dispatch.SPLIT_PARAMS,
+            "split_fill": dispatch.SPLIT_FILL,
+            "split_min_chunk": dispatch.SPLIT_MIN_CHUNK,
         },
         "failures": failures,
         "rows": rows,

@@ -56,6 +56,7 @@ import triton.language as tl  # noqa: E402
 import triton_hold16 as h16  # noqa: E402
 
 from kernels import softmax_triton as st  # noqa: E402
+from kernels import triton_dispatch as dispatch  # noqa: E402
 from kernels.triton_kernels import (  # noqa: E402
     _exp,
     _fixed,
@@ -278,9 +279,9 @@ def variants(dtype, B: int, V: int) -> list[tuple[str, str, dict]]:
         for warps in (8, 16, 32):
             out.append((f"row nw{warps}", "row", {"BLOCK": block, "num_warps": warps}))
         return out
-    out.append(("split 8192x4 r128", "split", dict(st.SPLIT_PARAMS)))
+    out.append(("split 8192x4 r128", "split", dict(dispatch.SPLIT_PARAMS)))
     if half:
-        out.append(("split 8192x4 r80", "split", {**st.SPLIT_PARAMS, "maxnreg": 80}))
+        out.append(("split 8192x4 r80", "split", {**dispatch.SPLIT_PARAMS, "maxnreg": 80}))
     out.append(("stream 4096x16 8/SM", "stream", {"BLOCK": 4096, "num_warps": 16, "programs_per_sm": 8}))
     for block, warps, pps, ns in ((4096, 16, 4, 3), (2048, 8, 8, 3), (4096, 8, 4, 4), (2048, 4, 8, 4)):
         out.append(

@@ -20,9 +20,10 @@ TRITON_MISSING = triton_missing()
 needs_triton = pytest.mark.skipif(TRITON_MISSING is not None, reason=TRITON_MISSING or "")
 
 
-def triton_module():
-    """kernels.softmax_triton, or None where Triton is missing (its tests skip: needs_triton)."""
-    return None if TRITON_MISSING else importlib.import_module("kernels.softmax_triton")
+def triton_module(name: str = "softmax_triton"):
+    """kernels.<name> (a Triton module of kernels/: the public entry by default), or None where
+    Triton is missing (its tests skip: needs_triton)."""
+    return None if TRITON_MISSING else importlib.import_module(f"kernels.{name}")
 
 
 def needs_cupy(kernel) -> bool:
