@@ -11,7 +11,7 @@ from tests.helpers import TRITON_MISSING
 if TRITON_MISSING:  # Triton publishes Linux wheels only: every test here needs it
     pytest.skip(TRITON_MISSING, allow_module_level=True)
 
-from kernels import autotune as autotune  # noqa: E402
+from kernels import autotune  # noqa: E402
 from kernels import softmax_triton as st  # noqa: E402
 from kernels import triton_dispatch as dispatch  # noqa: E402
 from kernels import triton_store as store  # noqa: E402
