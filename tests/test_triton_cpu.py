@@ -36,8 +36,7 @@ import triton.language as tl  # noqa: E402
 
 from kernels import softmax_triton as st  # noqa: E402
 from kernels import triton_dispatch as dispatch  # noqa: E402
-from kernels import triton_kernels as tkernels  # noqa: E402
-from kernels import triton_launch as tlaunch  # noqa: E402
+from kernels import triton_kernels, triton_launch  # noqa: E402
 from kernels import triton_store as store  # noqa: E402
 from kernels.spec import LAB_SHAPES  # noqa: E402
 from tests.helpers import (  # noqa: E402
@@ -173,7 +172,7 @@ def test_alignment_hints_are_true_for_every_layout(dtype):
                     a, v = launch.constexprs["ALIGN"], launch.values
                     what = f"{path} V={V} {layout} out+{out_offset}: ALIGN {a}"
                     assert a & (a - 1) == 0 and a * es <= 16, what
-                    if not tlaunch.PATH_TABLE[path].chunked:
+                    if not triton_launch.PATH_TABLE[path].chunked:
                         assert V % a == 0 and v["stride_x"] % a == 0 and v["stride_y"] % a == 0, what
                         continue
                     ya = launch.constexprs["Y_ALIGN"]
@@ -254,11 +253,11 @@ def _swapped(names, a, b):
     return names
 
 
-@pytest.mark.parametrize("path", sorted(tlaunch.PATH_TABLE))
+@pytest.mark.parametrize("path", sorted(triton_launch.PATH_TABLE))
 def test_path_table_rejects_reordered_renamed_or_missing_arguments(path):
     # Two arguments of one width swapped would pass every width check of a launch and compute
     # garbage: the table is checked against the kernel's own signature, by name and order.
-    entry = tlaunch.PATH_TABLE[path]
+    entry = triton_launch.PATH_TABLE[path]
     kernel = entry.kernel.fn.__name__
     types = dict(entry.args)
     swapped = _swapped(entry.arg_names, "stride_x", "stride_y")
@@ -285,7 +284,7 @@ def _kernel_with_an_unknown_argument(X, Y, Z, V, stride_x, stride_y, SCALE, BLOC
 
 
 def test_path_table_rejects_a_kernel_that_reorders_its_arguments():
-    tile = tlaunch.PATH_TABLE["tile"]
+    tile = triton_launch.PATH_TABLE["tile"]
     with pytest.raises(ValueError, match=r"_tile_kernel_with_swapped_strides\(X, Y, V, stride_y, stride_x, SCALE\)"):
         dataclasses.replace(tile, kernel=_tile_kernel_with_swapped_strides)
     args = (*tile.args[:2], ("Z", "*T"), *tile.args[2:])
@@ -309,9 +308,9 @@ def test_named_launches_of_the_training_kernels_check_names_and_order():
         entry.bind_values({k: v for k, v in args.items() if k != "K"}, p, 4, 1)
 
 
-@pytest.mark.parametrize("path", sorted(tlaunch.PATH_TABLE))
+@pytest.mark.parametrize("path", sorted(triton_launch.PATH_TABLE))
 def test_ahead_of_time_signature_comes_from_the_table(path):
-    entry = tlaunch.PATH_TABLE[path]
+    entry = triton_launch.PATH_TABLE[path]
     sig = entry.signature("bf16")
     assert list(sig) == list(inspect.signature(entry.kernel.fn).parameters), "every parameter, in the kernel's order"
     assert all(sig[n] == ("*i64" if n == "WS" else "*bf16") for n in entry.arg_names if n in ("X", "Y", "WS"))
@@ -497,16 +496,16 @@ def test_public_softmax(B, V, dtype):
 
 @interpreted
 def test_empty_batch_returns_without_launch():
-    before = tlaunch.launch_count()
+    before = triton_launch.launch_count()
     for V in (5, 600, 40000):
         x = torch.empty(0, V)
         y = st.softmax(x)
         assert y.shape == (0, V) and y.dtype == x.dtype
         for path in dispatch.PATHS:
             assert st.run_path(x, path).shape == (0, V)
-    assert tlaunch.launch_count() == before, "a kernel was launched for B = 0"
+    assert triton_launch.launch_count() == before, "a kernel was launched for B = 0"
     st.run_path(logits(1, 5, seed=0), "tile")
-    assert tlaunch.launch_count() == before + 1, "launch_count counts the launches it should have seen"
+    assert triton_launch.launch_count() == before + 1, "launch_count counts the launches it should have seen"
 
 
 @interpreted
@@ -745,8 +744,8 @@ def test_the_autotune_key_follows_what_compiles(tmp_path):
     assert _key_of(tmp_path, "docstring", first='"""A docstring."""  # another comment', space=" ") == base
     assert _key_of(tmp_path, "helper", add=2) != base
     assert _key_of(tmp_path, "constant", scale=3) != base
-    assert store.kernel_source_hash(tkernels.JIT_KERNELS["row"]) != store.kernel_source_hash()
-    assert store.kernel_source_hash() == store.kernel_source_hash(tkernels.JIT_KERNELS["tile"])
+    assert store.kernel_source_hash(triton_kernels.JIT_KERNELS["row"]) != store.kernel_source_hash()
+    assert store.kernel_source_hash() == store.kernel_source_hash(triton_kernels.JIT_KERNELS["tile"])
 
 
 def test_write_keeps_other_gpus_and_drops_stale_entries(tmp_path):
