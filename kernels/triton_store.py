@@ -23,6 +23,7 @@ Under TRITON_INTERPRET=1 the tile path uses `INTERPRETER_CONFIG` and nothing is 
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import inspect
 import json
@@ -68,6 +69,7 @@ def config_dict(cfg) -> dict:
     return {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
 
 
+@functools.cache  # a process's kernels do not change once loaded; lookups ask once per bucket
 def kernel_source_hash(kernel=None) -> str:
     """sha256 of what `@triton.jit` compiles for a kernel (the tile kernel by default): the
     syntax tree of its function and of every jit function it calls, directly or through others,
@@ -84,10 +86,8 @@ def kernel_source_hash(kernel=None) -> str:
         seen.add(fn)
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
         for node in ast.walk(tree):
-            body = getattr(node, "body", None)
-            if isinstance(node, ast.FunctionDef) and isinstance(body[0], ast.Expr):
-                if isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
-                    node.body = body[1:] or [ast.Pass()]
+            if isinstance(node, ast.FunctionDef) and ast.get_docstring(node, clean=False) is not None:
+                node.body = node.body[1:] or [ast.Pass()]
         h.update(ast.unparse(tree).encode())  # one text on 3.11 and 3.12 (the H200 agrees); ast.dump differs
         for name in sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}):
             value = fn.__globals__.get(name)
