@@ -219,6 +219,66 @@ def test_a_run_records_its_paired_measurements_as_a_baseline():
     assert gate.baseline_from_records(records, synthetic.CPU_ENV) is None
 
 
+def test_record_runs_of_the_same_code_pool_and_changed_code_starts_afresh():
+    first = gate.baseline_from_records(synthetic.gated_records(), synthetic.GPU_ENV)
+    slower = gate.baseline_from_records(
+        synthetic.gated_records(lambda *_: 1.08), synthetic.GPU_ENV, previous=first, today="2026-12-02"
+    )
+    key = ("triton", 64, 32000, "bfloat16")
+    old = {gate.case_key(c): c for c in first["cases"]}[key]["modes"]["device"]
+    pooled = {gate.case_key(c): c for c in slower["cases"]}[key]["modes"]["device"]
+    assert old["runs"] == [old["ratio"]] and slower["recorded"]["runs_pooled"] == 2
+    assert pooled["runs"] == [old["ratio"], pooled["ratio"]]
+    assert pooled["ratio"] == pytest.approx(old["ratio"] / 1.08, rel=0.005)
+    assert gate.central(pooled) == pytest.approx((old["ratio"] + pooled["ratio"]) / 2)
+    assert gate.between_runs(pooled) == pytest.approx(math.log(gate.central(pooled) / pooled["ratio"]))
+    again = slower
+    for _ in range(gate.RUNS_KEPT + 2):
+        again = gate.baseline_from_records(synthetic.gated_records(), synthetic.GPU_ENV, previous=again)
+    assert len({gate.case_key(c): c for c in again["cases"]}[key]["modes"]["device"]["runs"]) == gate.RUNS_KEPT
+    # Another software version (or other kernel sources, the same fingerprint) starts afresh.
+    other = {**synthetic.GPU_ENV, "versions": {**synthetic.GPU_ENV["versions"], "torch": "2.12.0"}}
+    fresh = gate.baseline_from_records(synthetic.gated_records(), other, previous=slower)
+    assert {gate.case_key(c): c for c in fresh["cases"]}[key]["modes"]["device"]["runs"] == [old["ratio"]]
+    assert "runs_pooled" not in fresh["recorded"]
+
+
+def test_the_code_fingerprint_follows_sources_tuning_and_versions_only(tmp_path):
+    (tmp_path / "k.py").write_text("x = 1\n")
+    (tmp_path / "tuned.json").write_text("{}")
+    versions = {"torch": "2.11.0"}
+    before = gate.code_fingerprint(versions, tmp_path)
+    (tmp_path / "README.md").write_text("words")
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "k.py").write_text("cached")
+    assert gate.code_fingerprint(versions, tmp_path) == before
+    assert gate.code_fingerprint({"torch": "2.12.0"}, tmp_path) != before
+    for name, text in (("k.py", "x = 2\n"), ("tuned.json", "{ }"), ("k.cu", "")):
+        (tmp_path / name).write_text(text)
+        assert gate.code_fingerprint(versions, tmp_path) != before, name
+    assert len(gate.code_fingerprint({})) == 64  # the product's own kernels/
+
+
+def test_the_spread_between_pooled_runs_counts_as_noise():
+    # The H200's triton B=8 V=600 bf16 graph replay: 1.985 in one run of unchanged kernels, 1.84
+    # in another, then 1.724. Against the first run alone that fails; against the pool it does not.
+    one, pooled = figure(1.985, 0.001), {**figure(1.84, 0.001), "runs": [1.985, 1.84]}
+    now = figure(1.724, 0.001)
+    assert gate.judge(one, now, "graph").regressed
+    assert not gate.judge(pooled, now, "graph").regressed
+    # A slowdown past the pool's spread still fails, and tight pools keep the floors.
+    assert gate.judge(pooled, figure(1.91 / 1.25, 0.001), "graph").regressed
+    tight = {**figure(1.25), "runs": [1.25, 1.252, 1.249]}
+    assert gate.judge(tight, figure(1.25 / 1.10), "device").regressed
+    assert not gate.judge(tight, figure(1.25 / 1.03), "device").flagged
+    for spread in (0.0, 0.02, 0.05, 0.1):
+        wider = {**figure(1.25), "runs": [1.25 * (1 - spread), 1.25, 1.25 * (1 + spread)]}
+        verdict = gate.judge(wider, figure(1.25 / 1.4), "device")
+        assert verdict.noise >= gate.judge(figure(1.25), figure(1.25 / 1.4), "device").noise
+        assert verdict.regressed, spread
+    assert "median of 2 runs" in gate._figure(pooled)
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -228,6 +288,8 @@ def test_a_run_records_its_paired_measurements_as_a_baseline():
         (lambda d: d["cases"][0]["modes"].update(warm={"ratio": 1.0}), "unknown mode 'warm'"),
         (lambda d: d["cases"][0]["modes"]["device"].update(ratio=-1), "not a positive number"),
         (lambda d: d["cases"][0]["modes"]["device"].update(ci=[5.0, 6.0]), "does not hold the ratio"),
+        (lambda d: d["cases"][0]["modes"]["device"].update(runs=[]), "not a list of positive ratios"),
+        (lambda d: d["cases"][0]["modes"]["device"].update(runs=[1.0, "1.1"]), "not a list of positive ratios"),
     ],
 )
 def test_a_broken_baseline_is_named(tmp_path, change, message):

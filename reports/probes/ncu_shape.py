@@ -1,23 +1,25 @@
-"""Three launches of fused at one shape, for Nsight Compute to profile the third:
+"""Three launches of one registered softmax kernel at one shape, for Nsight Compute to profile
+the third:
 
     ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \\
-        --section LaunchStats -k regex:fused_ --launch-skip 2 --launch-count 1 \\
-        env PYTHONPATH=. python reports/probes/ncu_shape.py fp32 1024 202048
+        --section LaunchStats --section ComputeWorkloadAnalysis -k regex:softmax --launch-skip 2 \\
+        --launch-count 1 env PYTHONPATH=. python reports/probes/ncu_shape.py triton bf16 32768 600
+
+The kernel is a name of kernels.SOFTMAX_KERNELS (fused, triton, ...); its plan is printed first.
 """
 
 import sys
 
 import torch
 
-from kernels import softmax_cuda as sc
-from kernels.cuda_plans import fused_class_description
+from kernels import SOFTMAX_KERNELS
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 if __name__ == "__main__":
-    dtype, B, V = DTYPES[sys.argv[1]], int(sys.argv[2]), int(sys.argv[3])
+    kernel, dtype, B, V = SOFTMAX_KERNELS[sys.argv[1]], DTYPES[sys.argv[2]], int(sys.argv[3]), int(sys.argv[4])
     x = (torch.randn(B, V, device="cuda") * 3).to(dtype)
-    print(fused_class_description(B, V, dtype), flush=True)
+    print(kernel.plan(B, V, dtype), flush=True)
     for _ in range(3):
-        sc.softmax_fused(x)
+        kernel(x)
     torch.cuda.synchronize()

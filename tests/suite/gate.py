@@ -30,6 +30,11 @@ manifest of single medians) counts with UNKNOWN_NOISE: only large drops fail aga
 
 Baselines live in reports/baselines/<model-slug>.json, one per GPU model: a run on a model
 without one passes with a note, and `--record-baseline` writes (or refreshes) this model's file.
+Runs differ by more than each one's interval says (a ~2 us graph replay moved by 8 % between two
+runs of the same kernels), so a baseline pools its runs: a record run of the same code and
+software versions (`code_fingerprint`) adds its medians to each case's `runs` (the last
+RUNS_KEPT); the baseline's figure is their median, and their spread (`between_runs`) counts as
+noise in both runs compared. Recording with changed kernels starts the pool afresh.
 
 The quick gate (`--gate-quick`, `QuickSelection`): a run of only the (case, mode) pairs the
 baseline of this GPU model gates, device time in QUICK_DEVICE_ROUNDS rounds; the rule is the same.
@@ -37,6 +42,7 @@ baseline of this GPU model gates, device time in QUICK_DEVICE_ROUNDS rounds; the
 
 import argparse
 import datetime
+import hashlib
 import json
 import math
 import re
@@ -78,6 +84,9 @@ GRAPH_MEASURED_BELOW_US = 3 * DEVICE_RELIABLE_US
 
 BASELINE_FORMAT = 1
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "reports" / "baselines"
+KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels"
+RUNS_KEPT = 5  # record runs of the same code pooled in a baseline (the newest)
+CODE_SUFFIXES = (".py", ".cu", ".cuh", ".json")  # the files of kernels/ that code_fingerprint reads
 
 
 # -- statistics of one run --------------------------------------------------------------------------
@@ -118,14 +127,31 @@ def _round(x: float) -> float:
     return float(f"{x:.6g}")
 
 
-def run_noise(summary: dict, mode: str) -> float:
+def run_noise(summary: dict, mode: str, between: float = 0.0) -> float:
     """A run's relative noise on its ratio (log half-width of the median's interval), at least
-    the mode's floor; UNKNOWN_NOISE where the run recorded no dispersion."""
+    the mode's floor and the spread between runs; UNKNOWN_NOISE where the run recorded no
+    dispersion."""
     ci = summary.get("ci")
     if not ci:
         return UNKNOWN_NOISE[mode]
     lo, hi = ci
-    return max((math.log(hi) - math.log(lo)) / 2, NOISE_FLOOR[mode])
+    return max((math.log(hi) - math.log(lo)) / 2, NOISE_FLOOR[mode], between)
+
+
+def central(figure: dict) -> float:
+    """A baseline figure's ratio: the median of its pooled runs, else its one run's."""
+    return statistics.median(figure["runs"]) if figure.get("runs") else figure["ratio"]
+
+
+def between_runs(figure: dict) -> float:
+    """How far the baseline's pooled runs of one case lie from their median: the largest log
+    distance (0 for a single run). It counts as noise in the baseline and in the run compared,
+    which is another draw of the same spread."""
+    runs = figure.get("runs") or []
+    if len(runs) < 2:
+        return 0.0
+    middle = statistics.median(runs)
+    return max(abs(math.log(r / middle)) for r in runs)
 
 
 @dataclass(frozen=True)
@@ -148,10 +174,11 @@ class Judgement:
 
 
 def judge(old: dict, new: dict, mode: str) -> Judgement:
-    """Compare this run's summary of a case with the baseline's, in one mode."""
+    """Compare this run's summary of a case with the baseline's figure, in one mode."""
+    between = between_runs(old)
     return Judgement(
-        slowdown=math.log(old["ratio"] / new["ratio"]),
-        noise=math.hypot(run_noise(old, mode), run_noise(new, mode)),
+        slowdown=math.log(central(old) / new["ratio"]),
+        noise=math.hypot(run_noise(old, mode, between), run_noise(new, mode, between)),
     )
 
 
@@ -195,11 +222,23 @@ def gating_modes(case: dict) -> tuple[str, ...]:
     return tuple(m for m in (timed, "per_call") if m in measured and not (m == "per_call" and host_bound))
 
 
+def code_fingerprint(versions: dict, kernels_dir: Path = KERNELS_DIR) -> str:
+    """sha256 of what sets a gated case's speed besides the GPU: the sources and stored tuning
+    under kernels/ and the software versions. Runs pool in a baseline only while it is unchanged."""
+    h = hashlib.sha256(json.dumps(sorted(versions.items())).encode())
+    for path in sorted(kernels_dir.rglob("*")):
+        if path.suffix in CODE_SUFFIXES and "__pycache__" not in path.parts:
+            h.update(path.relative_to(kernels_dir).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def _stamp(environment: dict, today: str) -> dict:
+    versions = {k: v for k, v in (environment.get("versions") or {}).items() if v is not None}
     return {
         "date": today,
-        "versions": {k: v for k, v in (environment.get("versions") or {}).items() if v is not None},
+        "versions": versions,
         "command": environment.get("command"),
+        "code": code_fingerprint(versions),
     }
 
 
@@ -221,6 +260,7 @@ RULE_TEXT = (
     f">= {PER_CALL_RELIABLE_US:g} us, as "
     f"measured at; a case fails when ln(old/new) - noise > ln(1 + {THRESHOLD:g}/2), noise = both runs' "
     "interval half-widths in quadrature, each at least " + ", ".join(f"{NOISE_FLOOR[m]:g} ({m})" for m in MODES)
+    + f" and the spread of the baseline's pooled runs (the last {RUNS_KEPT} record runs of the same code)"
 )
 
 
@@ -293,7 +333,9 @@ def baseline_from_records(
     if not found or not gpu.get("model"):
         return None
     today = today or datetime.date.today().isoformat()
+    recorded = _stamp(environment, today)
     cases = {case_key(c): c for c in (previous or {}).get("cases") or []}
+    pooled = (previous or {}).get("recorded", {}).get("code") == recorded["code"]
     for key, entry in found.items():
         case = dict(zip(("kernel", "B", "V", "dtype"), key, strict=True))
         if "F_softmax_device_us" in entry:
@@ -301,13 +343,19 @@ def baseline_from_records(
         elif "F_softmax_device_us" in cases.get(key, {}):
             case["F_softmax_device_us"] = cases[key]["F_softmax_device_us"]
         modes = dict((cases.get(key) or {}).get("modes") or {})
-        modes.update({m: v["remeasured"] or v["first"] for m, v in entry["modes"].items()})
+        for m, v in entry["modes"].items():
+            figure = dict(v["remeasured"] or v["first"])
+            earlier = ((modes.get(m) or {}).get("runs") or [modes[m]["ratio"]]) if pooled and m in modes else []
+            figure["runs"] = [*earlier, figure["ratio"]][-RUNS_KEPT:]
+            modes[m] = figure
         case["modes"] = {m: modes[m] for m in MODES if m in modes}
         cases[key] = case
+    if pooled:
+        recorded["runs_pooled"] = (previous["recorded"].get("runs_pooled") or 1) + 1
     return baseline_document(
         gpu,
         list(cases.values()),
-        recorded=_stamp(environment, today),
+        recorded=recorded,
         source="paired rounds (per-round ratios to F.softmax in interleaved rounds)",
     )
 
@@ -338,6 +386,11 @@ def check_baseline(doc, where: str) -> dict:
                 bad(f"{case_key(case)} {mode}: ratio {ratio!r} is not a positive number")
             if ci is not None and not (len(ci) == 2 and 0 < ci[0] <= ratio <= ci[1]):
                 bad(f"{case_key(case)} {mode}: interval {ci!r} does not hold the ratio {ratio}")
+            runs = figure.get("runs")
+            if runs is not None and not (
+                isinstance(runs, list) and runs and all(isinstance(r, int | float) and r > 0 for r in runs)
+            ):
+                bad(f"{case_key(case)} {mode}: runs {runs!r} is not a list of positive ratios")
     return doc
 
 
@@ -569,6 +622,10 @@ def _case_name(key: tuple, mode: str) -> str:
 
 
 def _figure(summary: dict) -> str:
+    """A run's ratio and interval; a pooled baseline's median of its runs and how far they spread."""
+    runs = summary.get("runs") or []
+    if len(runs) > 1:
+        return f"{central(summary):.3f} (median of {len(runs)} runs, ±{math.expm1(between_runs(summary)):.1%})"
     ci = summary.get("ci")
     spread = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else " [spread unknown]"
     return f"{summary['ratio']:.3f}{spread}"
