@@ -259,7 +259,8 @@ RULE_TEXT = (
     f"time is >= {DEVICE_RELIABLE_US:g} us, graph replay below; per-call time gates the shapes where it is "
     f">= {PER_CALL_RELIABLE_US:g} us, as "
     f"measured at; a case fails when ln(old/new) - noise > ln(1 + {THRESHOLD:g}/2), noise = both runs' "
-    "interval half-widths in quadrature, each at least " + ", ".join(f"{NOISE_FLOOR[m]:g} ({m})" for m in MODES)
+    "interval half-widths in quadrature, each at least "
+    + ", ".join(f"{NOISE_FLOOR[m]:g} ({m})" for m in MODES)
     + f" and the spread of the baseline's pooled runs (the last {RUNS_KEPT} record runs of the same code)"
 )
 
