@@ -34,3 +34,16 @@ def test_nested_device_functions_run_directly_and_compute_the_same():
         y = torch.full_like(x, float("nan"))
         _nested_kernel[(1,)](x, y, N=8)
         assert torch.equal(y, x * 2 + 56)
+
+
+def test_numpy_storage_types_are_remembered_and_the_same():
+    from triton.runtime import interpreter as triton_interpreter
+
+    assert interpreter.call_device_functions_directly()
+    remembered = triton_interpreter._get_np_dtype
+    assert remembered.remembered
+    scalars = [getattr(tl, n) for n in ("int1", "int8", "int32", "int64", "uint16", "float16", "bfloat16", "float32")]
+    kinds = [*scalars, tl.pointer_type(tl.float32), tl.block_type(tl.bfloat16, [4, 8])]
+    kinds.append(tl.block_type(tl.pointer_type(tl.float16), [16]))
+    for kind in kinds * 2:  # the second round answers from the memo
+        assert remembered(kind) == remembered.original(kind), kind
