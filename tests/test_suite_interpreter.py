@@ -10,6 +10,8 @@ if TRITON_MISSING or not INTERPRETED:
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from kernels.triton_kernels import _row_max  # noqa: E402
+
 pytestmark = pytest.mark.cpu
 
 
@@ -47,3 +49,52 @@ def test_numpy_storage_types_are_remembered_and_the_same():
     kinds.append(tl.block_type(tl.pointer_type(tl.float16), [16]))
     for kind in kinds * 2:  # the second round answers from the memo
         assert remembered(kind) == remembered.original(kind), kind
+
+
+@triton.jit
+def _max_2d(X, Y, R: tl.constexpr, C: tl.constexpr, AXIS: tl.constexpr, N: tl.constexpr):
+    x = tl.load(X + tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :])
+    tl.store(Y + tl.arange(0, N), _row_max(x, AXIS))
+
+
+@triton.jit
+def _max_1d(X, Y, C: tl.constexpr):
+    tl.store(Y, _row_max(tl.load(X + tl.arange(0, C)), 0))
+
+
+def test_the_nan_max_reduction_in_numpy_is_the_element_loops(monkeypatch):
+    from triton.runtime import interpreter as triton_interpreter
+
+    assert interpreter.call_device_functions_directly()
+    reduce = triton_interpreter.ReduceOps
+    assert reduce.apply_impl.vectorised
+    max_2d, max_1d = _max_2d, _max_1d
+    g = torch.Generator().manual_seed(7)
+    data = torch.randn(8, 16, generator=g)
+    flat = data.view(-1)
+    # NaNs of several payloads and signs, signed zeros side by side, infinities.
+    nans = torch.tensor([0x7FC00000, 0x7FC00001, -0x3E3EDCBB, 0x7FA00000], dtype=torch.int32).view(torch.float32)
+    picks = torch.randperm(flat.numel(), generator=g)
+    flat[picks[:4]] = nans
+    flat[picks[4:6]] = torch.tensor([0.0, -0.0])
+    flat[picks[6:8]] = torch.tensor([float("inf"), -float("inf")])
+    zeros = torch.zeros(8, 16)
+    zeros.view(-1)[::2] = -0.0
+    launches = []
+    for x in (data, zeros, data[:, :8].contiguous().fill_(-float("inf"))):
+        R, C = x.shape
+        launches += [(max_2d, x, R, dict(R=R, C=C, AXIS=1, N=R)), (max_2d, x, C, dict(R=R, C=C, AXIS=0, N=C))]
+        launches += [(max_1d, x[3].contiguous(), 1, dict(C=C))]
+
+    def run_all():
+        outs = []
+        for kernel, x, n, meta in launches:
+            y = torch.full((n,), float("nan"))
+            kernel[(1,)](x, y, **meta)
+            outs.append(y.view(torch.int32))
+        return outs
+
+    fast = run_all()
+    monkeypatch.setattr(reduce, "apply_impl", reduce.apply_impl.original)
+    for got, loop in zip(fast, run_all(), strict=True):
+        assert torch.equal(got, loop)

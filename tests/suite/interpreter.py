@@ -13,11 +13,19 @@ The interpreter also maps a Triton type to its NumPy storage type (`_get_np_dtyp
 every operation, building a table of twenty NumPy types each time: about a tenth of its time on
 the suite's kernels. `_remember_numpy_types` keeps each answer: the function depends on its
 argument alone.
+
+A reduction with a combine function of its own (the kernels' NaN-propagating max, `_nan_max`)
+falls back to a loop in Python over every element, a sixth of the interpreter's time.
+`_reduce_nan_max_in_numpy` folds the same np.maximum along the axis in the same order
+(np.maximum.accumulate) for float32: the same values, NaN payloads and signed zeros, as
+tests/test_suite_interpreter.py checks against the loop.
 """
 
 import inspect
 import os
 import sys
+
+import numpy as np
 
 _settled = False
 
@@ -58,6 +66,7 @@ def call_device_functions_directly() -> bool:
     __call__.direct = True
     cls.__call__ = __call__
     _remember_numpy_types(module)
+    _reduce_nan_max_in_numpy(module)
     return True
 
 
@@ -85,3 +94,32 @@ def _remember_numpy_types(module) -> None:
 def _applied() -> bool:
     module = sys.modules.get("triton.runtime.interpreter")
     return bool(module) and getattr(module.InterpretedFunction.__call__, "direct", False)
+
+
+def _reduce_nan_max_in_numpy(module) -> None:
+    """Reduce with the kernels' `_nan_max` (np.maximum in the interpreter) by folding np.maximum
+    along the axis in NumPy, in the order the interpreter's element loop folds it."""
+    ops = getattr(module, "ReduceOps", None)
+    if ops is None or not hasattr(ops, "generic_reduce") or getattr(ops.apply_impl, "vectorised", False):
+        return
+    from kernels.triton_kernels import _nan_max
+
+    original = ops.apply_impl
+
+    def apply_impl(self, input):
+        if self.combine_fn is not _nan_max or len(input) != 1 or self.axis is None or self.keep_dims:
+            return original(self, input)
+        (arg,) = input
+        data = arg.handle.data
+        if data.dtype != np.float32:
+            return original(self, input)
+        folded = np.maximum.accumulate(data, axis=self.axis)
+        out = np.array(folded.take(data.shape[self.axis] - 1, axis=self.axis))
+        # The loop stores every partial result through a Python float, which quiets a signalling
+        # NaN (sets its quiet bit, keeps its payload): so does this.
+        out.view(np.uint32)[np.isnan(out)] |= np.uint32(0x00400000)
+        return [self.to_tensor(out, arg.dtype)]
+
+    apply_impl.vectorised = True
+    apply_impl.original = original
+    ops.apply_impl = apply_impl
