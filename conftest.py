@@ -27,6 +27,7 @@ _baseline_recorded = pytest.StashKey[str]()
 _written = pytest.StashKey[list]()
 _quick_line = pytest.StashKey[str]()
 _balanced = pytest.StashKey[bool]()
+_ORDERED = "softmax_suite_ordered_by_seconds"
 _cpu_coverage = pytest.StashKey[list]()
 _slow_line = pytest.StashKey[str]()
 
@@ -95,6 +96,8 @@ def pytest_cmdline_main(config):
         is_worker=hasattr(config, "workerinput"),
         collect_only=config.getoption("collectonly"),
     )
+    if getattr(config, "workerinput", {}).get(_ORDERED):
+        config.pluginmanager.register(markers.CostOrder(), "softmax-suite-cost-order")
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -102,6 +105,12 @@ def pytest_xdist_make_scheduler(config, log):
     if config.stash.get(_balanced, False):
         return markers.balanced_scheduler(config, log)
     return None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    # The workers of a balanced run order their collections by the last run's seconds.
+    node.workerinput[_ORDERED] = node.config.stash.get(_balanced, False)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -213,6 +222,8 @@ def pytest_sessionfinish(session, exitstatus):
         return
     if config.getoption("collectonly"):
         return
+    if config.stash.get(_balanced, False) and getattr(config, "cache", None) is not None:
+        _file_times.remember(config.cache)
     covered = config.stash[_coverage_result] = _coverage.result()
     if covered.failed and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -1,6 +1,7 @@
 """tests/suite/markers.py: the one-platform-marker rule, benchmarks under xdist, and what a run
 does with cuda tests when the GPU cannot be used; the rules are checked in pytest subprocesses."""
 
+import json
 import os
 import re
 from types import SimpleNamespace
@@ -209,6 +210,36 @@ def test_small_files_travel_whole_and_large_files_test_by_test():
     ]
     assert markers.whole_files(ids, max_tests=3) == {"tests/test_small.py"}
     assert markers.whole_files(ids, max_tests=4) == {"tests/test_small.py", "tests/test_big.py"}
+
+
+def test_work_is_ordered_by_the_last_runs_seconds_longest_first():
+    big = [f"tests/test_big.py::test_case[{i}]" for i in range(markers.WHOLE_FILE_MAX_TESTS + 1)]
+    small = ["tests/test_small.py::test_a", "tests/test_small.py::test_b"]
+    items = [SimpleNamespace(nodeid=n) for n in big + small]
+    before = list(items)
+    assert not markers.costliest_first(items, {}) and items == before  # a first run: xdist's order
+    seconds = {n: 0.01 for n in big} | {big[1]: 3.0, big[2]: 0.5, small[0]: 1.0, small[1]: 1.5}
+    del seconds[big[3]]
+    assert markers.costliest_first(items, seconds)
+    # The small file is one unit of 2.5 s (its tests stay in order), each test of the large file
+    # one; a test the last run did not time goes first.
+    order = [i.nodeid for i in items]
+    assert order[:5] == [big[3], big[1], *small, big[2]]
+    assert sorted(order) == sorted(big + small)
+
+
+def test_a_run_remembers_each_tests_seconds_beside_the_earlier_ones():
+    class Cache(dict):
+        def set(self, key, value):
+            self[key] = json.loads(json.dumps(value))
+
+    cache = Cache({markers.SECONDS_CACHE_KEY: {"tests/test_x.py::gone": 2.0, "tests/test_x.py::a": 9.0}})
+    times = markers.FileTimes()
+    for phase, seconds in (("setup", 0.25), ("call", 1.0), ("teardown", 0.25)):
+        times.add(SimpleNamespace(nodeid="tests/test_x.py::a", duration=seconds, when=phase))
+    times.remember(cache)
+    assert cache[markers.SECONDS_CACHE_KEY] == {"tests/test_x.py::gone": 2.0, "tests/test_x.py::a": 1.5}
+    assert times.line() == "test time 2 s; slowest files: test_x.py 2 s"
 
 
 def test_a_run_that_loaded_no_kernel_registry_says_nothing_of_the_kernels():

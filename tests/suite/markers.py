@@ -213,14 +213,60 @@ def whole_files(nodeids, max_tests: int = WHOLE_FILE_MAX_TESTS) -> set[str]:
     return {file for file, n in counts.items() if n <= max_tests}
 
 
+# Where a plain `pytest -m cpu` keeps the seconds of each test for the next run (pytest's cache,
+# .pytest_cache/, outside the tree git sees).
+SECONDS_CACHE_KEY = "softmax-suite/test-seconds"
+
+
+def costliest_first(items: list, seconds: dict[str, float]) -> bool:
+    """Order `items` (in place) by the units `balanced_scheduler` hands out, each small file
+    whole and each test of a larger file alone: the units the last run did not time first (in
+    their collected order), then the rest by their last seconds, longest first, so that the run
+    does not end on one long test while the other worker waits. A unit keeps its tests' order.
+    Every worker orders its collection alike (the same cache), as xdist requires. Returns whether
+    seconds were known, so the order is this one and not xdist's (by tests per unit)."""
+    if not seconds:
+        return False
+    whole = whole_files(item.nodeid for item in items)
+    units: dict[str, list] = {}
+    for item in items:
+        file = item.nodeid.split("::", 1)[0]
+        units.setdefault(file if file in whole else item.nodeid, []).append(item)
+
+    def cost(unit):
+        known = [seconds.get(item.nodeid) for item in unit]
+        return -1.0 if None in known else sum(known)
+
+    order = sorted(units.values(), key=lambda unit: (cost(unit) >= 0, -cost(unit)))
+    items[:] = [item for unit in order for item in unit]
+    return True
+
+
+class CostOrder:
+    """The plugin each worker of a balanced run registers: once the markers have deselected
+    what the run leaves out, its collection is put in `costliest_first` order."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        cache = getattr(config, "cache", None)
+        if cache is not None:
+            costliest_first(items, cache.get(SECONDS_CACHE_KEY, {}))
+
+
+def ordered_by_seconds(config) -> bool:
+    """Whether this run's collections are ordered by the last run's seconds (`costliest_first`)."""
+    cache = getattr(config, "cache", None)
+    return bool(cache is not None and cache.get(SECONDS_CACHE_KEY, None))
+
+
 def balanced_scheduler(config, log):
     """The xdist scheduler of a plain `pytest -m cpu`: each small file (whole_files) is one unit
-    of work, each test of a larger file is one. Units are handed out largest first (xdist's
-    loadscope order), so the small files' long tests start early and the many short cases of
-    the grids come last, where a worker that finishes early takes the next one: both workers end
-    within about one test of each other. (Whole files, one per worker, left one worker idle
-    while the other ran the last long file; xdist's own loadgroup does not group under
-    pytest 9.2.)"""
+    of work, each test of a larger file is one. Units are handed out longest first by the last
+    run's seconds (`costliest_first`; on a first run, largest first: xdist's loadscope order), so
+    long tests start early and the many short cases of the grids come last, where a worker that
+    finishes early takes the next one: both workers end within about one test of each other.
+    (Whole files, one per worker, left one worker idle while the other ran the last long file;
+    xdist's own loadgroup does not group under pytest 9.2.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class Balanced(LoadScopeScheduling):
@@ -229,6 +275,8 @@ def balanced_scheduler(config, log):
         def schedule(self):
             if self.collection is None and self.registered_collections:
                 self.whole = whole_files(next(iter(self.registered_collections.values())))
+                if ordered_by_seconds(config):
+                    config.option.loadscopereorder = False  # the workers' collections are in order
             super().schedule()
 
         def _split_scope(self, nodeid: str) -> str:
@@ -240,14 +288,26 @@ def balanced_scheduler(config, log):
 
 class FileTimes:
     """Seconds each test file took (setup, call and teardown of its tests, summed over xdist
-    workers), for the one summary line that shows where a run's time went."""
+    workers), for the one summary line that shows where a run's time went, and each test's, for
+    the next run's order (`remember`, `costliest_first`)."""
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
+        self.tests: dict[str, float] = {}
 
     def add(self, report) -> None:
         file = report.nodeid.split("::", 1)[0]
-        self.seconds[file] = self.seconds.get(file, 0.0) + float(getattr(report, "duration", 0.0) or 0.0)
+        seconds = float(getattr(report, "duration", 0.0) or 0.0)
+        self.seconds[file] = self.seconds.get(file, 0.0) + seconds
+        self.tests[report.nodeid] = self.tests.get(report.nodeid, 0.0) + seconds
+
+    def remember(self, cache) -> None:
+        """Keep this run's seconds per test in pytest's cache (beside the earlier runs' of the
+        tests this one did not run), where the next balanced run orders its work by them."""
+        if self.tests:
+            kept = dict(cache.get(SECONDS_CACHE_KEY, {}) or {})
+            kept.update({nodeid: round(seconds, 3) for nodeid, seconds in self.tests.items()})
+            cache.set(SECONDS_CACHE_KEY, kept)
 
     def line(self, top: int = 5) -> str | None:
         if not self.seconds:
