@@ -10,7 +10,7 @@ if TRITON_MISSING or not INTERPRETED:
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from kernels.triton_kernels import _row_max  # noqa: E402
+from kernels.triton_kernels import _nan_max, _row_max  # noqa: E402
 
 pytestmark = pytest.mark.cpu
 
@@ -67,7 +67,7 @@ def test_the_nan_max_reduction_in_numpy_is_the_element_loops(monkeypatch):
 
     assert interpreter.call_device_functions_directly()
     reduce = triton_interpreter.ReduceOps
-    assert reduce.apply_impl.vectorised
+    assert reduce.apply_impl.vectorised and interpreter._is_nan_max(_nan_max)  # the kernels' max takes it
     max_2d, max_1d = _max_2d, _max_1d
     g = torch.Generator().manual_seed(7)
     data = torch.randn(8, 16, generator=g)
@@ -98,3 +98,23 @@ def test_the_nan_max_reduction_in_numpy_is_the_element_loops(monkeypatch):
     monkeypatch.setattr(reduce, "apply_impl", reduce.apply_impl.original)
     for got, loop in zip(fast, run_all(), strict=True):
         assert torch.equal(got, loop)
+
+
+@triton.jit
+def _nan_skipping_max(a, b):
+    return tl.maximum(a, b)  # NaN-skipping: not the kernels' max, whatever its use
+
+
+@triton.jit
+def _skip_max_1d(X, Y, C: tl.constexpr):
+    tl.store(Y, tl.reduce(tl.load(X + tl.arange(0, C)), 0, _nan_skipping_max))
+
+
+def test_another_combine_function_takes_the_interpreters_own_loop():
+    # An edited max (a planted bug that skips NaN, say) must give what it computes, not what
+    # the kernels' max would: the shortcut goes by the combine function's source.
+    assert interpreter.call_device_functions_directly() and not interpreter._is_nan_max(_nan_skipping_max)
+    x = torch.tensor([1.0, float("nan"), 3.0, 2.0])
+    y = torch.full((1,), float("nan"))
+    _skip_max_1d[(1,)](x, y, C=4)
+    assert y.item() == 3.0

@@ -15,15 +15,18 @@ the suite's kernels. `_remember_numpy_types` keeps each answer: the function dep
 argument alone.
 
 A reduction with a combine function of its own (the kernels' NaN-propagating max, `_nan_max`)
-falls back to a loop in Python over every element, a sixth of the interpreter's time.
-`_reduce_nan_max_in_numpy` folds the same np.maximum along the axis in the same order
+falls back to a loop in Python over every element, a sixth of the interpreter's time. Where the
+combine function's source is exactly that max, `_reduce_nan_max_in_numpy` folds the same
+np.maximum along the axis in the same order
 (np.maximum.accumulate) for float32: the same values, NaN payloads and signed zeros, as
 tests/test_suite_interpreter.py checks against the loop.
 """
 
+import ast
 import inspect
 import os
 import sys
+import textwrap
 
 import numpy as np
 
@@ -96,18 +99,46 @@ def _applied() -> bool:
     return bool(module) and getattr(module.InterpretedFunction.__call__, "direct", False)
 
 
+def _is_nan_max(combine_fn) -> bool:
+    """Whether a combine function's source is `return tl.maximum(a, b, propagate_nan=
+    tl.PropagateNan.ALL)` over its two parameters in order (the kernels' `_nan_max`): decided
+    from the source, so an edited body (a planted bug, say) takes the interpreter's own loop."""
+    known = _nan_max_verdicts.get(id(combine_fn))
+    if known is None:
+        try:
+            source = inspect.getsource(getattr(combine_fn, "fn", combine_fn))
+        except (OSError, TypeError):
+            source = None
+        # The function is kept with its verdict, so that its id is not reused by another.
+        known = _nan_max_verdicts[id(combine_fn)] = (combine_fn, source is not None and _nan_max_shape(source))
+    return known[1]
+
+
+_nan_max_verdicts: dict[int, tuple] = {}
+
+
+def _nan_max_shape(source: str) -> bool:
+    try:
+        (fn,) = ast.parse(textwrap.dedent(source)).body
+    except (SyntaxError, ValueError):
+        return False
+    if not isinstance(fn, ast.FunctionDef) or len(fn.body) != 1 or not isinstance(fn.body[0], ast.Return):
+        return False
+    params = [a.arg for a in fn.args.args]
+    expected = f"tl.maximum({', '.join(params)}, propagate_nan=tl.PropagateNan.ALL)"
+    return len(params) == 2 and ast.unparse(fn.body[0].value) == expected
+
+
 def _reduce_nan_max_in_numpy(module) -> None:
-    """Reduce with the kernels' `_nan_max` (np.maximum in the interpreter) by folding np.maximum
+    """Reduce with a NaN-propagating max (np.maximum in the interpreter) by folding np.maximum
     along the axis in NumPy, in the order the interpreter's element loop folds it."""
     ops = getattr(module, "ReduceOps", None)
     if ops is None or not hasattr(ops, "generic_reduce") or getattr(ops.apply_impl, "vectorised", False):
         return
-    from kernels.triton_kernels import _nan_max
-
     original = ops.apply_impl
 
     def apply_impl(self, input):
-        if self.combine_fn is not _nan_max or len(input) != 1 or self.axis is None or self.keep_dims:
+        if len(input) != 1 or self.axis is None or self.keep_dims or not _is_nan_max(self.combine_fn):
             return original(self, input)
         (arg,) = input
         data = arg.handle.data
