@@ -68,7 +68,7 @@ def _softmax(x: torch.Tensor, y: torch.Tensor, path: str, params: dict, common_k
 
 def run_path(x: torch.Tensor, path: str, *, out=None, **params) -> torch.Tensor:
     """softmax(x) through one named path; `params` override that path's launch parameters
-    (tile: config; row: num_warps; rows: ROWS, BLOCK_V, num_warps; split: CHUNK, num_warps,
+    (tile: config; row: num_warps; rows: ROWS, BLOCK_V, CUT, num_warps; split: CHUNK, num_warps,
     P_BLOCK, maxnreg, max_spins; stream: BLOCK, num_warps, programs_per_sm; any: align). Tests
     use it to reach every path at small V (e.g. split, CHUNK=16).
     """

@@ -129,7 +129,8 @@ def build_all() -> list[dict]:
         tdtype = torch_dtype(name)
         for V in (4096, 8192, 16384, 32768):
             rows.append(one("row", st.launch_params("row", V, tdtype), V, name))
-        rows.append(one("rows", st.launch_params("rows", 600, tdtype), 600, name))
+        for V in (600, 1100):  # a row cut 512 + 128 and 1024 + 128, one warp
+            rows.append(one("rows", st.launch_params("rows", V, tdtype), V, name))
         # split for a full batch at typical V, and for one row of 262144 on an H200 (the
         # smallest chunks the batch rule picks). Chunks are cut on 16-byte groups whatever V is:
         # odd V gets the same vector accesses as even V (Y_ALIGN = ALIGN for contiguous rows).

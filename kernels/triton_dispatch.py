@@ -8,7 +8,8 @@ takes; `DISPATCH_BOUNDARIES` holds the limits):
   tile   V <= tile_max_v and B < rows_min_b. The autotuned kernel: one program per row, the
          row read in BLOCK-wide tiles (one read and one write when V <= BLOCK).
   rows   V <= tile_max_v and B >= rows_min_b. Many short rows: a [ROWS, BLOCK_V] block per
-         program, so each program moves enough bytes to hide memory latency.
+         program, so each program moves enough bytes to hide memory latency; from V = 513 one
+         row a program, cut into a power-of-two head and a short tail (rows_cut).
   row    tile_max_v < V <= row_max_v. One program holds the whole row in registers.
   split  V > row_max_v, except where stream applies. P programs share a row, each holding
          its chunk in registers (one read, one write), and meet twice through tagged words
@@ -103,6 +104,16 @@ def paths_for(dtype: torch.dtype) -> tuple:
     return SPEC_BY_NAME[KERNEL_NAME].paths_for(dtype)
 
 
+def rows_cut(V: int, cut: bool, block_v: int = 1) -> tuple[int, int]:
+    """(HEAD, TAIL) of the rows kernel for rows of V: cut, a head of the largest power of two <= V
+    and a tail of the next power of two (at least 16) >= what is left, none if nothing is;
+    otherwise one block of max(block_v, next_power_of_2(V)) lanes."""
+    if not cut:
+        return max(block_v, triton.next_power_of_2(V)), 0
+    head = 1 << (max(V, 1).bit_length() - 1)
+    return head, (0 if head >= V else max(triton.next_power_of_2(V - head), 16))
+
+
 def launch_params(
     path: str, V: int, dtype: torch.dtype = torch.float32, *, B: int | None = None, sms: int | None = None
 ) -> dict:
@@ -125,8 +136,11 @@ def launch_params(
         if block_v >= 1024:
             # One row a program, a warp per 1024 lanes: at (32768, 600) 1.24x (bf16) and 1.15x
             # (fp32) the two rows of four warps this took before (probes/triton_rows_sweep.py).
-            return {"ROWS": 1, "BLOCK_V": block_v, "num_warps": block_v // 1024}
-        return {"ROWS": 2048 // block_v, "BLOCK_V": block_v, "num_warps": 4 if block_v >= 512 else 2}
+            # The row cut into a head and a tail (rows_cut): bf16 (32768, 600) 1.11x, (32768,
+            # 1100) 1.45x, fp32 1.01-1.03x, same bits (probes/triton_rows_tail.py).
+            head, tail = rows_cut(V, True, block_v)
+            return {"ROWS": 1, "BLOCK_V": block_v, "CUT": True, "num_warps": max(1, round((head + tail) / 1024))}
+        return {"ROWS": 2048 // block_v, "BLOCK_V": block_v, "CUT": False, "num_warps": 4 if block_v >= 512 else 2}
     if path == "split":
         p = dict(SPLIT_PARAMS)
         if B is not None and sms is not None:

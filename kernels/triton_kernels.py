@@ -183,21 +183,50 @@ def softmax_row_kernel(X, Y, V, stride_x, stride_y, SCALE, BLOCK: tl.constexpr, 
 
 @_no_value_specialisation
 def softmax_rows_kernel(
-    X, Y, B, V, stride_x, stride_y, SCALE, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, ALIGN: tl.constexpr = 1
+    X,
+    Y,
+    B,
+    V,
+    stride_x,
+    stride_y,
+    SCALE,
+    ROWS: tl.constexpr,
+    HEAD: tl.constexpr,
+    TAIL: tl.constexpr,
+    ALIGN: tl.constexpr = 1,
 ):
-    # Many short rows: a [ROWS, BLOCK_V] block per program, so each moves enough bytes.
+    # Many short rows: a [ROWS, HEAD] block per program, so each moves enough bytes. With TAIL > 0
+    # a row is cut into a head of HEAD <= V lanes (a power of two, no column mask) and a tail of
+    # TAIL lanes past it, so that few lanes are masked (V = 600: 512 + 128, not 1024); the two
+    # parts' max and fixed-point sum combine exactly, so a row keeps its bits either way.
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK_V)
-    mask = (rows < B)[:, None] & ((cols // ALIGN) < V // ALIGN)[None, :]  # [ROWS, BLOCK_V]
-    x_off = tl.multiple_of(rows * stride_x, ALIGN)
-    y_off = tl.multiple_of(rows * stride_y, ALIGN)
+    live = (rows < B)[:, None]
+    x_off = tl.multiple_of(rows * stride_x, ALIGN)[:, None]
+    y_off = tl.multiple_of(rows * stride_y, ALIGN)[:, None]
+    head = tl.arange(0, HEAD)[None, :]
+    if TAIL > 0:
+        head_mask = live  # [ROWS, 1]: the head holds no column past V
+    else:
+        head_mask = live & ((head // ALIGN) < V // ALIGN)
     # Rows past B load -inf throughout and turn to NaN, but are never stored.
-    x = tl.load(X + x_off[:, None] + cols[None, :], mask=mask, other=-float("inf")).to(tl.float32)
+    x = tl.load(X + x_off + head, mask=head_mask, other=-float("inf")).to(tl.float32)
     m = _row_max(x, 1)
+    if TAIL > 0:
+        tail = HEAD + tl.arange(0, TAIL)[None, :]
+        tail_mask = live & ((tail // ALIGN) < V // ALIGN)
+        xt = tl.load(X + x_off + tail, mask=tail_mask, other=-float("inf")).to(tl.float32)
+        m = _nan_max(m, _row_max(xt, 1))
     e = _exp(x, m[:, None], Y.dtype.element_ty)
-    neg_hi, inv = _softmax_scale(tl.sum(_fixed(e, SCALE), axis=1), SCALE, m)
+    S = tl.sum(_fixed(e, SCALE), axis=1)
+    if TAIL > 0:
+        et = _exp(xt, m[:, None], Y.dtype.element_ty)
+        S += tl.sum(_fixed(et, SCALE), axis=1)
+    neg_hi, inv = _softmax_scale(S, SCALE, m)
     y = _normalise(e, neg_hi[:, None], inv[:, None], Y.dtype.element_ty)
-    tl.store(Y + y_off[:, None] + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(Y + y_off + head, y.to(Y.dtype.element_ty), mask=head_mask)
+    if TAIL > 0:
+        yt = _normalise(et, neg_hi[:, None], inv[:, None], Y.dtype.element_ty)
+        tl.store(Y + y_off + tail, yt.to(Y.dtype.element_ty), mask=tail_mask)
 
 
 # The split kernel's meetings. A program publishes a word per partial (its chunk's max, or the

@@ -51,6 +51,7 @@ from .triton_dispatch import (
     launch_params,
     p_block,
     plan,
+    rows_cut,
     split_workspace_words,
     vector_align,
 )
@@ -343,6 +344,11 @@ def _cdiv(B: int, d: int) -> int:
     return -(-B // d)
 
 
+def _rows_constexprs(p, g, V) -> dict:
+    head, tail = rows_cut(V, p["CUT"], p["BLOCK_V"])
+    return {"ROWS": p["ROWS"], "HEAD": head, "TAIL": tail, "ALIGN": g["ALIGN"]}
+
+
 def _entry(name: str, args: str, constexprs: str, **fields) -> TritonPath:
     """The table entry of kernel `name` (kernels/triton_kernels.py, kernels/triton_loss_kernels.py):
     its argument spec as "NAME:type ..." in order (no type: i32), its constexprs as names in order."""
@@ -367,11 +373,9 @@ PATH_TABLE = {
             specialise=lambda p, g, V: {"BLOCK": max(p["BLOCK"], triton.next_power_of_2(V)), "ALIGN": g["ALIGN"]},
         ),
         _entry(
-            "rows", "X:*T Y:*T B V stride_x stride_y SCALE:fp32", "ROWS BLOCK_V ALIGN",
+            "rows", "X:*T Y:*T B V stride_x stride_y SCALE:fp32", "ROWS HEAD TAIL ALIGN",
             geometry=_row_geometry,
-            specialise=lambda p, g, V: {
-                "ROWS": p["ROWS"], "BLOCK_V": max(p["BLOCK_V"], triton.next_power_of_2(V)), "ALIGN": g["ALIGN"]
-            },
+            specialise=_rows_constexprs,
             grid=lambda p, g, sms: functools.partial(_cdiv, d=p["ROWS"]),
         ),
         _entry(

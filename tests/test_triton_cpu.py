@@ -410,6 +410,37 @@ def test_aligned_base_view_points_at_a_group_boundary():
         assert view.data_ptr() + h * 4 == flat[head:].data_ptr()
 
 
+def test_rows_are_cut_into_a_power_of_two_head_and_a_short_tail():
+    assert [dispatch.rows_cut(V, True) for V in (1, 7, 16, 33, 600, 1024, 1100, 2000)] == [
+        (1, 0),
+        (4, 16),
+        (16, 0),
+        (32, 16),
+        (512, 128),
+        (1024, 0),
+        (1024, 128),
+        (1024, 1024),
+    ]
+    assert dispatch.rows_cut(600, False) == (1024, 0) and dispatch.rows_cut(40, False, 256) == (256, 0)
+    # The GPU cuts the rows it takes one a program (from V = 513), a warp per 1024 lanes or so.
+    for V, warps in ((512, 4), (513, 1), (600, 1), (1100, 1), (2000, 2), (2048, 2)):
+        p = dispatch.launch_params("rows", V)
+        assert (p["CUT"], p["num_warps"]) == (V > 512, warps), (V, p)
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_rows_cut_or_whole_give_the_same_bits(dtype):
+    # A row of the rows path is either one block of lanes (masked past V) or a head and a tail;
+    # its max and fixed-point sum combine exactly, so the bits are the same, and right.
+    for B, V, rows in ((5, 7, 4), (3, 40, 2), (3, 600, 1), (2, 1100, 1)):
+        x = logits(B, V, seed=V, dtype=dtype)
+        whole = run_poisoned(triton_path_runner("rows", ROWS=rows, CUT=False, num_warps=2), x)
+        cut = run_poisoned(triton_path_runner("rows", ROWS=rows, CUT=True, num_warps=2), x)
+        check_softmax(cut, x, what=f"rows cut, V={V}")
+        assert torch.equal(bits(cut), bits(whole)), f"V={V}: the cut row's bits differ from the whole row's"
+
+
 def test_plan_changes_at_each_boundary():
     b = dispatch.DISPATCH_BOUNDARIES
     assert st.plan(64, b["tile_max_v"]) == "tile"
