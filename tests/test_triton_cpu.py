@@ -428,6 +428,15 @@ def test_rows_are_cut_into_a_power_of_two_head_and_a_short_tail():
         assert (p["CUT"], p["num_warps"]) == (V > 512, warps), (V, p)
 
 
+def test_every_path_launches_a_power_of_two_warps_at_any_v():
+    # The interpreter takes any num_warps; a GPU build only powers of two (run_path reaches every
+    # path at any V, the rows path at V = 6001 included).
+    for path in dispatch.PATHS[1:]:
+        for V in (*range(1, 70, 7), 600, 1100, 1500, 3000, 6001, 12289, 50257, 262144):
+            warps = dispatch.launch_params(path, V, B=4, sms=132).get("num_warps", 1)
+            assert warps >= 1 and warps & (warps - 1) == 0, (path, V, warps)
+
+
 @interpreted
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_rows_cut_or_whole_give_the_same_bits(dtype):
