@@ -73,6 +73,36 @@ def copy_TBps() -> float:
     return 2 * src.numel() * 4 / (statistics.median(t) * 1e-6) / 1e12
 
 
+def timed_variants(variants: dict, B: int, V: int, dtype, copy: float, **extra) -> list[dict]:
+    """Time each of `variants` ({name: call}, F.softmax first) at (B, V) with graph_times_us:
+    per variant its median µs, fraction of `copy` (TB/s) and ratio to the first."""
+    names = list(variants)
+    times = graph_times_us([variants[n] for n in names])
+    bytes_moved = matrix_bytes(B, V, str(dtype).removeprefix("torch."))
+    f_us = statistics.median(times[0])
+    rows = []
+    for name, t in zip(names, times, strict=True):
+        us = statistics.median(t)
+        of_copy = bytes_moved / (us * 1e-6) / 1e12 / copy
+        rows.append(
+            {"B": B, "V": V, "dtype": str(dtype), "variant": name, "us": us, "of_copy": of_copy}
+            | {"x_F_softmax": f_us / us, **extra}
+        )
+    return rows
+
+
+def write_results(path: Path, copy: float, results: list[dict]) -> None:
+    """The results as JSON at `path`, and a table of them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"copy_TBps": copy, "results": results}, indent=1))
+    print(f"copy {copy:.3f} TB/s")
+    for r in results:
+        print(
+            f"{r['dtype']:15s} ({r['B']}, {r['V']}) {r['variant']:28s} {r['us']:8.2f} us "
+            f"{r['of_copy']:.3f} of copy {r['x_F_softmax']:.2f}x F"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
@@ -100,33 +130,8 @@ def main() -> None:
             variants[f"rows {rows}x{warps}" + ("" if same else " BITS DIFFER")] = lambda x=x, params=params: run_path(
                 x, "rows", **params
             )
-        names = list(variants)
-        times = graph_times_us([variants[n] for n in names])
-        bytes_moved = matrix_bytes(B, V, str(dtype).removeprefix("torch."))
-        f_us = statistics.median(times[0])
-        for name, t in zip(names, times, strict=True):
-            us = statistics.median(t)
-            tbps = bytes_moved / (us * 1e-6) / 1e12
-            results.append(
-                {
-                    "B": B,
-                    "V": V,
-                    "dtype": str(dtype),
-                    "variant": name,
-                    "us": us,
-                    "of_copy": tbps / copy,
-                    "x_F_softmax": f_us / us,
-                    "base": base,
-                }
-            )
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "triton_rows.json").write_text(json.dumps({"copy_TBps": copy, "results": results}, indent=1))
-    print(f"copy {copy:.3f} TB/s")
-    for r in results:
-        print(
-            f"{r['dtype']:15s} ({r['B']}, {r['V']}) {r['variant']:28s} {r['us']:8.2f} us "
-            f"{r['of_copy']:.3f} of copy {r['x_F_softmax']:.2f}x F"
-        )
+        results += timed_variants(variants, B, V, dtype, copy, base=base)
+    write_results(args.out / "triton_rows.json", copy, results)
 
 
 if __name__ == "__main__":

@@ -20,19 +20,16 @@ and prints a table.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from triton_rows_sweep import copy_TBps, graph_times_us
+from triton_rows_sweep import copy_TBps, timed_variants, write_results
 
 from kernels import SOFTMAX_KERNELS
 from kernels.softmax_triton import plan
-from kernels.spec import matrix_bytes
 from kernels.triton_dispatch import fixed_point_scale, vector_align
 from kernels.triton_kernels import _exp, _fixed, _nan_max, _normalise, _row_max, _softmax_scale
 
@@ -93,31 +90,8 @@ def main() -> None:
             rows_tail(x, warps, out=y)
             same = bool(torch.equal(y.view(as_int), reference.view(as_int)))
             variants[f"head+tail x{warps}" + ("" if same else " BITS DIFFER")] = lambda x=x, w=warps: rows_tail(x, w)
-        names = list(variants)
-        times = graph_times_us([variants[n] for n in names])
-        bytes_moved = matrix_bytes(B, V, str(dtype).removeprefix("torch."))
-        f_us = statistics.median(times[0])
-        for name, t in zip(names, times, strict=True):
-            us = statistics.median(t)
-            results.append(
-                {
-                    "B": B,
-                    "V": V,
-                    "dtype": str(dtype),
-                    "variant": name,
-                    "us": us,
-                    "of_copy": bytes_moved / (us * 1e-6) / 1e12 / copy,
-                    "x_F_softmax": f_us / us,
-                }
-            )
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "triton_rows_tail.json").write_text(json.dumps({"copy_TBps": copy, "results": results}, indent=1))
-    print(f"copy {copy:.3f} TB/s")
-    for r in results:
-        print(
-            f"{r['dtype']:15s} ({r['B']}, {r['V']}) {r['variant']:28s} {r['us']:8.2f} us "
-            f"{r['of_copy']:.3f} of copy {r['x_F_softmax']:.2f}x F"
-        )
+        results += timed_variants(variants, B, V, dtype, copy)
+    write_results(args.out / "triton_rows_tail.json", copy, results)
 
 
 if __name__ == "__main__":
