@@ -185,9 +185,8 @@ def test_without_triton_what_needs_it_skips_with_one_reason(tmp_path):
     (tmp_path / "sitecustomize.py").write_text("import sys\n\nsys.modules['triton'] = None  # import triton fails\n")
     path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
     selection = "contiguous-fp32 and (triton-tile or F_softmax-torch)"
-    result = run_pytest(
-        "-m", "cpu", "-p", "no:xdist", "--no-reports", "-q", "-rs", "-k", selection, env={"PYTHONPATH": path}
-    )
+    args = ("-m", "cpu", "-p", "no:xdist", "--no-reports", "-q", "-rs", "--assert=plain", "-k", selection)
+    result = run_pytest(*args, env={"PYTHONPATH": path})
     out = result.stdout + result.stderr
     assert result.returncode == pytest.ExitCode.OK, out[-3000:]
     reasons = set(re.findall(r"^SKIPPED \[\d+\] \S+: (.*)$", result.stdout, re.M))

@@ -18,7 +18,11 @@ pytestmark = pytest.mark.cpu
 
 @pytest.fixture(scope="module")
 def selected() -> list[str]:
-    proc = run_pytest("-m", "cuda and quick", "--co", "-q", "--allow-no-gpu", "-p", "no:xdist", timeout=600)
+    # Collected, not run: no assertion is rewritten (--assert=plain), which costs most of a
+    # collection where no bytecode is cached.
+    proc = run_pytest(
+        "-m", "cuda and quick", "--co", "-q", "--allow-no-gpu", "-p", "no:xdist", "--assert=plain", timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [line for line in proc.stdout.splitlines() if "::" in line]
 
