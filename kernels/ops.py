@@ -169,9 +169,14 @@ def _ce_setup_context(ctx, inputs, output):
     _, lse, grad = output
     ctx.mark_non_differentiable(lse, grad)
     ctx.save_for_backward(grad)
+    # lse and grad take no gradient: left as None, not materialised as zeros (a memset of the
+    # whole (N, V) matrix a step, which then also held a second matrix of memory).
+    ctx.set_materialize_grads(False)
 
 
 def _ce_backward(ctx, grad_loss, grad_lse, grad_grad):
+    if grad_loss is None:
+        return None, None, None, None, None, None
     (grad,) = ctx.saved_tensors
     if type(grad) is torch.Tensor:
         # Eager: scale the saved gradient in place, skipping every row whose factor is 1.

@@ -34,17 +34,22 @@ def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) ->
     return "row" if V <= b["row_max_v"] else "split"
 
 
-def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32) -> dict:
-    """The launch parameters of the softmax backward's and the cross-entropy's entries of
-    kernels.triton_launch.TABLES for rows of V: row and split, and cross-entropy's prep, reduce
-    and scale."""
+def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32, *, op: str = "softmax_backward") -> dict:
+    """The launch parameters of the softmax backward's and (op="cross_entropy") the cross-entropy's
+    entries of kernels.triton_launch.TABLES for rows of V: row and split, and cross-entropy's prep,
+    reduce and scale."""
     if path == "row":
         block = triton.next_power_of_2(V)
         # Up to 8 elements per thread and tensor: no spills on sm_90 (kernels.triton_build --training).
         warps = 4 if block <= 2048 else (8 if block <= 4096 else 16)
         return {"BLOCK": block, "num_warps": warps}
     if path == "split":
-        return {"CHUNK": 4096, "num_warps": 8}
+        # CHUNK 2048-16384 x 4-16 warps on an H200 at (4096, 32000) and bf16 (4096, 128256)
+        # (reports/profiles.md): 4 warps 1.35-1.55x the 8 this took before in the backward, 1.2x
+        # in the 16-bit cross-entropy; its float32 is as fast at 8, where the weighted, smoothed
+        # kernel builds without a spill.
+        wide = op == "cross_entropy" and dtype == torch.float32
+        return {"CHUNK": 4096, "num_warps": 8 if wide else 4}
     if path in ("prep", "reduce"):
         return {"BLOCK": 1024, "num_warps": 4}
     if path == "scale":

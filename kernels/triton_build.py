@@ -172,7 +172,7 @@ def build_training(quick: bool = False) -> list[dict]:
         builds.append(("ce-prep", "cross_entropy", "prep", 262144, "float32", {"HAS_WEIGHT": True, "MEAN": mean}))
         builds.append(("ce-reduce", "cross_entropy", "reduce", 262144, "bfloat16", {"MEAN": mean}))
     return [
-        build_path(record, tables[op][path], {**tb.launch_params(path, V, torch_dtype(name)), **flags}, V, name)
+        build_path(record, tables[op][path], {**tb.launch_params(path, V, torch_dtype(name), op=op), **flags}, V, name)
         for record, op, path, V, name, flags in builds
         if not quick or (record in QUICK and not (path == "row" and V < 8192))
     ]

@@ -16,9 +16,10 @@ targets and class weights; row or split, the softmax backward's paths (kernels.t
 for "mean" / "sum", reduce, one program summing the rows' losses in fixed point.
 
 A target out of range. With `validate=True` (the default) the wrapper reads the prep kernel's
-three integers back before launching the row kernel and raises a ValueError naming the bad
-values: one synchronisation per call (the host waits for the work queued before the call and
-the prep launch, a few microseconds on an idle GPU) and no extra pass over any tensor. It is
+three integers back and raises a ValueError naming the bad values: one synchronisation per
+call and no extra pass over any tensor. It reads them once the call's kernels are queued, so
+the host waits for the call to finish but the GPU never waits for the host between them; with
+`inplace=True` it reads them before the row kernel, which would overwrite the logits. It is
 skipped during CUDA-graph capture, where a synchronisation is not allowed; the kernel then
 writes NaN for such a row's loss and gradient (never reads outside the row), so a bad target
 is never a silent number.
@@ -74,22 +75,37 @@ def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction
     values.update(eps=float(label_smoothing), inv_v=1.0 / V, SCALE=float(2.0**KV))
     flags = {"HAS_WEIGHT": has_weight, "MEAN": reduction == "mean"}
     launch_entry("cross_entropy", "prep", values, {**launch_params("prep", V), **flags}, V, 1, dev)
-    if validate and (INTERPRET or not torch.cuda.is_current_stream_capturing()):
-        count, lo, hi = bad.tolist()
-        if count:
-            raise ValueError(
-                f"{KERNEL_NAME} cross-entropy: {count} target(s) outside [0, {V}) that are not ignore_index "
-                f"({ignore_index}): values from {lo} to {hi}"
-            )
+    checking = validate and (INTERPRET or not torch.cuda.is_current_stream_capturing())
+    # Over the logits (inplace=True) a bad target is reported before they are lost; otherwise
+    # after the launches, so that the GPU never idles mid-call while the host reads `bad`.
+    if checking and grad is logits:
+        _raise_for_bad_targets(bad, V, ignore_index)
     values["LOSS"] = row_loss = torch.empty(N, dtype=torch.float32, device=device)
-    p = {**launch_params(path, V, logits.dtype), **params, **flags, "HAS_SMOOTHING": float(label_smoothing) > 0.0}
+    p = {
+        **launch_params(path, V, logits.dtype, op="cross_entropy"),
+        **params,
+        **flags,
+        "HAS_SMOOTHING": float(label_smoothing) > 0.0,
+    }
     launch_entry("cross_entropy", path, values, p, V, N, dev)
     if reduction == "none":
         loss = row_loss if logits.dtype == torch.float32 else row_loss.to(logits.dtype)
     else:
         values["OUT"] = loss = torch.empty((), dtype=logits.dtype, device=device)
         launch_entry("cross_entropy", "reduce", values, {**launch_params("reduce", V), **flags}, V, 1, dev)
+    if checking and grad is not logits:
+        _raise_for_bad_targets(bad, V, ignore_index)
     return CrossEntropyResult(loss, lse, grad)
+
+
+def _raise_for_bad_targets(bad: torch.Tensor, V: int, ignore_index: int) -> None:
+    # The prep kernel's count, least and largest of the targets neither in [0, V) nor ignored.
+    count, lo, hi = bad.tolist()
+    if count:
+        raise ValueError(
+            f"{KERNEL_NAME} cross-entropy: {count} target(s) outside [0, {V}) that are not ignore_index "
+            f"({ignore_index}): values from {lo} to {hi}"
+        )
 
 
 def _cross_entropy(logits, targets, path, params, *, weight=None, ignore_index=-100, label_smoothing=0.0,

@@ -380,6 +380,11 @@ def test_a_target_out_of_range_is_a_value_error_not_a_crash():
             fn(x, t)
         with pytest.raises(IndexError):  # PyTorch on the CPU; on a GPU, a device-side assert
             F.cross_entropy(x, t)
+        # Over the logits, the error comes before the row kernel would overwrite them.
+        buf = x.clone()
+        with pytest.raises(ValueError, match="outside"):
+            tce.cross_entropy(buf, t, inplace=True)
+        assert torch.equal(bits(buf), bits(x)), "a bad target cost the logits of an in-place call"
     # An ignore_index inside [0, V) ignores that class's rows, as PyTorch does.
     t = torch.tensor([0, 5, 5, 2])
     ours = fn(x, t, ignore_index=5)

@@ -104,6 +104,20 @@ def test_cross_entropy_gradient_is_the_forwards_times_grad_output(reduction):
 
 
 @interpreted
+def test_a_training_step_fills_no_matrix():
+    # The step's only (N, V) writes are the kernels' (the gradient): autograd does not fill zero
+    # gradients for the outputs that take none (lse, the gradient), a memset of the matrix and a
+    # second matrix of memory a step.
+    x, t = edge_rows(V, seed=5)
+    x.requires_grad_(True)
+    with torch.profiler.profile(record_shapes=True) as prof:
+        ops.cross_entropy(x, t)[0].backward()
+    fills = [e.name for e in prof.events() if e.name in ("aten::zero_", "aten::fill_") and [*x.shape] in e.input_shapes]
+    assert not fills, f"the step filled an {tuple(x.shape)} tensor: {fills}"
+    assert torch.equal(bits(x.grad), bits(tce.cross_entropy(x.detach(), t).grad))
+
+
+@interpreted
 def test_a_second_backward_through_the_graph_raises_instead_of_scaling_twice():
     x, t = edge_rows(V, seed=4)
     x.requires_grad_(True)

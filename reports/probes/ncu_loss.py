@@ -1,0 +1,30 @@
+"""Three launches of the Triton softmax backward or cross-entropy at one shape, for Nsight
+Compute to profile the third:
+
+    ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \\
+        --section LaunchStats -k regex:split --launch-skip 2 --launch-count 1 \\
+        env PYTHONPATH=. python reports/probes/ncu_loss.py ce fp32 4096 32000
+
+The first argument is ce (cross-entropy, no target validation) or bwd (softmax backward).
+"""
+
+import sys
+
+import torch
+
+from kernels import triton_backward as tb
+from kernels import triton_cross_entropy as tce
+
+if __name__ == "__main__":
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[sys.argv[2]]
+    B, V = int(sys.argv[3]), int(sys.argv[4])
+    x = (torch.randn(B, V, device="cuda") * 3).to(dtype)
+    if sys.argv[1] == "ce":
+        t = torch.randint(0, V, (B,), device="cuda")
+        for _ in range(3):
+            tce.cross_entropy(x, t, validate=False)
+    else:
+        y = torch.softmax(x.float(), -1).to(dtype)
+        for _ in range(3):
+            tb.softmax_backward(x, y)
+    torch.cuda.synchronize()
