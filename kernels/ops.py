@@ -7,7 +7,7 @@ without a graph break and CUDA graphs (mode="reduce-overhead") capture them.
     torch.ops.softmax_suite.softmax_backward_triton(grad, y)
                                          the Triton softmax backward: y * (grad - sum(grad * y))
     torch.ops.softmax_suite.cross_entropy_triton(logits, targets, weight, ignore_index,
-                                                 label_smoothing, reduction)
+                                                 label_smoothing, reduction, validate=False)
                                          (loss, lse, grad): the Triton cross-entropy
     torch.ops.softmax_suite.cross_entropy_grad_scale_(grad, grad_output)
                                          its backward in eager mode: grad *= grad_output, in place
@@ -151,13 +151,14 @@ def cross_entropy_triton(
     ignore_index: int,
     label_smoothing: float,
     reduction: str,
+    validate: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     options = dict(weight=weight, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction)
-    return tuple(CROSS_ENTROPY_KERNELS["triton"](logits, targets, **options))
+    return tuple(CROSS_ENTROPY_KERNELS["triton"](logits, targets, **options, validate=validate))
 
 
 @cross_entropy_triton.register_fake
-def _(logits, targets, weight, ignore_index, label_smoothing, reduction):
+def _(logits, targets, weight, ignore_index, label_smoothing, reduction, validate=False):
     options = dict(weight=weight, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction)
     check_cross_entropy_inputs(logits, targets, **options, kernel="triton", device_type=None)
     N = logits.shape[0]
@@ -176,16 +177,16 @@ def _ce_setup_context(ctx, inputs, output):
 
 def _ce_backward(ctx, grad_loss, grad_lse, grad_grad):
     if grad_loss is None:
-        return None, None, None, None, None, None
+        return None, None, None, None, None, None, None
     (grad,) = ctx.saved_tensors
     if type(grad) is torch.Tensor:
         # Eager: scale the saved gradient in place, skipping every row whose factor is 1.
         torch.ops.softmax_suite.cross_entropy_grad_scale_(grad, grad_loss)
-        return grad, None, None, None, None, None
+        return grad, None, None, None, None, None, None
     # Traced (fake or functional tensors under torch.compile / AOTAutograd): the functional form,
     # since a compiled graph may also return the forward's gradient output that a mutation would
     # change behind its back.
-    return torch.ops.softmax_suite.cross_entropy_grad_scaled(grad, grad_loss), None, None, None, None, None
+    return torch.ops.softmax_suite.cross_entropy_grad_scaled(grad, grad_loss), None, None, None, None, None, None
 
 
 cross_entropy_triton.register_autograd(_ce_backward, setup_context=_ce_setup_context)
@@ -198,14 +199,21 @@ def cross_entropy(
     ignore_index: int = -100,
     label_smoothing: float = 0.0,
     reduction: str = "mean",
+    validate: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, lse) of F.cross_entropy(logits, targets, ...) through the Triton op; the loss is
-    differentiable with respect to the logits, lse (float32, per row) is not."""
+    differentiable with respect to the logits, lse (float32, per row) is not.
+
+    validate: read the targets' check back and raise a ValueError for a target outside [0, V)
+    that is not ignore_index. Off by default: that read is a synchronisation, which would stop
+    the host from queueing a training step ahead of the GPU (F.cross_entropy on a GPU does not
+    stop either; it reports a bad target from the device). Unchecked, such a row's loss and
+    gradient are NaN, so the step's loss is NaN, never a number."""
     if reduction not in CROSS_ENTROPY_REDUCTIONS:
         raise ValueError(
             f"triton cross-entropy: reduction must be one of {CROSS_ENTROPY_REDUCTIONS}, got {reduction!r}"
         )
     loss, lse, _ = torch.ops.softmax_suite.cross_entropy_triton(
-        logits, targets, weight, int(ignore_index), float(label_smoothing), reduction
+        logits, targets, weight, int(ignore_index), float(label_smoothing), reduction, bool(validate)
     )
     return loss, lse

@@ -118,6 +118,17 @@ def test_a_training_step_fills_no_matrix():
 
 
 @interpreted
+def test_a_bad_target_makes_the_step_nan_or_with_validate_a_value_error():
+    x = logits(4, V, seed=6).requires_grad_(True)
+    t = torch.tensor([0, V, 3, -100])
+    loss, _ = ops.cross_entropy(x, t)  # no synchronisation: the bad row is NaN, and so the mean
+    loss.backward()
+    assert loss.isnan() and x.grad[1].isnan().all() and x.grad[[0, 2, 3]].isfinite().all()
+    with pytest.raises(ValueError, match=f"outside \\[0, {V}\\)"):
+        ops.cross_entropy(x, t, validate=True)
+
+
+@interpreted
 def test_a_second_backward_through_the_graph_raises_instead_of_scaling_twice():
     x, t = edge_rows(V, seed=4)
     x.requires_grad_(True)
