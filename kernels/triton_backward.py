@@ -41,7 +41,8 @@ def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32, *, op: 
     if path == "row":
         block = triton.next_power_of_2(V)
         # Up to 8 elements per thread and tensor: no spills on sm_90 (kernels.triton_build --training).
-        warps = 4 if block <= 2048 else (8 if block <= 4096 else 16)
+        # Past 8192 only the cross-entropy's plain rows (one tensor held): 32 warps.
+        warps = 4 if block <= 2048 else (8 if block <= 4096 else (16 if block <= 8192 else 32))
         return {"BLOCK": block, "num_warps": warps}
     if path == "split":
         # CHUNK 2048-16384 x 4-16 warps on an H200 at (4096, 32000) and bf16 (4096, 128256)

@@ -144,14 +144,15 @@ def build_all() -> list[dict]:
 
 # -- the training kernels -------------------------------------------------------------------------
 
-QUICK = {"bwd-row fp32", "bwd-split fp32", "ce-row fp32 weighted smoothed", "ce-split fp32 weighted smoothed",
-         "ce-scale fp32", "ce-prep", "ce-reduce"}  # fmt: skip
+QUICK = {"bwd-row fp32", "bwd-split fp32", "ce-row fp32", "ce-row fp32 weighted smoothed",
+         "ce-split fp32 weighted smoothed", "ce-scale fp32", "ce-prep", "ce-reduce"}  # fmt: skip
 
 
 def build_training(quick: bool = False) -> list[dict]:
     """The softmax-backward and cross-entropy kernels as the wrappers launch them at V = 600 (row,
-    small), 8192 (the row paths' largest) and 262144 (split), in fp32 and bf16, with and without
-    weights and smoothing; --quick: the QUICK records, the row kernels at their largest row only."""
+    small), 8192 (the row paths' largest; 32000 for the cross-entropy's plain rows) and 262144
+    (split), in fp32 and bf16, with and without weights and smoothing; --quick: the QUICK
+    records, the row kernels from V = 8192 only."""
     from . import triton_backward as tb
 
     tables = _compiled(tb)
@@ -163,7 +164,9 @@ def build_training(quick: bool = False) -> list[dict]:
         for both in (False, True):
             flags = {"HAS_WEIGHT": both, "HAS_SMOOTHING": both}
             tag = f"{dtype}{' weighted smoothed' if both else ''}"
-            builds += [(f"ce-row {tag}", "cross_entropy", "row", V, name, flags) for V in (600, 8192)]
+            # Plain rows (no weights, no smoothing) stay on the row path up to V = 32768.
+            row_vs = (600, 8192) if both else (600, 8192, 32000)
+            builds += [(f"ce-row {tag}", "cross_entropy", "row", V, name, flags) for V in row_vs]
             builds.append((f"ce-split {tag}", "cross_entropy", "split", 262144, name, flags))
         builds += [
             (f"ce-scale {dtype}", "cross_entropy", "scale", 262144, name, {"IN_PLACE": i}) for i in (True, False)

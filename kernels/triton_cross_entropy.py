@@ -12,8 +12,9 @@ its combination with label smoothing.
     result.grad      (N, V), the logits' dtype: d loss / d logits (for "none": of loss.sum())
 
 Launches, in order on the stream (kernels/triton_loss_kernels.py): prep, one program over the
-targets and class weights; row or split, the softmax backward's paths (kernels.triton_backward);
-for "mean" / "sum", reduce, one program summing the rows' losses in fixed point.
+targets and class weights; row or split (`plan`: the softmax backward's paths, with plain rows
+held whole further); for "mean" / "sum", reduce, one program summing the rows' losses in fixed
+point.
 
 A target out of range. With `validate=True` (the default) the wrapper reads the prep kernel's
 three integers back and raises a ValueError naming the bad values: one synchronisation per
@@ -38,13 +39,26 @@ import torch
 
 from .checks import check_cross_entropy_inputs, check_out, on_device
 from .spec import spec_of
-from .triton_backward import launch_params, plan
+from .triton_backward import DISPATCH_BOUNDARIES as _BACKWARD_BOUNDARIES
+from .triton_backward import launch_params
 from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
 from .triton_dispatch import INTERPRET, fixed_point_bits
 from .triton_launch import launch_entry
 
 KERNEL_NAME = "triton"
 PATHS = spec_of("cross_entropy", KERNEL_NAME).path_names  # the registry's entry names them
+# A row with neither class weights nor label smoothing holds one tensor in registers, as the
+# softmax's row path does, up to plain_row_max_v (BLOCK 32768 at 32 warps: 64 registers, no
+# spill in the sm_90 builds); with either, rows split past the backward's row_max_v.
+DISPATCH_BOUNDARIES = {**_BACKWARD_BOUNDARIES, "plain_row_max_v": 32768}
+
+
+def plan(N: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None, *, plain: bool = True) -> str:
+    """The path cross_entropy() takes for (N, V) logits of `dtype`, row or split; `plain`: no class
+    weights and no label smoothing (the registry asks for that case). It depends on V and the
+    options, never on N, and every path gives a row the same bits."""
+    b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
+    return "row" if V <= b["row_max_v"] or (plain and V <= b["plain_row_max_v"]) else "split"
 
 
 class CrossEntropyResult(NamedTuple):
@@ -125,7 +139,7 @@ def _cross_entropy(logits, targets, path, params, *, weight=None, ignore_index=-
         if out.stride(1) != 1:
             raise ValueError(f"{KERNEL_NAME} cross-entropy: out must have rows of unit column stride")
         grad = out
-    path = path or plan(*logits.shape, logits.dtype)
+    path = path or plan(*logits.shape, logits.dtype, plain=weight is None and not float(label_smoothing) > 0.0)
     run = lambda: _run(  # noqa: E731
         logits, targets, grad, weight, int(ignore_index), label_smoothing, reduction, validate, path, params
     )

@@ -148,8 +148,13 @@ def test_registry_describes_every_cross_entropy_kernel():
         for N, V in ((1, 1), (8, 37), (4096, b), (16384, b + 1), (4096, 262144)):
             for dtype in k.dtypes:
                 assert k.plan(N, V, dtype) in k.paths, (name, N, V)
-    # The path depends on V alone: a row's bits cannot depend on the batch through the dispatch.
-    assert {tce.plan(N, b) for N in (1, 65536)} == {"row"} and {tce.plan(N, b + 1) for N in (1, 65536)} == {"split"}
+    # The path depends on V and the options, never on N: a row's bits cannot depend on the batch
+    # through the dispatch. Plain rows (no weights, no smoothing) stay whole further.
+    plain = tce.DISPATCH_BOUNDARIES["plain_row_max_v"]
+    for V, plain_path, other_path in ((b, "row", "row"), (b + 1, "row", "split"), (plain, "row", "split")):
+        assert {tce.plan(N, V) for N in (1, 65536)} == {plain_path}, V
+        assert {tce.plan(N, V, plain=False) for N in (1, 65536)} == {other_path}, V
+    assert {tce.plan(N, plain + 1) for N in (1, 65536)} == {"split"}
 
 
 # -- on the CPU, interpreted -----------------------------------------------------------------------------------
@@ -182,6 +187,24 @@ def test_long_row_paths_give_the_row_paths_bits(path, case):
     row = run_cross_entropy_poisoned(cross_entropy_path_runner("row"), x, t, **o)
     for name, a, b in zip(("loss", "lse", "grad"), got, row, strict=True):
         assert torch.equal(bits(a), bits(b)), f"{name}: {path} and row paths differ"
+
+
+@pytest.mark.cpu
+@interpreted
+def test_plain_rows_past_row_max_v_are_held_whole_with_the_splits_bits():
+    # One past row_max_v: a plain row (no weights, no smoothing) takes the row path at BLOCK
+    # 16384, a smoothed one splits, and both paths give each option the same bits.
+    N, V = 2, DISPATCH_BOUNDARIES["row_max_v"] + 1
+    x, t = logits(N, V, seed=9), torch.tensor([3, V - 1])
+    for case, path in ((("mean", 0.0, False), "row"), (("mean", 0.1, False), "split")):
+        o = options(*case, V=V)
+        assert tce.plan(N, V, plain=case[1] == 0.0) == path, case
+        dispatched = run_cross_entropy_poisoned(CROSS_ENTROPY_KERNELS["triton"], x, t, **o)
+        check_cross_entropy(dispatched, x, t, what=f"dispatched {case_id(case)} at V={V}", **o)
+        for other in tce.PATHS:
+            got = run_cross_entropy_poisoned(cross_entropy_path_runner(other), x, t, **o)
+            for name, a, b in zip(("loss", "lse", "grad"), got, dispatched, strict=True):
+                assert torch.equal(bits(a), bits(b)), f"{name}: {other} and the dispatch ({path}) differ"
 
 
 @pytest.mark.cpu
