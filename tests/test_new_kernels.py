@@ -5,9 +5,9 @@ README says (tests/examples/online_softmax.py as kernels/online_softmax.py, the 
 `KernelSpec` entries appended to SPECS), together with the same module whose running sum is not
 rescaled (entries renamed toy_norescale*), and the deliberately broken kernels of
 tests/broken_kernels.py are registered through SOFTMAX_SUITE_EXTRA_KERNELS. One `pytest -m cpu`
-in that copy runs every registry-wide case of the whole suite on these kernels (-k on their
-names): the correct ones must pass all of them, every wrong one must fail some, and the cases
-that caught each are named.
+in that copy runs every registry-wide case of the whole suite on the correct kernels, which must
+pass all of them, and each wrong one in the cases its corpus says are meant to catch it, which
+must fail (-k on their names, `selection`).
 """
 
 import os
@@ -104,6 +104,21 @@ def parse_junit(path: Path, kernels) -> dict:
     return verdicts
 
 
+def selection(*corpora) -> str:
+    """The -k expression of the run in the copy: the correct kernels and the honest controls in
+    every case, the kernels without the rescale in float32, and each wrong kernel of `corpora` in
+    the test functions its CAUGHT_BY names (one CPU case to show it registered where only a GPU
+    can catch it)."""
+    terms = [*CORRECT, *(h for c in corpora for h in getattr(c, "HONEST", ())), "toy_norescale and fp32"]
+    for corpus in corpora:
+        for spec in corpus.CORPUS:
+            if spec.name in getattr(corpus, "HONEST", ()):
+                continue
+            functions = corpus.CAUGHT_BY.get(spec.name) if spec.name not in corpus.CUDA_ONLY else None
+            terms.append(f"{spec.name} and ({' or '.join(functions or ('test_cpu_path_edges',))})")
+    return " or ".join(f"({t})" for t in terms)
+
+
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory):
     from tests import adversaries, broken_kernels
@@ -115,18 +130,11 @@ def verdicts(tmp_path_factory):
     corpus = [spec.name for spec in (*broken_kernels.CORPUS, *adversaries.CORPUS)]
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", TRITON_INTERPRET="1")
     env[EXTRA_KERNELS_ENV] = CORPORA
-    # Every registry-wide cpu case of the suite on these kernels; the kernels without the rescale
-    # in float32 only (to fail, one dtype is enough); not this file, which would recurse.
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "tests",
-        "-m",
-        "cpu",
-        "-k",
-        "toy_online or broken_ or gaming_ or toy_norescale and fp32",
-    ]
+    # Every registry-wide cpu case of the suite on the correct kernels and the honest control; the
+    # kernels without the rescale in float32 only (to fail, one dtype is enough); each broken or
+    # gaming kernel in the cases meant to catch it (the test below asserts they do); not this
+    # file, which would recurse.
+    cmd = [sys.executable, "-m", "pytest", "tests", "-m", "cpu", "-k", selection(broken_kernels, adversaries)]
     cmd += ["--ignore", f"tests/{Path(__file__).name}", "-p", "no:xdist", "-p", "no:cacheprovider", "--no-reports"]
     # The verdicts are pass or fail per case (a plain assert fails as a rewritten one does), so
     # the whole suite's assertions are not rewritten in the copy: it caches no bytecode.

@@ -1,16 +1,19 @@
 """Where the Triton cross-entropy's and softmax backward's time goes at today's vocabularies.
 
-    python reports/probes/loss_split_sweep.py --out DIR     # on a GPU
+    python reports/probes/loss_split_sweep.py --out DIR [--shapes 4096x32000,...] [--dtypes fp32,bf16]
+        [--ops ce,bwd] [--splits 4096x4,4096x8] [--no-compile]          # on a GPU
 
-The question. In the benchmark run the Triton cross-entropy step took 0.21 of copy at (4096,
-32000) fp32 (0.39 x torch.compile) and its softmax backward 0.49. Per shape this times, in
+The question. In the benchmark run the Triton cross-entropy step took 0.21 of its floor at
+(4096, 32000) fp32 (0.39 x torch.compile) and its softmax backward 0.49. Per shape this times, in
 device time (CUDA events around each call, L2 flushed, median of ROUNDS):
-  - the training step the benchmark times (the custom op forward, loss.backward()),
+  - the cross-entropy training step the benchmark times (the custom op's forward, then
+    loss.backward()), and torch.compile's F.cross_entropy step (unless --no-compile),
   - the cross-entropy call with and without its target validation (one host synchronisation),
-  - torch.compile's F.cross_entropy step,
-and in CUDA graphs (graph_times_us: free of host launch cost) the split path at other CHUNK x
-num_warps, each output's bits against the dispatch's (CHUNK changes how a row is cut, never
-how it is combined). Writes DIR/loss_split.json and prints a table last.
+and in CUDA graphs (graph_times_us: free of host launch cost) the dispatch, the row path where a
+row fits it (V <= 32768, at launch_params("row")) and the split path at CHUNK x num_warps, each
+output's bits against the dispatch's (the path and CHUNK change how a row is cut, never how it
+is combined). Prints the registers and spills of the row and split kernels as this GPU's Triton
+built them. Writes DIR/loss_split.json and prints a table last.
 """
 
 from __future__ import annotations
@@ -28,15 +31,22 @@ from kernels import ops
 from kernels import triton_backward as tb
 from kernels import triton_cross_entropy as tce
 from kernels.spec import matrix_bytes
+from kernels.triton_loss_kernels import JIT_KERNELS
 from tests.suite.devicetime import device_times_us
 
-SHAPES = [(4096, 32000, torch.float32), (4096, 32000, torch.bfloat16), (4096, 128256, torch.bfloat16)]
-SPLITS = [(2048, 4), (4096, 4), (4096, 8), (4096, 16), (8192, 8), (8192, 16), (16384, 16)]
+SHAPES = "4096x32000,4096x128256"
+SPLITS = "2048x4,4096x4,4096x8,4096x16,8192x8,8192x16,16384x16"
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 ROUNDS = 30
+ROW_MAX_V = 32768
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+def pairs(text: str) -> list[tuple[int, int]]:
+    return [tuple(int(n) for n in item.split("x")) for item in text.split(",") if item]
 
 
 def row(op, B, V, dtype, variant, us, copy, passes, same=True):
@@ -53,7 +63,7 @@ def row(op, B, V, dtype, variant, us, copy, passes, same=True):
     }
 
 
-def cross_entropy_rows(B, V, dtype, copy) -> list[dict]:
+def cross_entropy_rows(B, V, dtype, copy, splits, compile_step) -> list[dict]:
     g = torch.Generator(device="cuda").manual_seed(B + V)
     x = (torch.randn(B, V, device="cuda", generator=g) * 3).to(dtype).requires_grad_(True)
     t = torch.randint(0, V, (B,), device="cuda", generator=g)
@@ -63,56 +73,51 @@ def cross_entropy_rows(B, V, dtype, copy) -> list[dict]:
         x.grad = None
         ops.cross_entropy(x, t)[0].backward()
 
-    compiled = torch.compile(lambda x, t: F.cross_entropy(x, t))
-
-    def compiled_step():
-        x.grad = None
-        compiled(x, t).backward()
-
-    out = []
     events = {
         "step (op + backward)": step,
         "call, validate": lambda: tce.cross_entropy(xd, t),
         "call, no validate": lambda: tce.cross_entropy(xd, t, validate=False),
-        "torch.compile step": compiled_step,
     }
+    if compile_step:
+        compiled = torch.compile(lambda x, t: F.cross_entropy(x, t))
+
+        def compiled_step():
+            x.grad = None
+            compiled(x, t).backward()
+
+        events["torch.compile step"] = compiled_step
+    out = []
     for name, fn in events.items():
-        out.append(
-            row(
-                "cross_entropy",
-                B,
-                V,
-                dtype,
-                f"events: {name}",
-                statistics.median(device_times_us(fn, rounds=ROUNDS)),
-                copy,
-                2,
-            )
-        )
+        us = statistics.median(device_times_us(fn, rounds=ROUNDS))
+        out.append(row("cross_entropy", B, V, dtype, f"events: {name}", us, copy, 2))
     reference = tce.cross_entropy(xd, t, validate=False).grad.clone()
-    variants = {"graph: dispatch": lambda: tce.cross_entropy(xd, t, validate=False)}
-    same = {"graph: dispatch": True}
-    for chunk, warps in SPLITS:
-        name = f"graph: split {chunk}x{warps}"
-        params = {"CHUNK": chunk, "num_warps": warps}
-        got = tce.run_path(xd, t, "split", params=params, validate=False).grad
+    variants = {f"graph: dispatch ({tce.plan(B, V, dtype)})": lambda: tce.cross_entropy(xd, t, validate=False)}
+    runs = [("split", {"CHUNK": c, "num_warps": w}) for c, w in splits]
+    if V <= ROW_MAX_V:
+        runs.insert(0, ("row", tb.launch_params("row", V, dtype, op="cross_entropy")))
+    same = {name: True for name in variants}
+    for path, params in runs:
+        name = f"graph: {path} " + "x".join(str(v) for v in params.values())
+        got = tce.run_path(xd, t, path, params=params, validate=False).grad
         same[name] = bool(torch.equal(bits(got), bits(reference)))
-        variants[name] = lambda params=params: tce.run_path(xd, t, "split", params=params, validate=False)
+        variants[name] = lambda path=path, params=params: tce.run_path(xd, t, path, params=params, validate=False)
     times = graph_times_us(list(variants.values()))
     for name, ts in zip(variants, times, strict=True):
         out.append(row("cross_entropy", B, V, dtype, name, statistics.median(ts), copy, 2, same[name]))
     return out
 
 
-def backward_rows(B, V, dtype, copy) -> list[dict]:
+def backward_rows(B, V, dtype, copy, splits, compile_step) -> list[dict]:
     g = torch.Generator(device="cuda").manual_seed(B + V + 1)
     y = torch.softmax(torch.randn(B, V, device="cuda", generator=g) * 3, -1).to(dtype)
     dy = torch.randn(B, V, device="cuda", generator=g).to(dtype)
-    compiled = torch.compile(lambda dy, y: torch._softmax_backward_data(dy, y, -1, y.dtype))
     reference = tb.softmax_backward(dy, y)
-    variants = {"graph: dispatch": lambda: tb.softmax_backward(dy, y), "graph: torch.compile": lambda: compiled(dy, y)}
-    same = {"graph: dispatch": True, "graph: torch.compile": None}
-    for chunk, warps in SPLITS:
+    variants = {"graph: dispatch": lambda: tb.softmax_backward(dy, y)}
+    same = {"graph: dispatch": True}
+    if compile_step:
+        compiled = torch.compile(lambda dy, y: torch._softmax_backward_data(dy, y, -1, y.dtype))
+        variants["graph: torch.compile"], same["graph: torch.compile"] = (lambda: compiled(dy, y)), None
+    for chunk, warps in splits:
         name = f"graph: split {chunk}x{warps}"
         params = {"CHUNK": chunk, "num_warps": warps}
         same[name] = bool(torch.equal(bits(tb.run_path(dy, y, "split", **params)), bits(reference)))
@@ -124,18 +129,42 @@ def backward_rows(B, V, dtype, copy) -> list[dict]:
     ]
 
 
+def built_kernels() -> list[str]:
+    """Registers and spills of every training kernel this process compiled (Triton's cache)."""
+    lines = []
+    for name, fn in JIT_KERNELS.items():
+        for caches in getattr(fn, "device_caches", {}).values():
+            for kernel in caches[0].values():
+                kernel._init_handles()
+                warps = kernel.metadata.num_warps
+                lines.append(f"{name}: {warps} warps, {kernel.n_regs} regs, {kernel.n_spills} spills")
+    return sorted(set(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--shapes", default=SHAPES)
+    parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--ops", default="ce,bwd")
+    parser.add_argument("--splits", default=SPLITS)
+    parser.add_argument("--no-compile", action="store_true")
     args = parser.parse_args()
     copy = copy_TBps()
+    splits, todo = pairs(args.splits), args.ops.split(",")
     results = []
-    for B, V, dtype in SHAPES:
-        results += cross_entropy_rows(B, V, dtype, copy)
-        results += backward_rows(B, V, dtype, copy)
+    for B, V in pairs(args.shapes):
+        for dtype in (DTYPES[d] for d in args.dtypes.split(",")):
+            if "ce" in todo:
+                results += cross_entropy_rows(B, V, dtype, copy, splits, not args.no_compile)
+            if "bwd" in todo:
+                results += backward_rows(B, V, dtype, copy, splits, not args.no_compile)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "loss_split.json").write_text(json.dumps({"copy_TBps": copy, "results": results}, indent=1))
+    built = built_kernels()
+    record = {"copy_TBps": copy, "results": results, "built": built}
+    (args.out / "loss_split.json").write_text(json.dumps(record, indent=1))
     print(f"copy {copy:.3f} TB/s")
+    print("\n".join(built))
     for r in results:
         print(
             f"{r['op']:17s} {r['dtype']:15s} ({r['B']}, {r['V']}) {r['variant']:34s} {r['us']:9.1f} us "
