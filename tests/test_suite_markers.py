@@ -133,6 +133,18 @@ def test_a_test_without_exactly_one_platform_marker_is_a_collection_error():
     assert "test_with_both_markers: carries both" in output
 
 
+def test_a_test_that_kills_its_worker_fails_once_and_the_run_goes_on():
+    # The balanced scheduler of `pytest -m cpu`, on a grid run test by test and a small file run
+    # whole: each test that kills its worker is one failure, and every other test runs once.
+    result = run_pytest("-m", "cpu", str(CASES / "crash_case.py"), str(CASES / "crash_small_case.py"), timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode == pytest.ExitCode.TESTS_FAILED, output
+    assert "INTERNALERROR" not in output, output
+    assert "2 failed, 43 passed" in output, output
+    for crashed in ("crash_case.py::test_grid[3]", "crash_small_case.py::test_small[1]"):
+        assert output.count(f"crashed while running 'tests/harness_cases/{crashed}'") == 1, output
+
+
 def test_cuda_run_without_a_gpu_fails_with_one_clear_line():
     no_gpu = {"CUDA_VISIBLE_DEVICES": ""}
     result = run_pytest("-m", "cuda", str(CASES / "cuda_case.py"), env=no_gpu)

@@ -283,6 +283,38 @@ def balanced_scheduler(config, log):
             file = nodeid.split("::", 1)[0]
             return file if file in self.whole else nodeid
 
+        # A worker that dies (a kernel that aborts the interpreter) is replaced. Loadscope would
+        # hand the test it died in, with the rest of its unit, to another worker, which then dies
+        # too; would put back units already run; and would give a replacement one test at most,
+        # which a worker never runs while it waits to learn the next. Here the test that killed a
+        # worker is reported failed once, as xdist's load scheduler does, only units with tests
+        # left go back in the queue, and every worker holds two tests while there is work.
+        def remove_node(self, node):
+            workload = self.assigned_work.pop(node)
+            pending = [nid for unit in workload.values() for nid, done in unit.items() if not done]
+            if not pending:
+                return None
+            crashed = pending[0]  # a worker runs its tests in order: the first not completed
+            for scope, unit in workload.items():
+                if crashed in unit:
+                    unit[crashed] = True
+                if not all(unit.values()):
+                    self.workqueue[scope] = unit
+            for other in self.assigned_work:
+                self._reschedule(other)
+            return crashed
+
+        def _reschedule(self, node):
+            if node not in self.registered_collections or node.shutting_down:
+                return  # a replacement gets work once its collection is in (schedule() again)
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) <= 2:
+                self._assign_work_unit(node)
+            while self.workqueue and self._pending_of(self.assigned_work[node]) < 2:
+                self._assign_work_unit(node)
+
     return Balanced(config, log)
 
 
