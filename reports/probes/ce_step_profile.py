@@ -7,8 +7,9 @@ took more than twice the cross-entropy call's device time at (4096, 32000), and 
 one matrix beyond the inputs, where the call's own gradient should be handed to x.grad. This
 prints, for fp32 and bf16: whether x.grad is the forward's gradient tensor (autograd took it
 without a copy), the kernels of one step under torch.profiler with their device times, and
-the device time (CUDA events, L2 flushed, median of 30) of the step, of the call with and
-without its target validation, and of the step with validation off.
+the device time (CUDA events, L2 flushed, median of 30) of the step and of the call with and
+without its target validation. (Nothing else is queued between rounds here: where a step costs
+the host more than the GPU, its events time the host.)
 """
 
 import statistics
