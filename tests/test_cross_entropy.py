@@ -193,9 +193,11 @@ def test_long_row_paths_give_the_row_paths_bits(path, case):
 @interpreted
 def test_plain_rows_past_row_max_v_are_held_whole_with_the_splits_bits():
     # One past row_max_v: a plain row (no weights, no smoothing) takes the row path at BLOCK
-    # 16384, a smoothed one splits, and both paths give each option the same bits.
-    N, V = 2, DISPATCH_BOUNDARIES["row_max_v"] + 1
-    x, t = logits(N, V, seed=9), torch.tensor([3, V - 1])
+    # 16384, a smoothed one splits, and both paths give each option the same bits, on the edge
+    # rows (ignored, confident, -inf, huge and equal logits).
+    V = DISPATCH_BOUNDARIES["row_max_v"] + 1
+    x, t = edge_rows(V, seed=9)
+    N = x.shape[0]
     for case, path in ((("mean", 0.0, False), "row"), (("mean", 0.1, False), "split")):
         o = options(*case, V=V)
         assert tce.plan(N, V, plain=case[1] == 0.0) == path, case
