@@ -38,7 +38,6 @@ SHAPES = "4096x32000,4096x128256"
 SPLITS = "2048x4,4096x4,4096x8,4096x16,8192x8,8192x16,16384x16"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 ROUNDS = 30
-ROW_MAX_V = 32768
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -93,7 +92,7 @@ def cross_entropy_rows(B, V, dtype, copy, splits, compile_step) -> list[dict]:
     reference = tce.cross_entropy(xd, t, validate=False).grad.clone()
     variants = {f"graph: dispatch ({tce.plan(B, V, dtype)})": lambda: tce.cross_entropy(xd, t, validate=False)}
     runs = [("split", {"CHUNK": c, "num_warps": w}) for c, w in splits]
-    if V <= ROW_MAX_V:
+    if V <= tce.DISPATCH_BOUNDARIES["plain_row_max_v"]:
         runs.insert(0, ("row", tb.launch_params("row", V, dtype, op="cross_entropy")))
     same = {name: True for name in variants}
     for path, params in runs:
