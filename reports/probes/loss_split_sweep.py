@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from triton_rows_sweep import copy_TBps, graph_times_us
+from triton_rows_sweep import bits, copy_TBps, graph_times_us
 
 from kernels import ops
 from kernels import triton_backward as tb
@@ -38,10 +38,6 @@ SHAPES = "4096x32000,4096x128256"
 SPLITS = "2048x4,4096x4,4096x8,4096x16,8192x8,8192x16,16384x16"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 ROUNDS = 30
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
 
 
 def pairs(text: str) -> list[tuple[int, int]]:
