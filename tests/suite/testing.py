@@ -15,7 +15,8 @@ def run_pytest(*args, env=None, timeout=300):
     """pytest in a subprocess from the project root; callers point --reports-dir away from reports/."""
     # Not the xdist worker's identity: the child is a session of its own, not a worker.
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
-    full_env = {**inherited, **(env or {})}
+    # One terminal width wherever the suite runs: pytest cuts summary lines to it.
+    full_env = {**inherited, "COLUMNS": "120", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
         cwd=ROOT,
