@@ -377,12 +377,20 @@ def test_final_softmax_on_cpu_is_f_softmax():
 @pytest.mark.skipif(not INTERPRETED, reason="the Triton branch runs on CPU tensors only under the Triton interpreter")
 def test_final_softmax_triton_branch_in_interpreter():
     """The CUDA branch's reshaping, exercised through the Triton interpreter on CPU tensors:
-    transposed and sliced views must come back with their own shape and F.softmax's values."""
+    transposed and sliced views must come back with their own shape, F.softmax's values and the
+    registry kernel's bits (which differ from F.softmax's here, so a branch that quietly calls
+    F.softmax fails)."""
+    from kernels import SOFTMAX_KERNELS
+    from model.torch_minigpt import LM_HEAD_KERNEL
+
     scores = batched_logits(3, 5, 97, seed=97)
     for view in (scores, scores.transpose(0, 1), scores[:, ::2, 3:]):
         out = final_softmax(view, "triton")
         assert out.shape == view.shape
         assert_softmax_close(out, view, what="final_softmax through Triton")
+        kernel = SOFTMAX_KERNELS[LM_HEAD_KERNEL](view.reshape(-1, view.shape[-1]).contiguous())
+        assert torch.equal(bits(out), bits(kernel.view(view.shape)))
+        assert not torch.equal(bits(out), bits(F.softmax(view, dim=-1)))
 
 
 # -- compile / export -----------------------------------------------------------------------
