@@ -139,7 +139,7 @@ def launch_params(
             # The row cut into a head and a tail (rows_cut): bf16 (32768, 600) 1.11x, (32768,
             # 1100) 1.45x, fp32 1.01-1.03x, same bits (probes/triton_rows_tail.py).
             head, tail = rows_cut(V, True, block_v)
-            warps = triton.next_power_of_2(max(1, round((head + tail) / 1024)))
+            warps = min(32, triton.next_power_of_2(max(1, round((head + tail) / 1024))))  # a block's 1024 threads
             return {"ROWS": 1, "BLOCK_V": block_v, "CUT": True, "num_warps": warps}
         return {"ROWS": 2048 // block_v, "BLOCK_V": block_v, "CUT": False, "num_warps": 4 if block_v >= 512 else 2}
     if path == "split":

@@ -146,6 +146,10 @@ def test_triton_op_passes_opcheck_in_the_interpreter():
         assert not x.is_contiguous() or x.storage_offset(), layout
         result = torch.library.opcheck(ops.triton, (x,))
         assert all(v == "SUCCESS" for v in result.values()), (layout, result)
+    for dtype in (torch.bfloat16, torch.float16):  # the output takes the input's dtype
+        x = _logits(3, 40, dtype, "cpu")
+        result = torch.library.opcheck(ops.triton, (x,), test_utils=("test_schema", "test_faketensor"))
+        assert all(v == "SUCCESS" for v in result.values()), (dtype, result)
 
 
 @pytest.mark.cpu

@@ -352,6 +352,29 @@ def test_a_row_of_huge_logits_keeps_its_loss(kernel, case):
         check_cross_entropy(run_cross_entropy_poisoned(fn, x, t, **o_case), x, t, what=name, **o_case)
 
 
+def check_strided_targets_and_weights(name, fn, V, device="cpu"):
+    """fn on targets and class weights that are every second element of a larger tensor, whose
+    other elements are other valid classes and weights: the same bits as on contiguous copies (a
+    kernel that reads them as contiguous changes rows' losses and gradients)."""
+    x, t = edge_rows(V, seed=11, device=device)
+    o = options("mean", 0.1, True, V=V, device=device)
+    w = o["weight"]
+    t_strided = torch.stack((t, (t.abs() + 1) % V), 1)[:, 0]
+    w_strided = torch.stack((w, w.flip(0) + 1.0), 1)[:, 0]
+    assert t_strided.stride(0) == 2 and w_strided.stride(0) == 2
+    want = run_cross_entropy_poisoned(fn, x, t, **o)
+    got = run_cross_entropy_poisoned(fn, x, t_strided, **{**o, "weight": w_strided})
+    for part, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
+        assert torch.equal(bits(a), bits(b)), f"{name}: {part} bits differ with strided targets and weights"
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("kernel", ["triton", kernels.CROSS_ENTROPY_BASELINE])
+def test_strided_targets_and_weights(kernel):
+    for name, fn in every_path(kernel):
+        check_strided_targets_and_weights(name, fn, V_CPU)
+
+
 @pytest.mark.cpu
 @pytest.mark.parametrize("kernel", ["triton", kernels.CROSS_ENTROPY_BASELINE])
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's NaN arithmetic
@@ -577,11 +600,18 @@ def test_cuda_edge_rows_every_path_and_layout(path, dtype, V):
             assert torch.equal(bits(a), bits(b)), f"{path} {layout}: {name} bits differ"
     for name, a, b in zip(("loss", "lse", "grad"), dispatched, want, strict=True):
         assert torch.equal(bits(a), bits(b)), f"{path} vs dispatched: {name} bits differ"
+    check_strided_targets_and_weights(f"{path} V={V}", cross_entropy_path_runner(path, **params), V, "cuda")
     alone = run_cross_entropy_poisoned(
         cross_entropy_path_runner(path, **params), x[2:3].clone(), t[2:3].clone(), reduction="none"
     )
     batch = run_cross_entropy_poisoned(cross_entropy_path_runner(path, **params), x, t, reduction="none")
     assert torch.equal(bits(alone.grad), bits(batch.grad[2:3])) and torch.equal(bits(alone.loss), bits(batch.loss[2:3]))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kernel", list(CROSS_ENTROPY_KERNELS))
+def test_cuda_strided_targets_and_weights(kernel):
+    check_strided_targets_and_weights(kernel, CROSS_ENTROPY_KERNELS[kernel], 50257, "cuda")
 
 
 @pytest.mark.cuda

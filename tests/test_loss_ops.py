@@ -69,6 +69,16 @@ def test_ops_pass_opcheck():
         ):
             result = torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
             assert all(v == "SUCCESS" for v in result.values()), (op, layout, result)
+    # ... and for every storage dtype: the outputs take the inputs' dtype (lse float32).
+    for dtype in (torch.bfloat16, torch.float16):
+        x16, t16 = edge_rows(V, seed=1, dtype=dtype)
+        y16 = torch.softmax(torch.randn(3, V), -1).to(dtype)
+        for op, args in (
+            (torch.ops.softmax_suite.cross_entropy_triton, (x16, t16, w.to(dtype), -100, 0.1, "mean")),
+            (torch.ops.softmax_suite.softmax_backward_triton, (torch.randn(3, V).to(dtype), y16)),
+        ):
+            result = torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+            assert all(v == "SUCCESS" for v in result.values()), (op, dtype, result)
 
 
 @interpreted

@@ -429,12 +429,26 @@ def test_rows_are_cut_into_a_power_of_two_head_and_a_short_tail():
 
 
 def test_every_path_launches_a_power_of_two_warps_at_any_v():
-    # The interpreter takes any num_warps; a GPU build only powers of two (run_path reaches every
-    # path at any V, the rows path at V = 6001 included).
-    for path in dispatch.PATHS[1:]:
-        for V in (*range(1, 70, 7), 600, 1100, 1500, 3000, 6001, 12289, 50257, 262144):
-            warps = dispatch.launch_params(path, V, B=4, sms=132).get("num_warps", 1)
-            assert warps >= 1 and warps & (warps - 1) == 0, (path, V, warps)
+    # The interpreter takes any num_warps; a GPU build only powers of two, at most 32 (1024
+    # threads a block). run_path reaches every path at any V, the rows path at V = 6001 included;
+    # the training kernels' row path takes rows to the cross-entropy's plain_row_max_v.
+    from kernels import triton_backward
+
+    lengths = (*range(1, 70, 7), 600, 1100, 1500, 3000, 6001, 8193, 12289, 16385, 32768, 50257, 262144)
+    dtypes = (torch.float32, torch.bfloat16, torch.float16)
+    launches = [
+        (path, V, dtype, dispatch.launch_params(path, V, dtype, B=4, sms=132))
+        for path, V, dtype in itertools.product(dispatch.PATHS[1:], lengths, dtypes)
+    ]
+    launches += [
+        (f"{op} {path}", V, dtype, triton_backward.launch_params(path, V, dtype, op=op))
+        for op, path, V, dtype in itertools.product(
+            ("softmax_backward", "cross_entropy"), ("row", "split", "prep", "reduce", "scale"), lengths, dtypes
+        )
+    ]
+    for path, V, dtype, p in launches:
+        warps = p.get("num_warps", 1)
+        assert 1 <= warps <= 32 and warps & (warps - 1) == 0, (path, V, dtype, warps)
 
 
 @interpreted
