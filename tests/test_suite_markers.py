@@ -148,6 +148,50 @@ def test_a_test_that_kills_its_worker_fails_once_and_the_run_goes_on():
         assert f"crashed while running 'tests/harness_cases/{crashed}'" in output, output
 
 
+class FakeWorker:
+    """What the scheduler sees of an xdist worker: the tests it was sent and, once `dead`, a
+    closed channel (a worker that has died but is not yet reported down)."""
+
+    def __init__(self, name):
+        self.gateway = SimpleNamespace(id=name)
+        self.shutting_down = False
+        self.dead = False
+        self.sent = []
+
+    def send_runtest_some(self, indices):
+        if self.dead:
+            raise OSError("cannot send (already closed?)")
+        self.sent.extend(indices)
+
+    def shutdown(self):
+        self.shutting_down = True
+
+
+def test_work_sent_to_a_worker_not_yet_reported_down_is_run_by_another():
+    # The race the crash case above meets now and then on a busy machine: a worker reports a
+    # test done and dies in its next; when the report is read, the scheduler sends it more work
+    # over a closed channel. The run goes on, and that work is handed out again once the worker
+    # is reported down.
+    config = SimpleNamespace(option=SimpleNamespace(loadscopereorder=True), cache=None, getvalue=lambda _: ["2*popen"])
+    scheduler = markers.balanced_scheduler(config, None)
+    collection = [f"tests/test_grid.py::test_case[{i}]" for i in range(40)]
+    live, dying = FakeWorker("gw0"), FakeWorker("gw1")
+    for worker in (live, dying):
+        scheduler.add_node(worker)
+        scheduler.add_node_collection(worker, collection)
+    scheduler.schedule()
+    finished, crashed = dying.sent[:2]
+    dying.dead = True
+    scheduler.mark_test_complete(dying, finished)
+    assert scheduler.remove_node(dying) == collection[crashed]  # reported once, as the crash
+    done = set()
+    while set(live.sent) - done:  # the live worker runs what it is sent, the dead one's work too
+        index = min(set(live.sent) - done)
+        done.add(index)
+        scheduler.mark_test_complete(live, index)
+    assert sorted(done | {finished, crashed}) == list(range(40)) and len(done) == 38
+
+
 def test_cuda_run_without_a_gpu_fails_with_one_clear_line():
     no_gpu = {"CUDA_VISIBLE_DEVICES": ""}
     result = run_pytest("-m", "cuda", str(CASES / "cuda_case.py"), env=no_gpu)

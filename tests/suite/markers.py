@@ -304,6 +304,15 @@ def balanced_scheduler(config, log):
                 self._reschedule(other)
             return crashed
 
+        def _assign_work_unit(self, node):
+            # A worker that died a moment ago is not yet reported down, and sending it work
+            # fails: the unit stays in its assigned work, which remove_node puts back in the
+            # queue when the report comes.
+            try:
+                super()._assign_work_unit(node)
+            except OSError:
+                pass
+
         def _reschedule(self, node):
             if node not in self.registered_collections or node.shutting_down:
                 return  # a replacement gets work once its collection is in (schedule() again)
