@@ -122,6 +122,7 @@ def test_a_faster_f_softmax_is_a_slowdown_of_the_ratio():
         (8.0, ("device", "graph", "per_call"), ("graph",)),  # a short call is the host's time: not gated
         (8.0, ("device",), ("device",)),
         (None, ("device", "graph"), ("device",)),
+        (None, ("device", "per_call"), ("device",)),  # a call of unknown length is not gated
     ],
 )
 def test_which_mode_gates_a_case(f_us, measured, expected):
@@ -276,6 +277,11 @@ def test_the_spread_between_pooled_runs_counts_as_noise():
         verdict = gate.judge(wider, figure(1.25 / 1.4), "device")
         assert verdict.noise >= gate.judge(figure(1.25), figure(1.25 / 1.4), "device").noise
         assert verdict.regressed, spread
+    # In device time a 9 % drop beats both runs' floors alone; a pool whose runs lie 4 % either
+    # side of their median explains it.
+    spread = {**figure(1.25, 0.001), "runs": [1.20, 1.25, 1.30]}
+    assert gate.judge(figure(1.25, 0.001), figure(1.25 / 1.09, 0.001), "device").regressed
+    assert not gate.judge(spread, figure(1.25 / 1.09, 0.001), "device").regressed
     assert "median of 2 runs" in gate._figure(pooled)
 
 
