@@ -437,3 +437,11 @@ def test_each_sweep_entry_records_its_physical_check_and_merges_keep_it():
     assert entry["read_TBps_over_copy"] == 0.41
     records, _ = merge.records_from_manifest(built)
     assert next(r for r in records if r["kernel"] == "fused")["read_TBps_over_copy"] == 0.41
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_manifest_holding_a_non_finite_number_is_not_written(value):
+    # JSON has no NaN or Infinity: a figure that came out non-finite stops the write, rather
+    # than leaving a file that strict readers reject.
+    with pytest.raises(ValueError):
+        manifest.serialise({"sweep": [{"us_median": value}]})
