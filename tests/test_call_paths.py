@@ -274,6 +274,19 @@ def test_compiled_model_keeps_the_triton_softmax_and_its_predictions(ieee_fp32, 
 
 
 @pytest.mark.cpu
+def test_a_kernel_without_a_run_path_of_its_own_refuses_what_it_cannot_do():
+    # Its one path is its plain call; launch parameters or another path would be silently
+    # ignored, so a test that asked for them would check nothing it meant to.
+    baseline = SOFTMAX_KERNELS[kernels.BASELINE]
+    x = torch.randn(3, 11)
+    assert torch.equal(baseline.run_path(x, baseline.paths[0]), torch.softmax(x, dim=-1))
+    with pytest.raises(ValueError, match="has no run_path"):
+        baseline.run_path(x, baseline.paths[0], BLOCK=16)
+    with pytest.raises(ValueError, match="has no run_path"):
+        baseline.run_path(x, "split")
+
+
+@pytest.mark.cpu
 def test_registry_marks_baselines_and_describes_every_kernel():
     assert kernels.BASELINE in SOFTMAX_KERNELS and SOFTMAX_KERNELS[kernels.BASELINE].baseline
     assert set(kernels.OUR_KERNELS) == {k for k, v in SOFTMAX_KERNELS.items() if not v.baseline}
