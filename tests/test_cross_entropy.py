@@ -600,7 +600,6 @@ def test_cuda_edge_rows_every_path_and_layout(path, dtype, V):
             assert torch.equal(bits(a), bits(b)), f"{path} {layout}: {name} bits differ"
     for name, a, b in zip(("loss", "lse", "grad"), dispatched, want, strict=True):
         assert torch.equal(bits(a), bits(b)), f"{path} vs dispatched: {name} bits differ"
-    check_strided_targets_and_weights(f"{path} V={V}", cross_entropy_path_runner(path, **params), V, "cuda")
     alone = run_cross_entropy_poisoned(
         cross_entropy_path_runner(path, **params), x[2:3].clone(), t[2:3].clone(), reduction="none"
     )
@@ -609,9 +608,10 @@ def test_cuda_edge_rows_every_path_and_layout(path, dtype, V):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("V", (37, 50257))  # Triton's row and split paths (weighted, smoothed)
 @pytest.mark.parametrize("kernel", list(CROSS_ENTROPY_KERNELS))
-def test_cuda_strided_targets_and_weights(kernel):
-    check_strided_targets_and_weights(kernel, CROSS_ENTROPY_KERNELS[kernel], 50257, "cuda")
+def test_cuda_strided_targets_and_weights(kernel, V):
+    check_strided_targets_and_weights(f"{kernel} V={V}", CROSS_ENTROPY_KERNELS[kernel], V, "cuda")
 
 
 @pytest.mark.cuda
