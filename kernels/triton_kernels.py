@@ -49,7 +49,9 @@ def _exp(x, m, OUT: tl.constexpr):
     # and L = log2(e) rounded, makes three errors, each computed exactly and put back to first
     # order through 2^t * (1 + c): the rounding of s (2Sum), of t = s * L (an fma) and L's own.
     # An infinite s makes c NaN and 2^t 0: c is taken to 1 and the result to 0. A NaN s (an all
-    # -inf row) gives NaN through 2^t.
+    # -inf row) gives NaN through 2^t. 16-bit outputs: 2^(s * L), one flush-to-zero ex2 (tl.exp
+    # adds three instructions an element to keep results below 2^-126, which the fixed-point sum
+    # truncates anyway and the 16-bit outputs may flush, as the fused kernel's do).
     s = x - m
     if OUT == tl.float32:
         xs = s + m
@@ -63,7 +65,7 @@ def _exp(x, m, OUT: tl.constexpr):
         p = tl.exp2(t)
         e = tl.fma(p, c, p)
     else:
-        e = tl.exp(s)
+        e = tl.exp2(s * 1.4426950408889634)
     return e
 
 

@@ -47,7 +47,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 STEM = "ncu_missed_shapes"
-SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats")
+SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "ComputeWorkloadAnalysis", "InstructionStats")
 # (name, kernel family, dtype, B, V, path): the shapes issue 22 lists as missed.
 CASES = (
     ("triton-bf16-stream-262144", "triton", "bf16", 4096, 262144, "stream"),
@@ -57,6 +57,13 @@ CASES = (
     ("triton-fp32-split-262144", "triton", "fp32", 4096, 262144, "split"),
     ("fused-fp32-split-1000003", "fused", "fp32", 4096, 1000003, "split"),
     ("fused-bf16-cluster-151936", "fused", "bf16", 4096, 151936, "cluster"),
+    # Short rows in 16-bit, where the issue slots are busiest (profiles.md).
+    ("triton-bf16-rows-600", "triton", "bf16", 32768, 600, "rows"),
+    ("fused-bf16-warpvec-600", "fused", "bf16", 32768, 600, "warpvec"),
+    ("fused-bf16-cluster-262144", "fused", "bf16", 4096, 262144, "cluster"),
+    ("triton-bf16-row-32000", "triton", "bf16", 4096, 32000, "row"),
+    ("triton-fp32-ce-32000", "triton-ce", "fp32", 4096, 32000, "row"),
+    ("triton-bf16-bwd-32000", "triton-bwd", "bf16", 4096, 32000, "split"),
     # Issue 23's training kernels (family "<kernel>-ce": cross-entropy, loss and gradient in one
     # launch; "<kernel>-bwd": the softmax backward), each as its registry entry dispatches it.
     ("triton-bf16-ce-32000", "triton-ce", "bf16", 4096, 32000, "split"),
@@ -68,12 +75,15 @@ CASES = (
 )
 TRAINING = ("ce", "bwd")
 KERNEL_FILTER = (
-    "regex:softmax_(split|stream)_kernel|fused_(split|cluster)_"
+    "regex:softmax_(split|stream|rows?)_kernel|fused_(split|cluster|warpvec)_"
     "|(ce|bwd)_(warp|warpvec|row|cluster|loop)_|(cross_entropy|softmax_backward)_(row|tile|split)_kernel"
 )
 WARMUP = 2
 STALL_METRICS = r"regex:^smsp__average_warps_issue_stalled_\w+_per_issue_active\.ratio$"
 STALL_RE = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio$")
+# Each pipe's share of its peak (ComputeWorkloadAnalysis): which unit a kernel saturates, if any.
+PIPE_METRICS = r"regex:^sm__inst_executed_pipe_\w+\.avg\.pct_of_peak_sustained_active$"
+PIPE_RE = re.compile(r"^sm__inst_executed_pipe_(\w+?)\.avg\.pct_of_peak_sustained_active$")
 # Summary columns: (label, candidate metric names, first found wins).
 COLUMNS = (
     ("duration us", ("gpu__time_duration.sum",)),
@@ -168,7 +178,7 @@ def run_ncu(out: Path, ncu: str, only: str | None, timeout: float) -> int:
     cmd += ["-k", KERNEL_FILTER]  # unmodified clocks, as profiles.md measured
     for s in SECTIONS:
         cmd += ["--section", s]
-    cmd += ["--metrics", STALL_METRICS]  # WarpStateStats' breakdown, asked for by name so the raw page has it
+    cmd += ["--metrics", f"{STALL_METRICS},{PIPE_METRICS}"]  # asked for by name so the raw page has them
     cmd += [sys.executable, str(Path(__file__).resolve()), "--workload", str(out)]
     if only:
         cmd += ["--only", only]
@@ -221,8 +231,8 @@ def summarise(out: Path) -> str:
     lines = [
         "| case | path (dispatched) | kernel | "
         + " | ".join(c for c, _ in COLUMNS)
-        + " | top stalls (cycles per issued instruction) |",
-        "|---" * (4 + len(COLUMNS)) + "|",
+        + " | top stalls (cycles per issued instruction) | busiest pipes (% of peak) |",
+        "|---" * (5 + len(COLUMNS)) + "|",
     ]
     for i, rec in enumerate(launches):
         case = cases[i] if i < len(cases) else {"name": "?", "path": "?", "dispatched": "?"}
@@ -237,11 +247,16 @@ def summarise(out: Path) -> str:
             key=lambda kv: -kv[1],
         )
         top = ", ".join(f"{k} {v:.2f}" for k, v in stalls[:3]) or "?"
+        pipes = sorted(
+            ((m.group(1), _number(v)) for k, v in rec.items() if (m := PIPE_RE.match(k)) and _number(v) is not None),
+            key=lambda kv: -kv[1],
+        )
+        busiest = ", ".join(f"{k} {v:.0f}" for k, v in pipes[:4]) or "?"
         kernel = rec.get("Kernel Name", "?")[:48]
         lines.append(
             f"| {case['name']} | {case['path']} ({case['dispatched']}) | `{kernel}` | "
             + " | ".join(values)
-            + f" | {top} |"
+            + f" | {top} | {busiest} |"
         )
     if len(launches) != len(cases):
         lines.append(f"\n{len(cases)} cases ran, {len(launches)} launches profiled: the table pairs them in order.")
