@@ -10,12 +10,13 @@ takes; `DISPATCH_BOUNDARIES` holds the limits):
   rows   V <= tile_max_v and B >= rows_min_b. Many short rows: a [ROWS, BLOCK_V] block per
          program, so each program moves enough bytes to hide memory latency; from V = 513 one
          row a program, cut into a power-of-two head and a short tail (rows_cut).
-  row    tile_max_v < V <= row_max_v. One program holds the whole row in registers.
+  row    tile_max_v < V <= row_max_v, except where stream applies. One program holds the
+         whole row in registers.
   split  V > row_max_v, except where stream applies. P programs share a row, each holding
          its chunk in registers (one read, one write), and meet twice through tagged words
          of a per-row workspace. For a short batch the chunks shrink so that the launch
          spreads over the GPU (launch_params).
-  stream row_max_v < V <= stream_max_v, 16-bit storage, B >= stream_min_b. A grid of a few
+  stream stream_min_v < V <= stream_max_v, 16-bit storage, B >= stream_min_b. A grid of a few
          programs per SM walks the rows, each read three times in tiles (max, sum, write);
          the grid bounds the rows in flight so the re-reads come from L2. That holds only
          while the rows in flight fit L2: longer 16-bit rows split (reports/profiles.md).
@@ -44,7 +45,14 @@ DISPATCH_BOUNDARIES = {
     "tile_max_v": 2048,  # V above this leaves the tile/rows kernels
     "rows_min_b": 8192,  # with V <= tile_max_v, B from here on takes the multi-row kernel
     "row_max_v": 32768,  # V above this: split (or stream, below)
-    "stream_max_v": 65536,  # 16-bit rows up to this long stream from stream_min_b rows on
+    # 16-bit rows of stream_min_v < V <= stream_max_v stream from stream_min_b rows on. Measured
+    # on an H200 against row and split (probes/triton_long_path_choice.py), bf16 at B = 1024,
+    # 4096 and 32768: stream over row 1.04-1.12x at V = 32000, over split 1.12-1.21x at 32769;
+    # split over stream 1.00-1.05x at 50257 and 1.14-1.31x at 65536, where the rows in flight
+    # (four 16-warp programs on each of 132 SMs: 53 MB at V = 50257) crowd the 60 MB L2, so the
+    # bound sits below, at 43 MB; row over stream 1.22-1.35x at V = 16384.
+    "stream_min_v": 16384,
+    "stream_max_v": 40960,
     "stream_min_b": 1024,
 }
 
@@ -85,17 +93,9 @@ def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) ->
     b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
     if V <= b["tile_max_v"]:
         return "rows" if B >= b["rows_min_b"] else "tile"
-    if V <= b["row_max_v"]:
-        return "row"
-    return long_row_path(dtype, B, V, boundaries=b)
-
-
-def long_row_path(dtype: torch.dtype, B: int = 1, V: int | None = None, *, boundaries=None) -> str:
-    """The path of rows longer than row_max_v: split, except 16-bit rows of at most stream_max_v
-    from stream_min_b rows on (V None: the longest such rows)."""
-    b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
-    short = V is None or V <= b["stream_max_v"]
-    return "stream" if dtype != torch.float32 and B >= b["stream_min_b"] and short else "split"
+    if dtype != torch.float32 and B >= b["stream_min_b"] and b["stream_min_v"] < V <= b["stream_max_v"]:
+        return "stream"
+    return "row" if V <= b["row_max_v"] else "split"
 
 
 def paths_for(dtype: torch.dtype) -> tuple:

@@ -475,8 +475,15 @@ def test_plan_changes_at_each_boundary():
     long = b["row_max_v"] + 1
     for B in (1, b["stream_min_b"] - 1, b["stream_min_b"], 1 << 20):
         assert st.plan(B, long) == "split", "float32 long rows split at every batch size"
+    assert b["tile_max_v"] < b["stream_min_v"] < b["row_max_v"] < b["stream_max_v"]
+    for B in (1, b["stream_min_b"], 1 << 20):
+        assert st.plan(B, b["stream_min_v"] + 1) == "row", "float32 rows to row_max_v are held whole"
     for dtype in (torch.bfloat16, torch.float16):
         assert st.plan(1, b["row_max_v"], dtype) == "row"
+        assert st.plan(b["stream_min_b"] - 1, b["row_max_v"], dtype) == "row"
+        assert st.plan(b["stream_min_b"], b["stream_min_v"], dtype) == "row"
+        assert st.plan(b["stream_min_b"], b["stream_min_v"] + 1, dtype) == "stream"
+        assert st.plan(b["stream_min_b"], b["row_max_v"], dtype) == "stream"
         assert st.plan(1, long, dtype) == "split"
         assert st.plan(b["stream_min_b"] - 1, long, dtype) == "split"
         assert st.plan(b["stream_min_b"], long, dtype) == "stream"
@@ -502,10 +509,13 @@ def test_plan_changes_at_each_boundary():
 
 
 def test_plan_accepts_scaled_boundaries():
-    small = {"tile_max_v": 8, "rows_min_b": 4, "row_max_v": 32, "stream_max_v": 40, "stream_min_b": 3}
+    small = {"tile_max_v": 8, "rows_min_b": 4, "stream_min_v": 16, "row_max_v": 32}
+    small |= {"stream_max_v": 40, "stream_min_b": 3}
     assert [st.plan(2, v, boundaries=small) for v in (8, 9, 32, 33)] == ["tile", "row", "row", "split"]
     assert st.plan(4, 8, boundaries=small) == "rows"
-    assert [st.plan(3, v, torch.bfloat16, boundaries=small) for v in (33, 40, 41)] == ["stream", "stream", "split"]
+    bf16 = [st.plan(3, v, torch.bfloat16, boundaries=small) for v in (16, 17, 33, 40, 41)]
+    assert bf16 == ["row", "stream", "stream", "stream", "split"]
+    assert [st.plan(2, v, torch.bfloat16, boundaries=small) for v in (17, 33)] == ["row", "split"]
     assert st.plan(3, 33, torch.float32, boundaries=small) == "split"
 
 

@@ -48,6 +48,8 @@ def _boundary_cases():
         yield B, 600
         yield B, b["tile_max_v"]
     for B in (b["stream_min_b"] - 1, b["stream_min_b"]):
+        yield B, b["stream_min_v"]
+        yield B, b["stream_min_v"] + 1
         yield B, b["row_max_v"] + 1
         yield B, b["stream_max_v"] + 1
     yield b["stream_min_b"], b["stream_max_v"]
