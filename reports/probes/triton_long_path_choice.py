@@ -12,7 +12,8 @@ take the shape through `run_path` at its own launch parameters, timed as
 probes/triton_rows_sweep.py times (CUDA graphs of L2 flush + call less the flushes alone,
 median of its ROUNDS), fraction of a copy ceiling measured in the same run, every output's bits
 against the dispatch's (every path gives a row the same bits). Writes
-DIR/triton_long_path_choice.json and prints a table.
+DIR/triton_long_path_choice.json and prints a table. (runs/h200-2026-12-03d/ holds the run that
+set the stream path's bounds.)
 """
 
 from __future__ import annotations
@@ -22,25 +23,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from triton_rows_sweep import bits, copy_TBps, timed_variants, write_results
+from triton_rows_sweep import copy_TBps, edge_logits, path_variants, timed_variants, write_results
 
 from kernels import SOFTMAX_KERNELS
-from kernels.softmax_triton import plan, run_path
+from kernels.softmax_triton import plan
 
 SHAPES = [
     (B, V, torch.bfloat16) for V in (16384, 32000, 32769, 50257, 65536) for B in (1024, 4096, 32768) if B * V <= 2**31
 ] + [(4096, 50257, torch.float16), (4096, 32000, torch.float16)]
-
-
-def path_variants(x: torch.Tensor, reference: torch.Tensor, paths: list[str]) -> dict:
-    """{name: call} for each path, marked BITS DIFFER where its output is not `reference`'s."""
-    variants = {}
-    for path in paths:
-        y = torch.full_like(x, float("nan"))
-        run_path(x, path, out=y)
-        same = torch.equal(bits(y), bits(reference))
-        variants[path + ("" if same else " BITS DIFFER")] = lambda path=path: run_path(x, path)
-    return variants
 
 
 def main() -> None:
@@ -51,16 +41,13 @@ def main() -> None:
     triton_softmax = SOFTMAX_KERNELS["triton"]
     results = []
     for B, V, dtype in SHAPES:
-        x = torch.randn(B, V, device="cuda", dtype=torch.float32).mul_(3).to(dtype)
-        x[1, 7] = float("nan")
-        x[2].fill_(-float("inf"))
-        x[2, V - 1] = 0.0
+        x = edge_logits(B, V, dtype)
         variants = {
             "F.softmax": lambda x=x: F.softmax(x, -1),
             f"dispatch ({plan(B, V, dtype)})": lambda x=x: triton_softmax(x),
         }
         paths = ["split", "stream"] + (["row"] if V <= 32768 else [])
-        variants.update(path_variants(x, triton_softmax(x), paths))
+        variants.update(path_variants(x, triton_softmax(x), {path: (path, {}) for path in paths}))
         results += timed_variants(variants, B, V, dtype, copy)
         del x
         torch.cuda.empty_cache()

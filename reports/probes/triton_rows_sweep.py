@@ -108,16 +108,31 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
 
 
-def rows_variants(x: torch.Tensor, reference: torch.Tensor, params_by_name: dict) -> dict:
-    """{name: call} of the rows path at each named set of launch parameters, the name marked
-    BITS DIFFER where its output (poisoned with NaN first) is not `reference` bit for bit."""
+def edge_logits(B: int, V: int, dtype: torch.dtype) -> torch.Tensor:
+    """randn * 3 on the GPU, with a NaN row and a row of -inf with one finite entry (whose bits
+    every variant must keep too)."""
+    x = torch.randn(B, V, device="cuda", dtype=torch.float32).mul_(3).to(dtype)
+    x[1, 7] = float("nan")
+    x[2].fill_(-float("inf"))
+    x[2, V - 1] = 0.0
+    return x
+
+
+def path_variants(x: torch.Tensor, reference: torch.Tensor, runs: dict) -> dict:
+    """{name: call} of each named (path, launch parameters) in `runs`, the name marked BITS
+    DIFFER where its output (poisoned with NaN first) is not `reference` bit for bit."""
     variants = {}
-    for name, params in params_by_name.items():
+    for name, (path, params) in runs.items():
         y = torch.full_like(x, float("nan"))
-        run_path(x, "rows", out=y, **params)
+        run_path(x, path, out=y, **params)
         same = torch.equal(bits(y), bits(reference))
-        variants[name + ("" if same else " BITS DIFFER")] = lambda params=params: run_path(x, "rows", **params)
+        variants[name + ("" if same else " BITS DIFFER")] = lambda p=path, q=params: run_path(x, p, **q)
     return variants
+
+
+def rows_variants(x: torch.Tensor, reference: torch.Tensor, params_by_name: dict) -> dict:
+    """path_variants of the rows path at each named set of launch parameters."""
+    return path_variants(x, reference, {name: ("rows", params) for name, params in params_by_name.items()})
 
 
 def main() -> None:

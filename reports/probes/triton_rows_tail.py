@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from triton_rows_sweep import copy_TBps, rows_variants, timed_variants, write_results
+from triton_rows_sweep import copy_TBps, edge_logits, rows_variants, timed_variants, write_results
 
 from kernels import SOFTMAX_KERNELS
 from kernels.softmax_triton import launch_params, plan
@@ -43,10 +43,7 @@ def main() -> None:
     triton_softmax = SOFTMAX_KERNELS["triton"]
     results = []
     for B, V, dtype in SHAPES:
-        x = torch.randn(B, V, device="cuda", dtype=torch.float32).mul_(3).to(dtype)
-        x[1, 7] = float("nan")  # a NaN row and a row of -inf with one finite entry keep their bits too
-        x[2].fill_(-float("inf"))
-        x[2, V - 1] = 0.0
+        x = edge_logits(B, V, dtype)
         variants = {
             "F.softmax": lambda x=x: F.softmax(x, -1),
             f"dispatch ({plan(B, V, dtype)})": lambda x=x: triton_softmax(x),
