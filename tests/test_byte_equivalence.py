@@ -597,21 +597,32 @@ def test_interpreter_stride_invariant(path, dtype, record_manifest):
 @interpreted
 @pytest.mark.parametrize("dtype", INTERPRETER_DTYPES, ids=[dtype_name(d) for d in INTERPRETER_DTYPES])
 def test_interpreter_dispatch_batch_invariant(dtype, record_manifest):
-    """softmax() sends rows of V <= tile_max_v to the tile kernel below rows_min_b rows and to
-    the multi-row kernel from there on, each with its own launch parameters taken from V and the
-    dtype alone. A row must get the same bits on both sides: here the same rows go through the
-    path (and parameters) `plan` picks for rows_min_b - 1 rows and for rows_min_b rows. (8191
-    tile programs take ~11 s in the interpreter; that each path gives a row the same bits at any
-    B is test_interpreter_batch_invariant's job.) Recorded under the B each side stands for."""
+    """softmax() picks a row's path by B as well as V: rows of V <= tile_max_v take the tile
+    kernel below rows_min_b rows and the multi-row kernel from there on; 16-bit rows of
+    stream_min_v < V <= stream_max_v take the row or split path below stream_min_b rows and the
+    stream path from there on. Each path takes launch parameters from V and the dtype alone. A
+    row must get the same bits on both sides of each switch: here the same rows go through the
+    path (and parameters) `plan` picks just below and at the switch's B. (8191 tile programs
+    take ~11 s in the interpreter; that each path gives a row the same bits at any B is
+    test_interpreter_batch_invariant's job.) Recorded under the B each side stands for."""
     b = triton_module("triton_dispatch").DISPATCH_BOUNDARIES
-    below, above = b["rows_min_b"] - 1, b["rows_min_b"]
+    sides = [(b["rows_min_b"], V) for V in (7, 600, 1024, 1025, b["tile_max_v"])]
+    for V in (b["stream_min_v"], b["stream_min_v"] + 1, b["row_max_v"] + 1, b["stream_max_v"], b["stream_max_v"] + 1):
+        sides.append((b["stream_min_b"], V))
     shapes, failures = [], []
-    for V in (7, 600, 1024, 1025, b["tile_max_v"]):
+    for above, V in sides:
+        below = above - 1
         paths = st.plan(below, V, dtype), st.plan(above, V, dtype)
-        assert paths == ("tile", "rows"), f"plan at V={V}: {paths}; the dispatch changed, update this test"
-        x = device_logits(3, V, dtype, "cpu", seed=V)
-        want = st.run_path(x, paths[0], out=poisoned(3, V, dtype, "cpu"))
-        got = st.run_path(x, paths[1], out=poisoned(3, V, dtype, "cpu"))
+        if above == b["rows_min_b"]:
+            assert paths == ("tile", "rows"), f"plan at V={V}: {paths}; the dispatch changed, update this test"
+        elif dtype == torch.float32 or not b["stream_min_v"] < V <= b["stream_max_v"]:
+            assert paths[0] == paths[1], f"plan at V={V}: {paths}; the dispatch changed, update this test"
+            continue  # one path on both sides
+        else:
+            assert paths[1] == "stream" and paths[0] in ("row", "split"), f"plan at V={V}: {paths}"
+        x = device_logits(2, V, dtype, "cpu", seed=V)
+        want = st.run_path(x, paths[0], out=poisoned(2, V, dtype, "cpu"))
+        got = st.run_path(x, paths[1], out=poisoned(2, V, dtype, "cpu"))
         shapes += [(below, V), (above, V)]
         diff = bit_difference(got, want)
         if diff:

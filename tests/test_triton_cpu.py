@@ -508,6 +508,21 @@ def test_plan_changes_at_each_boundary():
         assert planned == set(dispatch.paths_for(dtype)), dtype
 
 
+def test_remembered_launches_are_keyed_wherever_the_plan_turns_on_b():
+    # A remembered common call is reused for batches of the same class (triton_launch.batch_class):
+    # on either side of a B threshold where the plan changes path, the classes must differ.
+    b = dispatch.DISPATCH_BOUNDARIES
+    vs = {v + d for v in b.values() for d in (-1, 0, 1) if v > 1} | {600, 32000, 50257, 262144}
+    turns = 0
+    for dtype in DTYPES:
+        for B in (b["rows_min_b"], b["stream_min_b"]):
+            for V in sorted(vs):
+                if st.plan(B - 1, V, dtype) != st.plan(B, V, dtype):
+                    turns += 1
+                    assert triton_launch.batch_class(B - 1, V, dtype, -1) != triton_launch.batch_class(B, V, dtype, -1)
+    assert turns >= 8, "the boundaries' neighbourhood holds every B switch of the plan"
+
+
 def test_plan_accepts_scaled_boundaries():
     small = {"tile_max_v": 8, "rows_min_b": 4, "stream_min_v": 16, "row_max_v": 32}
     small |= {"stream_max_v": 40, "stream_min_b": 3}

@@ -163,11 +163,12 @@ def test_long_row_paths_at_odd_v_and_unaligned_rows_on_gpu(path, B, V, head, pad
     check_softmax(out, x, what=f"{path} head {head} pad {pad}")
 
 
-@pytest.mark.parametrize("V", [50257, 151936])
+@pytest.mark.parametrize("V", [32000, 40000, 151936])
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=dtype_id)
 def test_long_rows_at_alternating_batch_sizes_through_the_remembered_call(dtype, V):
-    # A long-row launch depends on B (split's chunks shrink for short batches; 16-bit rows up to
-    # stream_max_v stream from stream_min_b on) and is remembered per layout and batch class:
+    # A long-row launch depends on B (split's chunks shrink for short batches; 16-bit rows of
+    # stream_min_v < V <= stream_max_v stream from stream_min_b on, below it they take the row
+    # or split path) and is remembered per layout and batch class:
     # calls of one V at alternating batch sizes, each the second of its kind too, must keep
     # every row's bits.
     b = dispatch.DISPATCH_BOUNDARIES
