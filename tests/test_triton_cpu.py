@@ -519,7 +519,7 @@ def test_remembered_launches_are_keyed_wherever_the_plan_turns_on_b():
             for V in sorted(vs):
                 if st.plan(B - 1, V, dtype) != st.plan(B, V, dtype):
                     turns += 1
-                    assert triton_launch.batch_class(B - 1, V, dtype, -1) != triton_launch.batch_class(B, V, dtype, -1)
+                    assert triton_launch.batch_class(B - 1, V, dtype, 0) != triton_launch.batch_class(B, V, dtype, 0)
     assert turns >= 8, "the boundaries' neighbourhood holds every B switch of the plan"
 
 
