@@ -22,11 +22,9 @@ import argparse
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from triton_rows_sweep import copy_TBps, edge_logits, path_variants, timed_variants, write_results
+from triton_rows_sweep import baseline_variants, copy_TBps, edge_logits, path_variants, timed_variants, write_results
 
 from kernels import SOFTMAX_KERNELS
-from kernels.softmax_triton import plan
 
 SHAPES = [
     (B, V, torch.bfloat16) for V in (16384, 32000, 32769, 50257, 65536) for B in (1024, 4096, 32768) if B * V <= 2**31
@@ -42,10 +40,7 @@ def main() -> None:
     results = []
     for B, V, dtype in SHAPES:
         x = edge_logits(B, V, dtype)
-        variants = {
-            "F.softmax": lambda x=x: F.softmax(x, -1),
-            f"dispatch ({plan(B, V, dtype)})": lambda x=x: triton_softmax(x),
-        }
+        variants = baseline_variants(x)
         paths = ["split", "stream"] + (["row"] if V <= 32768 else [])
         variants.update(path_variants(x, triton_softmax(x), {path: (path, {}) for path in paths}))
         results += timed_variants(variants, B, V, dtype, copy)

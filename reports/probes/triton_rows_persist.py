@@ -31,10 +31,18 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from triton_rows_sweep import bits  # noqa: E402
+from triton_rows_sweep import (  # noqa: E402
+    baseline_variants,
+    bits,
+    copy_TBps,
+    edge_logits,
+    path_variants,
+    timed_variants,
+    write_results,
+)
 
 from kernels import SOFTMAX_KERNELS  # noqa: E402
-from kernels.softmax_triton import launch_params, plan, run_path  # noqa: E402
+from kernels.softmax_triton import launch_params, run_path  # noqa: E402
 from kernels.triton_dispatch import fixed_point_scale, rows_cut, vector_align  # noqa: E402
 from kernels.triton_kernels import _exp, _fixed, _nan_max, _normalise, _row_max, _softmax_scale  # noqa: E402
 
@@ -134,9 +142,6 @@ def main() -> int:
         if os.environ.get("TRITON_INTERPRET") != "1":
             parser.error("--cpu-bits runs the kernels interpreted: set TRITON_INTERPRET=1")
         return 1 if cpu_bits() else 0
-    import torch.nn.functional as F
-    from triton_rows_sweep import copy_TBps, edge_logits, path_variants, timed_variants, write_results
-
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     copy = copy_TBps()
     triton_softmax = SOFTMAX_KERNELS["triton"]
@@ -144,10 +149,7 @@ def main() -> int:
     for B, V, dtype in SHAPES:
         x = edge_logits(B, V, dtype)
         want = triton_softmax(x)
-        variants = {
-            "F.softmax": lambda x=x: F.softmax(x, -1),
-            f"dispatch ({plan(B, V, dtype)})": lambda x=x: triton_softmax(x),
-        }
+        variants = baseline_variants(x)
         variants.update(path_variants(x, want, {"rows x1": ("rows", {**launch_params("rows", V, dtype)})}))
         for per_sm in PER_SM:
             for prefetch in (False, True):

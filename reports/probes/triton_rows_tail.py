@@ -25,11 +25,10 @@ import argparse
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from triton_rows_sweep import copy_TBps, edge_logits, rows_variants, timed_variants, write_results
+from triton_rows_sweep import baseline_variants, copy_TBps, edge_logits, rows_variants, timed_variants, write_results
 
 from kernels import SOFTMAX_KERNELS
-from kernels.softmax_triton import launch_params, plan
+from kernels.softmax_triton import launch_params
 
 SHAPES = [(B, V, dt) for dt in (torch.bfloat16, torch.float32) for B, V in ((8192, 600), (32768, 600), (32768, 1100))]
 WARPS = (1, 2)
@@ -44,10 +43,7 @@ def main() -> None:
     results = []
     for B, V, dtype in SHAPES:
         x = edge_logits(B, V, dtype)
-        variants = {
-            "F.softmax": lambda x=x: F.softmax(x, -1),
-            f"dispatch ({plan(B, V, dtype)})": lambda x=x: triton_softmax(x),
-        }
+        variants = baseline_variants(x)
         params = {
             f"{'head+tail' if cut else 'whole'} x{warps}": {
                 **launch_params("rows", V, dtype),
