@@ -314,6 +314,7 @@ SPECS: tuple[KernelSpec, ...] = (
             (
                 Path("row", gpu=(5, 100)),
                 Path("split", gpu=(5, 8193), cpu={"CHUNK": 16, "num_warps": 2}),
+                *extra,
             ),
             _ALL,
             backend="triton",
@@ -325,7 +326,15 @@ SPECS: tuple[KernelSpec, ...] = (
             grids=(),
             op=op,
         )
-        for op, module in (("softmax_backward", "triton_backward"), ("cross_entropy", "triton_cross_entropy"))
+        for op, module, extra in (
+            (
+                "softmax_backward",
+                "triton_backward",
+                # from DISPATCH_BOUNDARIES["stream_min_b"] rows on; tiles of 16 walked by 2 programs
+                (Path("stream", gpu=(1024, 8193), cpu={"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1}),),
+            ),
+            ("cross_entropy", "triton_cross_entropy", ()),
+        )
     ),
     *(
         KernelSpec(

@@ -2,13 +2,16 @@
 softmax output y and the incoming gradient dy, in one kernel (two reads and one write); and the
 dispatch and launch parameters the Triton cross-entropy shares.
 
-Paths (`plan(B, V, dtype)` names the one a call takes; `DISPATCH_BOUNDARIES` holds the limit):
-row for V <= row_max_v, one program a row; split above it, P = cdiv(V, CHUNK) programs a row
-(kernels/triton_loss_kernels.py). Every path gives a row the same bits: the sum is order-free,
-and the path depends on V alone, never on B. dy and y may have any row stride and different
-layouts (each is copied with `.contiguous()` only when its elements are not contiguous within a
-row); dx is new and contiguous, or `out` (contiguous). float32, bfloat16 and float16 storage,
-all arithmetic in float32; dy and y share one dtype, as `torch._softmax_backward_data` requires.
+Paths (`plan(B, V, dtype)` names the one a call takes; `DISPATCH_BOUNDARIES` holds the limits):
+row for V <= row_max_v, one program a row; stream for row_max_v < V <= stream_max_v (float32;
+stream_max_v_16bit for 16-bit storage) from stream_min_b rows on, one or two programs per SM
+walking the rows, each read three times with the re-reads served by L2; split otherwise,
+P = cdiv(V, CHUNK) programs a row meeting through a workspace (kernels/triton_loss_kernels.py).
+Every path gives a row the same bits (the sum is order-free), so the batch threshold changes
+speed, never results. dy and y may have any row stride and different layouts (each is copied
+with `.contiguous()` only when its elements are not contiguous within a row); dx is new and
+contiguous, or `out` (contiguous). float32, bfloat16 and float16 storage, all arithmetic in
+float32; dy and y share one dtype, as `torch._softmax_backward_data` requires.
 """
 
 from __future__ import annotations
@@ -24,14 +27,21 @@ from .triton_launch import launch_entry
 
 KERNEL_NAME = "triton"
 PATHS = spec_of("softmax_backward", KERNEL_NAME).path_names  # the registry's entry names them
-# Two inputs in registers: a quarter of the forward's row path. The cross-entropy's too.
-DISPATCH_BOUNDARIES = {"row_max_v": 8192}
+# row_max_v: two inputs in registers, a quarter of the forward's row path (the cross-entropy's
+# bound too). The stream path's bounds, measured on an H200 against the split (graph clock,
+# reports/profiles.md): ahead 1.36-1.52x in float32 at V = 16384-32000 and 1.09x at 40960,
+# behind (0.92x) at 50257, where the rows in flight (dy and y, one program on each of 132 SMs:
+# 53 MB) crowd the 60 MB L2; 16-bit ahead 1.50-1.66x up to 50257; from B = 512 on (1.39-1.62x).
+DISPATCH_BOUNDARIES = {"row_max_v": 8192, "stream_max_v": 40960, "stream_max_v_16bit": 65536, "stream_min_b": 512}
 
 
 def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) -> str:
-    """The path softmax_backward() and cross_entropy() take for (B, V) rows of `dtype`: row or split."""
+    """The path softmax_backward() takes for (B, V) rows of `dtype`: row, stream or split."""
     b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
-    return "row" if V <= b["row_max_v"] else "split"
+    if V <= b["row_max_v"]:
+        return "row"
+    longest = b["stream_max_v" if dtype == torch.float32 else "stream_max_v_16bit"]
+    return "stream" if V <= longest and B >= b["stream_min_b"] else "split"
 
 
 def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32, *, op: str = "softmax_backward") -> dict:
@@ -51,11 +61,19 @@ def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32, *, op: 
         # kernel builds without a spill.
         wide = op == "cross_entropy" and dtype == torch.float32
         return {"CHUNK": 4096, "num_warps": 8 if wide else 4}
+    if path == "stream":
+        # BLOCK 1024-8192 x 4-16 warps x 1-8 programs per SM at V = 16384-50257 (reports/profiles.md):
+        # tiles of 8192 by 16 warps, one program per SM, led in float32 and in 16-bit rows past
+        # 32768; shorter 16-bit rows, tiles of 4096 at two per SM. At V = 32768 either holds 34 MB
+        # of rows in L2 (132 float32 rows of dy and y, 256 KB each; 264 16-bit rows of 128 KB).
+        if dtype != torch.float32 and V <= 32768:
+            return {"BLOCK": 4096, "num_warps": 16, "programs_per_sm": 2}
+        return {"BLOCK": 8192, "num_warps": 16, "programs_per_sm": 1}
     if path in ("prep", "reduce"):
         return {"BLOCK": 1024, "num_warps": 4}
     if path == "scale":
         return {"BLOCK": min(4096, triton.next_power_of_2(V)), "num_warps": 4}
-    raise ValueError(f"{KERNEL_NAME} training kernels: unknown path {path!r} (row, split, prep, reduce, scale)")
+    raise ValueError(f"{KERNEL_NAME} training kernels: unknown path {path!r} (row, split, stream, prep, reduce, scale)")
 
 
 def _launch(dy, y, dx, path: str, params: dict) -> None:
@@ -64,7 +82,7 @@ def _launch(dy, y, dx, path: str, params: dict) -> None:
         return
     dy = dy if dy.stride(1) == 1 else dy.contiguous()
     y = y if y.stride(1) == 1 else y.contiguous()
-    values = {"DY": dy, "Y": y, "DX": dx, "V": V, "stride_dy": dy.stride(0), "stride_y": y.stride(0)}
+    values = {"DY": dy, "Y": y, "DX": dx, "B": B, "V": V, "stride_dy": dy.stride(0), "stride_y": y.stride(0)}
     values.update(stride_dx=dx.stride(0), K=fixed_point_bits(V))
     path = path or plan(B, V, y.dtype)
     p = {**launch_params(path, V, y.dtype), **params}
@@ -73,7 +91,8 @@ def _launch(dy, y, dx, path: str, params: dict) -> None:
 
 def run_path(dy: torch.Tensor, y: torch.Tensor, path: str | None, *, out=None, **params) -> torch.Tensor:
     """softmax_backward(dy, y) through one named path; `params` override its launch parameters
-    (row: BLOCK, num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK; path None: plan's).
+    (row: BLOCK, num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK; stream: BLOCK,
+    num_warps, programs_per_sm; path None: plan's).
     Tests use it to reach the split path at small V (CHUNK=16)."""
     check_backward_inputs(dy, y, kernel=KERNEL_NAME, device_type=_DEVICE_TYPE)
     dx = prepare_dx(y, out, kernel=KERNEL_NAME)

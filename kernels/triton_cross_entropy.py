@@ -52,7 +52,7 @@ PATHS = spec_of("cross_entropy", KERNEL_NAME).path_names  # the registry's entry
 # spill; on an H200 at (4096, 32000) 1.38x the split in fp32 and 1.46x in bf16, at (4096, 16384)
 # 1.08-1.12x, the same bits: reports/profiles.md); with either, rows split past the backward's
 # row_max_v.
-DISPATCH_BOUNDARIES = {**_BACKWARD_BOUNDARIES, "plain_row_max_v": 32768}
+DISPATCH_BOUNDARIES = {"row_max_v": _BACKWARD_BOUNDARIES["row_max_v"], "plain_row_max_v": 32768}
 
 
 def plan(N: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None, *, plain: bool = True) -> str:

@@ -340,6 +340,12 @@ def _split_grid(p, g, sms):
     return functools.partial(operator.mul, g["P"])
 
 
+def _programs_per_sm(p, g, sms):
+    """rows -> a grid of programs_per_sm programs on each SM walking the rows (two under the
+    interpreter, so that the rows loop runs), never more than the rows."""
+    return functools.partial(min, 2 if sms is None else p["programs_per_sm"] * sms)
+
+
 def _cdiv(B: int, d: int) -> int:
     return -(-B // d)
 
@@ -397,8 +403,7 @@ PATH_TABLE = {
         _entry(
             "stream", "X:*T Y:*T B V stride_x stride_y x_off y_off SCALE:fp32", "BLOCK ALIGN Y_ALIGN",
             geometry=_chunk_geometry("BLOCK"),  # BLOCK from p, ALIGN and Y_ALIGN from the geometry
-            # A few programs per SM walk the rows (two under the interpreter, so the rows loop runs).
-            grid=lambda p, g, sms: functools.partial(min, 2 if sms is None else p["programs_per_sm"] * sms),
+            grid=_programs_per_sm,
             chunked=True,
         ),
     )
@@ -441,6 +446,10 @@ TABLES = {
             "softmax_backward_split", "DY:*T Y:*T DX:*T WS:*i64 V P stride_dy stride_y stride_dx K", _SPLIT,
             geometry=split_geometry, grid=_split_grid,
         ),
+        "stream": _entry(
+            "softmax_backward_stream", "DY:*T Y:*T DX:*T B V stride_dy stride_y stride_dx K", "BLOCK",
+            grid=_programs_per_sm,
+        ),
     },
     "cross_entropy": {
         "row": _entry(
@@ -478,7 +487,8 @@ def launch_entry(op: str, path: str, values: dict, p: dict, V: int, rows: int, d
     g = entry.geometry(p, V)
     if "WS" in entry.arg_names:
         values = {**values, "P": g["P"], "WS": split_workspace(op, dev, rows, g["P"])}
-    entry.bind_values({n: values[n] for n in entry.arg_names}, p, V, rows, g, dev=dev)()
+    sms = None if dev < 0 else gpu_sms(dev)
+    entry.bind_values({n: values[n] for n in entry.arg_names}, p, V, rows, g, dev=dev, sms=sms)()
 
 
 # int64 words a row's program publishes in each op's split meetings (kernels/triton_kernels.py,

@@ -184,6 +184,53 @@ def softmax_backward_split_kernel(
     tl.store(DX + row * stride_dx + cols, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def softmax_backward_stream_kernel(
+    DY, Y, DX, B, V, stride_dy, stride_y, stride_dx, K, BLOCK: tl.constexpr,
+):  # fmt: skip
+    # Long rows in a long batch: a grid of a few programs per SM walks the rows, reading each
+    # three times in BLOCK-wide tiles (the largest finite |y dy| and the non-finite terms; the
+    # fixed-point sum; the write). The grid bounds the rows in flight, so the second and third
+    # reads find the row in L2: DRAM sees two reads and one write, as with the split, without
+    # its meetings. The terms and sums are the row kernel's, so are the bits.
+    cols = tl.arange(0, BLOCK)
+    row = tl.program_id(0).to(tl.int64)
+    while row < B:
+        dy_row = DY + row * stride_dy
+        y_row = Y + row * stride_y
+        a_lane = tl.zeros([BLOCK], tl.float32)
+        f_lane = tl.zeros([BLOCK], tl.float32)
+        start = 0
+        while start < V:
+            idx = tl.multiple_of(start, BLOCK) + cols
+            t = tl.load(y_row + idx, mask=idx < V, other=0.0).to(tl.float32) * tl.load(
+                dy_row + idx, mask=idx < V, other=0.0
+            ).to(tl.float32)
+            a_lane = tl.maximum(a_lane, tl.where(tl.abs(t) < INF, tl.abs(t), 0.0))
+            f_lane += _non_finite(t)
+            start += BLOCK
+        up, down = _fixed_point_scale(tl.max(a_lane, axis=0), K)
+        s_lane = tl.zeros([BLOCK], tl.int64)
+        start = 0
+        while start < V:
+            idx = tl.multiple_of(start, BLOCK) + cols
+            t = tl.load(y_row + idx, mask=idx < V, other=0.0).to(tl.float32) * tl.load(
+                dy_row + idx, mask=idx < V, other=0.0
+            ).to(tl.float32)
+            s_lane += _fixed_finite(t, up)
+            start += BLOCK
+        s = tl.sum(s_lane, axis=0).to(tl.float32) * down + tl.sum(f_lane, axis=0)
+        dx_row = DX + row * stride_dx
+        start = 0
+        while start < V:
+            idx = tl.multiple_of(start, BLOCK) + cols
+            y = tl.load(y_row + idx, mask=idx < V, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            dy = tl.load(dy_row + idx, mask=idx < V, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            tl.store(dx_row + idx, (y * (dy - s)).to(DX.dtype.element_ty), mask=idx < V)
+            start += BLOCK
+        row += tl.num_programs(0)
+
+
 # ------------------------------------------------------------------------------ cross-entropy
 #
 # Per row i with target t (PyTorch's semantics; w = class weights, 1 without; e = label smoothing),
@@ -569,6 +616,7 @@ def cross_entropy_scale_kernel(
 JIT_KERNELS = {
     "softmax_backward_row": softmax_backward_row_kernel,
     "softmax_backward_split": softmax_backward_split_kernel,
+    "softmax_backward_stream": softmax_backward_stream_kernel,
     "cross_entropy_row": cross_entropy_row_kernel,
     "cross_entropy_split": cross_entropy_split_kernel,
     "cross_entropy_prep": cross_entropy_prep_kernel,

@@ -46,8 +46,10 @@ interpreted = pytest.mark.skipif(
     not tb.INTERPRET, reason="needs the interpreted kernels; test_interpreted_in_a_subprocess runs them"
 )
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-SPLIT = {"CHUNK": 16, "num_warps": 2}  # three chunks a row meeting through the workspace
-SCALED = {"row": {}, "split": SPLIT}
+# Each path's interpreted launch parameters, from its registry entry: split CHUNK = 16 (a row of
+# 37 spans three chunks meeting through the workspace), stream tiles of 16 walked by 2 programs.
+SCALED = {path.name: dict(path.cpu) for path in SOFTMAX_BACKWARD_KERNELS["triton"].spec.paths}
+SPLIT = SCALED["split"]
 
 
 def pair(B, V, *, seed, dtype=torch.float32, device="cpu", y_layout="contiguous", dy_layout="contiguous"):
@@ -100,11 +102,16 @@ def test_registry_describes_every_backward_kernel():
 
 
 @pytest.mark.cpu
-def test_plan_depends_on_v_alone():
-    b = tb.DISPATCH_BOUNDARIES["row_max_v"]
+def test_plan_at_its_boundaries():
+    b = tb.DISPATCH_BOUNDARIES
+    lo, min_b = b["row_max_v"], b["stream_min_b"]
     for dtype in DTYPES:
-        assert {tb.plan(B, b, dtype) for B in (1, 64, 65536)} == {"row"}
-        assert {tb.plan(B, b + 1, dtype) for B in (1, 64, 65536)} == {"split"}
+        hi = b["stream_max_v" if dtype == torch.float32 else "stream_max_v_16bit"]
+        assert {tb.plan(B, lo, dtype) for B in (1, 64, min_b, 65536)} == {"row"}
+        for V in (lo + 1, hi):
+            assert {tb.plan(B, V, dtype) for B in (1, 64, min_b - 1)} == {"split"}, V
+            assert {tb.plan(B, V, dtype) for B in (min_b, 65536)} == {"stream"}, V
+        assert {tb.plan(B, hi + 1, dtype) for B in (1, min_b, 65536)} == {"split"}
 
 
 # -- on the CPU, interpreted -----------------------------------------------------------------------------
@@ -161,7 +168,8 @@ def test_split_meetings_stay_in_step_over_launches_blocks_and_wrapped_tags():
 def test_a_rows_bits_depend_on_neither_batch_position_nor_path():
     dy, y = pair(5, 37, seed=5)
     full = {path: run_backward_poisoned(backward_path_runner(path, **SCALED[path]), dy, y) for path in tb.PATHS}
-    assert torch.equal(bits(full["row"]), bits(full["split"])), "row and split paths give different bits"
+    for path in tb.PATHS:
+        assert torch.equal(bits(full["row"]), bits(full[path])), f"row and {path} paths give different bits"
     perm = torch.tensor([3, 0, 4, 2, 1])
     shuffled = run_backward_poisoned(backward_path_runner("row"), dy[perm].clone(), y[perm].clone())
     assert torch.equal(bits(shuffled), bits(full["row"][perm])), "a row's bits moved with its position"

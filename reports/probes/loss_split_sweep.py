@@ -1,7 +1,7 @@
 """Where the Triton cross-entropy's and softmax backward's time goes at today's vocabularies.
 
     python reports/probes/loss_split_sweep.py --out DIR [--shapes 4096x32000,...] [--dtypes fp32,bf16]
-        [--ops ce,bwd] [--splits 4096x4,4096x8] [--no-compile]          # on a GPU
+        [--ops ce,bwd] [--splits 4096x4,4096x8] [--streams 2048x8x2,...] [--no-compile]   # on a GPU
 
 The question. In the benchmark run the Triton cross-entropy step took 0.21 of its floor at
 (4096, 32000) fp32 (0.39 x torch.compile) and its softmax backward 0.49. Per shape this times, in
@@ -12,7 +12,8 @@ device time (CUDA events around each call, L2 flushed, median of ROUNDS):
 and in CUDA graphs (graph_times_us: free of host launch cost) the dispatch, the row path where a
 row fits it (V <= 32768, at launch_params("row")) and the split path at CHUNK x num_warps, each
 output's bits against the dispatch's (the path and CHUNK change how a row is cut, never how it
-is combined). Prints the registers and spills of the row and split kernels as this GPU's Triton
+is combined), and the backward's stream path at BLOCK x num_warps x programs_per_sm (--streams).
+Prints the registers and spills of the row and split kernels as this GPU's Triton
 built them. Writes DIR/loss_split.json and prints a table last.
 """
 
@@ -36,6 +37,7 @@ from tests.suite.devicetime import device_times_us
 
 SHAPES = "4096x32000,4096x128256"
 SPLITS = "2048x4,4096x4,4096x8,4096x16,8192x8,8192x16,16384x16"
+STREAMS = "1024x4x4,2048x8x2,4096x16x1"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 ROUNDS = 30
 
@@ -102,13 +104,13 @@ def cross_entropy_rows(B, V, dtype, copy, splits, compile_step) -> list[dict]:
     return out
 
 
-def backward_rows(B, V, dtype, copy, splits, compile_step) -> list[dict]:
+def backward_rows(B, V, dtype, copy, splits, compile_step, streams=()) -> list[dict]:
     g = torch.Generator(device="cuda").manual_seed(B + V + 1)
     y = torch.softmax(torch.randn(B, V, device="cuda", generator=g) * 3, -1).to(dtype)
     dy = torch.randn(B, V, device="cuda", generator=g).to(dtype)
     reference = tb.softmax_backward(dy, y)
-    variants = {"graph: dispatch": lambda: tb.softmax_backward(dy, y)}
-    same = {"graph: dispatch": True}
+    variants = {f"graph: dispatch ({tb.plan(B, V, dtype)})": lambda: tb.softmax_backward(dy, y)}
+    same = {name: True for name in variants}
     if compile_step:
         compiled = torch.compile(lambda dy, y: torch._softmax_backward_data(dy, y, -1, y.dtype))
         variants["graph: torch.compile"], same["graph: torch.compile"] = (lambda: compiled(dy, y)), None
@@ -117,6 +119,11 @@ def backward_rows(B, V, dtype, copy, splits, compile_step) -> list[dict]:
         params = {"CHUNK": chunk, "num_warps": warps}
         same[name] = bool(torch.equal(bits(tb.run_path(dy, y, "split", **params)), bits(reference)))
         variants[name] = lambda params=params: tb.run_path(dy, y, "split", **params)
+    for block, warps, per_sm in streams:
+        name = f"graph: stream {block}x{warps}x{per_sm}"
+        params = {"BLOCK": block, "num_warps": warps, "programs_per_sm": per_sm}
+        same[name] = bool(torch.equal(bits(tb.run_path(dy, y, "stream", **params)), bits(reference)))
+        variants[name] = lambda params=params: tb.run_path(dy, y, "stream", **params)
     times = graph_times_us(list(variants.values()))
     return [
         row("softmax_backward", B, V, dtype, name, statistics.median(ts), copy, 3, same[name])
@@ -143,6 +150,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default="fp32,bf16")
     parser.add_argument("--ops", default="ce,bwd")
     parser.add_argument("--splits", default=SPLITS)
+    parser.add_argument("--streams", default=STREAMS)
     parser.add_argument("--no-compile", action="store_true")
     args = parser.parse_args()
     copy = copy_TBps()
@@ -153,7 +161,7 @@ def main() -> None:
             if "ce" in todo:
                 results += cross_entropy_rows(B, V, dtype, copy, splits, not args.no_compile)
             if "bwd" in todo:
-                results += backward_rows(B, V, dtype, copy, splits, not args.no_compile)
+                results += backward_rows(B, V, dtype, copy, splits, not args.no_compile, pairs(args.streams))
     args.out.mkdir(parents=True, exist_ok=True)
     built = built_kernels()
     record = {"copy_TBps": copy, "results": results, "built": built}
