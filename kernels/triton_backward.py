@@ -29,10 +29,12 @@ KERNEL_NAME = "triton"
 PATHS = spec_of("softmax_backward", KERNEL_NAME).path_names  # the registry's entry names them
 # row_max_v: two inputs in registers, a quarter of the forward's row path (the cross-entropy's
 # bound too). The stream path's bounds, measured on an H200 against the split (graph clock,
-# reports/profiles.md): ahead 1.36-1.52x in float32 at V = 16384-32000 and 1.09x at 40960,
-# behind (0.92x) at 50257, where the rows in flight (dy and y, one program on each of 132 SMs:
-# 53 MB) crowd the 60 MB L2; 16-bit ahead 1.50-1.66x up to 50257; from B = 512 on (1.39-1.62x).
-DISPATCH_BOUNDARIES = {"row_max_v": 8192, "stream_max_v": 40960, "stream_max_v_16bit": 65536, "stream_min_b": 512}
+# reports/profiles.md): float32 ahead 1.36-1.52x at V = 16384-32000 and 1.09x at 40960, behind
+# (0.87-0.92x) from 50257 on, where the rows in flight (dy and y, a program on each of 132 SMs:
+# 53 MB at 50257) crowd the 60 MB L2; 16-bit ahead 1.50-1.66x up to 65536, 1.14x at 98304 and
+# 1.04x at 128256 (left to the split); at V = 32000 ahead 1.4-1.6x from B = 128 on and
+# 1.17-1.22x at B = 64 (shorter batches not measured).
+DISPATCH_BOUNDARIES = {"row_max_v": 8192, "stream_max_v": 40960, "stream_max_v_16bit": 98304, "stream_min_b": 64}
 
 
 def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) -> str:
@@ -46,8 +48,8 @@ def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) ->
 
 def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32, *, op: str = "softmax_backward") -> dict:
     """The launch parameters of the softmax backward's and (op="cross_entropy") the cross-entropy's
-    entries of kernels.triton_launch.TABLES for rows of V: row and split, and cross-entropy's prep,
-    reduce and scale."""
+    entries of kernels.triton_launch.TABLES for rows of V: row, split and the backward's stream, and
+    cross-entropy's prep, reduce and scale."""
     if path == "row":
         block = triton.next_power_of_2(V)
         # Up to 8 elements per thread and tensor: no spills on sm_90 (kernels.triton_build --training).
@@ -62,7 +64,7 @@ def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32, *, op: 
         wide = op == "cross_entropy" and dtype == torch.float32
         return {"CHUNK": 4096, "num_warps": 8 if wide else 4}
     if path == "stream":
-        # BLOCK 1024-8192 x 4-16 warps x 1-8 programs per SM at V = 16384-50257 (reports/profiles.md):
+        # BLOCK 1024-16384 x 4-32 warps x 1-8 programs per SM at V = 16384-128256 (reports/profiles.md):
         # tiles of 8192 by 16 warps, one program per SM, led in float32 and in 16-bit rows past
         # 32768; shorter 16-bit rows, tiles of 4096 at two per SM. At V = 32768 either holds 34 MB
         # of rows in L2 (132 float32 rows of dy and y, 256 KB each; 264 16-bit rows of 128 KB).
