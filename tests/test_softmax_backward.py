@@ -129,16 +129,20 @@ def test_each_path_and_dtype_matches_the_reference(path, dtype):
 
 @pytest.mark.cpu
 @interpreted
-def test_every_layout_of_dy_and_y_gives_the_contiguous_bits():
+@pytest.mark.parametrize("path", tb.PATHS)
+def test_every_layout_of_dy_and_y_gives_the_contiguous_bits(path):
+    # dy and y each in its own layout, the other contiguous: a kernel that reads one with the
+    # other's stride or offset fails here.
+    fn = backward_path_runner(path, **SCALED[path])
     dy0, y0 = pair(3, 20, seed=20)
-    want = run_backward_poisoned(SOFTMAX_BACKWARD_KERNELS["triton"], dy0, y0)
+    want = run_backward_poisoned(fn, dy0, y0)
     assert_backward_close(want, dy0, y0)
     # Every other layout on the cuda side (test_cuda_every_path_and_layout_gives_the_same_bits).
     for layout in ("row_stride", "offset:1", "col_stride"):
         for which in ("dy", "y"):
             dy, y = pair(3, 20, seed=20, **{f"{which}_layout": layout})
-            got = run_backward_poisoned(SOFTMAX_BACKWARD_KERNELS["triton"], dy, y)
-            assert torch.equal(bits(got), bits(want)), f"{which} in layout {layout}: bits differ from contiguous"
+            got = run_backward_poisoned(fn, dy, y)
+            assert torch.equal(bits(got), bits(want)), f"{path}: {which} in layout {layout}: bits differ"
 
 
 @pytest.mark.cpu
