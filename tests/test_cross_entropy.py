@@ -287,7 +287,7 @@ def test_rows_of_outliers_keep_their_tiny_losses(dtype):
 
 @pytest.mark.cpu
 @interpreted
-def test_bits_depend_on_neither_batch_order_nor_layout():
+def test_bits_depend_on_neither_batch_order_nor_batch_size():
     x, t = edge_rows(24, seed=5)
     o = options("none", 0.1, True, V=24)
     fn = CROSS_ENTROPY_KERNELS["triton"]
@@ -298,15 +298,28 @@ def test_bits_depend_on_neither_batch_order_nor_layout():
         assert torch.equal(bits(a), bits(b[perm])), f"{name}: a row's bits moved with its position"
     alone = run_cross_entropy_poisoned(fn, x[2:3].clone(), t[2:3].clone(), **o)
     assert torch.equal(bits(alone.grad), bits(full.grad[2:3])) and torch.equal(bits(alone.loss), bits(full.loss[2:3]))
-    for layout in ("row_stride", "col_stride"):  # misaligned starts matter on a GPU: the cuda test has them
-        placed = run_cross_entropy_poisoned(fn, place(x, layout), t, **o)
-        assert torch.equal(bits(placed.grad), bits(full.grad)), f"{layout}: gradient bits differ"
-        assert torch.equal(bits(placed.loss), bits(full.loss)), f"{layout}: loss bits differ"
     # The reduced loss: the same bits in any order of the rows (fixed-point sum over rows).
     for reduction in ("sum",):  # the mean divides this sum by an order-free denominator
         a = fn(x, t, reduction=reduction).loss
         b = fn(x[perm].clone(), t[perm].clone(), reduction=reduction).loss
         assert torch.equal(bits(a), bits(b)), f"{reduction}: the loss depends on the order of the rows"
+
+
+@pytest.mark.cpu
+@interpreted
+@pytest.mark.parametrize("path", tce.PATHS)
+def test_every_path_gives_its_bits_in_every_layout(path):
+    # The logits padded between rows or strided within them, the gradient contiguous: a kernel
+    # that indexes one with the other's stride fails here. (Misaligned starts matter on a GPU:
+    # test_cuda_edge_rows_every_path_and_layout has them.)
+    x, t = edge_rows(24, seed=5)
+    o = options("none", 0.1, True, V=24)
+    fn = cross_entropy_path_runner(path, **SCALED[path])
+    want = run_cross_entropy_poisoned(fn, x, t, **o)
+    for layout in ("row_stride", "col_stride"):
+        got = run_cross_entropy_poisoned(fn, place(x, layout), t, **o)
+        for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
+            assert torch.equal(bits(a), bits(b)), f"{path} {layout}: {name} bits differ"
 
 
 def runnable(kernel: str):
