@@ -342,8 +342,12 @@ def _split_grid(p, g, sms):
 
 def _programs_per_sm(p, g, sms):
     """rows -> a grid of programs_per_sm programs on each SM walking the rows (two under the
-    interpreter, so that the rows loop runs), never more than the rows."""
-    return functools.partial(min, 2 if sms is None else p["programs_per_sm"] * sms)
+    interpreter, so that the rows loop runs), never more than the rows. A grid of none would
+    leave the output unwritten: ValueError."""
+    per_sm = p["programs_per_sm"]
+    if isinstance(per_sm, bool) or not isinstance(per_sm, int) or per_sm < 1:
+        raise ValueError(f"{KERNEL_NAME}: programs_per_sm must be a positive integer, got {per_sm!r}")
+    return functools.partial(min, 2 if sms is None else per_sm * sms)
 
 
 def _cdiv(B: int, d: int) -> int:

@@ -202,6 +202,16 @@ def test_edges(path):
 
 @pytest.mark.cpu
 @interpreted
+@pytest.mark.parametrize("per_sm", [0, -1, 1.5, True])
+def test_stream_grid_of_no_programs_is_rejected(per_sm):
+    # A grid of none would launch nothing and leave dx unwritten.
+    dy, y = pair(2, 20, seed=1)
+    with pytest.raises(ValueError, match="programs_per_sm must be a positive integer"):
+        tb.run_path(dy, y, "stream", **{**SCALED["stream"], "programs_per_sm": per_sm})
+
+
+@pytest.mark.cpu
+@interpreted
 def test_empty_batch_launches_nothing(monkeypatch):
     def no_launch(bound):
         raise AssertionError("a kernel was launched for B = 0")
