@@ -152,7 +152,10 @@ CUDA_CAUGHT_BY = {
 CUDA_ONLY = ("gaming_side_stream",)
 
 
-# -- the training ops: a cross-entropy that remembers, a backward that keeps its dx ------------------
+# -- the training ops: a cross-entropy that remembers, a backward that keeps its dx, and one of each
+#    that sums in the other order once a batch reaches TRAINING_BATCH_SWITCH rows ------------------
+
+TRAINING_BATCH_SWITCH = 8  # past the few rows a CPU case alone would hold
 
 
 def _memo_cross_entropy():
@@ -183,5 +186,26 @@ def _kept_dx_backward():
     return backward
 
 
+def _batch_switch_backward(dy, y, *, out=None):
+    t = y.float() * dy.float()
+    s = (t.flip(-1) if dy.shape[0] >= TRAINING_BATCH_SWITCH else t).sum(-1, keepdim=True)
+    dx = (y.float() * (dy.float() - s)).to(y.dtype)
+    return dx if out is None else out.copy_(dx)
+
+
+def _batch_switch_cross_entropy(logits, target, *, weight=None, ignore_index=-100, out=None, **options):
+    if logits.shape[0] < TRAINING_BATCH_SWITCH:
+        return standard(logits, target, weight=weight, ignore_index=ignore_index, out=out, **options)
+    # The classes in reverse order: the same loss and gradient, summed the other way round.
+    V = logits.shape[1]
+    flipped = torch.where(target == ignore_index, target, V - 1 - target)
+    w = None if weight is None else weight.flip(0)
+    loss, lse, grad = standard(logits.flip(-1), flipped, weight=w, ignore_index=ignore_index, **options)
+    grad = grad.flip(-1)
+    return loss, lse, grad if out is None else out.copy_(grad)
+
+
 GAMING_CROSS_ENTROPY = {"gaming_memo_cross_entropy": _memo_cross_entropy()}
 GAMING_BACKWARD = {"gaming_kept_dx_backward": _kept_dx_backward()}
+BATCH_SWITCH_CROSS_ENTROPY = {"gaming_batch_switch_cross_entropy": _batch_switch_cross_entropy}
+BATCH_SWITCH_BACKWARD = {"gaming_batch_switch_backward": _batch_switch_backward}

@@ -18,6 +18,7 @@ from kernels import CROSS_ENTROPY_KERNELS, SOFTMAX_BACKWARD_KERNELS, SOFTMAX_KER
 from tests.helpers import (
     INTERPRETED,
     assert_as_accurate_as_torch,
+    assert_backward_close,
     bits,
     check_cross_entropy,
     check_softmax,
@@ -39,6 +40,8 @@ except ImportError:  # no Triton here: the corpus cannot load, and the cases nee
 PROPERTY = adversaries.BROKEN_PROPERTY if adversaries else {}
 GAMING_CROSS_ENTROPY = adversaries.GAMING_CROSS_ENTROPY if adversaries else {}
 GAMING_BACKWARD = adversaries.GAMING_BACKWARD if adversaries else {}
+BATCH_SWITCH_CROSS_ENTROPY = adversaries.BATCH_SWITCH_CROSS_ENTROPY if adversaries else {}
+BATCH_SWITCH_BACKWARD = adversaries.BATCH_SWITCH_BACKWARD if adversaries else {}
 
 interpreted = pytest.mark.skipif(not INTERPRETED, reason="the kernels run on CPU tensors only under TRITON_INTERPRET=1")
 B, V = 3, 37  # a few rows, each several of the CPU tiles (16) long
@@ -311,6 +314,54 @@ def test_cpu_softmax_backward_remembers_nothing(name, fn):
     memo_free_backward(name, fn)
 
 
+# Slices of a 9-row batch run alone: one row, the head, and the tail, each against the batch's rows.
+BATCH_SLICES = (slice(4, 5), slice(0, 3), slice(3, 9))
+
+
+def batch_free_backward(name, fn):
+    """A row's dx bits depend on its dy and y alone: not on the batch around it, nor on its place."""
+    dy = logits(9, V, seed=26, dtype=torch.float32, neg_inf=False)
+    y = torch.softmax(logits(9, V, seed=27, dtype=torch.float64), dim=-1).float()
+    full = run_backward_poisoned(fn, dy, y)
+    for rows in BATCH_SLICES:
+        part = run_backward_poisoned(fn, dy[rows].clone(), y[rows].clone())
+        what = f"rows {rows.start}-{rows.stop - 1} of 9, run alone"
+        assert same_bits(part, full[rows]), broke(name, "a row's dx bits do not depend on the batch", what)
+
+
+def batch_free_cross_entropy(name, fn):
+    """A row's loss, log-sum-exp and gradient bits depend on its logits and target alone."""
+    x = logits(9, V, seed=28, dtype=torch.float32, neg_inf=False)
+    t = targets(9, V, seed=28)
+    full = run_cross_entropy_poisoned(fn, x, t, reduction="none")
+    for rows in BATCH_SLICES:
+        part = run_cross_entropy_poisoned(fn, x[rows].clone(), t[rows].clone(), reduction="none")
+        for field in ("loss", "lse", "grad"):
+            what = f"{field} of rows {rows.start}-{rows.stop - 1} of 9, run alone"
+            same = same_bits(getattr(part, field), getattr(full, field)[rows])
+            assert same, broke(name, "a row's bits do not depend on the batch", what)
+
+
+@pytest.mark.cpu
+@interpreted
+@pytest.mark.parametrize("name, fn", training_cases(SOFTMAX_BACKWARD_KERNELS, {}))
+def test_cpu_softmax_backward_rows_do_not_depend_on_the_batch(name, fn):
+    if fn.baseline:
+        pytest.skip("a baseline is not held to bit-for-bit batch invariance")
+    skip_if_unavailable(fn)
+    batch_free_backward(name, fn)
+
+
+@pytest.mark.cpu
+@interpreted
+@pytest.mark.parametrize("name, fn", training_cases(CROSS_ENTROPY_KERNELS, {}))
+def test_cpu_cross_entropy_rows_do_not_depend_on_the_batch(name, fn):
+    if fn.baseline:
+        pytest.skip("a baseline is not held to bit-for-bit batch invariance")
+    skip_if_unavailable(fn)
+    batch_free_cross_entropy(name, fn)
+
+
 def cross_entropy_semantics(name, fn, device):
     """PyTorch's answers where a kernel is most easily wrong: a mean over no counted rows is NaN
     (the sum 0, the gradient 0), and bfloat16 rows whose target holds nearly all the mass keep
@@ -365,6 +416,27 @@ def test_a_remembering_cross_entropy_is_rejected(name):
 def test_a_remembering_or_aliasing_backward_is_rejected(name):
     with pytest.raises(AssertionError, match="breaks a verifier's property"):
         memo_free_backward(name, GAMING_BACKWARD[name])
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("name", BATCH_SWITCH_BACKWARD)
+def test_a_backward_that_switches_with_the_batch_is_rejected(name):
+    with pytest.raises(AssertionError, match="breaks a verifier's property"):
+        batch_free_backward(name, BATCH_SWITCH_BACKWARD[name])
+    # Its answers are right: only the bits across batches give it away.
+    dy = logits(9, V, seed=26, dtype=torch.float32, neg_inf=False)
+    y = torch.softmax(logits(9, V, seed=27, dtype=torch.float64), dim=-1).float()
+    assert_backward_close(run_backward_poisoned(BATCH_SWITCH_BACKWARD[name], dy, y), dy, y, what=name)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("name", BATCH_SWITCH_CROSS_ENTROPY)
+def test_a_cross_entropy_that_switches_with_the_batch_is_rejected(name):
+    with pytest.raises(AssertionError, match="breaks a verifier's property"):
+        batch_free_cross_entropy(name, BATCH_SWITCH_CROSS_ENTROPY[name])
+    # Its answers are right: only the bits across batches give it away.
+    x, t = logits(9, V, seed=28, dtype=torch.float32, neg_inf=False), targets(9, V, seed=28)
+    check_cross_entropy(run_cross_entropy_poisoned(BATCH_SWITCH_CROSS_ENTROPY[name], x, t), x, t, what=name)
 
 
 # -- verdicts that explain themselves -------------------------------------------------------------------
