@@ -32,7 +32,7 @@ PATHS = spec_of("softmax_backward", KERNEL_NAME).path_names  # the registry's en
 # reports/profiles.md): float32 ahead 1.36-1.52x at V = 16384-32000 and 1.09x at 40960, behind
 # (0.81-0.92x) from 50257 on, where the rows in flight (dy and y, a program on each of 132 SMs:
 # 53 MB at 50257) crowd the 60 MB L2; 16-bit ahead 1.50-1.66x up to 65536, 1.14x at 98304 and
-# 1.04x at 128256 (left to the split); at V = 32000 ahead 1.4-1.6x from B = 128 on and
+# 1.04x at 128256 (left to the split); at V = 32000 ahead 1.36-1.62x from B = 128 on and
 # 1.17-1.22x at B = 64 (shorter batches not measured).
 DISPATCH_BOUNDARIES = {"row_max_v": 8192, "stream_max_v": 40960, "stream_max_v_16bit": 98304, "stream_min_b": 64}
 
