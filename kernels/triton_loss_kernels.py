@@ -91,6 +91,19 @@ def _order_free_sum(t, up, down):
 
 
 @triton.jit
+def _finite_abs(t):
+    # |t| where t is finite, 0 elsewhere: the terms whose largest sets an order-free sum's scale.
+    return tl.where(tl.abs(t) < INF, tl.abs(t), 0.0)
+
+
+@triton.jit
+def _products(y_row, dy_row, idx, V):
+    # y * dy at the offsets idx of one row (0 past V), in float32: the terms of s.
+    y = tl.load(y_row + idx, mask=idx < V, other=0.0).to(tl.float32)
+    return y * tl.load(dy_row + idx, mask=idx < V, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def softmax_backward_row_kernel(DY, Y, DX, V, stride_dy, stride_y, stride_dx, K, BLOCK: tl.constexpr):
     # One program holds the whole row in registers (BLOCK = next_pow2(V)): one read of each input.
     row = tl.program_id(0).to(tl.int64)
@@ -99,7 +112,7 @@ def softmax_backward_row_kernel(DY, Y, DX, V, stride_dy, stride_y, stride_dx, K,
     dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
     y = tl.load(Y + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
     t = y * dy
-    up, down = _fixed_point_scale(tl.max(tl.where(tl.abs(t) < INF, tl.abs(t), 0.0), axis=0), K)
+    up, down = _fixed_point_scale(tl.max(_finite_abs(t), axis=0), K)
     s = _order_free_sum(t, up, down)
     tl.store(DX + row * stride_dx + cols, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
 
@@ -131,14 +144,13 @@ def softmax_backward_split_kernel(
     dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
     y = tl.load(y_row + cols, mask=mask, other=0.0).to(tl.float32)
     t = y * dy
-    finite = tl.abs(t) < INF
     ws = WS + row * (4 * P)
     fcols = tl.arange(0, FALLBACK_BLOCK)
     tag = _launch_tag(ws + chunk, P_BLOCK)
     tag_hi = tag << 32
 
     # Meeting 1: the largest finite |y dy| and the non-finite terms.
-    my_a = _tagged(tag_hi, tl.max(tl.where(finite, tl.abs(t), 0.0), axis=0))
+    my_a = _tagged(tag_hi, tl.max(_finite_abs(t), axis=0))
     my_f = _tagged(tag_hi, tl.sum(_non_finite(t), axis=0))
     tl.atomic_xchg(ws + chunk, my_a, sem="relaxed")
     tl.atomic_xchg(ws + P + chunk, my_f, sem="relaxed")
@@ -152,10 +164,8 @@ def softmax_backward_split_kernel(
         start = 0
         while start < V:
             idx = start + fcols
-            tt = tl.load(y_row + idx, mask=idx < V, other=0.0).to(tl.float32) * tl.load(
-                dy_row + idx, mask=idx < V, other=0.0
-            ).to(tl.float32)
-            a_run = tl.maximum(a_run, tl.where(tl.abs(tt) < INF, tl.abs(tt), 0.0))
+            tt = _products(y_row, dy_row, idx, V)
+            a_run = tl.maximum(a_run, _finite_abs(tt))
             f_run += _non_finite(tt)
             start += FALLBACK_BLOCK
         amax = tl.max(a_run, axis=0)
@@ -173,9 +183,7 @@ def softmax_backward_split_kernel(
         start = 0
         while start < V:
             idx = start + fcols
-            tt = tl.load(y_row + idx, mask=idx < V, other=0.0).to(tl.float32) * tl.load(
-                dy_row + idx, mask=idx < V, other=0.0
-            ).to(tl.float32)
+            tt = _products(y_row, dy_row, idx, V)
             s_run += _fixed_finite(tt, up)
             start += FALLBACK_BLOCK
         S = tl.sum(s_run, axis=0)
@@ -203,10 +211,8 @@ def softmax_backward_stream_kernel(
         start = 0
         while start < V:
             idx = tl.multiple_of(start, BLOCK) + cols
-            t = tl.load(y_row + idx, mask=idx < V, other=0.0).to(tl.float32) * tl.load(
-                dy_row + idx, mask=idx < V, other=0.0
-            ).to(tl.float32)
-            a_lane = tl.maximum(a_lane, tl.where(tl.abs(t) < INF, tl.abs(t), 0.0))
+            t = _products(y_row, dy_row, idx, V)
+            a_lane = tl.maximum(a_lane, _finite_abs(t))
             f_lane += _non_finite(t)
             start += BLOCK
         up, down = _fixed_point_scale(tl.max(a_lane, axis=0), K)
@@ -214,9 +220,7 @@ def softmax_backward_stream_kernel(
         start = 0
         while start < V:
             idx = tl.multiple_of(start, BLOCK) + cols
-            t = tl.load(y_row + idx, mask=idx < V, other=0.0).to(tl.float32) * tl.load(
-                dy_row + idx, mask=idx < V, other=0.0
-            ).to(tl.float32)
+            t = _products(y_row, dy_row, idx, V)
             s_lane += _fixed_finite(t, up)
             start += BLOCK
         s = tl.sum(s_lane, axis=0).to(tl.float32) * down + tl.sum(f_lane, axis=0)
