@@ -344,22 +344,22 @@ def batch_free_cross_entropy(name, fn):
 
 @pytest.mark.cpu
 @interpreted
-@pytest.mark.parametrize("name, fn", training_cases(SOFTMAX_BACKWARD_KERNELS, {}))
-def test_cpu_softmax_backward_rows_do_not_depend_on_the_batch(name, fn):
+@pytest.mark.parametrize(
+    "batch_free, name, fn",
+    [
+        pytest.param(batch_free, *case.values, id=f"{op}-{case.id}")
+        for op, registry, batch_free in (
+            ("softmax_backward", SOFTMAX_BACKWARD_KERNELS, batch_free_backward),
+            ("cross_entropy", CROSS_ENTROPY_KERNELS, batch_free_cross_entropy),
+        )
+        for case in training_cases(registry, {})
+    ],
+)
+def test_cpu_training_rows_do_not_depend_on_the_batch(batch_free, name, fn):
     if fn.baseline:
         pytest.skip("a baseline is not held to bit-for-bit batch invariance")
     skip_if_unavailable(fn)
-    batch_free_backward(name, fn)
-
-
-@pytest.mark.cpu
-@interpreted
-@pytest.mark.parametrize("name, fn", training_cases(CROSS_ENTROPY_KERNELS, {}))
-def test_cpu_cross_entropy_rows_do_not_depend_on_the_batch(name, fn):
-    if fn.baseline:
-        pytest.skip("a baseline is not held to bit-for-bit batch invariance")
-    skip_if_unavailable(fn)
-    batch_free_cross_entropy(name, fn)
+    batch_free(name, fn)
 
 
 def cross_entropy_semantics(name, fn, device):
