@@ -22,9 +22,7 @@ import argparse
 from pathlib import Path
 
 import torch
-from triton_rows_sweep import baseline_variants, copy_TBps, edge_logits, path_variants, timed_variants, write_results
-
-from kernels import SOFTMAX_KERNELS
+from triton_rows_sweep import path_variants, sweep_shapes
 
 SHAPES = [
     (B, V, torch.bfloat16) for V in (16384, 32000, 32769, 50257, 65536) for B in (1024, 4096, 32768) if B * V <= 2**31
@@ -35,18 +33,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    copy = copy_TBps()
-    triton_softmax = SOFTMAX_KERNELS["triton"]
-    results = []
-    for B, V, dtype in SHAPES:
-        x = edge_logits(B, V, dtype)
-        variants = baseline_variants(x)
-        paths = ["split", "stream"] + (["row"] if V <= 32768 else [])
-        variants.update(path_variants(x, triton_softmax(x), {path: (path, {}) for path in paths}))
-        results += timed_variants(variants, B, V, dtype, copy)
-        del x
-        torch.cuda.empty_cache()
-    write_results(args.out / "triton_long_path_choice.json", copy, results)
+
+    def variants_of(x, reference):
+        paths = ["split", "stream"] + (["row"] if x.shape[1] <= 32768 else [])
+        return path_variants(x, reference, {path: (path, {}) for path in paths})
+
+    sweep_shapes(SHAPES, args.out / "triton_long_path_choice.json", variants_of)
 
 
 if __name__ == "__main__":

@@ -31,17 +31,8 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from triton_rows_sweep import (  # noqa: E402
-    baseline_variants,
-    bits,
-    copy_TBps,
-    edge_logits,
-    path_variants,
-    timed_variants,
-    write_results,
-)
+from triton_rows_sweep import bits, path_variants, sweep_shapes  # noqa: E402
 
-from kernels import SOFTMAX_KERNELS  # noqa: E402
 from kernels.softmax_triton import launch_params, run_path  # noqa: E402
 from kernels.triton_dispatch import fixed_point_scale, rows_cut, vector_align  # noqa: E402
 from kernels.triton_kernels import _exp, _fixed, _nan_max, _normalise, _row_max, _softmax_scale  # noqa: E402
@@ -143,14 +134,9 @@ def main() -> int:
             parser.error("--cpu-bits runs the kernels interpreted: set TRITON_INTERPRET=1")
         return 1 if cpu_bits() else 0
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    copy = copy_TBps()
-    triton_softmax = SOFTMAX_KERNELS["triton"]
-    results = []
-    for B, V, dtype in SHAPES:
-        x = edge_logits(B, V, dtype)
-        want = triton_softmax(x)
-        variants = baseline_variants(x)
-        variants.update(path_variants(x, want, {"rows x1": ("rows", {**launch_params("rows", V, dtype)})}))
+
+    def variants_of(x, want):
+        variants = path_variants(x, want, {"rows x1": ("rows", {**launch_params("rows", x.shape[1], x.dtype)})})
         for per_sm in PER_SM:
             for prefetch in (False, True):
                 name = f"persist {per_sm}/SM{' prefetch' if prefetch else ''}"
@@ -159,8 +145,9 @@ def main() -> int:
                     name += " BITS DIFFER"
                 out = torch.empty_like(x)
                 variants[name] = lambda x=x, out=out, n=per_sm * sms, p=prefetch: persist(x, out, n, p)
-        results += timed_variants(variants, B, V, dtype, copy)
-    write_results(args.out / "triton_rows_persist.json", copy, results)
+        return variants
+
+    sweep_shapes(SHAPES, args.out / "triton_rows_persist.json", variants_of)
     return 0
 
 

@@ -138,6 +138,23 @@ def path_variants(x: torch.Tensor, reference: torch.Tensor, runs: dict) -> dict:
     return variants
 
 
+def sweep_shapes(shapes, path: Path, variants_of) -> None:
+    """For each (B, V, dtype) of `shapes`: edge_logits, the baseline_variants and
+    variants_of(x, reference) ({name: call}; reference: the dispatch's output), timed against a
+    copy ceiling measured first in the same run; the results written to `path` (write_results)."""
+    copy = copy_TBps()
+    triton = SOFTMAX_KERNELS["triton"]
+    results = []
+    for B, V, dtype in shapes:
+        x = edge_logits(B, V, dtype)
+        variants = baseline_variants(x)
+        variants.update(variants_of(x, triton(x)))
+        results += timed_variants(variants, B, V, dtype, copy)
+        del x, variants
+        torch.cuda.empty_cache()
+    write_results(path, copy, results)
+
+
 def rows_variants(x: torch.Tensor, reference: torch.Tensor, params_by_name: dict) -> dict:
     """path_variants of the rows path at each named set of launch parameters."""
     return path_variants(x, reference, {name: ("rows", params) for name, params in params_by_name.items()})

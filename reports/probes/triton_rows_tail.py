@@ -25,9 +25,8 @@ import argparse
 from pathlib import Path
 
 import torch
-from triton_rows_sweep import baseline_variants, copy_TBps, edge_logits, rows_variants, timed_variants, write_results
+from triton_rows_sweep import rows_variants, sweep_shapes
 
-from kernels import SOFTMAX_KERNELS
 from kernels.softmax_triton import launch_params
 
 SHAPES = [(B, V, dt) for dt in (torch.bfloat16, torch.float32) for B, V in ((8192, 600), (32768, 600), (32768, 1100))]
@@ -38,12 +37,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    copy = copy_TBps()
-    triton_softmax = SOFTMAX_KERNELS["triton"]
-    results = []
-    for B, V, dtype in SHAPES:
-        x = edge_logits(B, V, dtype)
-        variants = baseline_variants(x)
+
+    def variants_of(x, reference):
+        V, dtype = x.shape[1], x.dtype
         params = {
             f"{'head+tail' if cut else 'whole'} x{warps}": {
                 **launch_params("rows", V, dtype),
@@ -53,9 +49,9 @@ def main() -> None:
             for cut in (False, True)
             for warps in WARPS
         }
-        variants.update(rows_variants(x, triton_softmax(x), params))
-        results += timed_variants(variants, B, V, dtype, copy)
-    write_results(args.out / "triton_rows_tail.json", copy, results)
+        return rows_variants(x, reference, params)
+
+    sweep_shapes(SHAPES, args.out / "triton_rows_tail.json", variants_of)
 
 
 if __name__ == "__main__":
