@@ -29,13 +29,32 @@ def torch_softmax(x, *, out=None):
     return prepare_output(x, out, kernel=BASELINE).copy_(y)
 
 
+# Dynamo's recompile limits while a compiled baseline is in use: the suite times each compiled
+# baseline at a hundred or so (shape, dtype, option) combinations.
+RECOMPILE_LIMIT = 1024
+
+
+def static_compile(fn, *, backend="inductor"):
+    """torch.compile(fn) as a fixed-shape program gets it: every shape, dtype and option it is
+    called with compiled for itself (dynamic=False). Under Dynamo's defaults the second shape a
+    compiled function meets would get a kernel generic in its sizes, and the ninth would run
+    eagerly, so a suite timing many shapes would time neither the kernel a fixed-shape user runs
+    nor torch.compile at all. Dynamo's recompile limits (process-wide) are raised to at least
+    RECOMPILE_LIMIT here, once, rather than around each call, which would add tens of
+    microseconds to the baseline's per-call time."""
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "accumulated_recompile_limit"):
+        setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+    return torch.compile(fn, dynamic=False, backend=backend)
+
+
 @functools.cache
 def _compiled_softmax():
-    return torch.compile(functools.partial(F.softmax, dim=-1))
+    return static_compile(functools.partial(F.softmax, dim=-1))
 
 
 def compiled_softmax(x, *, out=None):
-    """The second baseline: `torch.compile(F.softmax)` (Inductor's generated kernel)."""
+    """The second baseline: `torch.compile(F.softmax)` (Inductor's kernel for x's shape)."""
     check_softmax_input(x, kernel="torch_compile", device_type="cuda")
     y = _compiled_softmax()(x)
     if out is None:
@@ -52,7 +71,7 @@ def torch_softmax_backward(dy, y, *, out=None):
 
 @functools.cache
 def _compiled_softmax_backward():
-    return torch.compile(lambda dy, y: torch._softmax_backward_data(dy, y, -1, y.dtype))
+    return static_compile(lambda dy, y: torch._softmax_backward_data(dy, y, -1, y.dtype))
 
 
 def compiled_softmax_backward(dy, y, *, out=None):
@@ -94,7 +113,7 @@ def _f_cross_entropy(x, targets, weight, ignore_index, label_smoothing, reductio
 
 @functools.cache
 def _compiled_cross_entropy():
-    return torch.compile(_f_cross_entropy)
+    return static_compile(_f_cross_entropy)
 
 
 # The baseline: F.cross_entropy forward, its autograd backward, torch.logsumexp.

@@ -422,3 +422,28 @@ def test_a_row_holding_a_nan_or_inf_is_nan_like_torch(kernel, path):
     assert k.plan(B, V, dtype) == path, f"({B}, {V}) does not reach {kernel}'s {path}"
     x = logits(B, V, seed=7, device="cuda", dtype=dtype, neg_inf=False)
     _check_nan_rows(kernel, path, x, k)
+
+
+@pytest.mark.cpu
+def test_compiled_baselines_compile_each_shape_for_itself():
+    """The torch.compile baselines time what a fixed-shape program runs: every shape compiled
+    for itself (Dynamo's defaults compile a size-generic graph from the second shape on), and
+    room for the suite's shapes (past Dynamo's default limit of 8 the function runs eagerly)."""
+    import torch._dynamo
+
+    from kernels.baselines import RECOMPILE_LIMIT, static_compile
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append([tuple(t.shape) for t in example_inputs])
+        return gm.forward
+
+    softmax = static_compile(lambda x: F.softmax(x, dim=-1), backend=backend)
+    shapes = [(2, 3), (2, 5), (4, 5)]
+    for shape in shapes:
+        x = torch.randn(shape)
+        torch.testing.assert_close(softmax(x), F.softmax(x, dim=-1), rtol=0, atol=0)
+    assert graphs == [[shape] for shape in shapes], graphs
+    assert all(isinstance(n, int) for seen in graphs for shape in seen for n in shape), graphs
+    assert torch._dynamo.config.recompile_limit >= RECOMPILE_LIMIT <= torch._dynamo.config.accumulated_recompile_limit
