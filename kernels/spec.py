@@ -330,8 +330,12 @@ SPECS: tuple[KernelSpec, ...] = (
             (
                 "softmax_backward",
                 "triton_backward",
-                # from DISPATCH_BOUNDARIES["stream_min_b"] rows on; tiles of 16 walked by 2 programs
-                (Path("stream", gpu=(1024, 8193), cpu={"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1}),),
+                # from DISPATCH_BOUNDARIES["stream_min_b"] rows on: reread writes in tiles of 16,
+                # stream walks tiles of 16 with 2 programs
+                (
+                    Path("reread", gpu=(1024, 8193), cpu={"TILE": 16, "num_warps": 2}, dtypes=("float32",)),
+                    Path("stream", gpu=(1024, 16385), cpu={"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1}),
+                ),
             ),
             ("cross_entropy", "triton_cross_entropy", ()),
         )

@@ -3,10 +3,12 @@ softmax output y and the incoming gradient dy, in one kernel (two reads and one 
 dispatch and launch parameters the Triton cross-entropy shares.
 
 Paths (`plan(B, V, dtype)` names the one a call takes; `DISPATCH_BOUNDARIES` holds the limits):
-row for V <= row_max_v, one program a row; stream for row_max_v < V <= stream_max_v (float32;
-stream_max_v_16bit for 16-bit storage) from stream_min_b rows on, one or two programs per SM
-walking the rows, each read three times with the re-reads served by L2; split otherwise,
-P = cdiv(V, CHUNK) programs a row meeting through a workspace (kernels/triton_loss_kernels.py).
+row for V <= row_max_v, one program a row holding dy and y; from stream_min_b rows on, reread
+for float32 rows to reread_max_v, one program a row holding y * dy and reading dy and y again
+for the write, and stream for rows to stream_max_v (float32; stream_max_v_16bit for 16-bit
+storage), one or two programs per SM walking the rows, each read three times with the re-reads
+served by L2; split otherwise, P = cdiv(V, CHUNK) programs a row meeting through a workspace
+(kernels/triton_loss_kernels.py).
 Every path gives a row the same bits (the sum is order-free), so the batch threshold changes
 speed, never results. dy and y may have any row stride and different layouts (each is copied
 with `.contiguous()` only when its elements are not contiguous within a row); dx is new and
@@ -33,29 +35,45 @@ PATHS = spec_of("softmax_backward", KERNEL_NAME).path_names  # the registry's en
 # (0.81-0.92x) from 50257 on, where the rows in flight (dy and y, a program on each of 132 SMs:
 # 53 MB at 50257) crowd the 60 MB L2; 16-bit ahead 1.50-1.66x up to 65536, 1.14x at 98304 and
 # 1.04x at 128256 (left to the split); at V = 32000 ahead 1.36-1.62x from B = 128 on and
-# 1.17-1.22x at B = 64 (shorter batches not measured).
-DISPATCH_BOUNDARIES = {"row_max_v": 8192, "stream_max_v": 40960, "stream_max_v_16bit": 98304, "stream_min_b": 64}
+# 1.17-1.22x at B = 64 (shorter batches not measured). reread_max_v: the float32 rows whose
+# products a program holds without a spill at 32 warps (16384; at 32768 the sm_90 builds spill),
+# 1.19-1.32x the stream in device time at (4096, 12288-16384); 16-bit rows gain nothing there
+# (0.86-1.01x), so they stream.
+DISPATCH_BOUNDARIES = {
+    "row_max_v": 8192,
+    "reread_max_v": 16384,
+    "stream_max_v": 40960,
+    "stream_max_v_16bit": 98304,
+    "stream_min_b": 64,
+}
 
 
 def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) -> str:
-    """The path softmax_backward() takes for (B, V) rows of `dtype`: row, stream or split."""
+    """The path softmax_backward() takes for (B, V) rows of `dtype`: row, reread, stream or split."""
     b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
     if V <= b["row_max_v"]:
         return "row"
-    longest = b["stream_max_v" if dtype == torch.float32 else "stream_max_v_16bit"]
-    return "stream" if V <= longest and B >= b["stream_min_b"] else "split"
+    if B < b["stream_min_b"]:
+        return "split"
+    if dtype == torch.float32 and V <= b["reread_max_v"]:
+        return "reread"
+    return "stream" if V <= b["stream_max_v" if dtype == torch.float32 else "stream_max_v_16bit"] else "split"
 
 
 def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32, *, op: str = "softmax_backward") -> dict:
     """The launch parameters of the softmax backward's and (op="cross_entropy") the cross-entropy's
-    entries of kernels.triton_launch.TABLES for rows of V: row, split and the backward's stream, and
-    cross-entropy's prep, reduce and scale."""
+    entries of kernels.triton_launch.TABLES for rows of V: row, split, the backward's reread and
+    stream, and cross-entropy's prep, reduce and scale."""
     if path == "row":
         block = triton.next_power_of_2(V)
         # Up to 8 elements per thread and tensor: no spills on sm_90 (kernels.triton_build --training).
         # Past 8192 only the cross-entropy's plain rows (one tensor held): 32 warps.
         warps = 4 if block <= 2048 else (8 if block <= 4096 else (16 if block <= 8192 else 32))
         return {"BLOCK": block, "num_warps": warps}
+    if path == "reread":
+        # TILE 2048-8192 x 16-32 warps at (4096, 12288-32000) on an H200 (reports/profiles.md): 32
+        # warps, 16 products a thread at 16384; the write's tiles of 2048 and 4096 alike.
+        return {"BLOCK": triton.next_power_of_2(V), "TILE": 4096, "num_warps": 32}
     if path == "split":
         # CHUNK 2048-16384 x 4-16 warps on an H200 at (4096, 32000) and bf16 (4096, 128256)
         # (reports/profiles.md): 4 warps 1.35-1.55x the 8 this took before in the backward, 1.2x
@@ -75,7 +93,9 @@ def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32, *, op: 
         return {"BLOCK": 1024, "num_warps": 4}
     if path == "scale":
         return {"BLOCK": min(4096, triton.next_power_of_2(V)), "num_warps": 4}
-    raise ValueError(f"{KERNEL_NAME} training kernels: unknown path {path!r} (row, split, stream, prep, reduce, scale)")
+    raise ValueError(
+        f"{KERNEL_NAME} training kernels: unknown path {path!r} (row, reread, split, stream, prep, reduce, scale)"
+    )
 
 
 def _launch(dy, y, dx, path: str, params: dict) -> None:
@@ -93,8 +113,8 @@ def _launch(dy, y, dx, path: str, params: dict) -> None:
 
 def run_path(dy: torch.Tensor, y: torch.Tensor, path: str | None, *, out=None, **params) -> torch.Tensor:
     """softmax_backward(dy, y) through one named path; `params` override its launch parameters
-    (row: BLOCK, num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK; stream: BLOCK,
-    num_warps, programs_per_sm; path None: plan's).
+    (row: BLOCK, num_warps; reread: TILE, num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK;
+    stream: BLOCK, num_warps, programs_per_sm; path None: plan's).
     Tests use it to reach the split path at small V (CHUNK=16)."""
     check_backward_inputs(dy, y, kernel=KERNEL_NAME, device_type=_DEVICE_TYPE)
     dx = prepare_dx(y, out, kernel=KERNEL_NAME)

@@ -144,15 +144,16 @@ def build_all() -> list[dict]:
 
 # -- the training kernels -------------------------------------------------------------------------
 
-QUICK = {"bwd-row fp32", "bwd-split fp32", "bwd-stream fp32", "ce-row fp32", "ce-row fp32 weighted smoothed",
-         "ce-split fp32 weighted smoothed", "ce-scale fp32", "ce-prep", "ce-reduce"}  # fmt: skip
+QUICK = {"bwd-row fp32", "bwd-split fp32", "bwd-stream fp32", "bwd-reread fp32", "ce-row fp32",
+         "ce-row fp32 weighted smoothed", "ce-split fp32 weighted smoothed", "ce-scale fp32", "ce-prep",
+         "ce-reduce"}  # fmt: skip
 
 
 def build_training(quick: bool = False) -> list[dict]:
     """The softmax-backward and cross-entropy kernels as the wrappers launch them at V = 600 (row,
     small), 8192 (the row paths' largest; 32000 for the cross-entropy's plain rows and the
-    backward's stream) and 262144 (split), in fp32 and bf16, with and without weights and smoothing; --quick: the QUICK
-    records, the row kernels from V = 8192 only."""
+    backward's stream; 16384 for its reread) and 262144 (split), in fp32 and bf16, with and
+    without weights and smoothing; --quick: the QUICK records, the row kernels from V = 8192 only."""
     from . import triton_backward as tb
 
     tables = _compiled(tb)
@@ -162,6 +163,7 @@ def build_training(quick: bool = False) -> list[dict]:
         builds += [(f"bwd-row {dtype}", "softmax_backward", "row", V, name, {}) for V in (600, 8192)]
         builds.append((f"bwd-split {dtype}", "softmax_backward", "split", 262144, name, {}))
         builds.append((f"bwd-stream {dtype}", "softmax_backward", "stream", 32000, name, {}))
+        builds.append((f"bwd-reread {dtype}", "softmax_backward", "reread", 16384, name, {}))
         for both in (False, True):
             flags = {"HAS_WEIGHT": both, "HAS_SMOOTHING": both}
             tag = f"{dtype}{' weighted smoothed' if both else ''}"

@@ -446,6 +446,10 @@ TABLES = {
             "softmax_backward_row", "DY:*T Y:*T DX:*T V stride_dy stride_y stride_dx K", "BLOCK",
             geometry=_row_block,
         ),
+        "reread": _entry(
+            "softmax_backward_reread", "DY:*T Y:*T DX:*T V stride_dy stride_y stride_dx K", "BLOCK TILE",
+            geometry=_row_block,
+        ),
         "split": _entry(
             "softmax_backward_split", "DY:*T Y:*T DX:*T WS:*i64 V P stride_dy stride_y stride_dx K", _SPLIT,
             geometry=split_geometry, grid=_split_grid,

@@ -118,6 +118,31 @@ def softmax_backward_row_kernel(DY, Y, DX, V, stride_dy, stride_y, stride_dx, K,
 
 
 @triton.jit
+def softmax_backward_reread_kernel(
+    DY, Y, DX, V, stride_dy, stride_y, stride_dx, K, BLOCK: tl.constexpr, TILE: tl.constexpr
+):
+    # Rows too long to hold dy and y, short enough to hold their products (BLOCK = next_pow2(V)):
+    # one program a row keeps only t = y dy in registers, one value an element, and reads dy and
+    # y again for the write. The row was read a moment before, so the second read finds it in L2:
+    # DRAM sees two reads and one write in two passes, with no meeting and no third pass.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    dy_row = DY + row * stride_dy
+    y_row = Y + row * stride_y
+    t = _products(y_row, dy_row, cols, V)
+    up, down = _fixed_point_scale(tl.max(_finite_abs(t), axis=0), K)
+    s = _order_free_sum(t, up, down)
+    dx_row = DX + row * stride_dx
+    start = 0
+    while start < V:
+        idx = tl.multiple_of(start, TILE) + tl.arange(0, TILE)
+        y = tl.load(y_row + idx, mask=idx < V, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        dy = tl.load(dy_row + idx, mask=idx < V, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        tl.store(dx_row + idx, (y * (dy - s)).to(DX.dtype.element_ty), mask=idx < V)
+        start += TILE
+
+
+@triton.jit
 def softmax_backward_split_kernel(
     DY, Y, DX, WS, V, P, stride_dy, stride_y, stride_dx, K,
     CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr, MAX_SPINS: tl.constexpr,
@@ -619,6 +644,7 @@ def cross_entropy_scale_kernel(
 
 JIT_KERNELS = {
     "softmax_backward_row": softmax_backward_row_kernel,
+    "softmax_backward_reread": softmax_backward_reread_kernel,
     "softmax_backward_split": softmax_backward_split_kernel,
     "softmax_backward_stream": softmax_backward_stream_kernel,
     "cross_entropy_row": cross_entropy_row_kernel,

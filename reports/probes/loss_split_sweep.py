@@ -1,7 +1,8 @@
 """Where the Triton cross-entropy's and softmax backward's time goes at today's vocabularies.
 
     python reports/probes/loss_split_sweep.py --out DIR [--shapes 4096x32000,...] [--dtypes fp32,bf16]
-        [--ops ce,bwd] [--splits 4096x4,4096x8] [--streams 2048x8x2,...] [--no-compile]   # on a GPU
+        [--ops ce,bwd] [--splits 4096x4,4096x8] [--streams 2048x8x2,...] [--rereads 4096x32,...]
+        [--no-compile]   # on a GPU
 
 The question. In the benchmark run the Triton cross-entropy step took 0.21 of its floor at
 (4096, 32000) fp32 (0.39 x torch.compile) and its softmax backward 0.49. Per shape this times, in
@@ -12,7 +13,8 @@ device time (CUDA events around each call, L2 flushed, median of ROUNDS):
 and in CUDA graphs (graph_times_us: free of host launch cost) the dispatch, the row path where a
 row fits it (V <= 32768, at launch_params("row")) and the split path at CHUNK x num_warps, each
 output's bits against the dispatch's (the path and CHUNK change how a row is cut, never how it
-is combined), and the backward's stream path at BLOCK x num_warps x programs_per_sm (--streams).
+is combined), the backward's stream path at BLOCK x num_warps x programs_per_sm (--streams) and
+its reread path at TILE x num_warps (--rereads); the backward's variants also in device time.
 Prints the registers and spills of the row and split kernels as this GPU's Triton
 built them. Writes DIR/loss_split.json and prints a table last.
 """
@@ -104,7 +106,7 @@ def cross_entropy_rows(B, V, dtype, copy, splits, compile_step) -> list[dict]:
     return out
 
 
-def backward_rows(B, V, dtype, copy, splits, compile_step, streams=()) -> list[dict]:
+def backward_rows(B, V, dtype, copy, splits, compile_step, streams=(), rereads=()) -> list[dict]:
     g = torch.Generator(device="cuda").manual_seed(B + V + 1)
     y = torch.softmax(torch.randn(B, V, device="cuda", generator=g) * 3, -1).to(dtype)
     dy = torch.randn(B, V, device="cuda", generator=g).to(dtype)
@@ -124,11 +126,21 @@ def backward_rows(B, V, dtype, copy, splits, compile_step, streams=()) -> list[d
         params = {"BLOCK": block, "num_warps": warps, "programs_per_sm": per_sm}
         same[name] = bool(torch.equal(bits(tb.run_path(dy, y, "stream", **params)), bits(reference)))
         variants[name] = lambda params=params: tb.run_path(dy, y, "stream", **params)
+    for tile, warps in rereads:
+        name = f"graph: reread {tile}x{warps}"
+        params = {"TILE": tile, "num_warps": warps}
+        same[name] = bool(torch.equal(bits(tb.run_path(dy, y, "reread", **params)), bits(reference)))
+        variants[name] = lambda params=params: tb.run_path(dy, y, "reread", **params)
     times = graph_times_us(list(variants.values()))
-    return [
+    out = [
         row("softmax_backward", B, V, dtype, name, statistics.median(ts), copy, 3, same[name])
         for name, ts in zip(variants, times, strict=True)
     ]
+    # The same calls in the benchmark's clock (CUDA events around each, L2 flushed).
+    for name, fn in variants.items():
+        us = statistics.median(device_times_us(fn, rounds=ROUNDS))
+        out.append(row("softmax_backward", B, V, dtype, name.replace("graph:", "events:"), us, copy, 3, same[name]))
+    return out
 
 
 def built_kernels() -> list[str]:
@@ -151,6 +163,7 @@ def main() -> None:
     parser.add_argument("--ops", default="ce,bwd")
     parser.add_argument("--splits", default=SPLITS)
     parser.add_argument("--streams", default=STREAMS)
+    parser.add_argument("--rereads", default="")
     parser.add_argument("--no-compile", action="store_true")
     args = parser.parse_args()
     copy = copy_TBps()
@@ -161,7 +174,9 @@ def main() -> None:
             if "ce" in todo:
                 results += cross_entropy_rows(B, V, dtype, copy, splits, not args.no_compile)
             if "bwd" in todo:
-                results += backward_rows(B, V, dtype, copy, splits, not args.no_compile, pairs(args.streams))
+                results += backward_rows(
+                    B, V, dtype, copy, splits, not args.no_compile, pairs(args.streams), pairs(args.rereads)
+                )
     args.out.mkdir(parents=True, exist_ok=True)
     built = built_kernels()
     record = {"copy_TBps": copy, "results": results, "built": built}
