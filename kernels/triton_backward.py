@@ -38,7 +38,7 @@ PATHS = spec_of("softmax_backward", KERNEL_NAME).path_names  # the registry's en
 # 1.17-1.22x at B = 64 (shorter batches not measured). reread_max_v: the float32 rows whose
 # products a program holds without a spill at 32 warps (16384; at 32768 the sm_90 builds spill),
 # 1.19-1.32x the stream in device time at (4096, 12288-16384); 16-bit rows gain nothing there
-# (0.86-1.01x), so they stream.
+# (0.87-1.01x), so they stream.
 DISPATCH_BOUNDARIES = {
     "row_max_v": 8192,
     "reread_max_v": 16384,
