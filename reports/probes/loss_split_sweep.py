@@ -8,7 +8,8 @@ The question. In the benchmark run the Triton cross-entropy step took 0.21 of it
 (4096, 32000) fp32 (0.39 x torch.compile) and its softmax backward 0.49. Per shape this times, in
 device time (CUDA events around each call, L2 flushed, median of ROUNDS):
   - the cross-entropy training step the benchmark times (the custom op's forward, then
-    loss.backward()), and torch.compile's F.cross_entropy step (unless --no-compile),
+    loss.backward()), and torch.compile's F.cross_entropy step compiled for the shape (unless
+    --no-compile),
   - the cross-entropy call with and without its target validation (one host synchronisation),
 and in CUDA graphs (graph_times_us: free of host launch cost) the dispatch, the row path where a
 row fits it (V <= 32768, at launch_params("row")) and the split path at CHUNK x num_warps, each
@@ -33,6 +34,7 @@ from triton_rows_sweep import bits, copy_TBps, graph_times_us
 from kernels import ops
 from kernels import triton_backward as tb
 from kernels import triton_cross_entropy as tce
+from kernels.baselines import static_compile
 from kernels.spec import matrix_bytes
 from kernels.triton_loss_kernels import JIT_KERNELS
 from tests.suite.devicetime import device_times_us
@@ -78,7 +80,7 @@ def cross_entropy_rows(B, V, dtype, copy, splits, compile_step) -> list[dict]:
         "call, no validate": lambda: tce.cross_entropy(xd, t, validate=False),
     }
     if compile_step:
-        compiled = torch.compile(lambda x, t: F.cross_entropy(x, t))
+        compiled = static_compile(lambda x, t: F.cross_entropy(x, t))
 
         def compiled_step():
             x.grad = None
@@ -114,7 +116,7 @@ def backward_rows(B, V, dtype, copy, splits, compile_step, streams=(), rereads=(
     variants = {f"graph: dispatch ({tb.plan(B, V, dtype)})": lambda: tb.softmax_backward(dy, y)}
     same = {name: True for name in variants}
     if compile_step:
-        compiled = torch.compile(lambda dy, y: torch._softmax_backward_data(dy, y, -1, y.dtype))
+        compiled = static_compile(lambda dy, y: torch._softmax_backward_data(dy, y, -1, y.dtype))
         variants["graph: torch.compile"], same["graph: torch.compile"] = (lambda: compiled(dy, y)), None
     for chunk, warps in splits:
         name = f"graph: split {chunk}x{warps}"
