@@ -16,7 +16,8 @@ row into programs or loops that keeps the tiles gives the same bits, and the row
 for the sum. `tile_scale_kernel` walks the rows as the stream path does (programs_per_sm per
 SM), one tile of T a step: pass 1 reads a tile, takes its largest |t| and its fixed-point sum
 from registers and writes (S_t, shift_t) to a scratch row; then the row's words give s; pass 2
-reads dy and y again (from L2) and writes dx = y (dy - s).
+reads dy and y again (from L2) and writes dx = y (dy - s). `tile_scale_row_kernel` holds a row
+whole (the row path's cut) and must give the same bits.
 
 Not the suite's definition: its bits differ from the dispatch's (the row scale truncates each
 term once, this truncates twice), so they are checked against `tile_scale_model`, a NumPy
@@ -106,6 +107,44 @@ def tile_scale_kernel(
         row += tl.num_programs(0)
 
 
+@triton.jit
+def tile_scale_row_kernel(
+    DY, Y, DX, V, stride_dy, stride_y, stride_dx, KT, LOG2_NT, T: tl.constexpr, NT_P: tl.constexpr
+):
+    # The same definition with the whole row held (the row path's shape): the row as NT_P tiles
+    # of T, each tile's largest |t| and fixed-point sum a reduction along its own axis.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, NT_P * T)
+    mask = cols < V
+    y = tl.load(Y + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+    t = y * dy
+    tiles = tl.reshape(t, (NT_P, T))
+    up, _ = _fixed_point_scale(tl.max(_finite_abs(tiles), axis=1), KT)
+    shift = ((up.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    S_t = tl.sum(_fixed_finite(tiles, up[:, None]), axis=1)
+    in_row = tl.arange(0, NT_P) * T < V
+    shift_row = tl.min(tl.where(in_row, shift, 1 << 20), axis=0) - LOG2_NT
+    d = tl.minimum(shift - shift_row, 63).to(tl.int64)
+    S = tl.sum(tl.where(in_row, S_t >> d, 0), axis=0)
+    down = ((127 - shift_row) << 23).to(tl.float32, bitcast=True)
+    s = S.to(tl.float32) * down + tl.sum(_non_finite(t), axis=0)
+    tl.store(DX + row * stride_dx + cols, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
+
+
+def tile_scale_row(dy, y, *, T, num_warps=4):
+    """dx by tile_scale_row_kernel: one program a row holding it whole."""
+    B, V = y.shape
+    dy, y = dy.contiguous(), y.contiguous()
+    dx = torch.full_like(y, float("nan"))
+    nt = triton.cdiv(V, T)
+    tile_scale_row_kernel[(B,)](
+        dy, y, dx, V, dy.stride(0), y.stride(0), dx.stride(0), 62 - int(math.log2(T)), math.ceil(math.log2(nt)),
+        T=T, NT_P=triton.next_power_of_2(nt), num_warps=num_warps,
+    )  # fmt: skip
+    return dx
+
+
 def tile_scale(dy, y, *, T, num_warps=4, programs=None):
     """dx by tile_scale_kernel with tiles of T on a grid of `programs` (default min(B, 132))."""
     B, V = y.shape
@@ -161,11 +200,13 @@ def cpu_bits() -> int:
         y[B - 1, 1] = y[B - 1, 0] = 0.03  # a cancelling row, as the suite's bits test has
         dy[B - 1, 0], dy[B - 1, 1] = 1e6, -1e6
         want = tile_scale_model(dy.numpy(), y.numpy(), T)
-        for programs in (1, 2, B):
-            got = tile_scale(dy, y, T=T, programs=programs).numpy()
+        runs = {f"stream, {p} programs": tile_scale(dy, y, T=T, programs=p) for p in (1, 2, B)}
+        runs["row held whole"] = tile_scale_row(dy, y, T=T)
+        for name, dx in runs.items():
+            got = dx.numpy()
             same = np.array_equal(got.view(np.int32), want.view(np.int32))
             failures += not same
-            print(f"B={B} V={V} T={T} programs={programs}: bits {'equal' if same else 'DIFFER'} to the model")
+            print(f"B={B} V={V} T={T} {name}: bits {'equal' if same else 'DIFFER'} to the model")
         assert_backward_close(torch.from_numpy(want), dy, y, what=f"tile scale model V={V}")
     print("accuracy: within the suite's bound" if not failures else f"{failures} bit mismatches")
     return 1 if failures else 0
