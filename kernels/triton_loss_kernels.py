@@ -67,6 +67,12 @@ def _fixed_point_scale(amax, K):
 
 
 @triton.jit
+def _finite_abs(t):
+    # |t| where t is finite, 0 elsewhere: the terms whose largest sets an order-free sum's scale.
+    return tl.where(tl.abs(t) < INF, tl.abs(t), 0.0)
+
+
+@triton.jit
 def _fixed_finite(t, up):
     # The finite terms at scale `up`, truncated to int64; the non-finite ones as 0.
     return tl.where(tl.abs(t) < INF, t * up, 0.0).to(tl.int64)
@@ -88,12 +94,6 @@ def _order_free_sum(t, up, down):
 # ------------------------------------------------------------------------------ softmax backward
 #
 # dx = y * (dy - s), s = sum(y * dy) over the row. Two reads (dy, y) and one write (dx).
-
-
-@triton.jit
-def _finite_abs(t):
-    # |t| where t is finite, 0 elsewhere: the terms whose largest sets an order-free sum's scale.
-    return tl.where(tl.abs(t) < INF, tl.abs(t), 0.0)
 
 
 @triton.jit
@@ -537,7 +537,7 @@ def cross_entropy_prep_kernel(
         cnt_l += ok.to(tl.int64)
         if HAS_WEIGHT:
             w = tl.where(ok, tl.load(W + tl.where(ok, t, 0), mask=ok, other=0.0).to(tl.float32), 0.0)
-            wmax_l = tl.maximum(wmax_l, tl.where(tl.abs(w) < INF, tl.abs(w), 0.0))
+            wmax_l = tl.maximum(wmax_l, _finite_abs(w))
             winf_l += _non_finite(w)
         start += BLOCK
     tl.store(BAD + 0, tl.sum(bad_l, axis=0))
@@ -563,7 +563,7 @@ def cross_entropy_prep_kernel(
         while start < V:
             idx = start + cols
             w = tl.load(W + idx, mask=idx < V, other=0.0).to(tl.float32)
-            amax_l = tl.maximum(amax_l, tl.where(tl.abs(w) < INF, tl.abs(w), 0.0))
+            amax_l = tl.maximum(amax_l, _finite_abs(w))
             inf_l += _non_finite(w)
             start += BLOCK
         amax = tl.max(amax_l, axis=0)
@@ -602,7 +602,7 @@ def cross_entropy_reduce_kernel(LOSS, PREP, OUT, N, KN, BLOCK: tl.constexpr, MEA
     while start < N:
         idx = start + cols
         v = tl.load(LOSS + idx, mask=idx < N, other=0.0)
-        amax_l = tl.maximum(amax_l, tl.where(tl.abs(v) < INF, tl.abs(v), 0.0))
+        amax_l = tl.maximum(amax_l, _finite_abs(v))
         inf_l += _non_finite(v)
         start += BLOCK
     up, down = _fixed_point_scale(tl.max(amax_l, axis=0), KN)
