@@ -58,6 +58,22 @@ NT_BLOCK = 1024  # tiles a row may have: V <= 1024 T
 
 
 @triton.jit
+def _tile_shift(up):
+    # shift, for the scale up = 2^shift of _fixed_point_scale.
+    return ((up.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+
+
+@triton.jit
+def _tiles_sum(S_t, shift_t, in_row, LOG2_NT):
+    # The finite part of s: the tiles' sums S_t (at scales 2^shift_t) shifted to the row's scale
+    # (floor) and summed in int64, then scaled back.
+    shift_row = tl.min(tl.where(in_row, shift_t, 1 << 20), axis=0) - LOG2_NT
+    d = tl.minimum(shift_t - shift_row, 63).to(tl.int64)
+    S = tl.sum(tl.where(in_row, S_t >> d, 0), axis=0)
+    return S.to(tl.float32) * ((127 - shift_row).to(tl.int32) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def tile_scale_kernel(
     DY, Y, DX, WS, B, V, stride_dy, stride_y, stride_dx, KT, LOG2_NT,
     T: tl.constexpr, NT_BLOCK: tl.constexpr,
@@ -79,9 +95,8 @@ def tile_scale_kernel(
             t = y * tl.load(dy_row + idx, mask=idx < V, other=0.0).to(tl.float32)
             f_lane += _non_finite(t)
             up, _ = _fixed_point_scale(tl.max(_finite_abs(t), axis=0), KT)
-            shift = ((up.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
             tl.store(ws + k, tl.sum(_fixed_finite(t, up), axis=0))
-            tl.store(ws + NT_BLOCK + k, shift.to(tl.int64))
+            tl.store(ws + NT_BLOCK + k, _tile_shift(up).to(tl.int64))
             start += T
             k += 1
         # The row's scale and sum from its tiles' words (the scratch row was written by this
@@ -89,12 +104,8 @@ def tile_scale_kernel(
         tl.debug_barrier()
         in_row = tiles < k
         s_t = tl.load(ws + tiles, mask=in_row, other=0)
-        sh_t = tl.load(ws + NT_BLOCK + tiles, mask=in_row, other=1 << 20)
-        shift_row = tl.min(sh_t, axis=0) - LOG2_NT
-        d = tl.minimum(sh_t - shift_row, 63)
-        S = tl.sum(tl.where(in_row, s_t >> d, 0), axis=0)
-        down = ((127 - shift_row).to(tl.int32) << 23).to(tl.float32, bitcast=True)
-        s = S.to(tl.float32) * down + tl.sum(f_lane, axis=0)
+        sh_t = tl.load(ws + NT_BLOCK + tiles, mask=in_row, other=0)
+        s = _tiles_sum(s_t, sh_t, in_row, LOG2_NT) + tl.sum(f_lane, axis=0)
         tl.debug_barrier()  # the next row's words overwrite these
         dx_row = DX + row * stride_dx
         start = 0
@@ -121,14 +132,9 @@ def tile_scale_row_kernel(
     t = y * dy
     tiles = tl.reshape(t, (NT_P, T))
     up, _ = _fixed_point_scale(tl.max(_finite_abs(tiles), axis=1), KT)
-    shift = ((up.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     S_t = tl.sum(_fixed_finite(tiles, up[:, None]), axis=1)
     in_row = tl.arange(0, NT_P) * T < V
-    shift_row = tl.min(tl.where(in_row, shift, 1 << 20), axis=0) - LOG2_NT
-    d = tl.minimum(shift - shift_row, 63).to(tl.int64)
-    S = tl.sum(tl.where(in_row, S_t >> d, 0), axis=0)
-    down = ((127 - shift_row) << 23).to(tl.float32, bitcast=True)
-    s = S.to(tl.float32) * down + tl.sum(_non_finite(t), axis=0)
+    s = _tiles_sum(S_t, _tile_shift(up), in_row, LOG2_NT) + tl.sum(_non_finite(t), axis=0)
     tl.store(DX + row * stride_dx + cols, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
 
 
