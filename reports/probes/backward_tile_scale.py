@@ -49,7 +49,7 @@ import triton.language as tl  # noqa: E402
 from kernels import triton_backward as tb  # noqa: E402
 from kernels.baselines import static_compile  # noqa: E402
 from kernels.spec import matrix_bytes  # noqa: E402
-from kernels.triton_loss_kernels import _finite_abs, _fixed_finite, _fixed_point_scale, _non_finite  # noqa: E402
+from kernels.triton_loss_kernels import _finite_abs, _fixed_finite, _fixed_point_scale, _non_finite, _products  # noqa: E402
 
 SHAPES = "4096x32000,4096x128256"
 VARIANTS = "8192x16x1,4096x16x2,4096x8x2"  # T x num_warps x programs per SM
@@ -119,6 +119,51 @@ def tile_scale_kernel(
 
 
 @triton.jit
+def warp_tile_kernel(
+    DY, Y, DX, WS, B, V, stride_dy, stride_y, stride_dx, KT, LOG2_NT,
+    TW: tl.constexpr, NTC: tl.constexpr, NT_BLOCK: tl.constexpr,
+):  # fmt: skip
+    # tile_scale_kernel with small tiles (TW = one warp's load width) taken NTC at a time as the
+    # rows of an [NTC, TW] block: a tile's largest |t| and its sum reduce along axis 1, within
+    # a warp (shuffles, no barrier), so the loads of one step need not wait for a meeting.
+    r = tl.arange(0, NTC)[:, None] * TW + tl.arange(0, TW)[None, :]
+    flat = tl.arange(0, NTC * TW)
+    tiles = tl.arange(0, NT_BLOCK)
+    pid = tl.program_id(0)
+    ws = WS + pid.to(tl.int64) * (2 * NT_BLOCK)
+    row = pid.to(tl.int64)
+    while row < B:
+        dy_row = DY + row * stride_dy
+        y_row = Y + row * stride_y
+        f_lane = tl.zeros([NTC, TW], tl.float32)
+        start = 0
+        k = 0
+        while start < V:
+            t = _products(y_row, dy_row, start + r, V)
+            f_lane += _non_finite(t)
+            up, _ = _fixed_point_scale(tl.max(_finite_abs(t), axis=1), KT)
+            tl.store(ws + k + tl.arange(0, NTC), tl.sum(_fixed_finite(t, up[:, None]), axis=1))
+            tl.store(ws + NT_BLOCK + k + tl.arange(0, NTC), _tile_shift(up).to(tl.int64))
+            start += NTC * TW
+            k += NTC
+        tl.debug_barrier()
+        in_row = tiles * TW < V
+        s_t = tl.load(ws + tiles, mask=in_row, other=0)
+        sh_t = tl.load(ws + NT_BLOCK + tiles, mask=in_row, other=0)
+        s = _tiles_sum(s_t, sh_t, in_row, LOG2_NT) + tl.sum(tl.sum(f_lane, axis=1), axis=0)
+        tl.debug_barrier()
+        dx_row = DX + row * stride_dx
+        start = 0
+        while start < V:
+            idx = start + flat
+            y = tl.load(y_row + idx, mask=idx < V, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            dy = tl.load(dy_row + idx, mask=idx < V, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            tl.store(dx_row + idx, (y * (dy - s)).to(DX.dtype.element_ty), mask=idx < V)
+            start += NTC * TW
+        row += tl.num_programs(0)
+
+
+@triton.jit
 def tile_scale_row_kernel(
     DY, Y, DX, V, stride_dy, stride_y, stride_dx, KT, LOG2_NT, T: tl.constexpr, NT_P: tl.constexpr
 ):
@@ -169,6 +214,22 @@ def tile_scale(dy, y, *, T, num_warps=4, programs=None):
     return dx
 
 
+def warp_tile(dy, y, *, TW, NTC, num_warps=4, programs=None):
+    """dx by warp_tile_kernel: tiles of TW, NTC tiles a step, on `programs` (default min(B, 132))."""
+    B, V = y.shape
+    dy, y = dy.contiguous(), y.contiguous()
+    dx = torch.full_like(y, float("nan"))
+    nt = triton.cdiv(V, TW)
+    nt_block = max(triton.next_power_of_2(nt), NTC)
+    grid = programs or min(B, 132)
+    ws = torch.zeros(grid * 2 * nt_block, dtype=torch.int64, device=y.device)
+    warp_tile_kernel[(grid,)](
+        dy, y, dx, ws, B, V, dy.stride(0), y.stride(0), dx.stride(0), 62 - int(math.log2(TW)),
+        math.ceil(math.log2(nt)), TW=TW, NTC=NTC, NT_BLOCK=nt_block, num_warps=num_warps,
+    )  # fmt: skip
+    return dx
+
+
 def tile_scale_model(dy: np.ndarray, y: np.ndarray, T: int) -> np.ndarray:
     """The definition in NumPy, float32 where the kernel rounds: dx for (B, V) float32 arrays."""
     B, V = y.shape
@@ -208,6 +269,8 @@ def cpu_bits() -> int:
         want = tile_scale_model(dy.numpy(), y.numpy(), T)
         runs = {f"stream, {p} programs": tile_scale(dy, y, T=T, programs=p) for p in (1, 2, B)}
         runs["row held whole"] = tile_scale_row(dy, y, T=T)
+        for ntc, p in ((2, 1), (4, B)):
+            runs[f"warp tiles, {ntc} a step, {p} programs"] = warp_tile(dy, y, TW=T, NTC=ntc, programs=p)
         for name, dx in runs.items():
             got = dx.numpy()
             same = np.array_equal(got.view(np.int32), want.view(np.int32))
@@ -232,11 +295,18 @@ def time_shape(B, V, dtype, variants: str, copy: float, sms: int) -> list[dict]:
     calls["torch.compile"] = lambda: compiled(dy, y)
     first = {}
     for v in variants.split(","):
-        T, warps, per_sm = (int(n) for n in v.split("x"))
-        grid = min(B, per_sm * sms)
+        if v.startswith("w"):  # wTWxNTCxwarpsxper_sm: warp_tile_kernel
+            T, ntc, warps, per_sm = (int(n) for n in v[1:].split("x"))
+            grid = min(B, per_sm * sms)
 
-        def run(T=T, warps=warps, programs=grid):
-            return tile_scale(dy, y, T=T, num_warps=warps, programs=programs)
+            def run(T=T, ntc=ntc, warps=warps, programs=grid):
+                return warp_tile(dy, y, TW=T, NTC=ntc, num_warps=warps, programs=programs)
+        else:
+            T, warps, per_sm = (int(n) for n in v.split("x"))
+            grid = min(B, per_sm * sms)
+
+            def run(T=T, warps=warps, programs=grid):
+                return tile_scale(dy, y, T=T, num_warps=warps, programs=programs)
 
         got = run()
         same = torch.equal(bits(got), bits(first.setdefault(T, got)))  # one T, any grid: one answer

@@ -63,10 +63,17 @@ CASES = (
     ("fused-bf16-cluster-262144", "fused", "bf16", 4096, 262144, "cluster"),
     ("triton-bf16-row-32000", "triton", "bf16", 4096, 32000, "row"),
     ("triton-fp32-ce-32000", "triton-ce", "fp32", 4096, 32000, "row"),
-    ("triton-bf16-bwd-32000", "triton-bwd", "bf16", 4096, 32000, "split"),
+    ("triton-bf16-bwd-32000", "triton-bwd", "bf16", 4096, 32000, "stream"),
+    ("triton-fp32-bwd-32000", "triton-bwd", "fp32", 4096, 32000, "stream"),
+    ("triton-fp32-bwd-16384", "triton-bwd", "fp32", 4096, 16384, "reread"),
+    ("triton-fp32-bwd-128256", "triton-bwd", "fp32", 4096, 128256, "split"),
+    # torch.compile's softmax backward (one kernel, compiled for the shape), the goal's yardstick.
+    ("torch_compile-fp32-bwd-32000", "torch_compile-bwd", "fp32", 4096, 32000, "-"),
+    ("torch_compile-bf16-bwd-32000", "torch_compile-bwd", "bf16", 4096, 32000, "-"),
+    ("torch_compile-fp32-bwd-128256", "torch_compile-bwd", "fp32", 4096, 128256, "-"),
     # Issue 23's training kernels (family "<kernel>-ce": cross-entropy, loss and gradient in one
     # launch; "<kernel>-bwd": the softmax backward), each as its registry entry dispatches it.
-    ("triton-bf16-ce-32000", "triton-ce", "bf16", 4096, 32000, "split"),
+    ("triton-bf16-ce-32000", "triton-ce", "bf16", 4096, 32000, "row"),
     ("fused-bf16-ce-32000", "fused-ce", "bf16", 4096, 32000, "cluster"),
     ("triton-fp32-ce-262144", "triton-ce", "fp32", 4096, 262144, "split"),
     ("fused-fp32-ce-262144", "fused-ce", "fp32", 4096, 262144, "loop"),
@@ -76,7 +83,8 @@ CASES = (
 TRAINING = ("ce", "bwd")
 KERNEL_FILTER = (
     "regex:softmax_(split|stream|rows?)_kernel|fused_(split|cluster|warpvec)_"
-    "|(ce|bwd)_(warp|warpvec|row|cluster|loop)_|(cross_entropy|softmax_backward)_(row|tile|split)_kernel"
+    "|(ce|bwd)_(warp|warpvec|row|cluster|loop)_|(cross_entropy|softmax_backward)_(row|tile|split|stream|reread)_kernel"
+    "|_softmax_backward_data"
 )
 WARMUP = 2
 STALL_METRICS = r"regex:^smsp__average_warps_issue_stalled_\w+_per_issue_active\.ratio$"
@@ -84,6 +92,11 @@ STALL_RE = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_acti
 # Each pipe's share of its peak (ComputeWorkloadAnalysis): which unit a kernel saturates, if any.
 PIPE_METRICS = r"regex:^sm__inst_executed_pipe_\w+\.avg\.pct_of_peak_sustained_active$"
 PIPE_RE = re.compile(r"^sm__inst_executed_pipe_(\w+?)\.avg\.pct_of_peak_sustained_active$")
+# The memory units' shares of their peaks: L2 (sectors through the slices) and L1, with L2's hit rate.
+MEMORY_METRICS = (
+    "lts__t_sectors.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct,"
+    "l1tex__throughput.avg.pct_of_peak_sustained_active"
+)
 # Summary columns: (label, candidate metric names, first found wins).
 COLUMNS = (
     ("duration us", ("gpu__time_duration.sum",)),
@@ -94,6 +107,9 @@ COLUMNS = (
             "dram__throughput.avg.pct_of_peak_sustained_elapsed",
         ),
     ),
+    ("L2 %", ("lts__t_sectors.avg.pct_of_peak_sustained_elapsed",)),
+    ("L2 hit %", ("lts__t_sector_hit_rate.pct",)),
+    ("L1 %", ("l1tex__throughput.avg.pct_of_peak_sustained_active",)),
     ("SM %", ("sm__throughput.avg.pct_of_peak_sustained_elapsed",)),
     ("occupancy achieved", ("sm__warps_active.avg.pct_of_peak_sustained_active",)),
     ("theoretical", ("sm__maximum_warps_per_active_cycle_pct",)),
@@ -147,7 +163,7 @@ def workload(out: Path, only: str | None, profiler_range: bool) -> None:
         else:
             entry = SOFTMAX_KERNELS[family]
             call = functools.partial(entry, x)
-        dispatched = entry.plan(B, V, dtype)  # the path the registry entry takes
+        dispatched = "-" if entry.baseline else entry.plan(B, V, dtype)  # the path the entry takes
         if (family == "fused" or op in TRAINING) and dispatched != path:
             raise SystemExit(f"{name}: {family} dispatches {dispatched} here, not {path}")
         for _ in range(WARMUP):
@@ -178,7 +194,8 @@ def run_ncu(out: Path, ncu: str, only: str | None, timeout: float) -> int:
     cmd += ["-k", KERNEL_FILTER]  # unmodified clocks, as profiles.md measured
     for s in SECTIONS:
         cmd += ["--section", s]
-    cmd += ["--metrics", f"{STALL_METRICS},{PIPE_METRICS}"]  # asked for by name so the raw page has them
+    # asked for by name so the raw page has them
+    cmd += ["--metrics", f"{STALL_METRICS},{PIPE_METRICS},{MEMORY_METRICS}"]
     cmd += [sys.executable, str(Path(__file__).resolve()), "--workload", str(out)]
     if only:
         cmd += ["--only", only]
