@@ -75,11 +75,16 @@ def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32, *, op: 
         # warps, 16 products a thread at 16384; the write's tiles of 2048 and 4096 alike.
         return {"BLOCK": triton.next_power_of_2(V), "TILE": 4096, "num_warps": 32}
     if path == "split":
-        # CHUNK 2048-16384 x 4-16 warps on an H200 at (4096, 32000) and bf16 (4096, 128256)
+        # CHUNK 2048-16384 x 4-16 warps x register caps on an H200 at V = 32000-262144
         # (reports/profiles.md): 4 warps 1.35-1.55x the 8 this took before in the backward, 1.2x
         # in the 16-bit cross-entropy; its float32 is as fast at 8, where the weighted, smoothed
-        # kernel builds without a spill.
-        wide = op == "cross_entropy" and dtype == torch.float32
+        # kernel builds without a spill. Under a cap of 128 the backward fits four programs an
+        # SM, not two (float32) or three: 1.23-1.52x faster at V = 128256-262144, B = 4096, for
+        # a spill of 48-128 bytes. The cross-entropy gained 1.10x under 96 at 4 warps in plain
+        # float32 only, where its weighted, smoothed kernel spills 488 bytes: no cap there.
+        if op == "softmax_backward":
+            return {"CHUNK": 4096, "num_warps": 4, "maxnreg": 128}
+        wide = dtype == torch.float32
         return {"CHUNK": 4096, "num_warps": 8 if wide else 4}
     if path == "stream":
         # BLOCK 1024-16384 x 4-32 warps x 1-8 programs per SM at V = 16384-128256 (reports/profiles.md):

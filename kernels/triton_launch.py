@@ -105,6 +105,11 @@ def _warps(p) -> dict:
     return {"num_warps": p["num_warps"]}
 
 
+def _warps_capped(p) -> dict:
+    """num_warps, and the register cap handed to ptxas where p has one (maxnreg)."""
+    return {"num_warps": p["num_warps"], **({"maxnreg": p["maxnreg"]} if p.get("maxnreg") else {})}
+
+
 def _one_per_row(p, g, sms):
     return _rows_grid
 
@@ -175,9 +180,22 @@ class TritonPath:
 
     def aot(self, p: dict, V: int, dtype: str, element_size: int) -> dict:
         """What an ahead-of-time build of this path for contiguous, 16-byte-aligned rows of
-        length V compiles: {"signature", "constexprs", "options"} (kernels.triton_build)."""
+        length V compiles: {"signature", "constexprs", "options", "aligned"} (kernels.triton_build),
+        "aligned" the arguments Triton's launcher finds divisible by 16 there: the pointers, and
+        the row strides and V where V is (the masks' constancy, hence vector accesses)."""
         g = self.geometry(p, V, V, V, element_size, None, 0, 0)
-        return {"signature": self.signature(dtype), "constexprs": self._specialise(p, g, V), "options": self.options(p)}
+        sized = V % 16 == 0
+        aligned = tuple(
+            i
+            for i, (n, t) in enumerate(self.args)
+            if t.startswith("*") or (sized and (n == "V" or n.startswith("stride")))
+        )
+        return {
+            "signature": self.signature(dtype),
+            "constexprs": self._specialise(p, g, V),
+            "options": self.options(p),
+            "aligned": aligned,
+        }
 
     def _specialise(self, p, g, V) -> dict:
         if self.specialise is None:
@@ -400,7 +418,7 @@ PATH_TABLE = {
                 "ALIGN": g["ALIGN"],
                 "Y_ALIGN": g["Y_ALIGN"],
             },
-            options=lambda p: {"num_warps": p["num_warps"], **({"maxnreg": p["maxnreg"]} if p.get("maxnreg") else {})},
+            options=_warps_capped,
             grid=_split_grid,
             chunked=True,
         ),
@@ -452,7 +470,7 @@ TABLES = {
         ),
         "split": _entry(
             "softmax_backward_split", "DY:*T Y:*T DX:*T WS:*i64 V P stride_dy stride_y stride_dx K", _SPLIT,
-            geometry=split_geometry, grid=_split_grid,
+            geometry=split_geometry, grid=_split_grid, options=_warps_capped,
         ),
         "stream": _entry(
             "softmax_backward_stream", "DY:*T Y:*T DX:*T B V stride_dy stride_y stride_dx K", "BLOCK",
@@ -466,7 +484,7 @@ TABLES = {
         ),
         "split": _entry(
             "cross_entropy_split", f"{_CE_HEAD} WS:*i64 V P {_CE_TAIL}", f"{_SPLIT} HAS_WEIGHT HAS_SMOOTHING",
-            geometry=split_geometry, grid=_split_grid,
+            geometry=split_geometry, grid=_split_grid, options=_warps_capped,
         ),
         "prep": _entry(
             "cross_entropy_prep", "T:*i64 W:*T PREP:*fp32 BAD:*i64 N V ignore_index KN KV", "BLOCK HAS_WEIGHT MEAN",

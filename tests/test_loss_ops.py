@@ -203,16 +203,19 @@ def test_interpreted_in_a_subprocess(pytestconfig):
 
 
 @pytest.mark.slow  # the deeper tier: a build, no kernel runs
-def test_loss_kernels_build_for_sm90_without_spills():
+def test_loss_kernels_build_for_sm90_within_spill_budget():
     """The largest configuration of each training kernel, compiled for sm_90 ahead of time
     (kernels.triton_build --training --quick, in a child process: the compiled kernels are needed, so
-    TRITON_INTERPRET must be unset there): no spills, no local memory, within sm_90's limits.
+    TRITON_INTERPRET must be unset there): no spills past the build's budget (none without a
+    register cap), within sm_90's limits.
     `python -m kernels.triton_build --training` builds every configuration the wrappers launch."""
     import json
     import os
     import subprocess
     import sys
     from pathlib import Path
+
+    from kernels.triton_build import spill_budget
 
     repo = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -231,5 +234,6 @@ def test_loss_kernels_build_for_sm90_without_spills():
     built = {b["name"].split()[0] for b in builds}
     assert built >= {"bwd-row", "bwd-split", "bwd-stream", "bwd-reread", "ce-row", "ce-split", "ce-scale"}
     for b in builds:
-        assert b["spill_bytes"] == 0 and b["local"] == 0 and b["stack"] == 0, b
+        budget = spill_budget(b)
+        assert max(b["spill_bytes"], b["local"]) <= budget, f"spills past {budget} bytes: {b}"
         assert b["regs"] <= 255 and b["shared"] <= 232448, b

@@ -1,7 +1,7 @@
 """Where the Triton cross-entropy's and softmax backward's time goes at today's vocabularies.
 
     python reports/probes/loss_split_sweep.py --out DIR [--shapes 4096x32000,...] [--dtypes fp32,bf16]
-        [--ops ce,bwd] [--splits 4096x4,4096x8] [--streams 2048x8x2,...] [--rereads 4096x32,...]
+        [--ops ce,bwd] [--splits 4096x4,4096x8x128] [--streams 2048x8x2,...] [--rereads 4096x32,...]
         [--no-compile]   # on a GPU
 
 The question. In the benchmark run the Triton cross-entropy step took 0.21 of its floor at
@@ -50,6 +50,12 @@ def pairs(text: str) -> list[tuple[int, int]]:
     return [tuple(int(n) for n in item.split("x")) for item in text.split(",") if item]
 
 
+def split_params(item: tuple) -> dict:
+    """A --splits item, CHUNK x num_warps [x maxnreg], as the split path's launch parameters."""
+    chunk, warps, *cap = item
+    return {"CHUNK": chunk, "num_warps": warps, **({"maxnreg": cap[0]} if cap else {})}
+
+
 def row(op, B, V, dtype, variant, us, copy, passes, same=True):
     of_copy = matrix_bytes(B, V, str(dtype).removeprefix("torch."), passes=passes) / (us * 1e-6) / 1e12 / copy
     return {
@@ -93,7 +99,7 @@ def cross_entropy_rows(B, V, dtype, copy, splits, compile_step) -> list[dict]:
         out.append(row("cross_entropy", B, V, dtype, f"events: {name}", us, copy, 2))
     reference = tce.cross_entropy(xd, t, validate=False).grad.clone()
     variants = {f"graph: dispatch ({tce.plan(B, V, dtype)})": lambda: tce.cross_entropy(xd, t, validate=False)}
-    runs = [("split", {"CHUNK": c, "num_warps": w}) for c, w in splits]
+    runs = [("split", split_params(item)) for item in splits]
     if V <= tce.DISPATCH_BOUNDARIES["plain_row_max_v"]:
         runs.insert(0, ("row", tb.launch_params("row", V, dtype, op="cross_entropy")))
     same = {name: True for name in variants}
@@ -118,9 +124,9 @@ def backward_rows(B, V, dtype, copy, splits, compile_step, streams=(), rereads=(
     if compile_step:
         compiled = static_compile(lambda dy, y: torch._softmax_backward_data(dy, y, -1, y.dtype))
         variants["graph: torch.compile"], same["graph: torch.compile"] = (lambda: compiled(dy, y)), None
-    for chunk, warps in splits:
-        name = f"graph: split {chunk}x{warps}"
-        params = {"CHUNK": chunk, "num_warps": warps}
+    for item in splits:
+        name = "graph: split " + "x".join(map(str, item))
+        params = split_params(item)
         same[name] = bool(torch.equal(bits(tb.run_path(dy, y, "split", **params)), bits(reference)))
         variants[name] = lambda params=params: tb.run_path(dy, y, "split", **params)
     for block, warps, per_sm in streams:

@@ -315,7 +315,7 @@ def aot() -> list[dict]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernels.triton_build import _ATTRS, build
+    from kernels.triton_build import build
 
     records = []
     for dtype, tdtype, es in (("bf16", torch.bfloat16, 2), ("fp32", torch.float32, 4)):
@@ -331,8 +331,10 @@ def aot() -> list[dict]:
                 o.pop("num_warps"),
                 sig=a["signature"],
                 maxnreg=o.pop("maxnreg", None),
+                aligned=a["aligned"],
             )
-            src = ASTSource(fn=e.kernel, signature=a["signature"], constexprs=a["constexprs"], attrs=_ATTRS)
+            attrs = {(i,): [["tt.divisibility", 16]] for i in a["aligned"]}
+            src = ASTSource(fn=e.kernel, signature=a["signature"], constexprs=a["constexprs"], attrs=attrs)
             ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=a["options"]).asm["ptx"]
             r["cp_async"] = len(re.findall(r"cp\.async", ptx))
             r["bulk"] = len(re.findall(r"cp\.async\.bulk", ptx))
