@@ -15,6 +15,7 @@ from kernels import autotune  # noqa: E402
 from kernels import softmax_triton as st  # noqa: E402
 from kernels import triton_dispatch as dispatch  # noqa: E402
 from kernels import triton_store as store  # noqa: E402
+from kernels.triton_build import spill_budget  # noqa: E402
 from tests.helpers import (  # noqa: E402
     bits,
     check_softmax,
@@ -238,14 +239,15 @@ def test_strided_views_on_gpu():
         check_softmax(run_poisoned(st.softmax, x), x)
 
 
-def test_compiled_kernels_do_not_spill(request):
-    """The cubins the launches actually use: registers and spills reported by the driver."""
+def test_compiled_kernels_spill_within_budget(request):
+    """The cubins the launches actually use: registers and spills (local bytes a thread) reported
+    by the driver, within the build's spill budget (kernels.triton_build.spill_budget)."""
 
     def built(name, x, y, path, **params):
         # The launch run_path would make, compiled from the path table without launching.
         k = st.bind(x, y, path, **params).warmup()
         k._init_handles()
-        return name, k.n_regs, k.n_spills
+        return name, k.n_regs, k.n_spills, spill_budget({"maxnreg": params.get("maxnreg")})
 
     x = logits(4, 600, seed=0, device="cuda")
     y = torch.empty_like(x)
@@ -266,15 +268,15 @@ def test_compiled_kernels_do_not_spill(request):
             rows.append(built(f"split {name} CHUNK={sp['CHUNK']}", xs, ys, "split", **sp))
         rows.append(built(f"stream {name}", xs, ys, "stream"))
     print()
-    for name, regs, spills in rows:
-        print(f"  {name:<24} {regs:>3} regs, {spills} spills")
+    for name, regs, spills, budget in rows:
+        print(f"  {name:<24} {regs:>3} regs, {spills} spills (budget {budget})")
     try:
         request.getfixturevalue("record_manifest")(
             "triton_cuda", max_spills=max(r[2] for r in rows), max_registers=max(r[1] for r in rows)
         )
     except pytest.FixtureLookupError:
         pass
-    assert all(spills == 0 for _, _, spills in rows), rows
+    assert all(spills <= budget for _, _, spills, budget in rows), rows
 
 
 def test_autotune_once_then_reuse(tmp_path, monkeypatch):
