@@ -80,8 +80,8 @@ def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32, *, op: 
         # in the 16-bit cross-entropy; its float32 is as fast at 8, where the weighted, smoothed
         # kernel builds without a spill. Under a cap of 128 the backward fits four programs an
         # SM, not two (float32) or three: 1.23-1.52x faster at V = 128256-262144, B = 4096, for
-        # a spill of 48-128 bytes. The cross-entropy gained 1.10x under 96 at 4 warps in plain
-        # float32 only, where its weighted, smoothed kernel spills 488 bytes: no cap there.
+        # a spill of 48-128 bytes. The cross-entropy gained 1.10-1.12x under 96 at 4 warps in
+        # plain float32 only, where its weighted, smoothed kernel spills 488 bytes: no cap there.
         if op == "softmax_backward":
             return {"CHUNK": 4096, "num_warps": 4, "maxnreg": 128}
         wide = dtype == torch.float32
