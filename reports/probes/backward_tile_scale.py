@@ -74,12 +74,39 @@ def _tiles_sum(S_t, shift_t, in_row, LOG2_NT):
 
 
 @triton.jit
+def _scratch_sum(ws, n_tiles, LOG2_NT, NT_BLOCK: tl.constexpr):
+    # _tiles_sum of the n_tiles words this program wrote to its scratch row (S_t, then shift_t
+    # NT_BLOCK further on). A barrier before makes every thread's stores visible to every
+    # thread's loads; one after keeps the next row's words from overwriting these early.
+    tiles = tl.arange(0, NT_BLOCK)
+    in_row = tiles < n_tiles
+    tl.debug_barrier()
+    s_t = tl.load(ws + tiles, mask=in_row, other=0)
+    sh_t = tl.load(ws + NT_BLOCK + tiles, mask=in_row, other=0)
+    s = _tiles_sum(s_t, sh_t, in_row, LOG2_NT)
+    tl.debug_barrier()
+    return s
+
+
+@triton.jit
+def _write_dx(dx_row, y_row, dy_row, s, V, WIDTH: tl.constexpr):
+    # dx = y (dy - s) over the row, WIDTH elements a step, dy and y read again (from L2).
+    cols = tl.arange(0, WIDTH)
+    start = 0
+    while start < V:
+        idx = start + cols
+        y = tl.load(y_row + idx, mask=idx < V, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        dy = tl.load(dy_row + idx, mask=idx < V, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        tl.store(dx_row + idx, (y * (dy - s)).to(dx_row.dtype.element_ty), mask=idx < V)
+        start += WIDTH
+
+
+@triton.jit
 def tile_scale_kernel(
     DY, Y, DX, WS, B, V, stride_dy, stride_y, stride_dx, KT, LOG2_NT,
     T: tl.constexpr, NT_BLOCK: tl.constexpr,
 ):  # fmt: skip
     cols = tl.arange(0, T)
-    tiles = tl.arange(0, NT_BLOCK)
     pid = tl.program_id(0)
     ws = WS + pid.to(tl.int64) * (2 * NT_BLOCK)
     row = pid.to(tl.int64)
@@ -90,31 +117,15 @@ def tile_scale_kernel(
         start = 0
         k = 0
         while start < V:
-            idx = start + cols
-            y = tl.load(y_row + idx, mask=idx < V, other=0.0).to(tl.float32)
-            t = y * tl.load(dy_row + idx, mask=idx < V, other=0.0).to(tl.float32)
+            t = _products(y_row, dy_row, start + cols, V)
             f_lane += _non_finite(t)
             up, _ = _fixed_point_scale(tl.max(_finite_abs(t), axis=0), KT)
             tl.store(ws + k, tl.sum(_fixed_finite(t, up), axis=0))
             tl.store(ws + NT_BLOCK + k, _tile_shift(up).to(tl.int64))
             start += T
             k += 1
-        # The row's scale and sum from its tiles' words (the scratch row was written by this
-        # program: a barrier makes every thread's stores visible to every thread's loads).
-        tl.debug_barrier()
-        in_row = tiles < k
-        s_t = tl.load(ws + tiles, mask=in_row, other=0)
-        sh_t = tl.load(ws + NT_BLOCK + tiles, mask=in_row, other=0)
-        s = _tiles_sum(s_t, sh_t, in_row, LOG2_NT) + tl.sum(f_lane, axis=0)
-        tl.debug_barrier()  # the next row's words overwrite these
-        dx_row = DX + row * stride_dx
-        start = 0
-        while start < V:
-            idx = start + cols
-            y = tl.load(y_row + idx, mask=idx < V, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            dy = tl.load(dy_row + idx, mask=idx < V, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            tl.store(dx_row + idx, (y * (dy - s)).to(DX.dtype.element_ty), mask=idx < V)
-            start += T
+        s = _scratch_sum(ws, k, LOG2_NT, NT_BLOCK) + tl.sum(f_lane, axis=0)
+        _write_dx(DX + row * stride_dx, y_row, dy_row, s, V, T)
         row += tl.num_programs(0)
 
 
@@ -127,8 +138,6 @@ def warp_tile_kernel(
     # rows of an [NTC, TW] block: a tile's largest |t| and its sum reduce along axis 1, within
     # a warp (shuffles, no barrier), so the loads of one step need not wait for a meeting.
     r = tl.arange(0, NTC)[:, None] * TW + tl.arange(0, TW)[None, :]
-    flat = tl.arange(0, NTC * TW)
-    tiles = tl.arange(0, NT_BLOCK)
     pid = tl.program_id(0)
     ws = WS + pid.to(tl.int64) * (2 * NT_BLOCK)
     row = pid.to(tl.int64)
@@ -146,20 +155,8 @@ def warp_tile_kernel(
             tl.store(ws + NT_BLOCK + k + tl.arange(0, NTC), _tile_shift(up).to(tl.int64))
             start += NTC * TW
             k += NTC
-        tl.debug_barrier()
-        in_row = tiles * TW < V
-        s_t = tl.load(ws + tiles, mask=in_row, other=0)
-        sh_t = tl.load(ws + NT_BLOCK + tiles, mask=in_row, other=0)
-        s = _tiles_sum(s_t, sh_t, in_row, LOG2_NT) + tl.sum(tl.sum(f_lane, axis=1), axis=0)
-        tl.debug_barrier()
-        dx_row = DX + row * stride_dx
-        start = 0
-        while start < V:
-            idx = start + flat
-            y = tl.load(y_row + idx, mask=idx < V, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            dy = tl.load(dy_row + idx, mask=idx < V, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            tl.store(dx_row + idx, (y * (dy - s)).to(DX.dtype.element_ty), mask=idx < V)
-            start += NTC * TW
+        s = _scratch_sum(ws, tl.cdiv(V, TW), LOG2_NT, NT_BLOCK) + tl.sum(tl.sum(f_lane, axis=1), axis=0)
+        _write_dx(DX + row * stride_dx, y_row, dy_row, s, V, NTC * TW)
         row += tl.num_programs(0)
 
 
