@@ -36,8 +36,8 @@ def build(
     num_stages: int = 3,
     *,
     sig: dict,
+    aligned: tuple,
     maxnreg: int | None = None,
-    aligned: tuple = (0, 1),
 ) -> dict:
     """Compile `kernel` for sm_90 with the compile signature `sig` and `constexprs`, and report
     its resources; `maxnreg` is the register cap handed to ptxas, `aligned` the arguments

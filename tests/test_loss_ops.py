@@ -232,12 +232,13 @@ def test_loss_kernels_build_for_sm90_within_spill_budget():
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     builds = json.loads(proc.stdout.strip().splitlines()[-1])
     built = {b["name"].split()[0] for b in builds}
-    assert built >= {"bwd-row", "bwd-split", "bwd-stream", "bwd-reread", "ce-row", "ce-split", "ce-scale"}
+    row_kernels = {"bwd-row", "bwd-split", "bwd-stream", "bwd-reread", "ce-row", "ce-split"}
+    assert built >= row_kernels | {"ce-scale"}
     for b in builds:
         budget = spill_budget(b)
         assert max(b["spill_bytes"], b["local"]) <= budget, f"spills past {budget} bytes: {b}"
         assert b["regs"] <= 255 and b["shared"] <= 232448, b
-        if b["name"].split()[0] in {"bwd-row", "bwd-split", "bwd-stream", "bwd-reread", "ce-row", "ce-split"}:
+        if b["name"].split()[0] in row_kernels:
             # Built as launched on rows of V % 16 == 0 (aligned pointers, strides and V): the
             # row kernels move their rows in 16-byte vectors, as on the GPU.
             assert b["vector_loads"] and b["vector_stores"], b

@@ -412,6 +412,7 @@ def aot_record(kind: str, path: str, p: dict, V: int, dtype_name: str) -> dict:
         options.pop("num_warps"),
         options.pop("num_stages", 3),
         sig=spec["signature"],
+        aligned=spec["aligned"],
         maxnreg=options.pop("maxnreg", None),
     )
     per_sm = occupancy(r["regs"], r["num_warps"], r["shared"])
