@@ -36,12 +36,13 @@ PATHS = spec_of("softmax_backward", KERNEL_NAME).path_names  # the registry's en
 # 53 MB at 50257) crowd the 60 MB L2; 16-bit ahead 1.50-1.66x up to 65536, 1.14x at 98304 and
 # 1.04x at 128256 (left to the split); at V = 32000 ahead 1.36-1.62x from B = 128 on and
 # 1.17-1.22x at B = 64 (shorter batches not measured). reread_max_v: the float32 rows whose
-# products a program holds without a spill at 32 warps (16384; at 32768 the sm_90 builds spill),
-# 1.19-1.32x the stream in device time at (4096, 12288-16384); 16-bit rows gain nothing there
-# (0.87-1.01x), so they stream.
+# products a program holds at 32 warps, 1.19-1.32x the stream in device time at (4096,
+# 12288-16384) with no spill, and 1.12-1.15x at (4096, 32000-32768), 1.04x at (512, 32000) and
+# 1.0x at (64, 32000), where 32 products a thread spill 32-40 bytes (launch_params); 16-bit rows
+# gain 0.87-1.08x from B = 512 on, so they stream.
 DISPATCH_BOUNDARIES = {
     "row_max_v": 8192,
-    "reread_max_v": 16384,
+    "reread_max_v": 32768,
     "stream_max_v": 40960,
     "stream_max_v_16bit": 98304,
     "stream_min_b": 64,
@@ -60,10 +61,13 @@ def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) ->
     return "stream" if V <= b["stream_max_v" if dtype == torch.float32 else "stream_max_v_16bit"] else "split"
 
 
-def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32, *, op: str = "softmax_backward") -> dict:
+def launch_params(
+    path: str, V: int, dtype: torch.dtype = torch.float32, *, op: str = "softmax_backward", plain: bool = False
+) -> dict:
     """The launch parameters of the softmax backward's and (op="cross_entropy") the cross-entropy's
     entries of kernels.triton_launch.TABLES for rows of V: row, split, the backward's reread and
-    stream, and cross-entropy's prep, reduce and scale."""
+    stream, and cross-entropy's prep, reduce and scale. `plain`: a cross-entropy without class
+    weights or label smoothing, whose split kernel holds fewer values a thread."""
     if path == "row":
         block = triton.next_power_of_2(V)
         # Up to 8 elements per thread and tensor: no spills on sm_90 (kernels.triton_build --training).
@@ -72,19 +76,26 @@ def launch_params(path: str, V: int, dtype: torch.dtype = torch.float32, *, op: 
         return {"BLOCK": block, "num_warps": warps}
     if path == "reread":
         # TILE 2048-8192 x 16-32 warps at (4096, 12288-32000) on an H200 (reports/profiles.md): 32
-        # warps, 16 products a thread at 16384; the write's tiles of 2048 and 4096 alike.
-        return {"BLOCK": triton.next_power_of_2(V), "TILE": 4096, "num_warps": 32}
+        # warps, 16 products a thread at 16384; tiles of 4096 led at 32000. A block of 32 warps
+        # leaves a thread 64 registers: past 16384 (32 products a thread) ptxas spills within
+        # them, and the launch states that bound as its cap, whose spill the benchmark accepted.
+        block = triton.next_power_of_2(V)
+        return {"BLOCK": block, "TILE": 4096, "num_warps": 32, **({"maxnreg": 64} if block > 16384 else {})}
     if path == "split":
         # CHUNK 2048-16384 x 4-16 warps x register caps on an H200 at V = 32000-262144
         # (reports/profiles.md): 4 warps 1.35-1.55x the 8 this took before in the backward, 1.2x
-        # in the 16-bit cross-entropy; its float32 is as fast at 8, where the weighted, smoothed
-        # kernel builds without a spill. Under a cap of 128 the backward fits four programs an
-        # SM, not two (float32) or three: 1.23-1.52x faster at V = 128256-262144, B = 4096, for
-        # a spill of 48-128 bytes. The cross-entropy gained 1.10-1.12x under 96 at 4 warps in
-        # plain float32 only, where its weighted, smoothed kernel spills 488 bytes: no cap there.
+        # in the 16-bit cross-entropy; its float32 is as fast at 8. Under a cap of 128 the
+        # backward fits four programs an SM, not two (float32) or three: 1.23-1.52x faster at
+        # V = 128256-262144, B = 4096, spilling 32-64 bytes a thread. The plain cross-entropy
+        # holds 8192 elements a program under a cap: float32 at 8 warps under 80 (three programs
+        # an SM) 1.17x, 16-bit at 4 under 128 (four) 1.11-1.14x, spilling 16 and 72 bytes a
+        # thread; its weighted, smoothed kernel would spill 350-740 there, so it keeps CHUNK
+        # 4096 and no cap.
         if op == "softmax_backward":
             return {"CHUNK": 4096, "num_warps": 4, "maxnreg": 128}
         wide = dtype == torch.float32
+        if plain:
+            return {"CHUNK": 8192, **({"num_warps": 8, "maxnreg": 80} if wide else {"num_warps": 4, "maxnreg": 128})}
         return {"CHUNK": 4096, "num_warps": 8 if wide else 4}
     if path == "stream":
         # BLOCK 1024-16384 x 4-32 warps x 1-8 programs per SM at V = 16384-128256 (reports/profiles.md):

@@ -86,13 +86,19 @@ def build(
 
 
 def spill_budget(record: dict) -> int:
-    """Bytes a build may spill (and hold as local memory): CAPPED_SPILL_BYTES under a register
-    cap chosen by the benchmark, none without one. A stack frame with no spill in it (8 bytes
-    in the cross-entropy row kernel at V = 32000 under Triton 3.9, none under 3.6) is reported,
-    not held against the budget."""
+    """Bytes of local memory a thread of a build may spill into: CAPPED_SPILL_BYTES under a
+    register cap chosen by the benchmark, none without one."""
     from .triton_dispatch import CAPPED_SPILL_BYTES
 
     return CAPPED_SPILL_BYTES if record.get("maxnreg") else 0
+
+
+def spilled_bytes(record: dict) -> int:
+    """Bytes of local memory a thread of the build spills into: its stack frame where ptxas
+    spills (the driver's local size for the kernel on a GPU), plus any local arrays. A stack
+    frame with no spill in it (8 bytes in the cross-entropy row kernel at V = 32000 under
+    Triton 3.9, none under 3.6) is reported, not counted."""
+    return (record["stack"] if record["spill_bytes"] else 0) + record["local"]
 
 
 def build_path(name: str, entry, p: dict, V: int, dtype_name: str) -> dict:
@@ -158,14 +164,14 @@ def build_all() -> list[dict]:
 # -- the training kernels -------------------------------------------------------------------------
 
 QUICK = {"bwd-row fp32", "bwd-split fp32", "bwd-stream fp32", "bwd-reread fp32", "ce-row fp32",
-         "ce-row fp32 weighted smoothed", "ce-split fp32 weighted smoothed", "ce-scale fp32", "ce-prep",
-         "ce-reduce"}  # fmt: skip
+         "ce-row fp32 weighted smoothed", "ce-split fp32", "ce-split bf16", "ce-split fp32 weighted smoothed",
+         "ce-scale fp32", "ce-prep", "ce-reduce"}  # fmt: skip
 
 
 def build_training(quick: bool = False) -> list[dict]:
     """The softmax-backward and cross-entropy kernels as the wrappers launch them at V = 600 (row,
     small), 8192 (the row paths' largest; 32000 for the cross-entropy's plain rows and the
-    backward's stream; 16384 for its reread) and 262144 (split), in fp32 and bf16, with and
+    backward's stream; 32768 for its reread) and 262144 (split), in fp32 and bf16, with and
     without weights and smoothing; --quick: the QUICK records, the row kernels from V = 8192 only."""
     from . import triton_backward as tb
 
@@ -176,7 +182,7 @@ def build_training(quick: bool = False) -> list[dict]:
         builds += [(f"bwd-row {dtype}", "softmax_backward", "row", V, name, {}) for V in (600, 8192)]
         builds.append((f"bwd-split {dtype}", "softmax_backward", "split", 262144, name, {}))
         builds.append((f"bwd-stream {dtype}", "softmax_backward", "stream", 32000, name, {}))
-        builds.append((f"bwd-reread {dtype}", "softmax_backward", "reread", 16384, name, {}))
+        builds.append((f"bwd-reread {dtype}", "softmax_backward", "reread", 32768, name, {}))
         for both in (False, True):
             flags = {"HAS_WEIGHT": both, "HAS_SMOOTHING": both}
             tag = f"{dtype}{' weighted smoothed' if both else ''}"
@@ -190,8 +196,13 @@ def build_training(quick: bool = False) -> list[dict]:
     for mean in (True, False):
         builds.append(("ce-prep", "cross_entropy", "prep", 262144, "float32", {"HAS_WEIGHT": True, "MEAN": mean}))
         builds.append(("ce-reduce", "cross_entropy", "reduce", 262144, "bfloat16", {"MEAN": mean}))
+
+    def params(op, path, V, name, flags):
+        plain = not (flags.get("HAS_WEIGHT") or flags.get("HAS_SMOOTHING"))
+        return {**tb.launch_params(path, V, torch_dtype(name), op=op, plain=plain), **flags}
+
     return [
-        build_path(record, tables[op][path], {**tb.launch_params(path, V, torch_dtype(name), op=op), **flags}, V, name)
+        build_path(record, tables[op][path], params(op, path, V, name, flags), V, name)
         for record, op, path, V, name, flags in builds
         if not quick or (record in QUICK and not (path == "row" and V < 8192))
     ]

@@ -97,11 +97,12 @@ def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction
     if checking and grad is logits:
         _raise_for_bad_targets(bad, V, ignore_index)
     values["LOSS"] = row_loss = torch.empty(N, dtype=torch.float32, device=device)
+    smoothing = float(label_smoothing) > 0.0
     p = {
-        **launch_params(path, V, logits.dtype, op="cross_entropy"),
+        **launch_params(path, V, logits.dtype, op="cross_entropy", plain=not (has_weight or smoothing)),
         **params,
         **flags,
-        "HAS_SMOOTHING": float(label_smoothing) > 0.0,
+        "HAS_SMOOTHING": smoothing,
     }
     launch_entry("cross_entropy", path, values, p, V, N, dev)
     if reduction == "none":

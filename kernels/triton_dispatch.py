@@ -59,14 +59,16 @@ DISPATCH_BOUNDARIES = {
 # The split path's launch parameters, from the H200 sweeps of reports/profiles.md (CHUNK
 # 2048-8192 x 4-8 warps x register caps at B = 1024 and 4096; CHUNK 512-8192 at B <= 64).
 # maxnreg is the register cap handed to ptxas: it sets the programs resident per SM (96: five
-# of four warps), hence the bytes in flight. At 96 ptxas spills 48-80 bytes, and the split ran
+# of four warps), hence the bytes in flight. At 96 a thread spills 32-40 bytes, and the split ran
 # 1.06-1.09x (float32) and 1.15x (bfloat16) faster than at 128, which spills none (V = 128256
 # and 262144, B = 4096, reports/profiles.md).
 SPLIT_PARAMS = {"CHUNK": 8192, "num_warps": 4, "maxnreg": 96}
-# What ptxas may spill, in bytes (stores and loads), in a build under a register cap: a cap is
-# chosen where the benchmark shows the occupancy it buys worth more than the spill costs
-# (kernels.triton_build, the sm_90 build tests). A build without a cap may spill nothing.
-CAPPED_SPILL_BYTES = 128
+# The local memory a thread of a build under a register cap may spill into, in bytes (its stack
+# frame: what the driver reports as the kernel's local size): a cap is chosen where the
+# benchmark shows the occupancy it buys worth more than the spill costs (kernels.triton_build,
+# the sm_90 build tests). The largest such spill is the 16-bit plain cross-entropy split's, 72
+# bytes. A build without a cap may spill nothing.
+CAPPED_SPILL_BYTES = 96
 # A short batch: chunks halve until the launch has SPLIT_FILL programs per SM, down to
 # SPLIT_MIN_CHUNK (below it a row's meetings, over hundreds of siblings, cost more than the
 # idle SMs would give: 1024-element chunks were 15-100 % slower than 2048 at V = 262144).

@@ -466,7 +466,7 @@ TABLES = {
         ),
         "reread": _entry(
             "softmax_backward_reread", "DY:*T Y:*T DX:*T V stride_dy stride_y stride_dx K", "BLOCK TILE",
-            geometry=_row_block,
+            geometry=_row_block, options=_warps_capped,
         ),
         "split": _entry(
             "softmax_backward_split", "DY:*T Y:*T DX:*T WS:*i64 V P stride_dy stride_y stride_dx K", _SPLIT,

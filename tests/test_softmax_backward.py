@@ -330,7 +330,7 @@ def test_cuda_matches_the_reference(kernel, dtype, V):
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("path", tb.PATHS)
-@pytest.mark.parametrize("V", (37, 4097, 50257))
+@pytest.mark.parametrize("V", (37, 4097, 32000, 50257))
 def test_cuda_every_path_and_layout_gives_the_same_bits(path, V, dtype):
     if path == "row" and V > tb.DISPATCH_BOUNDARIES["row_max_v"]:
         pytest.skip("the row path holds a row in registers: V <= row_max_v")
