@@ -64,7 +64,7 @@ CASES = (
     ("triton-bf16-row-32000", "triton", "bf16", 4096, 32000, "row"),
     ("triton-fp32-ce-32000", "triton-ce", "fp32", 4096, 32000, "row"),
     ("triton-bf16-bwd-32000", "triton-bwd", "bf16", 4096, 32000, "stream"),
-    ("triton-fp32-bwd-32000", "triton-bwd", "fp32", 4096, 32000, "stream"),
+    ("triton-fp32-bwd-32000", "triton-bwd", "fp32", 4096, 32000, "reread"),
     ("triton-fp32-bwd-16384", "triton-bwd", "fp32", 4096, 16384, "reread"),
     ("triton-fp32-bwd-128256", "triton-bwd", "fp32", 4096, 128256, "split"),
     # torch.compile's softmax backward (one kernel, compiled for the shape), the goal's yardstick.
@@ -76,6 +76,8 @@ CASES = (
     ("triton-bf16-ce-32000", "triton-ce", "bf16", 4096, 32000, "row"),
     ("fused-bf16-ce-32000", "fused-ce", "bf16", 4096, 32000, "cluster"),
     ("triton-fp32-ce-262144", "triton-ce", "fp32", 4096, 262144, "split"),
+    ("triton-fp32-ce-128256", "triton-ce", "fp32", 4096, 128256, "split"),
+    ("triton-bf16-ce-128256", "triton-ce", "bf16", 4096, 128256, "split"),
     ("fused-fp32-ce-262144", "fused-ce", "fp32", 4096, 262144, "loop"),
     ("triton-bf16-bwd-262144", "triton-bwd", "bf16", 4096, 262144, "split"),
     ("fused-bf16-bwd-262144", "fused-bwd", "bf16", 4096, 262144, "loop"),
