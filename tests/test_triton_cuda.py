@@ -280,6 +280,40 @@ def test_compiled_kernels_spill_within_budget(request):
     assert all(spills <= budget for _, _, spills, budget in rows), rows
 
 
+def test_compiled_training_kernels_spill_within_budget():
+    """The training kernels as their wrappers launch them, the capped ones included (the plain
+    cross-entropy's split, the backward's split and its reread past V = 16384) and the weighted,
+    smoothed split that must stay uncapped: every kernel of theirs this process has compiled, as
+    the driver reports it, within the budget of its register cap (none: no spill at all)."""
+    from kernels import triton_backward as tb
+    from kernels import triton_cross_entropy as tce
+    from kernels.triton_loss_kernels import JIT_KERNELS
+    from tests.helpers import softmax_and_grad, targets
+
+    for dtype in DTYPES:
+        x = logits(8, 50257, seed=2, dtype=dtype, device="cuda")
+        t = targets(8, 50257, seed=2, device="cuda")
+        tce.cross_entropy(x, t)
+        tce.cross_entropy(x, t, weight=torch.rand(50257, device="cuda", dtype=dtype), label_smoothing=0.1)
+        for B, V in ((8, 50257), (64, 32000)):  # split; reread (float32) or stream
+            y, dy = softmax_and_grad(B, V, seed=3, dtype=dtype, device="cuda")
+            tb.softmax_backward(dy, y)
+    torch.cuda.synchronize()
+    rows = []
+    for name, fn in JIT_KERNELS.items():
+        for caches in fn.device_caches.values():  # Triton's (kernel cache, ...) per device
+            for k in caches[0].values():
+                k._init_handles()
+                cap = getattr(k.metadata, "maxnreg", None)
+                rows.append((name, k.metadata.num_warps, cap, k.n_regs, 4 * k.n_spills, spill_budget({"maxnreg": cap})))
+    launched = {r[0] for r in rows}
+    want = {"cross_entropy_split", "softmax_backward_split", "softmax_backward_reread", "softmax_backward_stream"}
+    assert want <= launched, f"no compiled kernel found for {sorted(want - launched)}"
+    assert {r[2] for r in rows if r[0] == "cross_entropy_split"} >= {None, 80, 128}, rows  # plain capped, weighted not
+    over = [r for r in rows if r[4] > r[5]]
+    assert not over, f"(kernel, warps, cap, registers, bytes spilled a thread, budget) past the budget: {over}"
+
+
 def test_autotune_once_then_reuse(tmp_path, monkeypatch):
     path = tmp_path / "tune.json"
     # The wrapper reads the stored file the environment names: point it at this test's own.
