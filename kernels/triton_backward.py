@@ -25,7 +25,7 @@ from .checks import check_backward_inputs, on_device, prepare_dx
 from .spec import spec_of
 from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
 from .triton_dispatch import INTERPRET, fixed_point_bits
-from .triton_launch import launch_entry
+from .triton_launch import divisible_by_16, launch_entry
 
 KERNEL_NAME = "triton"
 PATHS = spec_of("softmax_backward", KERNEL_NAME).path_names  # the registry's entry names them
@@ -62,12 +62,20 @@ def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) ->
 
 
 def launch_params(
-    path: str, V: int, dtype: torch.dtype = torch.float32, *, op: str = "softmax_backward", plain: bool = False
+    path: str,
+    V: int,
+    dtype: torch.dtype = torch.float32,
+    *,
+    op: str = "softmax_backward",
+    plain: bool = False,
+    aligned: bool = True,
 ) -> dict:
     """The launch parameters of the softmax backward's and (op="cross_entropy") the cross-entropy's
     entries of kernels.triton_launch.TABLES for rows of V: row, split, the backward's reread and
     stream, and cross-entropy's prep, reduce and scale. `plain`: a cross-entropy without class
-    weights or label smoothing, whose split kernel holds fewer values a thread."""
+    weights or label smoothing, whose split kernel holds fewer values a thread; `aligned`: rows
+    whose pointers, strides and V are all divisible by 16 (kernels.triton_launch.divisible_by_16),
+    which move in 16-byte vectors."""
     if path == "row":
         block = triton.next_power_of_2(V)
         # Up to 8 elements per thread and tensor: no spills on sm_90 (kernels.triton_build --training).
@@ -90,12 +98,17 @@ def launch_params(
         # holds 8192 elements a program under a cap: float32 at 8 warps under 80 (three programs
         # an SM) 1.17x, 16-bit at 4 under 128 (four) 1.11-1.14x, spilling 16 and 72 bytes a
         # thread; its weighted, smoothed kernel would spill 350-740 there, so it keeps CHUNK
-        # 4096 and no cap.
+        # 4096 and no cap. Rows not `aligned` load element by element in more registers: those
+        # caps spill 350-810 bytes a thread there, and at (4096, 50257 / 128257) 4096 x 8 warps
+        # under 128 (no spill) ran 1.53-1.66x the backward's aligned setting and 1.16-1.22x the
+        # plain float32 cross-entropy's; the 16-bit cross-entropy led uncapped at 4096 x 4.
         if op == "softmax_backward":
-            return {"CHUNK": 4096, "num_warps": 4, "maxnreg": 128}
+            return {"CHUNK": 4096, "num_warps": 4 if aligned else 8, "maxnreg": 128}
         wide = dtype == torch.float32
-        if plain:
+        if plain and aligned:
             return {"CHUNK": 8192, **({"num_warps": 8, "maxnreg": 80} if wide else {"num_warps": 4, "maxnreg": 128})}
+        if plain and wide:
+            return {"CHUNK": 4096, "num_warps": 8, "maxnreg": 128}
         return {"CHUNK": 4096, "num_warps": 8 if wide else 4}
     if path == "stream":
         # BLOCK 1024-16384 x 4-32 warps x 1-8 programs per SM at V = 16384-128256 (reports/profiles.md):
@@ -123,7 +136,8 @@ def _launch(dy, y, dx, path: str, params: dict) -> None:
     values = {"DY": dy, "Y": y, "DX": dx, "B": B, "V": V, "stride_dy": dy.stride(0), "stride_y": y.stride(0)}
     values.update(stride_dx=dx.stride(0), K=fixed_point_bits(V))
     path = path or plan(B, V, y.dtype)
-    p = {**launch_params(path, V, y.dtype), **params}
+    aligned = divisible_by_16(dy, y, dx, V, dy.stride(0), y.stride(0), dx.stride(0))
+    p = {**launch_params(path, V, y.dtype, aligned=aligned), **params}
     launch_entry("softmax_backward", path, values, p, V, B, -1 if INTERPRET else y.get_device())
 
 

@@ -163,16 +163,17 @@ def build_all() -> list[dict]:
 
 # -- the training kernels -------------------------------------------------------------------------
 
-QUICK = {"bwd-row fp32", "bwd-split fp32", "bwd-stream fp32", "bwd-reread fp32", "ce-row fp32",
-         "ce-row fp32 weighted smoothed", "ce-split fp32", "ce-split bf16", "ce-split fp32 weighted smoothed",
-         "ce-scale fp32", "ce-prep", "ce-reduce"}  # fmt: skip
+QUICK = {"bwd-row fp32", "bwd-split fp32", "bwd-split fp32 odd V", "bwd-stream fp32", "bwd-reread fp32",
+         "ce-row fp32", "ce-row fp32 weighted smoothed", "ce-split fp32", "ce-split bf16", "ce-split fp32 odd V",
+         "ce-split fp32 weighted smoothed", "ce-scale fp32", "ce-prep", "ce-reduce"}  # fmt: skip
 
 
 def build_training(quick: bool = False) -> list[dict]:
     """The softmax-backward and cross-entropy kernels as the wrappers launch them at V = 600 (row,
     small), 8192 (the row paths' largest; 32000 for the cross-entropy's plain rows and the
-    backward's stream; 32768 for its reread) and 262144 (split), in fp32 and bf16, with and
-    without weights and smoothing; --quick: the QUICK records, the row kernels from V = 8192 only."""
+    backward's stream; 32768 for its reread) and 262144 (split; 262145 for rows that are not
+    16-byte aligned, "odd V"), in fp32 and bf16, with and without weights and smoothing; --quick:
+    the QUICK records, the row kernels from V = 8192 only."""
     from . import triton_backward as tb
 
     tables = _compiled(tb)
@@ -181,6 +182,7 @@ def build_training(quick: bool = False) -> list[dict]:
         dtype = DTYPE_IDS[name]
         builds += [(f"bwd-row {dtype}", "softmax_backward", "row", V, name, {}) for V in (600, 8192)]
         builds.append((f"bwd-split {dtype}", "softmax_backward", "split", 262144, name, {}))
+        builds.append((f"bwd-split {dtype} odd V", "softmax_backward", "split", 262145, name, {}))
         builds.append((f"bwd-stream {dtype}", "softmax_backward", "stream", 32000, name, {}))
         builds.append((f"bwd-reread {dtype}", "softmax_backward", "reread", 32768, name, {}))
         for both in (False, True):
@@ -189,7 +191,10 @@ def build_training(quick: bool = False) -> list[dict]:
             # Plain rows (no weights, no smoothing) stay on the row path up to V = 32768.
             row_vs = (600, 8192) if both else (600, 8192, 32000)
             builds += [(f"ce-row {tag}", "cross_entropy", "row", V, name, flags) for V in row_vs]
-            builds.append((f"ce-split {tag}", "cross_entropy", "split", 262144, name, flags))
+            builds += [
+                (f"ce-split {tag}{' odd V' * (V % 2)}", "cross_entropy", "split", V, name, flags)
+                for V in (262144, 262145)
+            ]
         builds += [
             (f"ce-scale {dtype}", "cross_entropy", "scale", 262144, name, {"IN_PLACE": i}) for i in (True, False)
         ]
@@ -198,8 +203,9 @@ def build_training(quick: bool = False) -> list[dict]:
         builds.append(("ce-reduce", "cross_entropy", "reduce", 262144, "bfloat16", {"MEAN": mean}))
 
     def params(op, path, V, name, flags):
+        # As the wrappers choose them; an odd V is not divisible by 16, so neither are the strides.
         plain = not (flags.get("HAS_WEIGHT") or flags.get("HAS_SMOOTHING"))
-        return {**tb.launch_params(path, V, torch_dtype(name), op=op, plain=plain), **flags}
+        return {**tb.launch_params(path, V, torch_dtype(name), op=op, plain=plain, aligned=V % 16 == 0), **flags}
 
     return [
         build_path(record, tables[op][path], params(op, path, V, name, flags), V, name)

@@ -43,7 +43,7 @@ from .triton_backward import DISPATCH_BOUNDARIES as _BACKWARD_BOUNDARIES
 from .triton_backward import launch_params
 from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
 from .triton_dispatch import INTERPRET, fixed_point_bits
-from .triton_launch import launch_entry
+from .triton_launch import divisible_by_16, launch_entry
 
 KERNEL_NAME = "triton"
 PATHS = spec_of("cross_entropy", KERNEL_NAME).path_names  # the registry's entry names them
@@ -98,8 +98,11 @@ def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction
         _raise_for_bad_targets(bad, V, ignore_index)
     values["LOSS"] = row_loss = torch.empty(N, dtype=torch.float32, device=device)
     smoothing = float(label_smoothing) > 0.0
+    aligned = divisible_by_16(x, grad, V, x.stride(0), grad.stride(0))
     p = {
-        **launch_params(path, V, logits.dtype, op="cross_entropy", plain=not (has_weight or smoothing)),
+        **launch_params(
+            path, V, logits.dtype, op="cross_entropy", plain=not (has_weight or smoothing), aligned=aligned
+        ),
         **params,
         **flags,
         "HAS_SMOOTHING": smoothing,

@@ -97,6 +97,15 @@ def kernel_name(kernel) -> str:
     return getattr(fn, "__name__", repr(kernel))
 
 
+def divisible_by_16(*values) -> bool:
+    """Whether Triton's launcher specialises every one of `values` as divisible by 16: a tensor by
+    its address in bytes, an integer by its value. Where a row's pointers, stride and V all are,
+    the training kernels' masks are constant over 16 elements and their rows move in 16-byte
+    vectors; otherwise element by element, in more registers (their split launch parameters
+    differ: kernels.triton_backward.launch_params)."""
+    return all((v.data_ptr() if isinstance(v, torch.Tensor) else v) % 16 == 0 for v in values)
+
+
 def _no_geometry(p, V, *layout) -> dict:
     return {}
 

@@ -1,6 +1,8 @@
 """Triton softmax on a GPU: every dispatch path at its boundaries, long and odd rows, huge
 batches, every autotune config, resource use of the compiled kernels, and autotune-once-reuse."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -283,20 +285,21 @@ def test_compiled_kernels_spill_within_budget(request):
 def test_compiled_training_kernels_spill_within_budget():
     """The training kernels as their wrappers launch them, the capped ones included (the plain
     cross-entropy's split, the backward's split and its reread past V = 16384) and the weighted,
-    smoothed split that must stay uncapped: every kernel of theirs this process has compiled, as
-    the driver reports it, within the budget of its register cap (none: no spill at all)."""
+    smoothed split that must stay uncapped, on rows 16-byte aligned (V = 50272) and not (50257):
+    every kernel of theirs this process has compiled, as the driver reports it, within the
+    budget of its register cap (none: no spill at all)."""
     from kernels import triton_backward as tb
     from kernels import triton_cross_entropy as tce
     from kernels.triton_loss_kernels import JIT_KERNELS
     from tests.helpers import softmax_and_grad, targets
 
-    for dtype in DTYPES:
-        x = logits(8, 50257, seed=2, dtype=dtype, device="cuda")
-        t = targets(8, 50257, seed=2, device="cuda")
+    for dtype, V in itertools.product(DTYPES, (50257, 50272)):
+        x = logits(8, V, seed=2, dtype=dtype, device="cuda")
+        t = targets(8, V, seed=2, device="cuda")
         tce.cross_entropy(x, t)
-        tce.cross_entropy(x, t, weight=torch.rand(50257, device="cuda", dtype=dtype), label_smoothing=0.1)
-        for B, V in ((8, 50257), (64, 32000)):  # split; reread (float32) or stream
-            y, dy = softmax_and_grad(B, V, seed=3, dtype=dtype, device="cuda")
+        tce.cross_entropy(x, t, weight=torch.rand(V, device="cuda", dtype=dtype), label_smoothing=0.1)
+        for B, W in ((8, V), (64, V - 18257)):  # split; reread (float32) or stream, at 32000 and 32015
+            y, dy = softmax_and_grad(B, W, seed=3, dtype=dtype, device="cuda")
             tb.softmax_backward(dy, y)
     torch.cuda.synchronize()
     rows = []
