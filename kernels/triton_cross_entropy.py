@@ -69,7 +69,7 @@ class CrossEntropyResult(NamedTuple):
     grad: torch.Tensor
 
 
-def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction, validate, path, params):
+def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction, validate, path, params, plain):
     N, V = logits.shape
     device = logits.device
     lse = torch.empty(N, dtype=torch.float32, device=device)
@@ -97,15 +97,12 @@ def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction
     if checking and grad is logits:
         _raise_for_bad_targets(bad, V, ignore_index)
     values["LOSS"] = row_loss = torch.empty(N, dtype=torch.float32, device=device)
-    smoothing = float(label_smoothing) > 0.0
     aligned = divisible_by_16(x, grad, V, x.stride(0), grad.stride(0))
     p = {
-        **launch_params(
-            path, V, logits.dtype, op="cross_entropy", plain=not (has_weight or smoothing), aligned=aligned
-        ),
+        **launch_params(path, V, logits.dtype, op="cross_entropy", plain=plain, aligned=aligned),
         **params,
         **flags,
-        "HAS_SMOOTHING": smoothing,
+        "HAS_SMOOTHING": float(label_smoothing) > 0.0,
     }
     launch_entry("cross_entropy", path, values, p, V, N, dev)
     if reduction == "none":
@@ -145,9 +142,10 @@ def _cross_entropy(logits, targets, path, params, *, weight=None, ignore_index=-
         if out.stride(1) != 1:
             raise ValueError(f"{KERNEL_NAME} cross-entropy: out must have rows of unit column stride")
         grad = out
-    path = path or plan(*logits.shape, logits.dtype, plain=weight is None and not float(label_smoothing) > 0.0)
+    plain = weight is None and not float(label_smoothing) > 0.0  # no class weights, no smoothing
+    path = path or plan(*logits.shape, logits.dtype, plain=plain)
     run = lambda: _run(  # noqa: E731
-        logits, targets, grad, weight, int(ignore_index), label_smoothing, reduction, validate, path, params
+        logits, targets, grad, weight, int(ignore_index), label_smoothing, reduction, validate, path, params, plain
     )
     return on_device(run, logits)
 
