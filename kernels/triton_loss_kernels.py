@@ -143,6 +143,59 @@ def softmax_backward_reread_kernel(
 
 
 @triton.jit
+def _backward_meet_scale(ws, P, chunk, tag, a_c, f_c, y_row, dy_row, V, K, P_BLOCK: tl.constexpr,
+                         FALLBACK_BLOCK: tl.constexpr, MAX_SPINS: tl.constexpr):  # fmt: skip
+    # Meeting 1 of the backward's split: from this chunk's largest finite |y dy| (a_c) and sum
+    # of non-finite terms (f_c), the row's order-free scale (up, down) and non-finite sum F;
+    # a program whose siblings do not arrive in time streams the row (y_row, dy_row) itself.
+    tag_hi = tag << 32
+    my_a = _tagged(tag_hi, a_c)
+    my_f = _tagged(tag_hi, f_c)
+    tl.atomic_xchg(ws + chunk, my_a, sem="relaxed")
+    tl.atomic_xchg(ws + P + chunk, my_f, sem="relaxed")
+    amax, stale = _meet_floats(ws, P, chunk, my_a, tag, False, P_BLOCK, MAX_SPINS)
+    F = tl.zeros([], tl.float32)
+    if stale == 0:
+        F, stale = _meet_floats(ws + P, P, chunk, my_f, tag, True, P_BLOCK, MAX_SPINS)
+    if stale > 0:
+        fcols = tl.arange(0, FALLBACK_BLOCK)
+        a_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
+        f_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
+        start = 0
+        while start < V:
+            idx = start + fcols
+            tt = _products(y_row, dy_row, idx, V)
+            a_run = tl.maximum(a_run, _finite_abs(tt))
+            f_run += _non_finite(tt)
+            start += FALLBACK_BLOCK
+        amax = tl.max(a_run, axis=0)
+        F = tl.sum(f_run, axis=0)
+    up, down = _fixed_point_scale(amax, K)
+    return up, down, F
+
+
+@triton.jit
+def _backward_meet_sum(ws, P, chunk, tag, s_c, up, y_row, dy_row, V, P_BLOCK: tl.constexpr,
+                       FALLBACK_BLOCK: tl.constexpr, MAX_SPINS: tl.constexpr):  # fmt: skip
+    # Meeting 2: the row's fixed-point sum at scale `up` from this chunk's (s_c), or streamed.
+    tag_hi = tag << 32
+    my_hi, my_lo = _tagged_halves(tag_hi, s_c)
+    tl.atomic_xchg(ws + 2 * P + 2 * chunk, my_hi, sem="relaxed")
+    tl.atomic_xchg(ws + 2 * P + 2 * chunk + 1, my_lo, sem="relaxed")
+    S, stale = _meet_sum(ws + 2 * P, P, chunk, my_hi, my_lo, tag, P_BLOCK, MAX_SPINS)
+    if stale > 0:
+        fcols = tl.arange(0, FALLBACK_BLOCK)
+        s_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
+        start = 0
+        while start < V:
+            idx = start + fcols
+            s_run += _fixed_finite(_products(y_row, dy_row, idx, V), up)
+            start += FALLBACK_BLOCK
+        S = tl.sum(s_run, axis=0)
+    return S
+
+
+@triton.jit
 def softmax_backward_split_kernel(
     DY, Y, DX, WS, V, P, stride_dy, stride_y, stride_dx, K,
     CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr, MAX_SPINS: tl.constexpr,
@@ -170,49 +223,12 @@ def softmax_backward_split_kernel(
     y = tl.load(y_row + cols, mask=mask, other=0.0).to(tl.float32)
     t = y * dy
     ws = WS + row * (4 * P)
-    fcols = tl.arange(0, FALLBACK_BLOCK)
     tag = _launch_tag(ws + chunk, P_BLOCK)
-    tag_hi = tag << 32
-
-    # Meeting 1: the largest finite |y dy| and the non-finite terms.
-    my_a = _tagged(tag_hi, tl.max(_finite_abs(t), axis=0))
-    my_f = _tagged(tag_hi, tl.sum(_non_finite(t), axis=0))
-    tl.atomic_xchg(ws + chunk, my_a, sem="relaxed")
-    tl.atomic_xchg(ws + P + chunk, my_f, sem="relaxed")
-    amax, stale = _meet_floats(ws, P, chunk, my_a, tag, False, P_BLOCK, MAX_SPINS)
-    F = tl.zeros([], tl.float32)
-    if stale == 0:
-        F, stale = _meet_floats(ws + P, P, chunk, my_f, tag, True, P_BLOCK, MAX_SPINS)
-    if stale > 0:
-        a_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
-        f_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
-        start = 0
-        while start < V:
-            idx = start + fcols
-            tt = _products(y_row, dy_row, idx, V)
-            a_run = tl.maximum(a_run, _finite_abs(tt))
-            f_run += _non_finite(tt)
-            start += FALLBACK_BLOCK
-        amax = tl.max(a_run, axis=0)
-        F = tl.sum(f_run, axis=0)
-    up, down = _fixed_point_scale(amax, K)
-
-    # Meeting 2: the fixed-point sum.
-    s_c = tl.sum(_fixed_finite(t, up), axis=0)
-    my_hi, my_lo = _tagged_halves(tag_hi, s_c)
-    tl.atomic_xchg(ws + 2 * P + 2 * chunk, my_hi, sem="relaxed")
-    tl.atomic_xchg(ws + 2 * P + 2 * chunk + 1, my_lo, sem="relaxed")
-    S, stale = _meet_sum(ws + 2 * P, P, chunk, my_hi, my_lo, tag, P_BLOCK, MAX_SPINS)
-    if stale > 0:
-        s_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
-        start = 0
-        while start < V:
-            idx = start + fcols
-            tt = _products(y_row, dy_row, idx, V)
-            s_run += _fixed_finite(tt, up)
-            start += FALLBACK_BLOCK
-        S = tl.sum(s_run, axis=0)
-
+    a_c = tl.max(_finite_abs(t), axis=0)
+    up, down, F = _backward_meet_scale(ws, P, chunk, tag, a_c, tl.sum(_non_finite(t), axis=0), y_row, dy_row, V, K,
+                                       P_BLOCK, FALLBACK_BLOCK, MAX_SPINS)  # fmt: skip
+    S = _backward_meet_sum(ws, P, chunk, tag, tl.sum(_fixed_finite(t, up), axis=0), up, y_row, dy_row, V,
+                           P_BLOCK, FALLBACK_BLOCK, MAX_SPINS)  # fmt: skip
     s = S.to(tl.float32) * down + F
     tl.store(DX + row * stride_dx + cols, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
 
