@@ -96,7 +96,7 @@ def spill_budget(record: dict) -> int:
 def spilled_bytes(record: dict) -> int:
     """Bytes of local memory a thread of the build spills into: its stack frame where ptxas
     spills (the driver's local size for the kernel on a GPU), plus any local arrays. A stack
-    frame with no spill in it (8 bytes in the cross-entropy row kernel at V = 32000 under
+    frame with no spill in it (8 bytes in the cross-entropy row kernel at V = 32768 under
     Triton 3.9, none under 3.6) is reported, not counted."""
     return (record["stack"] if record["spill_bytes"] else 0) + record["local"]
 
@@ -137,6 +137,7 @@ def build_all() -> list[dict]:
     the wrapper launches them at typical V, in fp32 and bf16."""
     from . import softmax_triton as st
     from . import triton_store as store
+    from .triton_dispatch import DISPATCH_BOUNDARIES
 
     table = _compiled(st)["softmax"]
 
@@ -146,7 +147,7 @@ def build_all() -> list[dict]:
     rows = [one("tile", {"config": store.config_dict(cfg)}, 4096, "float32") for cfg in store.CONFIGS]
     for name in ("float32", "bfloat16"):
         tdtype = torch_dtype(name)
-        for V in (4096, 8192, 16384, 32768):
+        for V in (4096, 8192, 16384, DISPATCH_BOUNDARIES["row_max_v"]):  # to the longest row it holds
             rows.append(one("row", st.launch_params("row", V, tdtype), V, name))
         for V in (600, 1100):  # a row cut 512 + 128 and 1024 + 128, one warp
             rows.append(one("rows", st.launch_params("rows", V, tdtype), V, name))
@@ -170,26 +171,31 @@ QUICK = {"bwd-row fp32", "bwd-split fp32", "bwd-split fp32 odd V", "bwd-stream f
 
 def build_training(quick: bool = False) -> list[dict]:
     """The softmax-backward and cross-entropy kernels as the wrappers launch them at V = 600 (row,
-    small), 8192 (the row paths' largest; 32000 for the cross-entropy's plain rows and the
-    backward's stream; 32768 for its reread) and 262144 (split; 262145 for rows that are not
+    small), the row paths' largest (8192; 32768 for the cross-entropy's plain rows and the
+    backward's reread; 32000 for its stream) and 262144 (split; 262145 for rows that are not
     16-byte aligned, "odd V"), in fp32 and bf16, with and without weights and smoothing; --quick:
-    the QUICK records, the row kernels from V = 8192 only."""
+    the QUICK records, the row kernels at their largest V only."""
     from . import triton_backward as tb
+    from .triton_cross_entropy import DISPATCH_BOUNDARIES as ce_bounds
 
     tables = _compiled(tb)
+    # Each row path at the largest V its dispatch sends it: a boundary moved past what a path
+    # holds shows here as a spill.
+    bounds = tb.DISPATCH_BOUNDARIES
+    row_max, plain_max = bounds["row_max_v"], ce_bounds["plain_row_max_v"]
     builds = []  # (record name, op, path, V, dtype name, flags)
     for name in ("float32", "bfloat16"):
         dtype = DTYPE_IDS[name]
-        builds += [(f"bwd-row {dtype}", "softmax_backward", "row", V, name, {}) for V in (600, 8192)]
+        builds += [(f"bwd-row {dtype}", "softmax_backward", "row", V, name, {}) for V in (600, row_max)]
         builds.append((f"bwd-split {dtype}", "softmax_backward", "split", 262144, name, {}))
         builds.append((f"bwd-split {dtype} odd V", "softmax_backward", "split", 262145, name, {}))
         builds.append((f"bwd-stream {dtype}", "softmax_backward", "stream", 32000, name, {}))
-        builds.append((f"bwd-reread {dtype}", "softmax_backward", "reread", 32768, name, {}))
+        builds.append((f"bwd-reread {dtype}", "softmax_backward", "reread", bounds["reread_max_v"], name, {}))
         for both in (False, True):
             flags = {"HAS_WEIGHT": both, "HAS_SMOOTHING": both}
             tag = f"{dtype}{' weighted smoothed' if both else ''}"
             # Plain rows (no weights, no smoothing) stay on the row path up to V = 32768.
-            row_vs = (600, 8192) if both else (600, 8192, 32000)
+            row_vs = (600, row_max) if both else (600, row_max, plain_max)
             builds += [(f"ce-row {tag}", "cross_entropy", "row", V, name, flags) for V in row_vs]
             builds += [
                 (f"ce-split {tag}{' odd V' * (V % 2)}", "cross_entropy", "split", V, name, flags)
@@ -210,7 +216,7 @@ def build_training(quick: bool = False) -> list[dict]:
     return [
         build_path(record, tables[op][path], params(op, path, V, name, flags), V, name)
         for record, op, path, V, name, flags in builds
-        if not quick or (record in QUICK and not (path == "row" and V < 8192))
+        if not quick or (record in QUICK and not (path == "row" and V < row_max))
     ]
 
 
