@@ -387,6 +387,91 @@ def cross_entropy_row_kernel(
 
 
 @triton.jit
+def _ce_meet_extremes(ws, P, chunk, tag, m_c, neg_mn_c, x_row, V, P_BLOCK: tl.constexpr,
+                      FALLBACK_BLOCK: tl.constexpr, MAX_SPINS: tl.constexpr, HAS_SMOOTHING: tl.constexpr):  # fmt: skip
+    # Meeting 1 of the cross-entropy's split: from this chunk's max (m_c) and minus its min
+    # (neg_mn_c, with smoothing), the row's max m (NaN-propagating) and min mn (inf without
+    # smoothing); a program whose siblings do not arrive in time streams the row itself.
+    tag_hi = tag << 32
+    my_m = _tagged(tag_hi, m_c)
+    my_mn = _tagged(tag_hi, neg_mn_c)
+    tl.atomic_xchg(ws + chunk, my_m, sem="relaxed")
+    tl.atomic_xchg(ws + P + chunk, my_mn, sem="relaxed")
+    m, stale = _meet_floats(ws, P, chunk, my_m, tag, False, P_BLOCK, MAX_SPINS)
+    mn = tl.full([], INF, tl.float32)
+    if HAS_SMOOTHING:
+        if stale == 0:
+            neg_mn, stale = _meet_floats(ws + P, P, chunk, my_mn, tag, False, P_BLOCK, MAX_SPINS)
+            mn = -neg_mn
+    if stale > 0:
+        fcols = tl.arange(0, FALLBACK_BLOCK)
+        m_run = tl.full([FALLBACK_BLOCK], -INF, tl.float32)
+        mn_run = tl.full([FALLBACK_BLOCK], INF, tl.float32)
+        start = 0
+        while start < V:
+            idx = start + fcols
+            xx = tl.load(x_row + idx, mask=idx < V, other=-INF).to(tl.float32)
+            m_run = tl.maximum(m_run, xx, propagate_nan=tl.PropagateNan.ALL)
+            if HAS_SMOOTHING:
+                mn_run = tl.minimum(mn_run, tl.where(idx < V, xx, INF))
+            start += FALLBACK_BLOCK
+        m = tl.reduce(m_run, 0, _nan_max)
+        if HAS_SMOOTHING:
+            mn = tl.min(mn_run, axis=0)
+    return m, mn
+
+
+@triton.jit
+def _ce_meet_sums(ws, P, chunk, tag, s_c, q_c, f_c, x_row, W, m, up, V, SCALE, OUT: tl.constexpr,
+                  P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr, MAX_SPINS: tl.constexpr,
+                  HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr):  # fmt: skip
+    # Meeting 2: the row's fixed-point sum of exp(x - m) (S_fix) and, with smoothing, of finite
+    # w (x - m) at scale `up` (Q_fix) and of the non-finite ones (F), from this chunk's s_c, q_c,
+    # f_c (every word written by every launch, so all stay in step), or streamed.
+    tag_hi = tag << 32
+    s_hi, s_lo = _tagged_halves(tag_hi, s_c)
+    q_hi, q_lo = _tagged_halves(tag_hi, q_c)
+    my_f = _tagged(tag_hi, f_c)
+    tl.atomic_xchg(ws + 2 * P + 2 * chunk, s_hi, sem="relaxed")
+    tl.atomic_xchg(ws + 2 * P + 2 * chunk + 1, s_lo, sem="relaxed")
+    tl.atomic_xchg(ws + 4 * P + 2 * chunk, q_hi, sem="relaxed")
+    tl.atomic_xchg(ws + 4 * P + 2 * chunk + 1, q_lo, sem="relaxed")
+    tl.atomic_xchg(ws + 6 * P + chunk, my_f, sem="relaxed")
+    S_fix, stale = _meet_sum(ws + 2 * P, P, chunk, s_hi, s_lo, tag, P_BLOCK, MAX_SPINS)
+    Q_fix = tl.zeros([], tl.int64)
+    F = tl.zeros([], tl.float32)
+    if HAS_SMOOTHING:
+        if stale == 0:
+            Q_fix, stale = _meet_sum(ws + 4 * P, P, chunk, q_hi, q_lo, tag, P_BLOCK, MAX_SPINS)
+        if stale == 0:
+            F, stale = _meet_floats(ws + 6 * P, P, chunk, my_f, tag, True, P_BLOCK, MAX_SPINS)
+    if stale > 0:
+        fcols = tl.arange(0, FALLBACK_BLOCK)
+        s_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
+        q_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
+        f_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
+        start = 0
+        while start < V:
+            idx = start + fcols
+            xx = tl.load(x_row + idx, mask=idx < V, other=-INF).to(tl.float32)
+            s_run += _fixed(_exp(xx, m, OUT), SCALE)
+            if HAS_SMOOTHING:
+                if HAS_WEIGHT:
+                    ww = tl.load(W + idx, mask=idx < V, other=0.0).to(tl.float32)
+                else:
+                    ww = tl.where(idx < V, 1.0, 0.0)
+                wdd = tl.where(idx < V, ww * (xx - m), 0.0)
+                q_run += _fixed_finite(wdd, up)
+                f_run += _non_finite(wdd)
+            start += FALLBACK_BLOCK
+        S_fix = tl.sum(s_run, axis=0)
+        if HAS_SMOOTHING:
+            Q_fix = tl.sum(q_run, axis=0)
+            F = tl.sum(f_run, axis=0)
+    return S_fix, Q_fix, F
+
+
+@triton.jit
 def cross_entropy_split_kernel(
     X, T, W, G, LOSS, LSE, PREP, WS, V, P, stride_x, stride_g, ignore_index, eps, inv_v, KW, SCALE,
     CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr, MAX_SPINS: tl.constexpr,
@@ -426,38 +511,15 @@ def cross_entropy_split_kernel(
     x_row = X + row * stride_x
     x = tl.load(x_row + cols, mask=mask, other=-INF).to(tl.float32)
     ws = WS + row * (7 * P)
-    fcols = tl.arange(0, FALLBACK_BLOCK)
     tag = _launch_tag(ws + chunk, P_BLOCK)
-    tag_hi = tag << 32
 
     # Meeting 1: the row's max (NaN-propagating) and min.
-    my_m = _tagged(tag_hi, tl.reduce(x, 0, _nan_max))
     neg_mn = tl.zeros([], tl.float32)
     if HAS_SMOOTHING:
         neg_mn = -tl.min(tl.where(mask, x, INF), axis=0)
-    my_mn = _tagged(tag_hi, neg_mn)
-    tl.atomic_xchg(ws + chunk, my_m, sem="relaxed")
-    tl.atomic_xchg(ws + P + chunk, my_mn, sem="relaxed")
-    m, stale = _meet_floats(ws, P, chunk, my_m, tag, False, P_BLOCK, MAX_SPINS)
-    mn = tl.full([], INF, tl.float32)
-    if HAS_SMOOTHING:
-        if stale == 0:
-            neg_mn, stale = _meet_floats(ws + P, P, chunk, my_mn, tag, False, P_BLOCK, MAX_SPINS)
-            mn = -neg_mn
-    if stale > 0:
-        m_run = tl.full([FALLBACK_BLOCK], -INF, tl.float32)
-        mn_run = tl.full([FALLBACK_BLOCK], INF, tl.float32)
-        start = 0
-        while start < V:
-            idx = start + fcols
-            xx = tl.load(x_row + idx, mask=idx < V, other=-INF).to(tl.float32)
-            m_run = tl.maximum(m_run, xx, propagate_nan=tl.PropagateNan.ALL)
-            if HAS_SMOOTHING:
-                mn_run = tl.minimum(mn_run, tl.where(idx < V, xx, INF))
-            start += FALLBACK_BLOCK
-        m = tl.reduce(m_run, 0, _nan_max)
-        if HAS_SMOOTHING:
-            mn = tl.min(mn_run, axis=0)
+    m, mn = _ce_meet_extremes(ws, P, chunk, tag, tl.reduce(x, 0, _nan_max), neg_mn, x_row, V,
+                              P_BLOCK, FALLBACK_BLOCK, MAX_SPINS, HAS_SMOOTHING)  # fmt: skip
+    up = 1.0  # the smoothing sum's scale: unused without smoothing
     if HAS_SMOOTHING:
         up, down = _fixed_point_scale(tl.load(PREP + 3) * (m - mn), KW)
 
@@ -470,44 +532,8 @@ def cross_entropy_split_kernel(
         wd = tl.where(mask, w_j * (x - m), 0.0)
         q_c = tl.sum(_fixed_finite(wd, up), axis=0)
         f_c = tl.sum(_non_finite(wd), axis=0)
-    s_hi, s_lo = _tagged_halves(tag_hi, s_c)
-    q_hi, q_lo = _tagged_halves(tag_hi, q_c)
-    my_f = _tagged(tag_hi, f_c)
-    tl.atomic_xchg(ws + 2 * P + 2 * chunk, s_hi, sem="relaxed")
-    tl.atomic_xchg(ws + 2 * P + 2 * chunk + 1, s_lo, sem="relaxed")
-    tl.atomic_xchg(ws + 4 * P + 2 * chunk, q_hi, sem="relaxed")
-    tl.atomic_xchg(ws + 4 * P + 2 * chunk + 1, q_lo, sem="relaxed")
-    tl.atomic_xchg(ws + 6 * P + chunk, my_f, sem="relaxed")
-    S_fix, stale = _meet_sum(ws + 2 * P, P, chunk, s_hi, s_lo, tag, P_BLOCK, MAX_SPINS)
-    Q_fix = tl.zeros([], tl.int64)
-    F = tl.zeros([], tl.float32)
-    if HAS_SMOOTHING:
-        if stale == 0:
-            Q_fix, stale = _meet_sum(ws + 4 * P, P, chunk, q_hi, q_lo, tag, P_BLOCK, MAX_SPINS)
-        if stale == 0:
-            F, stale = _meet_floats(ws + 6 * P, P, chunk, my_f, tag, True, P_BLOCK, MAX_SPINS)
-    if stale > 0:
-        s_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
-        q_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
-        f_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
-        start = 0
-        while start < V:
-            idx = start + fcols
-            xx = tl.load(x_row + idx, mask=idx < V, other=-INF).to(tl.float32)
-            s_run += _fixed(_exp(xx, m, G.dtype.element_ty), SCALE)
-            if HAS_SMOOTHING:
-                if HAS_WEIGHT:
-                    ww = tl.load(W + idx, mask=idx < V, other=0.0).to(tl.float32)
-                else:
-                    ww = tl.where(idx < V, 1.0, 0.0)
-                wdd = tl.where(idx < V, ww * (xx - m), 0.0)
-                q_run += _fixed_finite(wdd, up)
-                f_run += _non_finite(wdd)
-            start += FALLBACK_BLOCK
-        S_fix = tl.sum(s_run, axis=0)
-        if HAS_SMOOTHING:
-            Q_fix = tl.sum(q_run, axis=0)
-            F = tl.sum(f_run, axis=0)
+    S_fix, Q_fix, F = _ce_meet_sums(ws, P, chunk, tag, s_c, q_c, f_c, x_row, W, m, up, V, SCALE, G.dtype.element_ty,
+                                    P_BLOCK, FALLBACK_BLOCK, MAX_SPINS, HAS_WEIGHT, HAS_SMOOTHING)  # fmt: skip
 
     # The row's results: the row kernel's arithmetic.
     x_t = tl.load(x_row + t_safe).to(tl.float32)
