@@ -74,6 +74,17 @@ VARIANTS = "4096x4x128,4096x8x128,4096x4x168,8192x8x80,8192x4x128"  # CHUNK x nu
 
 
 @triton.jit
+def _group_cut(off, row, stride, chunk, V, CHUNK: tl.constexpr, ALIGN: tl.constexpr):
+    # Where chunk `chunk` of row `row` falls, from a base view `off` elements before row 0: the
+    # row's start, the chunk's offsets over whole 16-byte groups and their mask, and (chunk 0
+    # only) the row's partial groups at both ends, element by element, and their mask.
+    start = off + row * stride
+    c_start, mask = _split_chunk(start, chunk, V, CHUNK, ALIGN)
+    pos, e_mask = _split_edges(start, chunk, V, ALIGN)
+    return start, c_start + tl.arange(0, CHUNK), mask, pos, e_mask
+
+
+@triton.jit
 def backward_split_groups_kernel(
     DY, Y, DX, WS, V, P, stride_dy, stride_y, stride_dx, y_off, dy_off, dx_off, K,
     CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr, MAX_SPINS: tl.constexpr,
@@ -84,14 +95,11 @@ def backward_split_groups_kernel(
     pid = tl.program_id(0).to(tl.int64)
     row = pid // P
     chunk = pid - row * P
-    ys = y_off + row * stride_y
+    ys, offs, mask, pos, e_mask = _group_cut(y_off, row, stride_y, chunk, V, CHUNK, ALIGN)
     sh_dy = tl.multiple_of(dy_off + row * stride_dy - ys, ALIGN)
     sh_dx = tl.multiple_of(dx_off + row * stride_dx - ys, ALIGN)
-    c_start, mask = _split_chunk(ys, chunk, V, CHUNK, ALIGN)
-    offs = c_start + tl.arange(0, CHUNK)
     y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(DY + sh_dy + offs, mask=mask, other=0.0).to(tl.float32)
-    pos, e_mask = _split_edges(ys, chunk, V, ALIGN)
     ye = tl.load(Y + pos, mask=e_mask, other=0.0).to(tl.float32)
     dye = tl.load(DY + sh_dy + pos, mask=e_mask, other=0.0).to(tl.float32)
     t = y * dy
@@ -122,11 +130,8 @@ def cross_entropy_split_groups_kernel(
     pid = tl.program_id(0).to(tl.int64)
     row = pid // P
     chunk = pid - row * P
-    xs = x_off + row * stride_x
+    xs, offs, mask, pos, e_mask = _group_cut(x_off, row, stride_x, chunk, V, CHUNK, ALIGN)
     sh_g = tl.multiple_of(g_off + row * stride_g - xs, ALIGN)
-    c_start, mask = _split_chunk(xs, chunk, V, CHUNK, ALIGN)
-    offs = c_start + tl.arange(0, CHUNK)
-    pos, e_mask = _split_edges(xs, chunk, V, ALIGN)
     cols = offs - xs
     e_cols = pos - xs
     t = tl.load(T + row).to(tl.int64)
