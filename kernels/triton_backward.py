@@ -25,7 +25,7 @@ from .checks import check_backward_inputs, on_device, prepare_dx
 from .spec import spec_of
 from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
 from .triton_dispatch import INTERPRET, fixed_point_bits
-from .triton_launch import divisible_by_16, launch_entry
+from .triton_launch import launch_entry, training_cut
 
 KERNEL_NAME = "triton"
 PATHS = spec_of("softmax_backward", KERNEL_NAME).path_names  # the registry's entry names them
@@ -68,14 +68,15 @@ def launch_params(
     *,
     op: str = "softmax_backward",
     plain: bool = False,
-    aligned: bool = True,
+    rows: str = "aligned",
 ) -> dict:
     """The launch parameters of the softmax backward's and (op="cross_entropy") the cross-entropy's
     entries of kernels.triton_launch.TABLES for rows of V: row, split, the backward's reread and
     stream, and cross-entropy's prep, reduce and scale. `plain`: a cross-entropy without class
-    weights or label smoothing, whose split kernel holds fewer values a thread; `aligned`: rows
-    whose pointers, strides and V are all divisible by 16 (kernels.triton_launch.divisible_by_16),
-    which move in 16-byte vectors."""
+    weights or label smoothing, whose split kernel holds fewer values a thread; `rows`: how the
+    split cuts them (kernels.triton_launch.training_cut): "aligned" (pointers, strides and V
+    divisible by 16), "groups" (on 16-byte groups, the row's partial groups apart) or
+    "elements" (element by element)."""
     if path == "row":
         block = triton.next_power_of_2(V)
         # Up to 8 elements per thread and tensor: no spills on sm_90 (kernels.triton_build --training).
@@ -90,26 +91,35 @@ def launch_params(
         block = triton.next_power_of_2(V)
         return {"BLOCK": block, "TILE": 4096, "num_warps": 32, **({"maxnreg": 64} if block > 16384 else {})}
     if path == "split":
-        # CHUNK 2048-16384 x 4-16 warps x register caps on an H200 at V = 32000-262144
-        # (reports/profiles.md): 4 warps 1.35-1.55x the 8 this took before in the backward, 1.2x
-        # in the 16-bit cross-entropy; its float32 is as fast at 8. Under a cap of 128 the
-        # backward fits four programs an SM, not two (float32) or three: 1.23-1.52x faster at
-        # V = 128256-262144, B = 4096, spilling 32-64 bytes a thread. The plain cross-entropy
-        # holds 8192 elements a program under a cap: float32 at 8 warps under 80 (three programs
-        # an SM) 1.17x, 16-bit at 4 under 128 (four) 1.11-1.14x, spilling 16 and 72 bytes a
-        # thread; its weighted, smoothed kernel would spill 350-740 there, so it keeps CHUNK
-        # 4096 and no cap. Rows not `aligned` load element by element in more registers: those
-        # caps spill 350-810 bytes a thread there, and at (4096, 50257 / 128257) 4096 x 8 warps
-        # under 128 (no spill) ran 1.53-1.66x the backward's aligned setting and 1.16-1.22x the
-        # plain float32 cross-entropy's; the 16-bit cross-entropy led uncapped at 4096 x 4.
+        # (CHUNK, num_warps, register cap) measured on an H200 (reports/profiles.md): CHUNK
+        # 2048-16384 x 4-16 warps x caps at V = 32000-262144, B = 1024-4096, each setting the
+        # fastest of its kind or within 7 % of it, spilling at most CAPPED_SPILL_BYTES a thread
+        # (kernels.triton_build --training). Under a cap of 128 the backward fits four programs
+        # an SM, not two or three: 1.23-1.52x faster at V >= 128256. The plain cross-entropy
+        # holds 8192 elements a program under a cap where its rows are aligned (1.11-1.17x); its
+        # weighted, smoothed kernel would spill 350-740 bytes a thread there. Cut on groups, the
+        # edges' extra registers move the cross-entropy's best settings (the backward's stays),
+        # and the groups ran 1.09-1.94x the element-wise cut at (1024-4096, 50257 / 128257).
+        # Element by element, the caps spill 350-810 bytes a thread, and 4096 x 8 under 128
+        # ran 1.16-1.66x them (16-bit cross-entropy: uncapped at 4 warps).
+        if rows not in ("aligned", "groups", "elements"):
+            raise ValueError(f"{KERNEL_NAME} training kernels: rows {rows!r} (aligned, groups or elements)")
         if op == "softmax_backward":
-            return {"CHUNK": 4096, "num_warps": 4 if aligned else 8, "maxnreg": 128}
-        wide = dtype == torch.float32
-        if plain and aligned:
-            return {"CHUNK": 8192, **({"num_warps": 8, "maxnreg": 80} if wide else {"num_warps": 4, "maxnreg": 128})}
-        if plain and wide:
-            return {"CHUNK": 4096, "num_warps": 8, "maxnreg": 128}
-        return {"CHUNK": 4096, "num_warps": 8 if wide else 4}
+            chunk, warps, cap = 4096, 8 if rows == "elements" else 4, 128
+        elif plain:
+            chunk, warps, cap = {
+                ("aligned", True): (8192, 8, 80),
+                ("aligned", False): (8192, 4, 128),
+                ("groups", True): (4096, 4, 128),
+                ("groups", False): (8192, 8, 80),
+                ("elements", True): (4096, 8, 128),
+                ("elements", False): (4096, 4, None),
+            }[rows, dtype == torch.float32]
+        elif dtype == torch.float32:  # weighted or smoothed: 160 registers uncapped on groups
+            chunk, warps, cap = 4096, 8, 128 if rows == "groups" else None
+        else:
+            chunk, warps, cap = 4096, 4, None
+        return {"CHUNK": chunk, "num_warps": warps, **({"maxnreg": cap} if cap else {})}
     if path == "stream":
         # BLOCK 1024-16384 x 4-32 warps x 1-8 programs per SM at V = 16384-128256 (reports/profiles.md):
         # tiles of 8192 by 16 warps, one program per SM, led in float32 and in 16-bit rows past
@@ -136,8 +146,16 @@ def _launch(dy, y, dx, path: str, params: dict) -> None:
     values = {"DY": dy, "Y": y, "DX": dx, "B": B, "V": V, "stride_dy": dy.stride(0), "stride_y": y.stride(0)}
     values.update(stride_dx=dx.stride(0), K=fixed_point_bits(V))
     path = path or plan(B, V, y.dtype)
-    aligned = divisible_by_16(dy, y, dx, V, dy.stride(0), y.stride(0), dx.stride(0))
-    p = {**launch_params(path, V, y.dtype, aligned=aligned), **params}
+    cut = {}
+    if path == "split":  # chunks cut on y's rows (kernels.triton_launch.training_cut)
+        cut = training_cut(V, y, dy, dx)
+        for (view, off), name in zip(cut["views"], ("Y", "DY", "DX"), strict=True):
+            values[name], values[f"{name.lower()}_off"] = view, off
+    p = {
+        **launch_params(path, V, y.dtype, rows=cut.get("rows", "aligned")),
+        **{k: cut[k] for k in ("ALIGN", "head") if k in cut},
+        **params,
+    }
     launch_entry("softmax_backward", path, values, p, V, B, -1 if INTERPRET else y.get_device())
 
 

@@ -209,9 +209,13 @@ def build_training(quick: bool = False) -> list[dict]:
         builds.append(("ce-reduce", "cross_entropy", "reduce", 262144, "bfloat16", {"MEAN": mean}))
 
     def params(op, path, V, name, flags):
-        # As the wrappers choose them; an odd V is not divisible by 16, so neither are the strides.
+        # As the wrappers choose them for contiguous rows (kernels.triton_launch.training_cut): an
+        # odd V's rows start anywhere in their 16-byte groups, and the split cuts them on groups.
         plain = not (flags.get("HAS_WEIGHT") or flags.get("HAS_SMOOTHING"))
-        return {**tb.launch_params(path, V, torch_dtype(name), op=op, plain=plain, aligned=V % 16 == 0), **flags}
+        a = 16 // ITEMSIZE[name]
+        cut = {"ALIGN": a, "head": a - 1} if V % a else {}
+        rows = "groups" if cut else "aligned"
+        return {**tb.launch_params(path, V, torch_dtype(name), op=op, plain=plain, rows=rows), **cut, **flags}
 
     return [
         build_path(record, tables[op][path], params(op, path, V, name, flags), V, name)

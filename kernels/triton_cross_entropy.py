@@ -43,7 +43,7 @@ from .triton_backward import DISPATCH_BOUNDARIES as _BACKWARD_BOUNDARIES
 from .triton_backward import launch_params
 from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
 from .triton_dispatch import INTERPRET, fixed_point_bits
-from .triton_launch import divisible_by_16, launch_entry
+from .triton_launch import launch_entry, training_cut
 
 KERNEL_NAME = "triton"
 PATHS = spec_of("cross_entropy", KERNEL_NAME).path_names  # the registry's entry names them
@@ -97,9 +97,13 @@ def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction
     if checking and grad is logits:
         _raise_for_bad_targets(bad, V, ignore_index)
     values["LOSS"] = row_loss = torch.empty(N, dtype=torch.float32, device=device)
-    aligned = divisible_by_16(x, grad, V, x.stride(0), grad.stride(0))
+    cut = {}
+    if path == "split":  # chunks cut on the logits' rows (kernels.triton_launch.training_cut)
+        cut = training_cut(V, x, grad)
+        (values["X"], values["x_off"]), (values["G"], values["g_off"]) = cut["views"]
     p = {
-        **launch_params(path, V, logits.dtype, op="cross_entropy", plain=plain, aligned=aligned),
+        **launch_params(path, V, logits.dtype, op="cross_entropy", plain=plain, rows=cut.get("rows", "aligned")),
+        **{k: cut[k] for k in ("ALIGN", "head") if k in cut},
         **params,
         **flags,
         "HAS_SMOOTHING": float(label_smoothing) > 0.0,

@@ -63,12 +63,13 @@ ARG_TYPES = {"*T": "ptr", "*i64": "ptr", "*fp32": "ptr", "i32": "i32", "fp32": "
 # What a launch can pass, by name: every spec draws on these (kernels/triton_kernels.py,
 # kernels/triton_loss_kernels.py).
 ARG_MEANINGS = {
-    "X": "the input rows (a 16-byte-aligned base view for the softmax's chunked paths; the logits)",
+    "X": "the input rows (a 16-byte-aligned base view for the chunked paths; the logits)",
     "Y": "the softmax's output rows (likewise)", "WS": "a split path's int64 workspace", "B": "rows",
     "V": "row length", "P": "programs per row", "stride_x": "input row stride", "stride_y": "row stride of Y",
     "x_off": "the input's head past X", "y_off": "the output's head past Y", "SCALE": "fixed_point_scale(V)",
     "DY": "the incoming gradient", "DX": "the gradient written", "stride_dy": "DY's row stride",
-    "stride_dx": "DX's row stride", "K": "fixed_point_bits(V)", "N": "rows (cross-entropy)",
+    "stride_dx": "DX's row stride", "dy_off": "DY's head past its base view", "dx_off": "DX's head past its base view",
+    "g_off": "G's head past its base view", "K": "fixed_point_bits(V)", "N": "rows (cross-entropy)",
     "T": "the int64 targets", "W": "the class weights (any pointer without)", "G": "the gradient written",
     "LOSS": "the rows' float32 losses", "LSE": "the rows' log-sum-exp", "PREP": "the prep kernel's 4 floats",
     "BAD": "the prep kernel's count, least and largest bad target", "OUT": "the loss; the scaled gradient",
@@ -101,9 +102,29 @@ def divisible_by_16(*values) -> bool:
     """Whether Triton's launcher specialises every one of `values` as divisible by 16: a tensor by
     its address in bytes, an integer by its value. Where a row's pointers, stride and V all are,
     the training kernels' masks are constant over 16 elements and their rows move in 16-byte
-    vectors; otherwise element by element, in more registers (their split launch parameters
-    differ: kernels.triton_backward.launch_params)."""
+    vectors (training_cut)."""
     return all((v.data_ptr() if isinstance(v, torch.Tensor) else v) % 16 == 0 for v in values)
+
+
+def training_cut(V: int, ref: torch.Tensor, *others: torch.Tensor) -> dict:
+    """How the training split kernels cut rows of V of `ref` and of the tensors read or written
+    beside it (kernels/triton_loss_kernels.py, _chunk_cut): {"views": (base view, offset) per
+    tensor, "ALIGN", "head", "rows"}. "aligned" rows (pointers, strides and V all divisible by
+    16) take ALIGN 1 and move in vectors as they are. Where the tensors' rows lie in step within
+    a 16-byte group, "groups": chunks over those groups (ALIGN: 16 bytes' worth of elements) of
+    16-byte-aligned base views, also in vectors; `head` is how far past a group boundary a row
+    may start (it can add a chunk to the row). Tensors out of step: "elements", ALIGN 1,
+    element by element. kernels.triton_backward.launch_params sets each its own way."""
+    tensors = (ref, *others)
+    as_is = {"views": tuple((t, 0) for t in tensors), "ALIGN": 1, "head": 0}
+    if divisible_by_16(*tensors, V, *(t.stride(0) for t in tensors)):
+        return {**as_is, "rows": "aligned"}
+    a = 16 // ref.element_size()
+    views = tuple(aligned_base(t, a) for t in tensors)
+    o = views[0][1]
+    if any((h - o) % a or (t.stride(0) - ref.stride(0)) % a for t, (_, h) in zip(others, views[1:], strict=True)):
+        return {**as_is, "rows": "elements"}
+    return {"views": views, "ALIGN": a, "head": o if ref.stride(0) % a == 0 else a - 1, "rows": "groups"}
 
 
 def _no_geometry(p, V, *layout) -> dict:
@@ -190,14 +211,19 @@ class TritonPath:
     def aot(self, p: dict, V: int, dtype: str, element_size: int) -> dict:
         """What an ahead-of-time build of this path for contiguous, 16-byte-aligned rows of
         length V compiles: {"signature", "constexprs", "options", "aligned"} (kernels.triton_build),
-        "aligned" the arguments Triton's launcher finds divisible by 16 there: the pointers, and
-        the row strides and V where V is (the masks' constancy, hence vector accesses)."""
+        "aligned" the arguments Triton's launcher finds divisible by 16 there: the pointers, the
+        row strides and V where V is (the masks' constancy, hence vector accesses), and offsets
+        from base views (0 there)."""
         g = self.geometry(p, V, V, V, element_size, None, 0, 0)
         sized = V % 16 == 0
+        # Offsets into base views are 0 for such rows: specialised as such unless the kernel opts out.
+        unspecialised = {q.name for q in self.kernel.params if q.do_not_specialize}
         aligned = tuple(
             i
             for i, (n, t) in enumerate(self.args)
-            if t.startswith("*") or (sized and (n == "V" or n.startswith("stride")))
+            if t.startswith("*")
+            or (sized and (n == "V" or n.startswith("stride")))
+            or (n.endswith("_off") and n not in unspecialised)
         )
         return {
             "signature": self.signature(dtype),
@@ -446,11 +472,16 @@ def _row_block(p, V, *layout) -> dict:
 
 
 def split_geometry(p, V, *layout) -> dict:
-    """P (programs per row) and the constexprs of a training split launch for rows of V. P_BLOCK
+    """P (programs per row) and the constexprs of a training split launch for rows of V cut as
+    p's ALIGN and head say (training_cut; none given: ALIGN 1, from the row's start). P_BLOCK
     (the words a meeting reads at once, at least one a thread: kernels.triton_dispatch.p_block)
     may be given smaller under the interpreter, so that tests reach the meetings' loops."""
-    P = triton.cdiv(V, p["CHUNK"])
+    a = p.get("ALIGN", 1)
+    if p["CHUNK"] % a:
+        raise ValueError(f"{KERNEL_NAME} training kernels: CHUNK {p['CHUNK']} is not a multiple of ALIGN {a}")
+    P = triton.cdiv(V + p.get("head", 0), p["CHUNK"])
     return {
+        "ALIGN": a,
         "P": P,
         "P_BLOCK": checked_p_block(p.get("P_BLOCK", p_block(P, p["num_warps"])), p["num_warps"]),
         "FALLBACK_BLOCK": min(p["CHUNK"], 1024),
@@ -462,7 +493,7 @@ def _one_program(p, g, sms):
     return lambda rows: 1
 
 
-_SPLIT = "CHUNK P_BLOCK FALLBACK_BLOCK MAX_SPINS"
+_SPLIT = "CHUNK P_BLOCK FALLBACK_BLOCK MAX_SPINS"  # then the op's flags, then ALIGN
 _CE_HEAD = "X:*T T:*i64 W:*T G:*T LOSS:*fp32 LSE:*fp32 PREP:*fp32"  # then V (row) or WS:*i64 V P (split)
 _CE_TAIL = "stride_x stride_g ignore_index eps:fp32 inv_v:fp32 KW SCALE:fp32"
 
@@ -478,7 +509,8 @@ TABLES = {
             geometry=_row_block, options=_warps_capped,
         ),
         "split": _entry(
-            "softmax_backward_split", "DY:*T Y:*T DX:*T WS:*i64 V P stride_dy stride_y stride_dx K", _SPLIT,
+            "softmax_backward_split", "DY:*T Y:*T DX:*T WS:*i64 V P stride_dy stride_y stride_dx y_off dy_off dx_off K",
+            f"{_SPLIT} ALIGN",
             geometry=split_geometry, grid=_split_grid, options=_warps_capped,
         ),
         "stream": _entry(
@@ -492,7 +524,8 @@ TABLES = {
             geometry=_row_block,
         ),
         "split": _entry(
-            "cross_entropy_split", f"{_CE_HEAD} WS:*i64 V P {_CE_TAIL}", f"{_SPLIT} HAS_WEIGHT HAS_SMOOTHING",
+            "cross_entropy_split", f"{_CE_HEAD} WS:*i64 V P {_CE_TAIL.replace('stride_g', 'stride_g x_off g_off')}",
+            f"{_SPLIT} HAS_WEIGHT HAS_SMOOTHING ALIGN",
             geometry=split_geometry, grid=_split_grid, options=_warps_capped,
         ),
         "prep": _entry(

@@ -39,6 +39,8 @@ from .triton_kernels import (
     _nan_max,
     _normalise,
     _row_scale,
+    _split_chunk,
+    _split_edges,
     _tagged,
     _tagged_halves,
 )
@@ -196,9 +198,46 @@ def _backward_meet_sum(ws, P, chunk, tag, s_c, up, y_row, dy_row, V, P_BLOCK: tl
 
 
 @triton.jit
+def _chunk_cut(off, row, stride, chunk, V, CHUNK: tl.constexpr, ALIGN: tl.constexpr):
+    # Where chunk `chunk` of row `row` lies, counted from a base view `off` elements before row
+    # 0: (the row's start, the chunk's offsets and mask, the row's edges and their mask).
+    # ALIGN > 1: the forward split's cut (kernels/triton_kernels.py): chunks over whole
+    # ALIGN-groups, so a row of any V or offset moves in vectors, and chunk 0 also holding the
+    # partial groups at the row's two ends, element by element. ALIGN = 1: CHUNK elements from
+    # the row's start and no edges (the edge mask is constant false, so no edge access is
+    # compiled): the cut for rows whose pointers, strides and V are multiples of 16 bytes,
+    # which Triton's launcher then moves in vectors, and for rows whose tensors are not in step.
+    start = off + row * stride
+    if ALIGN > 1:
+        c_start, mask = _split_chunk(start, chunk, V, CHUNK, ALIGN)
+        offs = c_start + tl.arange(0, CHUNK)
+        pos, e_mask = _split_edges(start, chunk, V, ALIGN)
+    else:
+        cols = chunk * CHUNK + tl.arange(0, CHUNK)
+        offs = start + cols
+        mask = cols < V
+        pos = start + tl.arange(0, 2)
+        e_mask = tl.zeros([2], tl.int1)
+    return start, offs, mask, pos, e_mask
+
+
+@triton.jit
+def _in_step(off, row, stride, start, ALIGN: tl.constexpr):
+    # How far row `row` of a tensor `off` elements past its base view (row stride `stride`) lies
+    # from the cut tensor's row starting at `start`: a multiple of ALIGN (the wrapper checks),
+    # told to Triton so that both move in vectors. (The hint must be set where the value is
+    # formed: on an argument it is lost.)
+    shift = off + row * stride - start
+    if ALIGN > 1:
+        shift = tl.multiple_of(shift, ALIGN)
+    return shift
+
+
+@triton.jit
 def softmax_backward_split_kernel(
-    DY, Y, DX, WS, V, P, stride_dy, stride_y, stride_dx, K,
+    DY, Y, DX, WS, V, P, stride_dy, stride_y, stride_dx, y_off, dy_off, dx_off, K,
     CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr, MAX_SPINS: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):  # fmt: skip
     # A row too long for one program's registers is shared by P programs, each keeping a CHUNK of
     # dy and y in registers: still two reads and one write. The programs of a row meet twice
@@ -212,25 +251,33 @@ def softmax_backward_split_kernel(
     # Each wait is bounded: a program whose siblings are not scheduled in time streams the row
     # itself for the same exact values (slower, never a deadlock). Under the interpreter, whose
     # programs run one after another, the bound is 0: early chunks stream, the last combines.
+    # Chunks are cut as _chunk_cut says, on Y's rows (from its base view, y_off elements before
+    # Y's first); dy and dx sit sh_dy and sh_dx elements from y's element of the same column.
     pid = tl.program_id(0).to(tl.int64)
     row = pid // P
     chunk = pid - row * P
-    cols = chunk * CHUNK + tl.arange(0, CHUNK)
-    mask = cols < V
-    dy_row = DY + row * stride_dy
-    y_row = Y + row * stride_y
-    dy = tl.load(dy_row + cols, mask=mask, other=0.0).to(tl.float32)
-    y = tl.load(y_row + cols, mask=mask, other=0.0).to(tl.float32)
+    ys, offs, mask, pos, e_mask = _chunk_cut(y_off, row, stride_y, chunk, V, CHUNK, ALIGN)
+    sh_dy = _in_step(dy_off, row, stride_dy, ys, ALIGN)
+    sh_dx = _in_step(dx_off, row, stride_dx, ys, ALIGN)
+    y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + sh_dy + offs, mask=mask, other=0.0).to(tl.float32)
+    ye = tl.load(Y + pos, mask=e_mask, other=0.0).to(tl.float32)
+    dye = tl.load(DY + sh_dy + pos, mask=e_mask, other=0.0).to(tl.float32)
     t = y * dy
+    te = ye * dye
+    y_row = Y + ys
+    dy_row = DY + sh_dy + ys
     ws = WS + row * (4 * P)
     tag = _launch_tag(ws + chunk, P_BLOCK)
-    a_c = tl.max(_finite_abs(t), axis=0)
-    up, down, F = _backward_meet_scale(ws, P, chunk, tag, a_c, tl.sum(_non_finite(t), axis=0), y_row, dy_row, V, K,
+    a_c = tl.maximum(tl.max(_finite_abs(t), axis=0), tl.max(_finite_abs(te), axis=0))
+    f_c = tl.sum(_non_finite(t), axis=0) + tl.sum(_non_finite(te), axis=0)
+    up, down, F = _backward_meet_scale(ws, P, chunk, tag, a_c, f_c, y_row, dy_row, V, K,
                                        P_BLOCK, FALLBACK_BLOCK, MAX_SPINS)  # fmt: skip
-    S = _backward_meet_sum(ws, P, chunk, tag, tl.sum(_fixed_finite(t, up), axis=0), up, y_row, dy_row, V,
-                           P_BLOCK, FALLBACK_BLOCK, MAX_SPINS)  # fmt: skip
+    s_c = tl.sum(_fixed_finite(t, up), axis=0) + tl.sum(_fixed_finite(te, up), axis=0)
+    S = _backward_meet_sum(ws, P, chunk, tag, s_c, up, y_row, dy_row, V, P_BLOCK, FALLBACK_BLOCK, MAX_SPINS)
     s = S.to(tl.float32) * down + F
-    tl.store(DX + row * stride_dx + cols, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
+    tl.store(DX + sh_dx + offs, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
+    tl.store(DX + sh_dx + pos, (ye * (dye - s)).to(DX.dtype.element_ty), mask=e_mask)
 
 
 @triton.jit
@@ -473,9 +520,9 @@ def _ce_meet_sums(ws, P, chunk, tag, s_c, q_c, f_c, x_row, W, m, up, V, SCALE, O
 
 @triton.jit
 def cross_entropy_split_kernel(
-    X, T, W, G, LOSS, LSE, PREP, WS, V, P, stride_x, stride_g, ignore_index, eps, inv_v, KW, SCALE,
+    X, T, W, G, LOSS, LSE, PREP, WS, V, P, stride_x, stride_g, x_off, g_off, ignore_index, eps, inv_v, KW, SCALE,
     CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, FALLBACK_BLOCK: tl.constexpr, MAX_SPINS: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, ALIGN: tl.constexpr,
 ):  # fmt: skip
     # A row too long for one program's registers is shared by P programs, each keeping a CHUNK of
     # the logits in registers: one read and one write. They meet twice, on tagged words as the
@@ -490,12 +537,16 @@ def cross_entropy_split_kernel(
     # Every chunk writes its part of the gradient; chunk row % P writes the row's loss and lse
     # (any chunk has them, with the same bits): under the interpreter, where a row's last chunk
     # is the one that combines, some rows' losses then come from the meetings and some from the
-    # streaming fallback, and tests see both.
+    # streaming fallback, and tests see both. Chunks are cut as the backward's (_chunk_cut), on
+    # X's rows from its base view (x_off elements before X's first); the gradient sits sh_g
+    # elements from its logit.
     pid = tl.program_id(0).to(tl.int64)
     row = pid // P
     chunk = pid - row * P
-    cols = chunk * CHUNK + tl.arange(0, CHUNK)
-    mask = cols < V
+    xs, offs, mask, pos, e_mask = _chunk_cut(x_off, row, stride_x, chunk, V, CHUNK, ALIGN)
+    sh_g = _in_step(g_off, row, stride_g, xs, ALIGN)
+    cols = offs - xs
+    e_cols = pos - xs
     t = tl.load(T + row).to(tl.int64)
     ignored = t == ignore_index
     valid = (t != ignore_index) & (t >= 0) & (t < V)
@@ -503,35 +554,41 @@ def cross_entropy_split_kernel(
     if HAS_WEIGHT:
         w_t = tl.load(W + t_safe).to(tl.float32)
         w_j = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        w_e = tl.load(W + e_cols, mask=e_mask, other=0.0).to(tl.float32)
         w_all = tl.load(PREP + 0)
     else:
         w_t = 1.0
         w_j = tl.where(mask, 1.0, 0.0)
+        w_e = tl.where(e_mask, 1.0, 0.0)
         w_all = V * 1.0
-    x_row = X + row * stride_x
-    x = tl.load(x_row + cols, mask=mask, other=-INF).to(tl.float32)
+    x = tl.load(X + offs, mask=mask, other=-INF).to(tl.float32)
+    xe = tl.load(X + pos, mask=e_mask, other=-INF).to(tl.float32)
+    x_row = X + xs
     ws = WS + row * (7 * P)
     tag = _launch_tag(ws + chunk, P_BLOCK)
 
     # Meeting 1: the row's max (NaN-propagating) and min.
     neg_mn = tl.zeros([], tl.float32)
     if HAS_SMOOTHING:
-        neg_mn = -tl.min(tl.where(mask, x, INF), axis=0)
-    m, mn = _ce_meet_extremes(ws, P, chunk, tag, tl.reduce(x, 0, _nan_max), neg_mn, x_row, V,
-                              P_BLOCK, FALLBACK_BLOCK, MAX_SPINS, HAS_SMOOTHING)  # fmt: skip
+        neg_mn = -tl.minimum(tl.min(tl.where(mask, x, INF), axis=0), tl.min(tl.where(e_mask, xe, INF), axis=0))
+    m_c = _nan_max(tl.reduce(x, 0, _nan_max), tl.reduce(xe, 0, _nan_max))
+    m, mn = _ce_meet_extremes(ws, P, chunk, tag, m_c, neg_mn, x_row, V, P_BLOCK, FALLBACK_BLOCK, MAX_SPINS,
+                              HAS_SMOOTHING)  # fmt: skip
     up = 1.0  # the smoothing sum's scale: unused without smoothing
     if HAS_SMOOTHING:
         up, down = _fixed_point_scale(tl.load(PREP + 3) * (m - mn), KW)
 
     # Meeting 2: the fixed-point sums, every chunk relative to the same m and scale.
     e = _exp(x, m, G.dtype.element_ty)
-    s_c = tl.sum((e * SCALE).to(tl.int64), axis=0)
+    ee = _exp(xe, m, G.dtype.element_ty)
+    s_c = tl.sum((e * SCALE).to(tl.int64), axis=0) + tl.sum((ee * SCALE).to(tl.int64), axis=0)
     q_c = tl.zeros([], tl.int64)
     f_c = tl.zeros([], tl.float32)
     if HAS_SMOOTHING:
         wd = tl.where(mask, w_j * (x - m), 0.0)
-        q_c = tl.sum(_fixed_finite(wd, up), axis=0)
-        f_c = tl.sum(_non_finite(wd), axis=0)
+        wde = tl.where(e_mask, w_e * (xe - m), 0.0)
+        q_c = tl.sum(_fixed_finite(wd, up), axis=0) + tl.sum(_fixed_finite(wde, up), axis=0)
+        f_c = tl.sum(_non_finite(wd), axis=0) + tl.sum(_non_finite(wde), axis=0)
     S_fix, Q_fix, F = _ce_meet_sums(ws, P, chunk, tag, s_c, q_c, f_c, x_row, W, m, up, V, SCALE, G.dtype.element_ty,
                                     P_BLOCK, FALLBACK_BLOCK, MAX_SPINS, HAS_WEIGHT, HAS_SMOOTHING)  # fmt: skip
 
@@ -545,9 +602,12 @@ def cross_entropy_split_kernel(
     if chunk == row % P:  # one chunk a row, a different one from row to row (see above)
         tl.store(LSE + row, lse)
         tl.store(LOSS + row, loss)
-    g = _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, inv_v, PREP,
-                     ignored, valid, G.dtype.element_ty, HAS_SMOOTHING)  # fmt: skip
-    tl.store(G + row * stride_g + cols, g.to(G.dtype.element_ty), mask=mask)
+    g = _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, inv_v, PREP, ignored, valid,
+                     G.dtype.element_ty, HAS_SMOOTHING)  # fmt: skip
+    tl.store(G + sh_g + offs, g.to(G.dtype.element_ty), mask=mask)
+    ge = _ce_gradient(ee, S_fix, E_t, SCALE, fin, e_cols, t_safe, w_t, w_all, w_e, eps, inv_v, PREP, ignored, valid,
+                      G.dtype.element_ty, HAS_SMOOTHING)  # fmt: skip
+    tl.store(G + sh_g + pos, ge.to(G.dtype.element_ty), mask=e_mask)
 
 
 @triton.jit

@@ -238,8 +238,8 @@ def test_loss_kernels_build_for_sm90_within_spill_budget():
         budget = spill_budget(b)
         assert spilled_bytes(b) <= budget, f"spills past {budget} bytes a thread: {b}"
         assert b["regs"] <= 255 and b["shared"] <= 232448, b
-        if b["name"].split()[0] in row_kernels and not b["name"].endswith("odd V"):
-            # Built as launched on rows of V % 16 == 0 (aligned pointers, strides and V): the
-            # row kernels move their rows in 16-byte vectors, as on the GPU. (At an odd V they
-            # load element by element: kernels.triton_backward.launch_params.)
+        if b["name"].split()[0] in row_kernels:
+            # Built as launched on contiguous rows from aligned allocations: the row kernels move
+            # their rows in 16-byte vectors, as on the GPU; at an odd V the splits too, cut on
+            # 16-byte groups (kernels.triton_launch.training_cut).
             assert b["vector_loads"] and b["vector_stores"], b

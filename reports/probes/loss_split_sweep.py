@@ -2,7 +2,7 @@
 
     python reports/probes/loss_split_sweep.py --out DIR [--shapes 4096x32000,...] [--dtypes fp32,bf16]
         [--ops ce,bwd] [--splits 4096x4,4096x8x128] [--streams 2048x8x2,...] [--rereads 4096x32,...]
-        [--no-compile]   # on a GPU
+        [--no-compile] [--weighted-smoothed]   # on a GPU
 
 The question. In the benchmark run the Triton cross-entropy step took 0.21 of its floor at
 (4096, 32000) fp32 (0.39 x torch.compile) and its softmax backward 0.49. Per shape this times, in
@@ -16,8 +16,9 @@ row fits it (V <= 32768, at launch_params("row")) and the split path at CHUNK x 
 output's bits against the dispatch's (the path and CHUNK change how a row is cut, never how it
 is combined), the backward's stream path at BLOCK x num_warps x programs_per_sm (--streams) and
 its reread path at TILE x num_warps (--rereads); the backward's variants also in device time.
-Prints the registers and spills of the row and split kernels as this GPU's Triton
-built them. Writes DIR/loss_split.json and prints a table last.
+--weighted-smoothed times the cross-entropy with class weights and label smoothing 0.1 (its
+calls and graphs; no training step). Prints the registers and spills of the row and split
+kernels as this GPU's Triton built them. Writes DIR/loss_split.json and prints a table last.
 """
 
 from __future__ import annotations
@@ -70,11 +71,14 @@ def row(op, B, V, dtype, variant, us, copy, passes, same=True):
     }
 
 
-def cross_entropy_rows(B, V, dtype, copy, splits, compile_step) -> list[dict]:
+def cross_entropy_rows(B, V, dtype, copy, splits, compile_step, weighted_smoothed=False) -> list[dict]:
     g = torch.Generator(device="cuda").manual_seed(B + V)
     x = (torch.randn(B, V, device="cuda", generator=g) * 3).to(dtype).requires_grad_(True)
     t = torch.randint(0, V, (B,), device="cuda", generator=g)
     xd = x.detach()
+    o = {}
+    if weighted_smoothed:
+        o = {"weight": (0.5 + torch.rand(V, device="cuda", generator=g)).to(dtype), "label_smoothing": 0.1}
 
     def step():
         x.grad = None
@@ -82,10 +86,12 @@ def cross_entropy_rows(B, V, dtype, copy, splits, compile_step) -> list[dict]:
 
     events = {
         "step (op + backward)": step,
-        "call, validate": lambda: tce.cross_entropy(xd, t),
-        "call, no validate": lambda: tce.cross_entropy(xd, t, validate=False),
+        "call, validate": lambda: tce.cross_entropy(xd, t, **o),
+        "call, no validate": lambda: tce.cross_entropy(xd, t, validate=False, **o),
     }
-    if compile_step:
+    if weighted_smoothed:
+        del events["step (op + backward)"]
+    elif compile_step:
         compiled = static_compile(lambda x, t: F.cross_entropy(x, t))
 
         def compiled_step():
@@ -97,17 +103,18 @@ def cross_entropy_rows(B, V, dtype, copy, splits, compile_step) -> list[dict]:
     for name, fn in events.items():
         us = statistics.median(device_times_us(fn, rounds=ROUNDS))
         out.append(row("cross_entropy", B, V, dtype, f"events: {name}", us, copy, 2))
-    reference = tce.cross_entropy(xd, t, validate=False).grad.clone()
-    variants = {f"graph: dispatch ({tce.plan(B, V, dtype)})": lambda: tce.cross_entropy(xd, t, validate=False)}
+    reference = tce.cross_entropy(xd, t, validate=False, **o).grad.clone()
+    plan = tce.plan(B, V, dtype, plain=not o)
+    variants = {f"graph: dispatch ({plan})": lambda: tce.cross_entropy(xd, t, validate=False, **o)}
     runs = [("split", split_params(item)) for item in splits]
     if V <= tce.DISPATCH_BOUNDARIES["plain_row_max_v"]:
         runs.insert(0, ("row", tb.launch_params("row", V, dtype, op="cross_entropy")))
     same = {name: True for name in variants}
     for path, params in runs:
         name = f"graph: {path} " + "x".join(str(v) for v in params.values())
-        got = tce.run_path(xd, t, path, params=params, validate=False).grad
+        got = tce.run_path(xd, t, path, params=params, validate=False, **o).grad
         same[name] = bool(torch.equal(bits(got), bits(reference)))
-        variants[name] = lambda path=path, params=params: tce.run_path(xd, t, path, params=params, validate=False)
+        variants[name] = lambda path=path, params=params: tce.run_path(xd, t, path, params=params, validate=False, **o)
     times = graph_times_us(list(variants.values()))
     for name, ts in zip(variants, times, strict=True):
         out.append(row("cross_entropy", B, V, dtype, name, statistics.median(ts), copy, 2, same[name]))
@@ -173,6 +180,7 @@ def main() -> None:
     parser.add_argument("--streams", default=STREAMS)
     parser.add_argument("--rereads", default="")
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--weighted-smoothed", action="store_true")
     args = parser.parse_args()
     copy = copy_TBps()
     splits, todo = pairs(args.splits), args.ops.split(",")
@@ -180,7 +188,7 @@ def main() -> None:
     for B, V in pairs(args.shapes):
         for dtype in (DTYPES[d] for d in args.dtypes.split(",")):
             if "ce" in todo:
-                results += cross_entropy_rows(B, V, dtype, copy, splits, not args.no_compile)
+                results += cross_entropy_rows(B, V, dtype, copy, splits, not args.no_compile, args.weighted_smoothed)
             if "bwd" in todo:
                 results += backward_rows(
                     B, V, dtype, copy, splits, not args.no_compile, pairs(args.streams), pairs(args.rereads)

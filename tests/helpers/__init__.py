@@ -52,6 +52,7 @@ from tests.helpers.inputs import (
     layouts,
     logits,
     npz_arrays,
+    outside_view,
     place,
     random_ids,
 )
@@ -178,6 +179,7 @@ __all__ = [
     "needs_cupy",
     "needs_triton",
     "npz_arrays",
+    "outside_view",
     "path_runner",
     "place",
     "random_ids",

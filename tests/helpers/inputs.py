@@ -211,6 +211,15 @@ def place(values: torch.Tensor, layout: str, device="cpu") -> torch.Tensor:
     return _place(values, layout, torch.device(device))
 
 
+def outside_view(t: torch.Tensor) -> torch.Tensor:
+    """The elements of a contiguous view's storage that the view does not cover (NaN where `place`
+    made it): a kernel that writes past its rows shows there."""
+    assert t.is_contiguous(), "outside_view: a contiguous view"
+    flat = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage())
+    o = t.storage_offset()
+    return torch.cat([flat[:o], flat[o + t.numel() :]])
+
+
 def device_logits(B: int, V: int, dtype, device, *, seed: int, neg_inf: bool = True) -> torch.Tensor:
     """logits(B, V, seed=seed, ...) drawn on `device` itself where that is a GPU (on_device: the
     large shapes of the benchmarks and the byte cases would take seconds to minutes to draw on
