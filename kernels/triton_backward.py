@@ -115,10 +115,8 @@ def launch_params(
                 ("elements", True): (4096, 8, 128),
                 ("elements", False): (4096, 4, None),
             }[rows, dtype == torch.float32]
-        elif dtype == torch.float32:  # weighted or smoothed: 160 registers uncapped on groups
-            chunk, warps, cap = 4096, 8, 128 if rows == "groups" else None
-        else:
-            chunk, warps, cap = 4096, 4, None
+        else:  # weighted or smoothed: as fast uncapped as under 128 on groups, 0.99-1.00x
+            chunk, warps, cap = 4096, 8 if dtype == torch.float32 else 4, None
         return {"CHUNK": chunk, "num_warps": warps, **({"maxnreg": cap} if cap else {})}
     if path == "stream":
         # BLOCK 1024-16384 x 4-32 warps x 1-8 programs per SM at V = 16384-128256 (reports/profiles.md):
