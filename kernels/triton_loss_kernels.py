@@ -200,25 +200,22 @@ def _backward_meet_sum(ws, P, chunk, tag, s_c, up, y_row, dy_row, V, P_BLOCK: tl
 @triton.jit
 def _chunk_cut(off, row, stride, chunk, V, CHUNK: tl.constexpr, ALIGN: tl.constexpr):
     # Where chunk `chunk` of row `row` lies, counted from a base view `off` elements before row
-    # 0: (the row's start, the chunk's offsets and mask, the row's edges and their mask).
-    # ALIGN > 1: the forward split's cut (kernels/triton_kernels.py): chunks over whole
-    # ALIGN-groups, so a row of any V or offset moves in vectors, and chunk 0 also holding the
-    # partial groups at the row's two ends, element by element. ALIGN = 1: CHUNK elements from
-    # the row's start and no edges (the edge mask is constant false, so no edge access is
-    # compiled): the cut for rows whose pointers, strides and V are multiples of 16 bytes,
-    # which Triton's launcher then moves in vectors, and for rows whose tensors are not in step.
+    # 0: (the row's start, the chunk's offsets, their mask). ALIGN > 1: the forward split's cut
+    # (kernels/triton_kernels.py), chunks over whole ALIGN-groups so that a row of any V or
+    # offset moves in vectors, and chunk 0 also holds the partial groups at the row's two ends
+    # (_split_edges: every `if ALIGN > 1` block of the split kernels). ALIGN = 1: CHUNK elements
+    # from the row's start, no edges: the cut for rows whose pointers, strides and V are
+    # multiples of 16 bytes, which Triton's launcher then moves in vectors, and for tensors whose
+    # rows are out of step, element by element.
     start = off + row * stride
     if ALIGN > 1:
         c_start, mask = _split_chunk(start, chunk, V, CHUNK, ALIGN)
         offs = c_start + tl.arange(0, CHUNK)
-        pos, e_mask = _split_edges(start, chunk, V, ALIGN)
     else:
         cols = chunk * CHUNK + tl.arange(0, CHUNK)
         offs = start + cols
         mask = cols < V
-        pos = start + tl.arange(0, 2)
-        e_mask = tl.zeros([2], tl.int1)
-    return start, offs, mask, pos, e_mask
+    return start, offs, mask
 
 
 @triton.jit
@@ -256,28 +253,35 @@ def softmax_backward_split_kernel(
     pid = tl.program_id(0).to(tl.int64)
     row = pid // P
     chunk = pid - row * P
-    ys, offs, mask, pos, e_mask = _chunk_cut(y_off, row, stride_y, chunk, V, CHUNK, ALIGN)
+    ys, offs, mask = _chunk_cut(y_off, row, stride_y, chunk, V, CHUNK, ALIGN)
     sh_dy = _in_step(dy_off, row, stride_dy, ys, ALIGN)
     sh_dx = _in_step(dx_off, row, stride_dx, ys, ALIGN)
     y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(DY + sh_dy + offs, mask=mask, other=0.0).to(tl.float32)
-    ye = tl.load(Y + pos, mask=e_mask, other=0.0).to(tl.float32)
-    dye = tl.load(DY + sh_dy + pos, mask=e_mask, other=0.0).to(tl.float32)
     t = y * dy
-    te = ye * dye
+    a_c = tl.max(_finite_abs(t), axis=0)
+    f_c = tl.sum(_non_finite(t), axis=0)
+    if ALIGN > 1:  # the row's edges (chunk 0's): max and sums are order-free
+        pos, e_mask = _split_edges(ys, chunk, V, ALIGN)
+        ye = tl.load(Y + pos, mask=e_mask, other=0.0).to(tl.float32)
+        dye = tl.load(DY + sh_dy + pos, mask=e_mask, other=0.0).to(tl.float32)
+        te = ye * dye
+        a_c = tl.maximum(a_c, tl.max(_finite_abs(te), axis=0))
+        f_c += tl.sum(_non_finite(te), axis=0)
     y_row = Y + ys
     dy_row = DY + sh_dy + ys
     ws = WS + row * (4 * P)
     tag = _launch_tag(ws + chunk, P_BLOCK)
-    a_c = tl.maximum(tl.max(_finite_abs(t), axis=0), tl.max(_finite_abs(te), axis=0))
-    f_c = tl.sum(_non_finite(t), axis=0) + tl.sum(_non_finite(te), axis=0)
     up, down, F = _backward_meet_scale(ws, P, chunk, tag, a_c, f_c, y_row, dy_row, V, K,
                                        P_BLOCK, FALLBACK_BLOCK, MAX_SPINS)  # fmt: skip
-    s_c = tl.sum(_fixed_finite(t, up), axis=0) + tl.sum(_fixed_finite(te, up), axis=0)
+    s_c = tl.sum(_fixed_finite(t, up), axis=0)
+    if ALIGN > 1:
+        s_c += tl.sum(_fixed_finite(te, up), axis=0)
     S = _backward_meet_sum(ws, P, chunk, tag, s_c, up, y_row, dy_row, V, P_BLOCK, FALLBACK_BLOCK, MAX_SPINS)
     s = S.to(tl.float32) * down + F
     tl.store(DX + sh_dx + offs, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
-    tl.store(DX + sh_dx + pos, (ye * (dye - s)).to(DX.dtype.element_ty), mask=e_mask)
+    if ALIGN > 1:
+        tl.store(DX + sh_dx + pos, (ye * (dye - s)).to(DX.dtype.element_ty), mask=e_mask)
 
 
 @triton.jit
@@ -543,10 +547,9 @@ def cross_entropy_split_kernel(
     pid = tl.program_id(0).to(tl.int64)
     row = pid // P
     chunk = pid - row * P
-    xs, offs, mask, pos, e_mask = _chunk_cut(x_off, row, stride_x, chunk, V, CHUNK, ALIGN)
+    xs, offs, mask = _chunk_cut(x_off, row, stride_x, chunk, V, CHUNK, ALIGN)
     sh_g = _in_step(g_off, row, stride_g, xs, ALIGN)
     cols = offs - xs
-    e_cols = pos - xs
     t = tl.load(T + row).to(tl.int64)
     ignored = t == ignore_index
     valid = (t != ignore_index) & (t >= 0) & (t < V)
@@ -554,24 +557,29 @@ def cross_entropy_split_kernel(
     if HAS_WEIGHT:
         w_t = tl.load(W + t_safe).to(tl.float32)
         w_j = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-        w_e = tl.load(W + e_cols, mask=e_mask, other=0.0).to(tl.float32)
         w_all = tl.load(PREP + 0)
     else:
         w_t = 1.0
         w_j = tl.where(mask, 1.0, 0.0)
-        w_e = tl.where(e_mask, 1.0, 0.0)
         w_all = V * 1.0
-    x = tl.load(X + offs, mask=mask, other=-INF).to(tl.float32)
-    xe = tl.load(X + pos, mask=e_mask, other=-INF).to(tl.float32)
     x_row = X + xs
+    x = tl.load(X + offs, mask=mask, other=-INF).to(tl.float32)
+    m_c = tl.reduce(x, 0, _nan_max)
+    mn_c = tl.min(tl.where(mask, x, INF), axis=0)  # the smoothing's only
+    if ALIGN > 1:  # the row's edges (chunk 0's): extremes and sums are order-free
+        pos, e_mask = _split_edges(xs, chunk, V, ALIGN)
+        e_cols = pos - xs
+        xe = tl.load(X + pos, mask=e_mask, other=-INF).to(tl.float32)
+        w_e = tl.load(W + e_cols, mask=e_mask, other=0.0).to(tl.float32) if HAS_WEIGHT else tl.where(e_mask, 1.0, 0.0)
+        m_c = _nan_max(m_c, tl.reduce(xe, 0, _nan_max))
+        mn_c = tl.minimum(mn_c, tl.min(tl.where(e_mask, xe, INF), axis=0))
     ws = WS + row * (7 * P)
     tag = _launch_tag(ws + chunk, P_BLOCK)
 
     # Meeting 1: the row's max (NaN-propagating) and min.
     neg_mn = tl.zeros([], tl.float32)
     if HAS_SMOOTHING:
-        neg_mn = -tl.minimum(tl.min(tl.where(mask, x, INF), axis=0), tl.min(tl.where(e_mask, xe, INF), axis=0))
-    m_c = _nan_max(tl.reduce(x, 0, _nan_max), tl.reduce(xe, 0, _nan_max))
+        neg_mn = -mn_c
     m, mn = _ce_meet_extremes(ws, P, chunk, tag, m_c, neg_mn, x_row, V, P_BLOCK, FALLBACK_BLOCK, MAX_SPINS,
                               HAS_SMOOTHING)  # fmt: skip
     up = 1.0  # the smoothing sum's scale: unused without smoothing
@@ -580,15 +588,20 @@ def cross_entropy_split_kernel(
 
     # Meeting 2: the fixed-point sums, every chunk relative to the same m and scale.
     e = _exp(x, m, G.dtype.element_ty)
-    ee = _exp(xe, m, G.dtype.element_ty)
-    s_c = tl.sum((e * SCALE).to(tl.int64), axis=0) + tl.sum((ee * SCALE).to(tl.int64), axis=0)
+    s_c = tl.sum((e * SCALE).to(tl.int64), axis=0)
+    if ALIGN > 1:
+        ee = _exp(xe, m, G.dtype.element_ty)
+        s_c += tl.sum((ee * SCALE).to(tl.int64), axis=0)
     q_c = tl.zeros([], tl.int64)
     f_c = tl.zeros([], tl.float32)
     if HAS_SMOOTHING:
         wd = tl.where(mask, w_j * (x - m), 0.0)
-        wde = tl.where(e_mask, w_e * (xe - m), 0.0)
-        q_c = tl.sum(_fixed_finite(wd, up), axis=0) + tl.sum(_fixed_finite(wde, up), axis=0)
-        f_c = tl.sum(_non_finite(wd), axis=0) + tl.sum(_non_finite(wde), axis=0)
+        q_c = tl.sum(_fixed_finite(wd, up), axis=0)
+        f_c = tl.sum(_non_finite(wd), axis=0)
+        if ALIGN > 1:
+            wde = tl.where(e_mask, w_e * (xe - m), 0.0)
+            q_c += tl.sum(_fixed_finite(wde, up), axis=0)
+            f_c += tl.sum(_non_finite(wde), axis=0)
     S_fix, Q_fix, F = _ce_meet_sums(ws, P, chunk, tag, s_c, q_c, f_c, x_row, W, m, up, V, SCALE, G.dtype.element_ty,
                                     P_BLOCK, FALLBACK_BLOCK, MAX_SPINS, HAS_WEIGHT, HAS_SMOOTHING)  # fmt: skip
 
@@ -605,9 +618,10 @@ def cross_entropy_split_kernel(
     g = _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, inv_v, PREP, ignored, valid,
                      G.dtype.element_ty, HAS_SMOOTHING)  # fmt: skip
     tl.store(G + sh_g + offs, g.to(G.dtype.element_ty), mask=mask)
-    ge = _ce_gradient(ee, S_fix, E_t, SCALE, fin, e_cols, t_safe, w_t, w_all, w_e, eps, inv_v, PREP, ignored, valid,
-                      G.dtype.element_ty, HAS_SMOOTHING)  # fmt: skip
-    tl.store(G + sh_g + pos, ge.to(G.dtype.element_ty), mask=e_mask)
+    if ALIGN > 1:
+        ge = _ce_gradient(ee, S_fix, E_t, SCALE, fin, e_cols, t_safe, w_t, w_all, w_e, eps, inv_v, PREP, ignored,
+                          valid, G.dtype.element_ty, HAS_SMOOTHING)  # fmt: skip
+        tl.store(G + sh_g + pos, ge.to(G.dtype.element_ty), mask=e_mask)
 
 
 @triton.jit
