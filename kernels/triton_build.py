@@ -166,14 +166,15 @@ def build_all() -> list[dict]:
 
 QUICK = {"bwd-row fp32", "bwd-split fp32", "bwd-split fp32 odd V", "bwd-stream fp32", "bwd-reread fp32",
          "ce-row fp32", "ce-row fp32 weighted smoothed", "ce-split fp32", "ce-split bf16", "ce-split fp32 odd V",
-         "ce-split fp32 weighted smoothed", "ce-scale fp32", "ce-prep", "ce-reduce"}  # fmt: skip
+         "ce-split fp32 weighted smoothed", "ce-split fp16 weighted smoothed", "ce-scale fp32", "ce-prep",
+         "ce-reduce"}  # fmt: skip
 
 
 def build_training(quick: bool = False) -> list[dict]:
     """The softmax-backward and cross-entropy kernels as the wrappers launch them at V = 600 (row,
     small), the row paths' largest (8192; 32768 for the cross-entropy's plain rows and the
     backward's reread; 32000 for its stream) and 262144 (split; 262145 for rows that are not
-    16-byte aligned, "odd V"), in fp32 and bf16, with and without weights and smoothing; --quick:
+    16-byte aligned, "odd V"), in fp32, bf16 and fp16, with and without weights and smoothing; --quick:
     the QUICK records, the row kernels at their largest V only."""
     from . import triton_backward as tb
     from .triton_cross_entropy import DISPATCH_BOUNDARIES as ce_bounds
@@ -184,7 +185,7 @@ def build_training(quick: bool = False) -> list[dict]:
     bounds = tb.DISPATCH_BOUNDARIES
     row_max, plain_max = bounds["row_max_v"], ce_bounds["plain_row_max_v"]
     builds = []  # (record name, op, path, V, dtype name, flags)
-    for name in ("float32", "bfloat16"):
+    for name in ("float32", "bfloat16", "float16"):
         dtype = DTYPE_IDS[name]
         builds += [(f"bwd-row {dtype}", "softmax_backward", "row", V, name, {}) for V in (600, row_max)]
         builds.append((f"bwd-split {dtype}", "softmax_backward", "split", 262144, name, {}))

@@ -200,34 +200,46 @@ def _backward_meet_sum(ws, P, chunk, tag, s_c, up, y_row, dy_row, V, P_BLOCK: tl
 @triton.jit
 def _chunk_cut(off, row, stride, chunk, V, CHUNK: tl.constexpr, ALIGN: tl.constexpr):
     # Where chunk `chunk` of row `row` lies, counted from a base view `off` elements before row
-    # 0: (the row's start, the chunk's offsets, their mask). ALIGN > 1: the forward split's cut
-    # (kernels/triton_kernels.py), chunks over whole ALIGN-groups so that a row of any V or
-    # offset moves in vectors, and chunk 0 also holds the partial groups at the row's two ends
-    # (_split_edges: every `if ALIGN > 1` block of the split kernels). ALIGN = 1: CHUNK elements
-    # from the row's start, no edges: the cut for rows whose pointers, strides and V are
-    # multiples of 16 bytes, which Triton's launcher then moves in vectors, and for tensors whose
-    # rows are out of step, element by element.
+    # 0: (the row's start, the chunk's offsets from the base view, its columns in the row, their
+    # mask). ALIGN > 1: the forward split's cut (kernels/triton_kernels.py), chunks over whole
+    # ALIGN-groups so that a row of any V or offset moves in vectors, and chunk 0 also holds the
+    # partial groups at the row's two ends (_split_edges: every `if ALIGN > 1` block of the
+    # split kernels). ALIGN = 1: CHUNK elements from the row's start and no edges, the cut for
+    # rows whose pointers, strides and V are multiples of 16 bytes, which Triton's launcher then
+    # moves in vectors, and for tensors whose rows are out of step, element by element; every
+    # offset is 0 there (kernels.triton_launch.training_cut).
     start = off + row * stride
     if ALIGN > 1:
         c_start, mask = _split_chunk(start, chunk, V, CHUNK, ALIGN)
         offs = c_start + tl.arange(0, CHUNK)
+        cols = offs - start
     else:
         cols = chunk * CHUNK + tl.arange(0, CHUNK)
         offs = start + cols
         mask = cols < V
-    return start, offs, mask
+    return start, offs, cols, mask
 
 
 @triton.jit
-def _in_step(off, row, stride, start, ALIGN: tl.constexpr):
-    # How far row `row` of a tensor `off` elements past its base view (row stride `stride`) lies
-    # from the cut tensor's row starting at `start`: a multiple of ALIGN (the wrapper checks),
-    # told to Triton so that both move in vectors. (The hint must be set where the value is
-    # formed: on an argument it is lost.)
-    shift = off + row * stride - start
+def _at(T, off, row, stride, start, offs, cols, ALIGN: tl.constexpr):
+    # Pointers to tensor T's elements of the chunk, T's row `row` lying `off` elements past its
+    # base view with row stride `stride`. ALIGN > 1: T's row is in step with the cut tensor's (row
+    # start `start`, offsets `offs`) within a 16-byte group (the wrapper checks), so the shift
+    # between them is a multiple of ALIGN, told to Triton (where the value is formed: a hint on
+    # an argument is lost) so that both move in vectors. ALIGN = 1: the row's columns `cols`.
     if ALIGN > 1:
-        shift = tl.multiple_of(shift, ALIGN)
-    return shift
+        return T + tl.multiple_of(off + row * stride - start, ALIGN) + offs
+    else:
+        return T + row * stride + cols
+
+
+@triton.jit
+def _row_at(T, off, row, stride, ALIGN: tl.constexpr):
+    # Tensor T's row `row` (as in _at): where the streaming fallbacks read it.
+    if ALIGN > 1:
+        return T + off + row * stride
+    else:
+        return T + row * stride
 
 
 @triton.jit
@@ -249,27 +261,25 @@ def softmax_backward_split_kernel(
     # itself for the same exact values (slower, never a deadlock). Under the interpreter, whose
     # programs run one after another, the bound is 0: early chunks stream, the last combines.
     # Chunks are cut as _chunk_cut says, on Y's rows (from its base view, y_off elements before
-    # Y's first); dy and dx sit sh_dy and sh_dx elements from y's element of the same column.
+    # Y's first); dy and dx are read and written in step with them (_at).
     pid = tl.program_id(0).to(tl.int64)
     row = pid // P
     chunk = pid - row * P
-    ys, offs, mask = _chunk_cut(y_off, row, stride_y, chunk, V, CHUNK, ALIGN)
-    sh_dy = _in_step(dy_off, row, stride_dy, ys, ALIGN)
-    sh_dx = _in_step(dx_off, row, stride_dx, ys, ALIGN)
-    y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(DY + sh_dy + offs, mask=mask, other=0.0).to(tl.float32)
+    ys, offs, cols, mask = _chunk_cut(y_off, row, stride_y, chunk, V, CHUNK, ALIGN)
+    y = tl.load(_at(Y, y_off, row, stride_y, ys, offs, cols, ALIGN), mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(_at(DY, dy_off, row, stride_dy, ys, offs, cols, ALIGN), mask=mask, other=0.0).to(tl.float32)
     t = y * dy
     a_c = tl.max(_finite_abs(t), axis=0)
     f_c = tl.sum(_non_finite(t), axis=0)
     if ALIGN > 1:  # the row's edges (chunk 0's): max and sums are order-free
         pos, e_mask = _split_edges(ys, chunk, V, ALIGN)
-        ye = tl.load(Y + pos, mask=e_mask, other=0.0).to(tl.float32)
-        dye = tl.load(DY + sh_dy + pos, mask=e_mask, other=0.0).to(tl.float32)
+        ye = tl.load(_at(Y, y_off, row, stride_y, ys, pos, 0, ALIGN), mask=e_mask, other=0.0).to(tl.float32)
+        dye = tl.load(_at(DY, dy_off, row, stride_dy, ys, pos, 0, ALIGN), mask=e_mask, other=0.0).to(tl.float32)
         te = ye * dye
         a_c = tl.maximum(a_c, tl.max(_finite_abs(te), axis=0))
         f_c += tl.sum(_non_finite(te), axis=0)
-    y_row = Y + ys
-    dy_row = DY + sh_dy + ys
+    y_row = _row_at(Y, y_off, row, stride_y, ALIGN)
+    dy_row = _row_at(DY, dy_off, row, stride_dy, ALIGN)
     ws = WS + row * (4 * P)
     tag = _launch_tag(ws + chunk, P_BLOCK)
     up, down, F = _backward_meet_scale(ws, P, chunk, tag, a_c, f_c, y_row, dy_row, V, K,
@@ -279,9 +289,10 @@ def softmax_backward_split_kernel(
         s_c += tl.sum(_fixed_finite(te, up), axis=0)
     S = _backward_meet_sum(ws, P, chunk, tag, s_c, up, y_row, dy_row, V, P_BLOCK, FALLBACK_BLOCK, MAX_SPINS)
     s = S.to(tl.float32) * down + F
-    tl.store(DX + sh_dx + offs, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
+    tl.store(_at(DX, dx_off, row, stride_dx, ys, offs, cols, ALIGN), (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
     if ALIGN > 1:
-        tl.store(DX + sh_dx + pos, (ye * (dye - s)).to(DX.dtype.element_ty), mask=e_mask)
+        dx_e = _at(DX, dx_off, row, stride_dx, ys, pos, 0, ALIGN)
+        tl.store(dx_e, (ye * (dye - s)).to(DX.dtype.element_ty), mask=e_mask)
 
 
 @triton.jit
@@ -542,14 +553,12 @@ def cross_entropy_split_kernel(
     # (any chunk has them, with the same bits): under the interpreter, where a row's last chunk
     # is the one that combines, some rows' losses then come from the meetings and some from the
     # streaming fallback, and tests see both. Chunks are cut as the backward's (_chunk_cut), on
-    # X's rows from its base view (x_off elements before X's first); the gradient sits sh_g
-    # elements from its logit.
+    # X's rows from its base view (x_off elements before X's first); the gradient is written in
+    # step with them (_at).
     pid = tl.program_id(0).to(tl.int64)
     row = pid // P
     chunk = pid - row * P
-    xs, offs, mask = _chunk_cut(x_off, row, stride_x, chunk, V, CHUNK, ALIGN)
-    sh_g = _in_step(g_off, row, stride_g, xs, ALIGN)
-    cols = offs - xs
+    xs, offs, cols, mask = _chunk_cut(x_off, row, stride_x, chunk, V, CHUNK, ALIGN)
     t = tl.load(T + row).to(tl.int64)
     ignored = t == ignore_index
     valid = (t != ignore_index) & (t >= 0) & (t < V)
@@ -562,14 +571,14 @@ def cross_entropy_split_kernel(
         w_t = 1.0
         w_j = tl.where(mask, 1.0, 0.0)
         w_all = V * 1.0
-    x_row = X + xs
-    x = tl.load(X + offs, mask=mask, other=-INF).to(tl.float32)
+    x_row = _row_at(X, x_off, row, stride_x, ALIGN)
+    x = tl.load(_at(X, x_off, row, stride_x, xs, offs, cols, ALIGN), mask=mask, other=-INF).to(tl.float32)
     m_c = tl.reduce(x, 0, _nan_max)
     mn_c = tl.min(tl.where(mask, x, INF), axis=0)  # the smoothing's only
     if ALIGN > 1:  # the row's edges (chunk 0's): extremes and sums are order-free
         pos, e_mask = _split_edges(xs, chunk, V, ALIGN)
         e_cols = pos - xs
-        xe = tl.load(X + pos, mask=e_mask, other=-INF).to(tl.float32)
+        xe = tl.load(_at(X, x_off, row, stride_x, xs, pos, 0, ALIGN), mask=e_mask, other=-INF).to(tl.float32)
         w_e = tl.load(W + e_cols, mask=e_mask, other=0.0).to(tl.float32) if HAS_WEIGHT else tl.where(e_mask, 1.0, 0.0)
         m_c = _nan_max(m_c, tl.reduce(xe, 0, _nan_max))
         mn_c = tl.minimum(mn_c, tl.min(tl.where(e_mask, xe, INF), axis=0))
@@ -617,11 +626,11 @@ def cross_entropy_split_kernel(
         tl.store(LOSS + row, loss)
     g = _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, inv_v, PREP, ignored, valid,
                      G.dtype.element_ty, HAS_SMOOTHING)  # fmt: skip
-    tl.store(G + sh_g + offs, g.to(G.dtype.element_ty), mask=mask)
+    tl.store(_at(G, g_off, row, stride_g, xs, offs, cols, ALIGN), g.to(G.dtype.element_ty), mask=mask)
     if ALIGN > 1:
         ge = _ce_gradient(ee, S_fix, E_t, SCALE, fin, e_cols, t_safe, w_t, w_all, w_e, eps, inv_v, PREP, ignored,
                           valid, G.dtype.element_ty, HAS_SMOOTHING)  # fmt: skip
-        tl.store(G + sh_g + pos, ge.to(G.dtype.element_ty), mask=e_mask)
+        tl.store(_at(G, g_off, row, stride_g, xs, pos, 0, ALIGN), ge.to(G.dtype.element_ty), mask=e_mask)
 
 
 @triton.jit
