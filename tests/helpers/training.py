@@ -461,3 +461,41 @@ def edge_rows(V: int, *, seed: int, dtype=torch.float32, device="cpu", ignore_in
     x[6, 1] = x[6, 1:].max() if V > 2 else x[6, 1]
     x[7] = 0.5
     return x.to(device=device, dtype=dtype), t.to(device)
+
+
+def compiled_training_kernels(dtypes) -> list[tuple]:
+    """Launch the Triton training kernels as their wrappers do, capped ones included (the plain
+    cross-entropy's split, the backward's split and its reread past V = 16384) and the weighted,
+    smoothed split, for `dtypes` (names) on rows 16-byte aligned (V = 50272) and not (50257),
+    contiguous and one element past a 16-byte boundary (the splits' element-wise cut); then
+    (kernel, warps, register cap, registers, bytes spilled a thread, budget, specialisation if
+    past it) for every kernel of theirs this process compiled, as the driver reports it. On a
+    GPU; run in a process of its own (tests/test_triton_cuda.py)."""
+    import itertools
+
+    from kernels import triton_backward as tb
+    from kernels import triton_cross_entropy as tce
+    from kernels.triton_build import spill_budget
+    from kernels.triton_loss_kernels import JIT_KERNELS
+
+    for name, V in itertools.product(dtypes, (50257, 50272)):
+        dtype = getattr(torch, name)
+        for layout in ("contiguous", "offset:1"):
+            x = _place(logits(8, V, seed=2, dtype=dtype), layout, torch.device("cuda"))
+            t = targets(8, V, seed=2, device="cuda")
+            tce.cross_entropy(x, t)
+            tce.cross_entropy(x, t, weight=torch.rand(V, device="cuda", dtype=dtype), label_smoothing=0.1)
+            for B, W in ((8, V), (64, V - 18257)):  # split; reread (float32) or stream, at 32000 and 32015
+                y, dy = softmax_and_grad(B, W, seed=3, dtype=dtype, device="cuda", layout_y=layout)
+                tb.softmax_backward(dy, y)
+    torch.cuda.synchronize()
+    rows = []
+    for kernel, fn in JIT_KERNELS.items():
+        for caches in fn.device_caches.values():  # Triton's (kernel cache, ...) per device
+            for key, k in caches[0].items():
+                k._init_handles()
+                cap = getattr(k.metadata, "maxnreg", None)
+                spilled, budget = 4 * k.n_spills, spill_budget({"maxnreg": cap})
+                past = str(key) if spilled > budget else ""
+                rows.append((kernel, k.metadata.num_warps, cap, k.n_regs, spilled, budget, past))
+    return rows
