@@ -329,24 +329,23 @@ def test_every_path_gives_its_bits_in_every_layout(path):
 def test_split_cuts_rows_that_start_mid_group_on_groups(dtype):
     # Logits and gradient k elements past a 16-byte boundary lie in step: the split cuts its
     # chunks on 16-byte groups, chunk 0 also taking each row's partial groups (a class weight
-    # and a target among them). V = 40: every row starts k into its group; V = 37: rows start at
-    # every place. Nothing may be written outside the gradient.
+    # and a target among them). V = 40, k = a - 1: every row starts on the last element of its group;
+    # V = 37, k = 1: rows start at every place. Nothing may be written outside the gradient.
     a = 16 // torch.tensor([], dtype=dtype).element_size()
-    for V in (40, 37):
+    for V, k in ((40, a - 1), (37, 1)):
         x0, t = edge_rows(V, seed=V, dtype=dtype)
         t[0], t[7] = 0, V - 1  # targets in the partial groups at both ends
         o = options("none", 0.1, True, V=V, dtype=dtype)
         want = run_cross_entropy_poisoned(cross_entropy_path_runner("row"), x0, t, **o)
-        for k in (1, a - 1):  # the first and last places past a boundary
-            x = place(x0, f"offset:{k}")
-            g = place(torch.full_like(x0, math.nan), f"offset:{k}")
-            cut = training_cut(V, x, g)
-            assert (cut["ALIGN"], cut["head"]) == (a, k if V % a == 0 else a - 1), cut
-            got = tce.run_path(x, t, "split", params=SCALED["split"], out=g, **o)
-            assert got.grad.data_ptr() == g.data_ptr()
-            for name, u, w in zip(("loss", "lse", "grad"), got, want, strict=True):
-                assert torch.equal(bits(u), bits(w)), f"V={V} offset {k}: {name} bits differ"
-            assert torch.isnan(outside_view(g)).all(), f"V={V} offset {k}: written outside the gradient"
+        x = place(x0, f"offset:{k}")
+        g = place(torch.full_like(x0, math.nan), f"offset:{k}")
+        cut = training_cut(V, x, g)
+        assert (cut["ALIGN"], cut["head"]) == (a, k if V % a == 0 else a - 1), cut
+        got = tce.run_path(x, t, "split", params=SCALED["split"], out=g, **o)
+        assert got.grad.data_ptr() == g.data_ptr()
+        for name, u, w in zip(("loss", "lse", "grad"), got, want, strict=True):
+            assert torch.equal(bits(u), bits(w)), f"V={V} offset {k}: {name} bits differ"
+        assert torch.isnan(outside_view(g)).all(), f"V={V} offset {k}: written outside the gradient"
 
 
 def runnable(kernel: str):

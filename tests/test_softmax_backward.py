@@ -176,25 +176,24 @@ def test_split_meetings_stay_in_step_over_launches_blocks_and_wrapped_tags():
 def test_split_cuts_rows_that_start_mid_group_on_groups(dtype):
     # dy, y and dx all k elements past a 16-byte boundary lie in step: the split cuts its chunks
     # on 16-byte groups of their aligned base views, chunk 0 also taking each row's partial
-    # groups. V = 40: every row starts k into its group (one more chunk a row); V = 37: rows
-    # start at every place in their groups. Nothing may be written outside dx.
+    # groups. V = 40, k = a - 1: every row starts on the last element of its group (one more
+    # chunk a row); V = 37, k = 1: rows start at every place in their groups. Nothing may be written
+    # outside dx; dy out of step with the others goes element by element.
     a = 16 // torch.tensor([], dtype=dtype).element_size()
-    for V in (40, 37):
+    for V, k in ((40, a - 1), (37, 1)):
         dy0, y0 = pair(3, V, seed=V, dtype=dtype)
         want = run_backward_poisoned(backward_path_runner("row"), dy0, y0)
-        for k in (1, a - 1):  # the first and last places past a boundary
-            dy, y = place(dy0, f"offset:{k}"), place(y0, f"offset:{k}")
-            dx = place(torch.full_like(y0, math.nan), f"offset:{k}")
-            cut = training_cut(V, y, dy, dx)
-            assert (cut["ALIGN"], cut["head"]) == (a, k if V % a == 0 else a - 1), cut
-            got = tb.run_path(dy, y, "split", out=dx, **SPLIT)
-            assert got.data_ptr() == dx.data_ptr()
-            assert torch.equal(bits(got), bits(want)), f"V={V} offset {k}: bits differ"
-            assert torch.isnan(outside_view(dx)).all(), f"V={V} offset {k}: written outside dx"
-            # dy out of step with y and dx: Triton may not be told of groups it does not have.
-            cut = training_cut(V, y, dy0, dx)
-            assert (cut["ALIGN"], cut["rows"]) == (1, "elements"), cut
-            assert torch.equal(bits(tb.run_path(dy0, y, "split", **SPLIT)), bits(want)), f"V={V}: out of step"
+        dy, y = place(dy0, f"offset:{k}"), place(y0, f"offset:{k}")
+        dx = place(torch.full_like(y0, math.nan), f"offset:{k}")
+        cut = training_cut(V, y, dy, dx)
+        assert (cut["ALIGN"], cut["head"]) == (a, k if V % a == 0 else a - 1), cut
+        got = tb.run_path(dy, y, "split", out=dx, **SPLIT)
+        assert got.data_ptr() == dx.data_ptr()
+        assert torch.equal(bits(got), bits(want)), f"V={V} offset {k}: bits differ"
+        assert torch.isnan(outside_view(dx)).all(), f"V={V} offset {k}: written outside dx"
+        cut = training_cut(V, y, dy0, dx)
+        assert (cut["ALIGN"], cut["rows"]) == (1, "elements"), cut
+        assert torch.equal(bits(tb.run_path(dy0, y, "split", **SPLIT)), bits(want)), f"V={V}: out of step"
     # Rows of pointers, strides and V divisible by 16 move in vectors as they are.
     dy0, y0 = pair(2, 64, seed=64, dtype=dtype)
     assert training_cut(64, y0, dy0, torch.empty_like(y0)) | {"views": ()} == {
