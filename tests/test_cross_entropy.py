@@ -45,6 +45,7 @@ from tests.helpers import (  # noqa: E402
     layouts,
     linear_weight_grad_expected,
     logits,
+    mid_group_cases,
     outside_view,
     place,
     run_cross_entropy_poisoned,
@@ -329,10 +330,8 @@ def test_every_path_gives_its_bits_in_every_layout(path):
 def test_split_cuts_rows_that_start_mid_group_on_groups(dtype):
     # Logits and gradient k elements past a 16-byte boundary lie in step: the split cuts its
     # chunks on 16-byte groups, chunk 0 also taking each row's partial groups (a class weight
-    # and a target among them). V = 40, k = a - 1: every row starts on the last element of its group;
-    # V = 37, k = 1: rows start at every place. Nothing may be written outside the gradient.
-    a = 16 // torch.tensor([], dtype=dtype).element_size()
-    for V, k in ((40, a - 1), (37, 1)):
+    # and a target among them). Nothing may be written outside the gradient.
+    for a, V, k in mid_group_cases(dtype):
         x0, t = edge_rows(V, seed=V, dtype=dtype)
         t[0], t[7] = 0, V - 1  # targets in the partial groups at both ends
         o = options("none", 0.1, True, V=V, dtype=dtype)

@@ -36,6 +36,7 @@ from tests.helpers import (  # noqa: E402
     dtype_id,
     layouts,
     logits,
+    mid_group_cases,
     outside_view,
     place,
     run_backward_poisoned,
@@ -176,11 +177,9 @@ def test_split_meetings_stay_in_step_over_launches_blocks_and_wrapped_tags():
 def test_split_cuts_rows_that_start_mid_group_on_groups(dtype):
     # dy, y and dx all k elements past a 16-byte boundary lie in step: the split cuts its chunks
     # on 16-byte groups of their aligned base views, chunk 0 also taking each row's partial
-    # groups. V = 40, k = a - 1: every row starts on the last element of its group (one more
-    # chunk a row); V = 37, k = 1: rows start at every place in their groups. Nothing may be written
-    # outside dx; dy out of step with the others goes element by element.
-    a = 16 // torch.tensor([], dtype=dtype).element_size()
-    for V, k in ((40, a - 1), (37, 1)):
+    # groups. Nothing may be written outside dx; dy out of step with the others goes element by
+    # element.
+    for a, V, k in mid_group_cases(dtype):
         dy0, y0 = pair(3, V, seed=V, dtype=dtype)
         want = run_backward_poisoned(backward_path_runner("row"), dy0, y0)
         dy, y = place(dy0, f"offset:{k}"), place(y0, f"offset:{k}")

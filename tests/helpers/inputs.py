@@ -211,6 +211,15 @@ def place(values: torch.Tensor, layout: str, device="cpu") -> torch.Tensor:
     return _place(values, layout, torch.device(device))
 
 
+def mid_group_cases(dtype) -> tuple[tuple[int, int, int], ...]:
+    """(a, V, k) for rows k elements past a 16-byte boundary (`place(..., f"offset:{k}")`), a
+    the group's width in elements: V = 40 with k = a - 1, every row starting on its group's
+    last element (the head that adds a chunk to a row); V = 37 with k = 1, rows starting at
+    every place in their groups (a cut that takes the first row's head for all of them fails)."""
+    a = VECTOR_BYTES // torch.tensor([], dtype=dtype).element_size()
+    return ((a, 40, a - 1), (a, 37, 1))
+
+
 def outside_view(t: torch.Tensor) -> torch.Tensor:
     """The elements of a contiguous view's storage that the view does not cover (NaN where `place`
     made it): a kernel that writes past its rows shows there."""
