@@ -1,0 +1,122 @@
+"""Which ptxas builds the Triton kernels, and what it costs them.
+
+    python reports/probes/ptxas_choice.py --out DIR [--shapes 4096x128256,4096x50257]   # on a GPU
+
+The question. Once a process has run torch.compile, Inductor points Triton at PyTorch's own
+ptxas (TRITON_PTXAS_PATH), and every Triton kernel compiled after that in the process is built
+by it. The suite's GPU spill check found its register allocation different from the ptxas
+Triton ships (reports/profiles.md, "The training splits cut odd rows on 16-byte groups"), and
+in run (c) the aligned backward split ran 6-10 % slower than in run (b) with a build that
+matches run (b)'s under Triton's ptxas. Does the ptxas alone move the kernels' time?
+
+For each ptxas (Triton's; PyTorch's, where it has one) a child process with a cache directory
+of its own builds the training kernels and the forward's split at each shape, times the
+dispatched calls in graph replay (L2 flushed, interleaved rounds) and reports the registers and
+spills the driver gives each compiled kernel; every output's bits are compared across the
+children. Writes DIR/ptxas_choice.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SHAPES = "4096x128256,4096x50257"
+
+
+def torch_ptxas() -> str | None:
+    """The ptxas Inductor would hand Triton (torch/_inductor/bin/ptxas), if this PyTorch has one."""
+    import torch
+
+    path = Path(torch.__file__).parent / "_inductor" / "bin" / "ptxas"
+    return str(path) if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def child(shapes: str) -> dict:
+    """In this process: time and build the dispatched kernels at `shapes` (both dtypes)."""
+    import torch
+    from triton_rows_sweep import bits, graph_times_us
+
+    from kernels import softmax_triton as st
+    from kernels import triton_backward as tb
+    from kernels import triton_cross_entropy as tce
+    from kernels.triton_kernels import JIT_KERNELS
+    from kernels.triton_loss_kernels import JIT_KERNELS as LOSS_KERNELS
+
+    rows, digests = [], {}
+    for item in shapes.split(","):
+        B, V = (int(v) for v in item.split("x"))
+        for dtype in (torch.float32, torch.bfloat16):
+            g = torch.Generator(device="cuda").manual_seed(B + V)
+            x = (torch.randn(B, V, device="cuda", generator=g) * 3).to(dtype)
+            t = torch.randint(0, V, (B,), device="cuda", generator=g)
+            y = torch.softmax(x.float(), -1).to(dtype)
+            dy = torch.randn(B, V, device="cuda", generator=g).to(dtype)
+            calls = {
+                "softmax": lambda x=x: st.softmax(x),
+                "softmax_backward": lambda dy=dy, y=y: tb.softmax_backward(dy, y),
+                "cross_entropy": lambda x=x, t=t: tce.cross_entropy(x, t, validate=False),
+            }
+            outs = {name: fn() for name, fn in calls.items()}
+            outs["cross_entropy"] = outs["cross_entropy"].grad
+            times = graph_times_us(list(calls.values()))
+            for (name, _), ts in zip(calls.items(), times, strict=True):
+                key = f"{name} {str(dtype).removeprefix('torch.')} ({B}, {V})"
+                rows.append({"case": key, "us": statistics.median(ts)})
+                digests[key] = hashlib.sha256(bits(outs[name]).cpu().numpy().tobytes()).hexdigest()
+    built = []
+    for name, fn in {**JIT_KERNELS, **LOSS_KERNELS}.items():
+        for caches in getattr(fn, "device_caches", {}).values():
+            for k in caches[0].values():
+                k._init_handles()
+                built.append(f"{name}: {k.metadata.num_warps} warps, {k.n_regs} regs, {4 * k.n_spills} bytes spilled")
+    return {"rows": rows, "digests": digests, "built": sorted(set(built))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--shapes", default=SHAPES)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.shapes)))
+        return
+    if args.out is None:
+        parser.error("--out DIR is required")
+    variants = {"triton's ptxas": None, "pytorch's ptxas": torch_ptxas()}
+    results = {}
+    for name, ptxas in variants.items():
+        if name != "triton's ptxas" and ptxas is None:
+            print(f"{name}: none in this PyTorch")
+            continue
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_PTXAS_PATH"}
+        if ptxas:
+            env["TRITON_PTXAS_PATH"] = ptxas
+        with tempfile.TemporaryDirectory() as cache:
+            env["TRITON_CACHE_DIR"] = cache
+            cmd = [sys.executable, __file__, "--child", "--shapes", args.shapes]
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise SystemExit(f"{name}: the child failed\n{proc.stderr[-4000:]}")
+        results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ptxas_choice.json").write_text(json.dumps({"ptxas": variants, "results": results}, indent=1))
+    base = results["triton's ptxas"]
+    for name, r in results.items():
+        print(f"-- {name}")
+        print("\n".join(r["built"]))
+        for row, ref in zip(r["rows"], base["rows"], strict=True):
+            differ = "" if r["digests"][row["case"]] == base["digests"][row["case"]] else "  BITS DIFFER"
+            print(f"{row['case']:40s} {row['us']:9.1f} us  {ref['us'] / row['us']:.3f}x triton's{differ}")
+
+
+if __name__ == "__main__":
+    main()
