@@ -283,10 +283,10 @@ def test_compiled_kernels_spill_within_budget(request):
 def test_compiled_training_kernels_spill_within_budget():
     """The training kernels as their wrappers launch them (tests.helpers.compiled_training_kernels),
     within the budget of their register caps (none: no spill at all). In a process of their own,
-    built as Triton builds them: once a process has used torch.compile, Inductor points Triton at
-    PyTorch's own ptxas (TRITON_PTXAS_PATH), whose register allocation differs (16-bit weighted,
-    smoothed splits: 168 registers and 16 bytes spilled, against 206 and none), so an in-process
-    check would depend on which tests ran before it."""
+    without TRITON_PTXAS_PATH, as Triton builds them: in a process where other tests (among them
+    torch.compile's) ran first, the same kernels came out with other registers and spills (16-bit
+    weighted, smoothed splits: 168 registers and 16 bytes spilled, against 204-206 and none), so
+    an in-process check depended on which tests ran before it (reports/profiles.md)."""
     import json
     import os
     import subprocess
