@@ -404,15 +404,10 @@ def _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, 
 
 
 @triton.jit
-def cross_entropy_row_kernel(
-    X, T, W, G, LOSS, LSE, PREP, V, stride_x, stride_g, ignore_index, eps, inv_v, KW, SCALE,
-    BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
-):  # fmt: skip
-    # One program holds the whole row in registers (BLOCK = next_pow2(V)): one read, one write.
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < V
-    # The row's target and weights.
+def _ce_target(T, W, PREP, row, cols, mask, V, ignore_index, HAS_WEIGHT: tl.constexpr):
+    # A row's target and weights: whether it is ignored, whether it is a class (t in [0, V)), the
+    # target made safe to index with, its weight, the weights of the columns `cols` (0 outside
+    # `mask`) and the sum of all weights (the prep kernel's PREP[0]; V without weights).
     t = tl.load(T + row).to(tl.int64)
     ignored = t == ignore_index
     valid = (t != ignore_index) & (t >= 0) & (t < V)
@@ -425,6 +420,19 @@ def cross_entropy_row_kernel(
         w_t = 1.0
         w_j = tl.where(mask, 1.0, 0.0)
         w_all = V * 1.0  # V may be the constexpr 1
+    return ignored, valid, t_safe, w_t, w_j, w_all
+
+
+@triton.jit
+def cross_entropy_row_kernel(
+    X, T, W, G, LOSS, LSE, PREP, V, stride_x, stride_g, ignore_index, eps, inv_v, KW, SCALE,
+    BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+):  # fmt: skip
+    # One program holds the whole row in registers (BLOCK = next_pow2(V)): one read, one write.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < V
+    ignored, valid, t_safe, w_t, w_j, w_all = _ce_target(T, W, PREP, row, cols, mask, V, ignore_index, HAS_WEIGHT)
     # The sums: exponentials at the fixed scale, and (label smoothing) q order-free.
     x = tl.load(X + row * stride_x + cols, mask=mask, other=-INF).to(tl.float32)
     m = tl.reduce(x, 0, _nan_max)
@@ -559,18 +567,7 @@ def cross_entropy_split_kernel(
     row = pid // P
     chunk = pid - row * P
     xs, offs, cols, mask = _chunk_cut(x_off, row, stride_x, chunk, V, CHUNK, ALIGN)
-    t = tl.load(T + row).to(tl.int64)
-    ignored = t == ignore_index
-    valid = (t != ignore_index) & (t >= 0) & (t < V)
-    t_safe = tl.where(valid, t, 0)
-    if HAS_WEIGHT:
-        w_t = tl.load(W + t_safe).to(tl.float32)
-        w_j = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-        w_all = tl.load(PREP + 0)
-    else:
-        w_t = 1.0
-        w_j = tl.where(mask, 1.0, 0.0)
-        w_all = V * 1.0
+    ignored, valid, t_safe, w_t, w_j, w_all = _ce_target(T, W, PREP, row, cols, mask, V, ignore_index, HAS_WEIGHT)
     x_row = _row_at(X, x_off, row, stride_x, ALIGN)
     x = tl.load(_at(X, x_off, row, stride_x, xs, offs, cols, ALIGN), mask=mask, other=-INF).to(tl.float32)
     m_c = tl.reduce(x, 0, _nan_max)
