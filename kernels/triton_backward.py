@@ -115,8 +115,11 @@ def launch_params(
                 ("elements", True): (4096, 8, 128),
                 ("elements", False): (4096, 4, None),
             }[rows, dtype == torch.float32]
-        else:  # weighted or smoothed: as fast uncapped as under 128 on groups, 0.99-1.00x
-            chunk, warps, cap = 4096, 8 if dtype == torch.float32 else 4, None
+        else:  # weighted or smoothed: 4096 x 4 uncapped, but float32 on groups (2048 x 4 under 128,
+            # 1.07x 4096 x 4 there) and out of step (not measured: as before)
+            chunk, warps, cap = 4096, 4, None
+            if dtype == torch.float32 and rows != "aligned":
+                chunk, warps, cap = (2048, 4, 128) if rows == "groups" else (4096, 8, None)
         return {"CHUNK": chunk, "num_warps": warps, **({"maxnreg": cap} if cap else {})}
     if path == "stream":
         # BLOCK 1024-16384 x 4-32 warps x 1-8 programs per SM at V = 16384-128256 (reports/profiles.md):

@@ -268,6 +268,10 @@ def softmax_backward_split_kernel(
     ys, offs, cols, mask = _chunk_cut(y_off, row, stride_y, chunk, V, CHUNK, ALIGN)
     y = tl.load(_at(Y, y_off, row, stride_y, ys, offs, cols, ALIGN), mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(_at(DY, dy_off, row, stride_dy, ys, offs, cols, ALIGN), mask=mask, other=0.0).to(tl.float32)
+    # The tag before any reduction: its read then overlaps the chunk's (a meeting's barrier
+    # would keep it waiting behind them: 1.07-1.08x slower at (4096, 128256), run (d)).
+    ws = WS + row * (4 * P)
+    tag = _launch_tag(ws + chunk, P_BLOCK)
     t = y * dy
     a_c = tl.max(_finite_abs(t), axis=0)
     f_c = tl.sum(_non_finite(t), axis=0)
@@ -280,8 +284,6 @@ def softmax_backward_split_kernel(
         f_c += tl.sum(_non_finite(te), axis=0)
     y_row = _row_at(Y, y_off, row, stride_y, ALIGN)
     dy_row = _row_at(DY, dy_off, row, stride_dy, ALIGN)
-    ws = WS + row * (4 * P)
-    tag = _launch_tag(ws + chunk, P_BLOCK)
     up, down, F = _backward_meet_scale(ws, P, chunk, tag, a_c, f_c, y_row, dy_row, V, K,
                                        P_BLOCK, FALLBACK_BLOCK, MAX_SPINS)  # fmt: skip
     s_c = tl.sum(_fixed_finite(t, up), axis=0)
@@ -404,23 +406,30 @@ def _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, 
 
 
 @triton.jit
-def _ce_target(T, W, PREP, row, cols, mask, V, ignore_index, HAS_WEIGHT: tl.constexpr):
-    # A row's target and weights: whether it is ignored, whether it is a class (t in [0, V)), the
-    # target made safe to index with, its weight, the weights of the columns `cols` (0 outside
-    # `mask`) and the sum of all weights (the prep kernel's PREP[0]; V without weights).
+def _ce_target(T, W, PREP, row, V, ignore_index, HAS_WEIGHT: tl.constexpr):
+    # A row's target: whether it is ignored, whether it is a class (t in [0, V)), the target made
+    # safe to index with, its weight and the sum of all weights (the prep kernel's PREP[0]; V
+    # without weights).
     t = tl.load(T + row).to(tl.int64)
     ignored = t == ignore_index
     valid = (t != ignore_index) & (t >= 0) & (t < V)
     t_safe = tl.where(valid, t, 0)
     if HAS_WEIGHT:
         w_t = tl.load(W + t_safe).to(tl.float32)
-        w_j = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
         w_all = tl.load(PREP + 0)
     else:
         w_t = 1.0
-        w_j = tl.where(mask, 1.0, 0.0)
         w_all = V * 1.0  # V may be the constexpr 1
-    return ignored, valid, t_safe, w_t, w_j, w_all
+    return ignored, valid, t_safe, w_t, w_all
+
+
+@triton.jit
+def _ce_weights(W, cols, mask, HAS_WEIGHT: tl.constexpr):
+    # The class weights of the columns `cols` (0 outside `mask`; 1 inside without weights).
+    if HAS_WEIGHT:
+        return tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    else:
+        return tl.where(mask, 1.0, 0.0)
 
 
 @triton.jit
@@ -432,7 +441,8 @@ def cross_entropy_row_kernel(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < V
-    ignored, valid, t_safe, w_t, w_j, w_all = _ce_target(T, W, PREP, row, cols, mask, V, ignore_index, HAS_WEIGHT)
+    ignored, valid, t_safe, w_t, w_all = _ce_target(T, W, PREP, row, V, ignore_index, HAS_WEIGHT)
+    w_j = _ce_weights(W, cols, mask, HAS_WEIGHT)
     # The sums: exponentials at the fixed scale, and (label smoothing) q order-free.
     x = tl.load(X + row * stride_x + cols, mask=mask, other=-INF).to(tl.float32)
     m = tl.reduce(x, 0, _nan_max)
@@ -567,20 +577,25 @@ def cross_entropy_split_kernel(
     row = pid // P
     chunk = pid - row * P
     xs, offs, cols, mask = _chunk_cut(x_off, row, stride_x, chunk, V, CHUNK, ALIGN)
-    ignored, valid, t_safe, w_t, w_j, w_all = _ce_target(T, W, PREP, row, cols, mask, V, ignore_index, HAS_WEIGHT)
+    ignored, valid, t_safe, w_t, w_all = _ce_target(T, W, PREP, row, V, ignore_index, HAS_WEIGHT)
+    # The columns' class weights: on rows cut on groups, read once and held through both
+    # meetings; on the others, read again where each use needs them (from L2), which frees their
+    # registers during the meetings: 1.3-1.6x at (4096, 128256) weighted, smoothed, against
+    # 0.9x on groups, whose edges' registers then spill more (run (d), reports/profiles.md).
+    if ALIGN > 1:
+        w_j = _ce_weights(W, cols, mask, HAS_WEIGHT)
     x_row = _row_at(X, x_off, row, stride_x, ALIGN)
     x = tl.load(_at(X, x_off, row, stride_x, xs, offs, cols, ALIGN), mask=mask, other=-INF).to(tl.float32)
+    ws = WS + row * (7 * P)
+    tag = _launch_tag(ws + chunk, P_BLOCK)  # before any reduction, as the backward's split
     m_c = tl.reduce(x, 0, _nan_max)
     mn_c = tl.min(tl.where(mask, x, INF), axis=0)  # the smoothing's only
     if ALIGN > 1:  # the row's edges (chunk 0's): extremes and sums are order-free
         pos, e_mask = _split_edges(xs, chunk, V, ALIGN)
         e_cols = pos - xs
         xe = tl.load(_at(X, x_off, row, stride_x, xs, pos, 0, ALIGN), mask=e_mask, other=-INF).to(tl.float32)
-        w_e = tl.load(W + e_cols, mask=e_mask, other=0.0).to(tl.float32) if HAS_WEIGHT else tl.where(e_mask, 1.0, 0.0)
         m_c = _nan_max(m_c, tl.reduce(xe, 0, _nan_max))
         mn_c = tl.minimum(mn_c, tl.min(tl.where(e_mask, xe, INF), axis=0))
-    ws = WS + row * (7 * P)
-    tag = _launch_tag(ws + chunk, P_BLOCK)
 
     # Meeting 1: the row's max (NaN-propagating) and min.
     neg_mn = tl.zeros([], tl.float32)
@@ -601,11 +616,13 @@ def cross_entropy_split_kernel(
     q_c = tl.zeros([], tl.int64)
     f_c = tl.zeros([], tl.float32)
     if HAS_SMOOTHING:
+        if ALIGN == 1:
+            w_j = _ce_weights(W, cols, mask, HAS_WEIGHT)
         wd = tl.where(mask, w_j * (x - m), 0.0)
         q_c = tl.sum(_fixed_finite(wd, up), axis=0)
         f_c = tl.sum(_non_finite(wd), axis=0)
         if ALIGN > 1:
-            wde = tl.where(e_mask, w_e * (xe - m), 0.0)
+            wde = tl.where(e_mask, _ce_weights(W, e_cols, e_mask, HAS_WEIGHT) * (xe - m), 0.0)
             q_c += tl.sum(_fixed_finite(wde, up), axis=0)
             f_c += tl.sum(_non_finite(wde), axis=0)
     S_fix, Q_fix, F = _ce_meet_sums(ws, P, chunk, tag, s_c, q_c, f_c, x_row, W, m, up, V, SCALE, G.dtype.element_ty,
@@ -621,10 +638,13 @@ def cross_entropy_split_kernel(
     if chunk == row % P:  # one chunk a row, a different one from row to row (see above)
         tl.store(LSE + row, lse)
         tl.store(LOSS + row, loss)
+    if ALIGN == 1:
+        w_j = _ce_weights(W, cols, mask, HAS_WEIGHT)
     g = _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, inv_v, PREP, ignored, valid,
                      G.dtype.element_ty, HAS_SMOOTHING)  # fmt: skip
     tl.store(_at(G, g_off, row, stride_g, xs, offs, cols, ALIGN), g.to(G.dtype.element_ty), mask=mask)
     if ALIGN > 1:
+        w_e = _ce_weights(W, e_cols, e_mask, HAS_WEIGHT)
         ge = _ce_gradient(ee, S_fix, E_t, SCALE, fin, e_cols, t_safe, w_t, w_all, w_e, eps, inv_v, PREP, ignored,
                           valid, G.dtype.element_ty, HAS_SMOOTHING)  # fmt: skip
         tl.store(_at(G, g_off, row, stride_g, xs, pos, 0, ALIGN), ge.to(G.dtype.element_ty), mask=e_mask)
