@@ -199,5 +199,7 @@ def test_fresh_contents_leave_a_remembering_kernel_nothing_to_replay():
         rounds=15,
         refresh=devicetime.fresh_contents(x_new),
     )
-    stale, fresh, honest = (statistics.median(t) for t in times)
+    # The least of each: the round least slowed by other work on the GPU and the host (under
+    # `-n 16` on one GPU the medians of all three sat at 5.2-5.4 ms, the work's own 0.2).
+    stale, fresh, honest = (min(t) for t in times)
     assert stale < 0.8 * fresh and fresh > 0.8 * honest, (stale, fresh, honest)

@@ -11,6 +11,11 @@ And in run (c) the aligned backward split ran 6-10 % slower than in run (b), wit
 matches run (b)'s in a fresh process; the benchmark process runs torch.compile too. Does a
 torch.compile before them move the kernels' builds and time, and is it the ptxas?
 
+The answer (run (d), runs/h200-2026-12-04d/ptxas_choice.log): no. After a torch.compile,
+TRITON_PTXAS_PATH points at torch/bin/ptxas, and every kernel builds with the same registers
+and spills, runs within 0.4 % of the fresh process's time and gives the same bits. The 6-10 %
+was the place of the split's launch-tag read (probes/training_ab.py).
+
 Each variant runs in a child process with a Triton cache directory of its own: "fresh";
 "after torch.compile" (a compiled F.cross_entropy step runs first; the child reports the TRITON_*
 variables it then finds changed); "pytorch's ptxas" (TRITON_PTXAS_PATH set to it, where this
@@ -36,10 +41,11 @@ SHAPES = "4096x128256,4096x50257"
 
 
 def torch_ptxas() -> str | None:
-    """The ptxas Inductor would hand Triton (torch/_inductor/bin/ptxas), if this PyTorch has one."""
+    """The ptxas Inductor hands Triton (torch/bin/ptxas: TRITON_PTXAS_PATH after a torch.compile in
+    run (d)), if this PyTorch has one."""
     import torch
 
-    path = Path(torch.__file__).parent / "_inductor" / "bin" / "ptxas"
+    path = Path(torch.__file__).parent / "bin" / "ptxas"
     return str(path) if path.is_file() and os.access(path, os.X_OK) else None
 
 
