@@ -54,7 +54,7 @@ def child(shapes: str, after_compile: bool) -> dict:
     torch.compile'd cross-entropy step where `after_compile`."""
     import torch
     import torch.nn.functional as F
-    from triton_rows_sweep import bits, graph_times_us
+    from triton_rows_sweep import bits, graph_times_us, training_inputs
 
     from kernels import softmax_triton as st
     from kernels import triton_backward as tb
@@ -71,26 +71,19 @@ def child(shapes: str, after_compile: bool) -> dict:
     after = {k: v for k, v in os.environ.items() if k.startswith("TRITON_")}
     changed = {k: after.get(k) for k in set(before) | set(after) if before.get(k) != after.get(k)}
     rows, digests = [], {}
-    for item in shapes.split(","):
-        B, V = (int(v) for v in item.split("x"))
-        for dtype in (torch.float32, torch.bfloat16):
-            g = torch.Generator(device="cuda").manual_seed(B + V)
-            x = (torch.randn(B, V, device="cuda", generator=g) * 3).to(dtype)
-            t = torch.randint(0, V, (B,), device="cuda", generator=g)
-            y = torch.softmax(x.float(), -1).to(dtype)
-            dy = torch.randn(B, V, device="cuda", generator=g).to(dtype)
-            calls = {
-                "softmax": lambda x=x: st.softmax(x),
-                "softmax_backward": lambda dy=dy, y=y: tb.softmax_backward(dy, y),
-                "cross_entropy": lambda x=x, t=t: tce.cross_entropy(x, t, validate=False),
-            }
-            outs = {name: fn() for name, fn in calls.items()}
-            outs["cross_entropy"] = outs["cross_entropy"].grad
-            times = graph_times_us(list(calls.values()))
-            for (name, _), ts in zip(calls.items(), times, strict=True):
-                key = f"{name} {str(dtype).removeprefix('torch.')} ({B}, {V})"
-                rows.append({"case": key, "us": statistics.median(ts)})
-                digests[key] = hashlib.sha256(bits(outs[name]).cpu().numpy().tobytes()).hexdigest()
+    for B, V, dtype, x, t, y, dy in training_inputs(shapes):
+        calls = {
+            "softmax": lambda x=x: st.softmax(x),
+            "softmax_backward": lambda dy=dy, y=y: tb.softmax_backward(dy, y),
+            "cross_entropy": lambda x=x, t=t: tce.cross_entropy(x, t, validate=False),
+        }
+        outs = {name: fn() for name, fn in calls.items()}
+        outs["cross_entropy"] = outs["cross_entropy"].grad
+        times = graph_times_us(list(calls.values()))
+        for (name, _), ts in zip(calls.items(), times, strict=True):
+            key = f"{name} {str(dtype).removeprefix('torch.')} ({B}, {V})"
+            rows.append({"case": key, "us": statistics.median(ts)})
+            digests[key] = hashlib.sha256(bits(outs[name]).cpu().numpy().tobytes()).hexdigest()
     built = []
     for name, fn in {**JIT_KERNELS, **LOSS_KERNELS}.items():
         for caches in getattr(fn, "device_caches", {}).values():

@@ -18,7 +18,7 @@ import importlib
 import statistics
 
 import torch
-from triton_rows_sweep import bits, graph_times_us
+from triton_rows_sweep import bits, graph_times_us, training_inputs
 
 
 def main() -> None:
@@ -29,26 +29,19 @@ def main() -> None:
     pkgs = args.packages.split(",")
     mods = {p: (importlib.import_module(f"{p}.triton_backward"), importlib.import_module(f"{p}.triton_cross_entropy"))
             for p in pkgs}  # fmt: skip
-    for item in args.shapes.split(","):
-        B, V = (int(v) for v in item.split("x"))
-        for dtype in (torch.float32, torch.bfloat16):
-            g = torch.Generator(device="cuda").manual_seed(B + V)
-            x = (torch.randn(B, V, device="cuda", generator=g) * 3).to(dtype)
-            t = torch.randint(0, V, (B,), device="cuda", generator=g)
-            y = torch.softmax(x.float(), -1).to(dtype)
-            dy = torch.randn(B, V, device="cuda", generator=g).to(dtype)
-            calls, outs = [], []
-            for p, (tb, tce) in mods.items():
-                calls.append((f"bwd {p}", lambda tb=tb, dy=dy, y=y: tb.softmax_backward(dy, y)))
-                calls.append((f"ce  {p}", lambda tce=tce, x=x, t=t: tce.cross_entropy(x, t, validate=False)))
-            for name, fn in calls:
-                out = fn()
-                outs.append(bits(out if name.startswith("bwd") else out.grad).clone())
-            times = graph_times_us([fn for _, fn in calls])
-            for i, ((name, _), ts) in enumerate(zip(calls, times, strict=True)):
-                differ = "" if torch.equal(outs[i], outs[i % 2]) else "  BITS DIFFER"
-                us, ref = statistics.median(ts), statistics.median(times[i % 2])
-                print(f"{str(dtype):15s} ({B}, {V}) {name:28s} {us:9.1f} us {ref / us:.3f}x first{differ}", flush=True)
+    for B, V, dtype, x, t, y, dy in training_inputs(args.shapes):
+        calls, outs = [], []
+        for p, (tb, tce) in mods.items():
+            calls.append((f"bwd {p}", lambda tb=tb, dy=dy, y=y: tb.softmax_backward(dy, y)))
+            calls.append((f"ce  {p}", lambda tce=tce, x=x, t=t: tce.cross_entropy(x, t, validate=False)))
+        for name, fn in calls:
+            out = fn()
+            outs.append(bits(out if name.startswith("bwd") else out.grad).clone())
+        times = graph_times_us([fn for _, fn in calls])
+        for i, ((name, _), ts) in enumerate(zip(calls, times, strict=True)):
+            differ = "" if torch.equal(outs[i], outs[i % 2]) else "  BITS DIFFER"
+            us, ref = statistics.median(ts), statistics.median(times[i % 2])
+            print(f"{str(dtype):15s} ({B}, {V}) {name:28s} {us:9.1f} us {ref / us:.3f}x first{differ}", flush=True)
     for p in pkgs:
         lk = importlib.import_module(f"{p}.triton_loss_kernels")
         for name, fn in lk.JIT_KERNELS.items():

@@ -36,6 +36,19 @@ ROUNDS = 20
 CALLS = 10  # flush + call pairs per graph
 
 
+def training_inputs(shapes: str):
+    """Per "BxV" item of `shapes` and dtype (fp32, bf16): (B, V, dtype, logits x, targets t,
+    softmax y of x, upstream gradient dy), seeded by the shape; the training probes' inputs."""
+    for item in shapes.split(","):
+        B, V = (int(v) for v in item.split("x"))
+        for dtype in (torch.float32, torch.bfloat16):
+            g = torch.Generator(device="cuda").manual_seed(B + V)
+            x = (torch.randn(B, V, device="cuda", generator=g) * 3).to(dtype)
+            t = torch.randint(0, V, (B,), device="cuda", generator=g)
+            y = torch.softmax(x.float(), -1).to(dtype)
+            yield B, V, dtype, x, t, y, torch.randn(B, V, device="cuda", generator=g).to(dtype)
+
+
 def graph_times_us(fns: list) -> list[list[float]]:
     """Device time per call of each of `fns`, free of host launch cost: a CUDA graph of CALLS
     (L2 flush, call) pairs per function and one of CALLS flushes alone, replayed in interleaved
