@@ -82,7 +82,20 @@ def build(
         "shared": int(c.metadata.shared),
         "vector_loads": bool(re.search(r"ld\.global(\.\w+)*\.v[248]", c.asm["ptx"])),
         "vector_stores": bool(re.search(r"st\.global(\.\w+)*\.v[248]", c.asm["ptx"])),
+        "tag_read_first": tag_read_first(c.asm["ptx"]),
     }
+
+
+def tag_read_first(ptx: str) -> bool | None:
+    """Whether a split kernel's first volatile read (its launch tag: kernels/triton_kernels.py,
+    _launch_tag) comes before its first barrier, so that the read overlaps the chunk's loads
+    instead of waiting behind a reduction (1.07-1.08x at (4096, 128256), reports/profiles.md);
+    None for a kernel without volatile reads (no meetings)."""
+    read = ptx.find("ld.volatile.global")
+    if read < 0:
+        return None
+    barrier = ptx.find("bar.sync")
+    return barrier < 0 or read < barrier
 
 
 def spill_budget(record: dict) -> int:

@@ -718,6 +718,8 @@ def test_sm90_aot_builds_spill_within_budget_and_fit_shared_memory(sm90_builds, 
         if r["ALIGN"] > 1 and per_thread >= r["ALIGN"]:
             assert r["vector_loads"], f"{r['name']} with ALIGN > 1 should issue vector loads: {r}"
             assert r["vector_stores"], f"{r['name']} with ALIGN > 1 should issue vector stores: {r}"
+        if r["name"].startswith("split"):
+            assert r["tag_read_first"], f"the launch tag is read behind a barrier: {r}"
 
 
 # ------------------------------------------------------------------ stored choice and staleness
