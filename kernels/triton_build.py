@@ -179,8 +179,8 @@ def build_all() -> list[dict]:
 
 QUICK = {"bwd-row fp32", "bwd-split fp32", "bwd-split fp32 odd V", "bwd-stream fp32", "bwd-reread fp32",
          "ce-row fp32", "ce-row fp32 weighted smoothed", "ce-split fp32", "ce-split bf16", "ce-split fp32 odd V",
-         "ce-split fp32 weighted smoothed", "ce-split fp16 weighted smoothed", "ce-scale fp32", "ce-prep",
-         "ce-reduce"}  # fmt: skip
+         "ce-split fp32 weighted smoothed", "ce-split fp32 weighted smoothed odd V", "ce-split fp16 weighted smoothed",
+         "ce-scale fp32", "ce-prep", "ce-reduce"}  # fmt: skip
 
 
 def build_training(quick: bool = False) -> list[dict]:
