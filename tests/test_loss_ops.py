@@ -207,7 +207,8 @@ def test_loss_kernels_build_for_sm90_within_spill_budget():
     """The largest configuration of each training kernel, compiled for sm_90 ahead of time
     (kernels.triton_build --training --quick, in a child process: the compiled kernels are needed, so
     TRITON_INTERPRET must be unset there): no spills past the build's budget (none without a
-    register cap), within sm_90's limits.
+    register cap), within sm_90's limits; the splits read their launch tag before any barrier
+    and fit two programs an SM.
     `python -m kernels.triton_build --training` builds every configuration the wrappers launch."""
     import json
     import os
