@@ -115,12 +115,17 @@ def launch_params(
                 ("elements", True): (4096, 8, 128),
                 ("elements", False): (4096, 4, None),
             }[rows, dtype == torch.float32]
-        else:  # weighted or smoothed: 4096 x 4, under 128 on aligned rows (as fast as uncapped,
-            # where float16 spilled 8 bytes on the GPU), uncapped on 16-bit groups; float32 on groups
-            # 2048 x 4 under 128 (1.07x 4096 x 4); out of step, not measured, as before
-            chunk, warps, cap = 4096, 4, 128 if rows == "aligned" else None
-            if dtype == torch.float32 and rows != "aligned":
-                chunk, warps, cap = (2048, 4, 128) if rows == "groups" else (4096, 8, None)
+        else:  # weighted or smoothed: under 128 on aligned rows as fast as uncapped (where float16
+            # spilled 8 bytes on the GPU); float32 on groups 2048 x 4 under 128, 1.07x 4096 x 4;
+            # out of step not measured, as before
+            chunk, warps, cap = {
+                ("aligned", True): (4096, 4, 128),
+                ("aligned", False): (4096, 4, 128),
+                ("groups", True): (2048, 4, 128),
+                ("groups", False): (4096, 4, None),
+                ("elements", True): (4096, 8, None),
+                ("elements", False): (4096, 4, None),
+            }[rows, dtype == torch.float32]
         return {"CHUNK": chunk, "num_warps": warps, **({"maxnreg": cap} if cap else {})}
     if path == "stream":
         # BLOCK 1024-16384 x 4-32 warps x 1-8 programs per SM at V = 16384-128256 (reports/profiles.md):
