@@ -110,32 +110,70 @@ def test_targets_name_the_cases_that_miss():
     report = manifest.target_report(manifest.sweep_entries(sweep, copy_TBps=4.28))
     assert report["cases_checked"] == 2
     assert [m["kernel"] for m in report["missed"]] == ["triton"]
-    assert "0.80 x F.softmax" in report["missed"][0]["why"] and "of copy" in report["missed"][0]["why"]
+    why = report["missed"][0]["why"]
+    assert "0.800 x F.softmax (goal 1.0)" in why and "of copy (goal 0.88)" in why and "0.520 x fused (goal 0.95)" in why
 
 
-def test_targets_list_bf16_cases_below_the_quack_anchor():
-    B, V = 32768, 4096
-    at = {
-        fraction: spec.matrix_bytes(B, V, "bfloat16") / (fraction * synthetic.COPY_GBps) / 1e3
-        for fraction in (0.97, 0.90, 0.85)
+@pytest.mark.parametrize(
+    "kernel, B, V, dtype, goals",
+    [
+        # Large: B >= 1024, V <= 262144 and >= 100 MB moved.
+        ("triton", 1024, 32000, "float32", {"frac_of_F_softmax": 1.0, "frac_of_copy_bw": 0.88, "x_fused": 0.95}),
+        ("fused", 1024, 32000, "float32", {"frac_of_F_softmax": 1.0, "frac_of_copy_bw": 0.90}),
+        ("triton", 1023, 32000, "float32", {"frac_of_F_softmax": 1.0}),  # B one short
+        ("triton", 4096, 262144, "bfloat16", {"frac_of_F_softmax": 1.0, "frac_of_copy_bw": 0.88, "x_fused": 0.95}),
+        ("triton", 4096, 262145, "bfloat16", {"frac_of_F_softmax": 1.0}),  # past the largest vocabulary
+        ("triton", 4096, 1000003, "float32", {"frac_of_F_softmax": 1.0}),
+        # 100 MB: 12208 x 1024 x 4 bytes x 2 is 100.01 MB, 12207 rows fall 8 kB short.
+        ("fused", 12208, 1024, "float32", {"frac_of_F_softmax": 1.0, "frac_of_copy_bw": 0.90}),
+        ("fused", 12207, 1024, "float32", {"frac_of_F_softmax": 1.0}),
+        # Decode: Triton 1.5 x F.softmax to B = 64, fused F.softmax's speed.
+        ("triton", 64, 128256, "float32", {"frac_of_F_softmax": 1.5}),
+        ("triton", 65, 128256, "float32", {"frac_of_F_softmax": 1.0}),
+        ("fused", 1, 128256, "bfloat16", {"frac_of_F_softmax": 1.0}),
+        # The lab's shape in bf16 moves 79 MB: Triton's own goal there.
+        ("triton", 32768, 600, "bfloat16", {"frac_of_F_softmax": 1.0, "frac_of_copy_bw": 0.80}),
+        ("fused", 32768, 600, "bfloat16", {"frac_of_F_softmax": 1.0}),
+        ("triton", 32768, 600, "float32", {"frac_of_F_softmax": 1.0, "frac_of_copy_bw": 0.88, "x_fused": 0.95}),
+    ],
+)
+def test_forward_goals_at_their_boundaries(kernel, B, V, dtype, goals):
+    assert manifest.forward_goals(kernel, B, V, dtype) == goals
+    assert manifest.copy_goal(kernel, B, V, dtype) == goals.get("frac_of_copy_bw")
+
+
+def test_targets_judge_each_goal_at_its_shapes():
+    copy_us = {  # device time at a fraction of the synthetic copy speed
+        (B, V, dtype, f): spec.matrix_bytes(B, V, dtype) / (f * synthetic.COPY_GBps) / 1e3
+        for B, V, dtype in ((32768, 600, "bfloat16"), (4096, 32000, "bfloat16"), (64, 32000, "float32"))
+        for f in (0.95, 0.89, 0.85, 0.79, 0.5)
     }
     sweep = [
-        synthetic.record("F_softmax", B, V, "bfloat16", at[0.85] * 2),
-        synthetic.record("fused", B, V, "bfloat16", at[0.97]),
-        synthetic.record("triton", B, V, "bfloat16", at[0.85]),
-        # Under 100 MB: outside every bandwidth goal, the anchor included.
-        synthetic.record("F_softmax", 8, V, "bfloat16", 50.0),
-        synthetic.record("fused", 8, V, "bfloat16", 10.0),
+        # (32768, 600) bf16: fused at 0.79 has no copy goal there; triton at 0.79 misses 0.80.
+        synthetic.record("F_softmax", 32768, 600, "bfloat16", copy_us[32768, 600, "bfloat16", 0.5]),
+        synthetic.record("fused", 32768, 600, "bfloat16", copy_us[32768, 600, "bfloat16", 0.79]),
+        synthetic.record("triton", 32768, 600, "bfloat16", copy_us[32768, 600, "bfloat16", 0.79]),
+        # Large bf16: fused 0.95 meets; triton 0.89 meets 0.88 of copy but 0.89 / 0.95 < 0.95 x fused.
+        synthetic.record("F_softmax", 4096, 32000, "bfloat16", copy_us[4096, 32000, "bfloat16", 0.5]),
+        synthetic.record("fused", 4096, 32000, "bfloat16", copy_us[4096, 32000, "bfloat16", 0.95]),
+        synthetic.record("triton", 4096, 32000, "bfloat16", copy_us[4096, 32000, "bfloat16", 0.89]),
+        # Decode: both 1.4 x F.softmax; only Triton's goal is 1.5.
+        synthetic.record("F_softmax", 64, 32000, "float32", 14.0),
+        synthetic.record("fused", 64, 32000, "float32", 10.0),
+        synthetic.record("triton", 64, 32000, "float32", 10.0),
     ]
-    report = manifest.target_report(manifest.sweep_entries(sweep, copy_TBps=4.28))
-    assert report["cases_checked"] == 3
-    assert [(m["kernel"], m["B"]) for m in report["missed"]] == [("triton", B)]
-    assert "below QuACK's bf16 anchor (0.88)" in report["missed"][0]["why"]
-    assert "QuACK" in report["rule"]
-    # At 0.90 of copy a bf16 case misses the 0.95 goal but clears the anchor.
-    sweep[2] = synthetic.record("triton", B, V, "bfloat16", at[0.90])
-    why = manifest.target_report(manifest.sweep_entries(sweep, copy_TBps=4.28))["missed"][0]["why"]
-    assert "goal 0.95" in why and "QuACK" not in why
+    report = manifest.target_report(manifest.sweep_entries(sweep, copy_TBps=synthetic.COPY_GBps / 1e3))
+    assert report["cases_checked"] == 6
+    missed = {(m["kernel"], m["B"], m["V"], m["dtype"]): m["why"] for m in report["missed"]}
+    assert set(missed) == {
+        ("triton", 32768, 600, "bfloat16"),
+        ("triton", 4096, 32000, "bfloat16"),
+        ("triton", 64, 32000, "float32"),
+    }
+    assert missed["triton", 32768, 600, "bfloat16"] == "0.790 of copy (goal 0.8)"
+    assert missed["triton", 4096, 32000, "bfloat16"] == "0.937 x fused (goal 0.95)"
+    assert missed["triton", 64, 32000, "float32"] == "1.400 x F.softmax (goal 1.5)"
+    assert "0.95 x fused" in report["rule"] and "(32768, 600) bfloat16" in report["rule"]
 
 
 def test_a_cpu_run_keeps_the_gpu_sections():

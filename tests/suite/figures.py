@@ -21,19 +21,24 @@ from kernels.spec import BASELINE, DTYPE_NAMES, LAB_POINT, in_grid, matrix_bytes
 from tests.suite.manifest import (
     FLOPS_PER_ELEMENT,
     KERNEL_ORDER,
+    LARGE_COPY_GOAL,
     LOSS_BASELINES,
-    LOSS_GOALS,
     LOSS_OPS,
     QUACK_BF16_COPY_FRACTION,
-    TARGET_KERNELS,
+    SHAPE_COPY_GOALS,
     TARGET_MIN_BYTES,
     copy_goal,
     kernel_rank,
+    loss_goals,
 )
 
 # From the kernels' specs: the bandwidth figure draws the kernels of the large-vocabulary sweep;
 # the roofline every kernel measured at the lab point.
 BANDWIDTH_KERNELS = in_grid("sweep")
+GOAL_LEGEND = "goal: " + ", ".join(
+    [f"{k} {g:.2f}" for k, g in LARGE_COPY_GOAL.items()]
+    + [f"{k} {g:.2f} at ({B}, {V}) {d}" for (B, V, d), goals in SHAPE_COPY_GOALS.items() for k, g in goals.items()]
+)
 UNMEASURED_HEIGHT = 0.3  # the dashed outline standing in for a bar no run measured
 MODE_MARKERS = {
     "device": ("o", "device time: one launch, L2 flushed before it (cold)"),
@@ -244,14 +249,18 @@ def _fraction_bar(ax, x: float, width: float, fraction: float, color: str, miss:
 def bandwidth_cells(manifest: dict) -> dict[str, dict]:
     """{dtype: {"shapes": [(V, B)], "kernels": [...], "measured": {(V, B, kernel): fraction}}}:
     per dtype, every shape of the sweep (in any dtype) that moves at least TARGET_MIN_BYTES in
-    this one, and what each kernel of BANDWIDTH_KERNELS measured there; a (shape, kernel) with no
-    entry was not measured."""
+    this one or has a goal of its own (SHAPE_COPY_GOALS), and what each kernel of
+    BANDWIDTH_KERNELS measured there; a (shape, kernel) with no entry was not measured."""
     sweep = manifest.get("sweep") or []
     everywhere = {(e["V"], e["B"]) for e in sweep}
     entries = [e for e in sweep if e["kernel"] in BANDWIDTH_KERNELS and e.get("frac_of_copy_bw") is not None]
     cells = {}
     for dtype in _dtypes(entries):
-        shapes = sorted(s for s in everywhere if matrix_bytes(s[1], s[0], dtype) >= TARGET_MIN_BYTES)
+        shapes = sorted(
+            (V, B)
+            for V, B in everywhere
+            if matrix_bytes(B, V, dtype) >= TARGET_MIN_BYTES or (B, V, dtype) in SHAPE_COPY_GOALS
+        )
         measured = {(e["V"], e["B"], e["kernel"]): e["frac_of_copy_bw"] for e in entries if e["dtype"] == dtype}
         if not any((v, b) in set(shapes) for v, b, _ in measured):
             continue
@@ -260,10 +269,10 @@ def bandwidth_cells(manifest: dict) -> dict[str, dict]:
     return cells
 
 
-def misses_goal(kernel: str, V: int, fraction: float) -> bool:
-    """Whether a bar is below the goal that applies to it (fused and Triton only)."""
-    goal = copy_goal(V)
-    return kernel in TARGET_KERNELS and goal is not None and fraction < goal
+def misses_goal(kernel: str, B: int, V: int, dtype: str, fraction: float) -> bool:
+    """Whether a bar is below the goal that applies to it (the gated kernels only)."""
+    goal = copy_goal(kernel, B, V, dtype)
+    return goal is not None and fraction < goal
 
 
 def bandwidth_png(manifest: dict) -> bytes | None:
@@ -292,14 +301,10 @@ def bandwidth_png(manifest: dict) -> bytes | None:
                     )
                     ax.text(x, 0.02, "not measured", rotation=90, fontsize=6, ha="center", va="bottom", color="grey")
                     continue
-                _fraction_bar(ax, x, width, fraction, _color(kernel), misses_goal(kernel, V, fraction))
-        for V in sorted({v for v, _ in shapes}):
-            goal = copy_goal(V)
-            span = [i for i, (v, _) in enumerate(shapes) if v == V]
-            if goal is None:
-                continue
-            ax.hlines(goal, span[0] - 0.45, span[-1] + 0.45, colors="black", linestyles="--", lw=1.2)
-            ax.text(span[-1] + 0.45, goal + 0.005, f"goal {goal:.2f}", fontsize=7, ha="right", va="bottom")
+                _fraction_bar(ax, x, width, fraction, _color(kernel), misses_goal(kernel, B, V, dtype, fraction))
+                goal = copy_goal(kernel, B, V, dtype)
+                if goal is not None:  # the bar's own goal, a black line across it
+                    ax.hlines(goal, x - width / 2, x + width / 2, colors="black", lw=1.6)
         if dtype == "bfloat16":
             ax.axhline(QUACK_BF16_COPY_FRACTION, color="navy", ls=":", lw=1.5)
         for i in range(1, len(shapes)):
@@ -309,10 +314,10 @@ def bandwidth_png(manifest: dict) -> bytes | None:
             ax,
             [f"V={v}\nB={b}\n{matrix_bytes(b, v, dtype) / 1e6:.0f} MB" for v, b in shapes],
             f"{dtype}: read + write once, as a fraction of the measured copy ({copy_TBps:.2f} TB/s), "
-            f"shapes moving >= {TARGET_MIN_BYTES / 1e6:.0f} MB, {_gpu_name(manifest)}",
+            f"shapes moving >= {TARGET_MIN_BYTES / 1e6:.0f} MB or with a goal of their own, {_gpu_name(manifest)}",
         )
         handles = [Patch(color=_color(k), label=k) for k in kernels] + [
-            plt.Line2D([], [], color="black", ls="--", label="goal: 0.95 for V >= 4096, 0.90 at V = 600"),
+            plt.Line2D([], [], color="black", lw=1.6, label=GOAL_LEGEND),
             Patch(facecolor="white", edgecolor="black", hatch="///", label="below its goal (fused, triton)"),
             Patch(facecolor="none", edgecolor="grey", ls="--", label="not measured"),
         ]
@@ -468,7 +473,6 @@ def loss_timing_png(manifest: dict) -> bytes | None:
     color = {impl: f"C{i}" for i, impl in enumerate(every_impl)}  # one colour per implementation in every panel
     fig, axes = plt.subplots(len(panels), 1, figsize=(13, 4.2 * len(panels)), squeeze=False)
     for ax, (op, dtype, entries) in zip(axes[:, 0], panels, strict=True):
-        goal = LOSS_GOALS[op]["frac_of_copy_bw"]
         shapes = sorted({(e["V"], e["N"]) for e in entries})
         impls = sorted({e["impl"] for e in entries}, key=lambda k: (k in LOSS_BASELINES, kernel_rank(k), k))
         ours = [i for i in impls if i not in LOSS_BASELINES]
@@ -480,6 +484,7 @@ def loss_timing_png(manifest: dict) -> bytes | None:
                 if e is None:
                     continue
                 x, fraction = i - 0.4 + width * (k + 0.5), e["frac_of_copy_bw"]
+                goal = loss_goals(op, V)["frac_of_copy_bw"]
                 _fraction_bar(ax, x, width, fraction, color[impl], impl not in LOSS_BASELINES and fraction < goal)
                 ratios = []
                 if impl not in LOSS_BASELINES:
@@ -500,7 +505,9 @@ def loss_timing_png(manifest: dict) -> bytes | None:
                         va="bottom",
                         bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.4, "alpha": 0.85},
                     )
-        ax.axhline(goal, color="black", ls="--", lw=1.2)
+        for V in sorted({v for v, _ in shapes}):
+            span = [i for i, (v, _) in enumerate(shapes) if v == V]
+            ax.hlines(loss_goals(op, V)["frac_of_copy_bw"], span[0] - 0.45, span[-1] + 0.45, colors="black", ls="--")
         _fraction_frame(
             ax,
             [f"V={v}\nN={n}" for v, n in shapes],
@@ -508,7 +515,7 @@ def loss_timing_png(manifest: dict) -> bytes | None:
             f"({copy_TBps:.2f} TB/s), {_gpu_name(manifest)}",
         )
         handles = [Patch(color=color[impl], label=impl) for impl in impls] + [
-            plt.Line2D([], [], color="black", ls="--", label=f"goal {goal:.2f} of copy"),
+            plt.Line2D([], [], color="black", ls="--", label="goal (of copy)"),
             Patch(
                 facecolor="white",
                 edgecolor="black",

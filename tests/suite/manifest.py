@@ -268,50 +268,89 @@ def kernel_points(sweep: list[dict]) -> dict:
 
 # -- large-vocabulary targets -----------------------------------------------------------------------
 
-# Goals for the gated kernels (TARGET_KERNELS): at least F.softmax's speed at every shape, and a fraction of the
-# measured copy bandwidth wherever a shape moves at least 100 MB. QuACK's bf16 softmax reaches
-# 0.88 of copy at large shapes on the H100; a bf16 case of ours below that is listed as well.
+# The speed goals of the gated kernels (TARGET_KERNELS), device time, every figure from one run:
+# - every shape: at least F.softmax's speed;
+# - decode (B <= DECODE_MAX_B): Triton at least 1.5 x F.softmax;
+# - large shapes (B >= LARGE_MIN_B, moving >= TARGET_MIN_BYTES, V <= LARGE_MAX_V): a fraction of
+#   the measured copy bandwidth per kernel, and Triton at least 0.95 x fused at the same shape
+#   (the 10^6 vocabulary is held to F.softmax's speed only);
+# - the lab's shape in bfloat16, (32768, 600), which moves 79 MB: Triton at 0.80 of copy.
+# QuACK's bf16 softmax reaches 0.88 of copy at large shapes on the H100: drawn as an anchor.
 TARGET_MIN_BYTES = 100e6
+LARGE_MIN_B, LARGE_MAX_V, DECODE_MAX_B = 1024, 262144, 64
+LARGE_COPY_GOAL = {"fused": 0.90, "triton": 0.88}  # another gated kernel: the stricter of the two
+TRITON_X_FUSED = 0.95
+DECODE_X_F_SOFTMAX = {"triton": 1.5}
+SHAPE_COPY_GOALS = {(32768, 600, "bfloat16"): {"triton": 0.80}}
 QUACK_BF16_COPY_FRACTION = 0.88
 
 
-def copy_goal(V: int) -> float | None:
-    """The fraction of copy bandwidth a shape of row length V should reach: 0.95 for V >= 4096,
-    0.90 at the lab's V = 600, where per-row reductions cost more than they do in long rows."""
-    if V >= 4096:
-        return 0.95
-    if V == 600:
-        return 0.90
+def is_large(B: int, V: int, dtype: str) -> bool:
+    return B >= LARGE_MIN_B and V <= LARGE_MAX_V and matrix_bytes(B, V, dtype) >= TARGET_MIN_BYTES
+
+
+def copy_goal(kernel: str, B: int, V: int, dtype: str) -> float | None:
+    """The fraction of copy bandwidth a gated kernel should reach at this shape, if any."""
+    if kernel not in TARGET_KERNELS:
+        return None
+    special = SHAPE_COPY_GOALS.get((B, V, dtype), {})
+    if kernel in special:
+        return special[kernel]
+    if is_large(B, V, dtype):
+        return LARGE_COPY_GOAL.get(kernel, max(LARGE_COPY_GOAL.values()))
     return None
 
 
+def forward_goals(kernel: str, B: int, V: int, dtype: str) -> dict[str, float]:
+    """{measure: goal} for one sweep case of a gated kernel: frac_of_F_softmax, frac_of_copy_bw
+    and x_fused (its speed over fused's at the same shape)."""
+    goals = {"frac_of_F_softmax": DECODE_X_F_SOFTMAX.get(kernel, 1.0) if B <= DECODE_MAX_B else 1.0}
+    copy = copy_goal(kernel, B, V, dtype)
+    if copy is not None:
+        goals["frac_of_copy_bw"] = copy
+    if kernel == "triton" and is_large(B, V, dtype):
+        goals["x_fused"] = TRITON_X_FUSED
+    return goals
+
+
 def target_report(sweep: list[dict]) -> dict:
-    """Which sweep cases of fused / triton meet the large-vocabulary goals, and which miss."""
+    """Which sweep cases of the gated kernels meet their goals (forward_goals), and why each
+    miss misses."""
+    fused = {case_key(e)[1:]: e["us_median"] for e in sweep if e["kernel"] == "fused"}
     checked, misses = 0, []
     for e in sweep:
         if e["kernel"] not in TARGET_KERNELS or "frac_of_F_softmax" not in e:
             continue
         checked += 1
-        why = []
-        if e["frac_of_F_softmax"] < 1.0:
-            why.append(f"{e['frac_of_F_softmax']:.2f} x F.softmax")
-        fraction = e.get("frac_of_copy_bw")
-        if fraction is not None and matrix_bytes(e["B"], e["V"], e["dtype"]) >= TARGET_MIN_BYTES:
-            goal = copy_goal(e["V"])
-            if goal and fraction < goal:
-                why.append(f"{fraction:.3f} of copy (goal {goal})")
-            if e["dtype"] == "bfloat16" and fraction < QUACK_BF16_COPY_FRACTION:
-                why.append(f"{fraction:.3f} of copy, below QuACK's bf16 anchor ({QUACK_BF16_COPY_FRACTION})")
+        goals = forward_goals(e["kernel"], e["B"], e["V"], e["dtype"])
+        measured = {k: e.get(k) for k in ("frac_of_F_softmax", "frac_of_copy_bw")}
+        if "x_fused" in goals and case_key(e)[1:] in fused:
+            measured["x_fused"] = fused[case_key(e)[1:]] / e["us_median"]
+        why = [
+            f"{measured[k]:.3f} {GOAL_WORDS[k]} (goal {goal})"
+            for k, goal in goals.items()
+            if measured.get(k) is not None and measured[k] < goal
+        ]
         if why:
             misses.append({"kernel": e["kernel"], "B": e["B"], "V": e["V"], "dtype": e["dtype"], "why": "; ".join(why)})
+    large = LARGE_COPY_GOAL
+    shapes = "".join(
+        f"; {kernel} >= {goal} of copy at ({B}, {V}) {dtype}"
+        for (B, V, dtype), goals in SHAPE_COPY_GOALS.items()
+        for kernel, goal in goals.items()
+    )
     return {
-        "rule": ">= 1.0 x F.softmax at every shape; >= 0.95 of copy bandwidth for V >= 4096 and "
-        ">= 0.90 for V = 600 where a shape moves >= 100 MB; bf16 shapes of >= 100 MB also "
-        f"against QuACK's anchor of {QUACK_BF16_COPY_FRACTION} of copy",
+        "rule": f">= 1.0 x F.softmax at every shape, triton >= {DECODE_X_F_SOFTMAX['triton']} x at B <= "
+        f"{DECODE_MAX_B}; where B >= {LARGE_MIN_B}, V <= {LARGE_MAX_V} and a shape moves >= "
+        f"{TARGET_MIN_BYTES / 1e6:.0f} MB: fused >= {large['fused']} of copy, triton >= {large['triton']} of copy "
+        f"and >= {TRITON_X_FUSED} x fused{shapes}",
         "cases_checked": checked,
         "cases_missed": len(misses),
         "missed": misses,
     }
+
+
+GOAL_WORDS = {"frac_of_F_softmax": "x F.softmax", "frac_of_copy_bw": "of copy", "x_fused": "x fused"}
 
 
 # -- call modes: per-call wall time and CUDA-graph replay ------------------------------------------------
@@ -461,10 +500,24 @@ def loss_ours(impls) -> tuple[str, ...]:
 
 
 LOSS_GOALS = {
-    # the issue's goals for our kernel at every listed shape
-    "cross_entropy": {"frac_of_copy_bw": 0.90, "x_eager": 2.0, "x_compiled": 1.2, "peak_extra_over_matrix": 1.0},
-    "softmax_backward": {"frac_of_copy_bw": 0.90},
+    # Our kernels' goals at every timed shape: a fraction of the one-read-one-write (cross-entropy)
+    # or two-read-one-write (backward) floor at the measured copy speed, speed over PyTorch eager
+    # and torch.compile, and for the cross-entropy the memory it takes beyond its inputs.
+    "cross_entropy": {"frac_of_copy_bw": 0.80, "x_eager": 2.0, "x_compiled": 1.3, "peak_extra_over_matrix": 1.0},
+    "softmax_backward": {"frac_of_copy_bw": 0.85, "x_compiled": 1.0},
 }
+# Rows longer than this do not fit on one chip's shared memory, even a cluster's (sm_90); the
+# cross-entropy then reads them twice, and its goal is this fraction of the floor instead.
+ON_CHIP_MAX_V = 262144
+OFF_CHIP_COPY_GOAL = {"cross_entropy": 0.60}
+
+
+def loss_goals(op: str, V: int) -> dict[str, float]:
+    """{measure: goal} for our kernel of `op` at row length V."""
+    goals = dict(LOSS_GOALS[op])
+    if V > ON_CHIP_MAX_V and op in OFF_CHIP_COPY_GOAL:
+        goals["frac_of_copy_bw"] = OFF_CHIP_COPY_GOAL[op]
+    return goals
 
 
 def _loss_key(entry: dict) -> tuple:
@@ -523,26 +576,31 @@ def derive_loss_section(entries: list[dict], op: str, copy_TBps: float | None) -
 
 
 def loss_goal_report(entries: list[dict], op: str) -> dict:
-    goals = LOSS_GOALS[op]
     checked, misses = 0, []
     for e in entries:
         if e["impl"] in LOSS_BASELINES:
             continue
         checked += 1
-        why = []
+        goals, why = loss_goals(op, e["V"]), []
         if "frac_of_copy_bw" in e and e["frac_of_copy_bw"] < goals["frac_of_copy_bw"]:
             why.append(f"{e['frac_of_copy_bw']:.3f} of copy (goal {goals['frac_of_copy_bw']})")
         for label in ("x_eager", "x_compiled"):
             goal = goals.get(label)
             got = (e.get(label) or {}).get("device")
             if goal and got is not None and got < goal:
-                why.append(f"{got:.2f} x {label.removeprefix('x_')} (goal {goal})")
+                why.append(f"{got:.3f} x {label.removeprefix('x_')} (goal {goal})")
         goal = goals.get("peak_extra_over_matrix")
         if goal and e.get("peak_extra_over_matrix", 0.0) > goal * 1.01:
             why.append(f"peak {e['peak_extra_over_matrix']:.2f} x the matrix beyond the inputs (goal {goal})")
         if why:
             misses.append({"impl": e["impl"], "N": e["N"], "V": e["V"], "dtype": e["dtype"], "why": "; ".join(why)})
-    rule = ", ".join(f"{k} >= {v}" for k, v in goals.items() if k != "peak_extra_over_matrix")
+    goals = LOSS_GOALS[op]
+    beyond = (
+        {"frac_of_copy_bw": f" ({OFF_CHIP_COPY_GOAL[op]} where V > {ON_CHIP_MAX_V})"}
+        if op in OFF_CHIP_COPY_GOAL
+        else {}
+    )
+    rule = ", ".join(f"{k} >= {v}{beyond.get(k, '')}" for k, v in goals.items() if k != "peak_extra_over_matrix")
     if "peak_extra_over_matrix" in goals:
         rule += f", peak memory beyond the inputs <= {goals['peak_extra_over_matrix']} x the matrix"
     return {
