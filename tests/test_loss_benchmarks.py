@@ -4,18 +4,18 @@
 backward, for every implementation of kernels.CROSS_ENTROPY_KERNELS / SOFTMAX_BACKWARD_KERNELS
 (ours, PyTorch eager, torch.compile). Device-time cases also record the peak memory allocated
 beyond the inputs during one call. Each case validates its output before timing it; ratios are
-derived by tests/suite/manifest.py (LOSS_OPS) into the manifest's cross_entropy_timing and
-softmax_backward_timing sections, with the issue's goals and every miss, and drawn in
-reports/loss_timing.png.
+derived by tests/suite/manifest.py (LOSS_OPS) into the manifest's cross_entropy_timing,
+weighted_cross_entropy_timing and softmax_backward_timing sections, with their goals and every
+miss, and drawn in reports/loss_timing.png.
 
 Two grids (`--loss-grid`):
-- default: device time only, N = 4096, V in {32000, 128256, 262144} (the smallest listed
-  vocabulary, Llama 3's and the largest), float32 and bfloat16, LOSS_ROUNDS rounds: 48 cases,
-  everything the goals are stated in (fraction of copy, x eager, x torch.compile, peak memory).
-  A case's cost is linear in N·V (its bytes), and N = 4096 rows already fill every SM many
-  times over, so N = 16384 measures the same bandwidth at four times the cost; the timed work is
-  a few seconds, the rest is building kernels (CuPy's two modules, Triton's, Inductor's).
-  Estimated ~90 s on the H200, most of it those builds.
+- default: device time only, N = 4096, V in {32000, 50257, 128256, 262144} (the smallest listed
+  vocabulary, GPT-2's odd one, Llama 3's and the largest), float32 and bfloat16, 20 rounds;
+  the weighted, smoothed cross-entropy at V in WEIGHTED_VS: everything the goals are stated in
+  (fraction of copy, x eager, x torch.compile, peak memory). A case's cost is linear in N·V (its
+  bytes), and N = 4096 rows already fill every SM many times over, so N = 16384 measures the
+  same bandwidth at four times the cost; the timed work is a few seconds, the rest is building
+  kernels (CuPy's two modules, Triton's, Inductor's).
 - full: the issue's whole grid, N in {4096, 16384} x V in {32000, 50257, 128256, 151936,
   262144}, float32 and bfloat16, device time with ROUNDS rounds, plus per call and graph replay
   at N = 4096 (~13 min on the H200).
@@ -59,12 +59,23 @@ GRIDS = {
     "default": ((4096,), (32000, 50257, 128256, 262144), ("device",), 20),
     "full": ((4096, 16384), (32000, 50257, 128256, 151936, 262144), MODES, ROUNDS),
 }
-OPS = {"test_cross_entropy_speed": "cross_entropy", "test_softmax_backward_speed": "softmax_backward"}
+OPS = {
+    "test_cross_entropy_speed": "cross_entropy",
+    "test_weighted_cross_entropy_speed": "weighted_cross_entropy",
+    "test_softmax_backward_speed": "softmax_backward",
+}
+# The weighted, smoothed cross-entropy: a weight per class (drawn in [0.5, 1.5)) and label
+# smoothing, which its kernels build for apart from the plain op, at one vocabulary of each row
+# cut of the Triton split (16-byte aligned rows, and rows cut on 16-byte groups).
+LABEL_SMOOTHING = 0.1
+WEIGHTED_VS = (50257, 128256)
 
 
 def cases(op: str, grid: str = "default"):
-    impls = CROSS_ENTROPY_KERNELS if op == "cross_entropy" else SOFTMAX_BACKWARD_KERNELS
+    impls = SOFTMAX_BACKWARD_KERNELS if op == "softmax_backward" else CROSS_ENTROPY_KERNELS
     sizes_n, sizes_v, modes, _ = GRIDS[grid]
+    if op == "weighted_cross_entropy":
+        sizes_v = [V for V in sizes_v if V in WEIGHTED_VS]
     return [
         pytest.param(mode, impl, N, V, dtype, id=f"loss-{mode}-{op}-{impl}-N{N}-V{V}-{dtype}")
         for dtype in DTYPES
@@ -94,29 +105,29 @@ def rounds(request):
 
 @functools.cache
 def _compiled_cross_entropy():
-    return static_compile(lambda x, t: F.cross_entropy(x, t))
+    return static_compile(F.cross_entropy)
 
 
-def cross_entropy_step(impl: str, x: torch.Tensor, t: torch.Tensor):
+def cross_entropy_step(impl: str, x: torch.Tensor, t: torch.Tensor, **options):
     """A call that computes the mean loss and leaves d loss / d x in x.grad, as a training step
     does: Triton's through its custom op (gradient made in the forward, kept by the backward),
     PyTorch's through F.cross_entropy and autograd, eager or compiled; any other implementation
     of the registry, which has no autograd op (fused), by its own call, whose gradient for the
-    mean is already the step's."""
+    mean is already the step's. options: F.cross_entropy's weight and label_smoothing."""
     if impl not in ("triton", CROSS_ENTROPY_BASELINE, "torch_compile"):
         kernel = CROSS_ENTROPY_KERNELS[impl]
 
         def direct_step():
             x.grad = None
-            loss, _, x.grad = kernel(x.detach(), t)
+            loss, _, x.grad = kernel(x.detach(), t, **options)
             return loss
 
         return direct_step
     if impl == "triton":
         from kernels import ops
 
-        def loss_fn(x, t):
-            return ops.cross_entropy(x, t)[0]
+        def loss_fn(x, t, **options):
+            return ops.cross_entropy(x, t, **options)[0]
     elif impl == CROSS_ENTROPY_BASELINE:
         loss_fn = F.cross_entropy
     else:
@@ -124,7 +135,7 @@ def cross_entropy_step(impl: str, x: torch.Tensor, t: torch.Tensor):
 
     def step():
         x.grad = None
-        loss = loss_fn(x, t)
+        loss = loss_fn(x, t, **options)
         loss.backward()
         return loss
 
@@ -136,20 +147,22 @@ def _sample_rows(N: int) -> torch.Tensor:
     return torch.unique(torch.tensor([0, N - 1, *np.random.randint(0, N, 6)]))
 
 
-def _validate_cross_entropy(impl, x, t, loss, grad):
+def _validate_cross_entropy(impl, x, t, loss, grad, weight=None, label_smoothing=0.0):
     """Every gradient element written and finite; for our kernels, a sample of rows within
     cross_entropy_expected's bounds of the float64 reference (their gradient as rows of the
-    whole batch's mean: no target is ignored here, so its denominator is N). PyTorch's baselines
-    are measured, not gated: TOLERANCES bound our kernels, and PyTorch's errors are what the
-    ratio rule measures them against (its bfloat16 cross-entropy rounds the log-probabilities to
-    bfloat16, a few % on small p)."""
+    whole batch's mean: no target is ignored here, so its denominator is the sum of the batch's
+    target weights, N without weights). PyTorch's baselines are measured, not gated: TOLERANCES
+    bound our kernels, and PyTorch's errors are what the ratio rule measures them against (its
+    bfloat16 cross-entropy rounds the log-probabilities to bfloat16, a few % on small p)."""
     assert torch.isfinite(grad).all(), f"{impl}: gradient has NaN/inf (an element was not written?)"
     assert torch.isfinite(loss).all()
     if CROSS_ENTROPY_KERNELS[impl].baseline:
         return
-    N = x.shape[0]
-    rows = _sample_rows(N)
-    exp = cross_entropy_expected(x[rows], t[rows], reduction="mean", counted=N)
+    counted = x.shape[0] if weight is None else weight.double()[t].sum().item()
+    rows = _sample_rows(x.shape[0])
+    exp = cross_entropy_expected(
+        x[rows], t[rows], weight=weight, label_smoothing=label_smoothing, reduction="mean", counted=counted
+    )
     assert_within(grad[rows], exp["grad"], exp["grad_tol"], f"{impl} gradient rows {rows.tolist()}")
 
 
@@ -182,22 +195,34 @@ def _time(benchmark, mode, call, info, validate, rounds, changing):
     report_times_us(benchmark, times)
 
 
-def test_cross_entropy_speed(benchmark, mode, impl, N, V, dtype, rounds):
+def _cross_entropy_case(benchmark, op, mode, impl, N, V, dtype, rounds):
     g = torch.Generator(device="cuda").manual_seed(N + V)
     x = (torch.randn(N, V, device="cuda", generator=g) * 3).to(torch_dtype(dtype)).requires_grad_(True)
     t = torch.randint(0, V, (N,), device="cuda", generator=g)
-    step = cross_entropy_step(impl, x, t)
+    options = {}
+    if op == "weighted_cross_entropy":
+        weight = torch.rand(V, device="cuda", generator=g) + 0.5
+        options = {"weight": weight.to(torch_dtype(dtype)), "label_smoothing": LABEL_SMOOTHING}
+    step = cross_entropy_step(impl, x, t, **options)
     loss = step()
-    _validate_cross_entropy(impl, x.detach(), t, loss.detach(), x.grad)
-    info = {"op": "cross_entropy", "impl": impl, "N": N, "V": V, "dtype": dtype}
-    info["bytes"] = matrix_bytes(N, V, dtype, passes=LOSS_OPS["cross_entropy"][2])
-    if not CROSS_ENTROPY_KERNELS[impl].baseline:
-        info["plan"] = CROSS_ENTROPY_KERNELS[impl].plan(N, V, torch_dtype(dtype))
 
     def validate():
-        _validate_cross_entropy(impl, x.detach(), t, loss.detach(), x.grad)
+        _validate_cross_entropy(impl, x.detach(), t, loss.detach(), x.grad, **options)
 
+    validate()
+    info = {"op": op, "impl": impl, "N": N, "V": V, "dtype": dtype}
+    info["bytes"] = matrix_bytes(N, V, dtype, passes=LOSS_OPS[op][2])
+    if not CROSS_ENTROPY_KERNELS[impl].baseline:
+        info["plan"] = CROSS_ENTROPY_KERNELS[impl].plan(N, V, torch_dtype(dtype))
     _time(benchmark, mode, step, info, validate, rounds, changing=x)
+
+
+def test_cross_entropy_speed(benchmark, mode, impl, N, V, dtype, rounds):
+    _cross_entropy_case(benchmark, "cross_entropy", mode, impl, N, V, dtype, rounds)
+
+
+def test_weighted_cross_entropy_speed(benchmark, mode, impl, N, V, dtype, rounds):
+    _cross_entropy_case(benchmark, "weighted_cross_entropy", mode, impl, N, V, dtype, rounds)
 
 
 # -- the softmax backward ----------------------------------------------------------------------------------

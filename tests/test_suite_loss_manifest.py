@@ -99,26 +99,30 @@ def test_the_loss_benchmark_grid_is_the_issues():
     import kernels
     from tests import test_loss_benchmarks as bench
 
-    for op, registry in (
-        ("cross_entropy", kernels.CROSS_ENTROPY_KERNELS),
-        ("softmax_backward", kernels.SOFTMAX_BACKWARD_KERNELS),
+    assert set(bench.OPS.values()) == set(manifest.LOSS_OPS)
+    for op, registry, vocabularies in (
+        ("cross_entropy", kernels.CROSS_ENTROPY_KERNELS, (32000, 262144)),
+        # weighted: the vocabularies of the two row cuts, 16-byte aligned and not
+        ("weighted_cross_entropy", kernels.CROSS_ENTROPY_KERNELS, (50257, 128256)),
+        ("softmax_backward", kernels.SOFTMAX_BACKWARD_KERNELS, (32000, 262144)),
     ):
         full = [tuple(p.values) for p in bench.cases(op, "full")]
         for grid in bench.GRIDS:
             ids = [p.id for p in bench.cases(op, grid)]
             assert [i for i, n in collections.Counter(ids).items() if n > 1] == []
         device = {c[1:] for c in full if c[0] == "device"}
+        every_v = (32000, 50257, 128256, 151936, 262144) if op != "weighted_cross_entropy" else vocabularies
         assert device == {
             (impl, N, V, dtype)
             for impl in registry
             for N in (4096, 16384)
-            for V in (32000, 50257, 128256, 151936, 262144)
+            for V in every_v
             for dtype in ("float32", "bfloat16")
         }
         assert {c[1:] for c in full if c[0] != "device"} <= device
         assert {c[0] for c in full} == {"device", "per_call", "graph"}
         default = [tuple(p.values) for p in bench.cases(op)]
         assert set(default) < set(full) and {c[0] for c in default} == {"device"}
-        assert {
-            (impl, V, dtype) for impl in registry for V in (32000, 262144) for dtype in ("float32", "bfloat16")
-        } <= {(c[1], c[3], c[4]) for c in default}
+        assert {(impl, V, dtype) for impl in registry for V in vocabularies for dtype in ("float32", "bfloat16")} <= {
+            (c[1], c[3], c[4]) for c in default
+        }

@@ -447,6 +447,7 @@ def call_modes_png(manifest: dict) -> bytes | None:
 
 LOSS_TITLES = {
     "cross_entropy": "cross-entropy loss + gradient (1 read + 1 write)",
+    "weighted_cross_entropy": "cross-entropy, class weights and label smoothing 0.1 (1 read + 1 write)",
     "softmax_backward": "softmax backward (2 reads + 1 write)",
 }
 
