@@ -57,7 +57,8 @@ def pytest_addoption(parser):
     group.addoption(
         "--regression-gate",
         action="store_true",
-        help="fail the run when fused or triton fell behind F.softmax, beyond the noise of both runs, "
+        help="fail the run when fused or triton fell behind F.softmax (a training op: PyTorch's eager "
+        "op), beyond the noise of both runs, "
         "against the baseline of this GPU model (tests/suite/gate.py)",
     )
     group.addoption(

@@ -107,7 +107,8 @@ class KernelSpec:
     interpretable  runs on CPU tensors under TRITON_INTERPRET=1, so `pytest -m cpu` checks it
     baseline  a reference we measure against, not one of ours (ours must be bit-for-bit
               invariant: a row's bits depend only on its values and V)
-    gated     held to the GPU regression gate and the large-vocabulary targets
+    gated     held to the GPU regression gate (a softmax kernel against F.softmax, a training
+              op's against its PyTorch eager baseline) and, for the softmax, the speed targets
     lab_contract  the lab contract's manifest section softmax_kernels requires its lab point
     autotuned reports its autotune choice (autotune_picked) in the manifest
     custom_op registered as a torch.library custom operator (kernels/ops.py), so torch.compile
@@ -302,6 +303,7 @@ SPECS: tuple[KernelSpec, ...] = (
             _ALL,
             backend="cupy",
             plan=f"kernels.cuda_training_plans:{op.removeprefix('softmax_')}_path",
+            gated=True,
             grids=(),
             op=op,
         )
@@ -323,6 +325,7 @@ SPECS: tuple[KernelSpec, ...] = (
             # run_path(logits, targets, path, *, params, **options)
             run_path=f"kernels.{module}:run_path",
             interpretable=True,
+            gated=True,
             grids=(),
             op=op,
         )

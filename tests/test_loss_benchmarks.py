@@ -32,10 +32,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import CROSS_ENTROPY_BASELINE, CROSS_ENTROPY_KERNELS, SOFTMAX_BACKWARD_KERNELS
+from kernels import BACKWARD_BASELINE, CROSS_ENTROPY_BASELINE, CROSS_ENTROPY_KERNELS, SOFTMAX_BACKWARD_KERNELS
 from kernels.baselines import static_compile
 from kernels.checks import torch_dtype
 from tests.helpers import assert_backward_close, assert_within, cross_entropy_expected
+from tests.suite import gate
 from tests.suite.devicetime import (
     MODES,
     ROUNDS,
@@ -44,6 +45,7 @@ from tests.suite.devicetime import (
     device_times_us,
     fresh_contents,
     graph_replay_times_us,
+    interleaved_device_times_us,
     per_call_times_us,
     report_times_us,
 )
@@ -77,7 +79,16 @@ def cases(op: str, grid: str = "default"):
     if op == "weighted_cross_entropy":
         sizes_v = [V for V in sizes_v if V in WEIGHTED_VS]
     return [
-        pytest.param(mode, impl, N, V, dtype, id=f"loss-{mode}-{op}-{impl}-N{N}-V{V}-{dtype}")
+        pytest.param(
+            mode,
+            impl,
+            N,
+            V,
+            dtype,
+            id=f"loss-{mode}-{op}-{impl}-N{N}-V{V}-{dtype}",
+            # the gate compares the device time of the gated kernels (tests/suite/gate.py)
+            marks=(pytest.mark.gated(op=op),) if mode == "device" and impl in gate.GATED_TRAINING[op] else (),
+        )
         for dtype in DTYPES
         for V in sizes_v
         for N in sizes_n
@@ -176,11 +187,25 @@ def _peak_extra_bytes(call) -> int:
     return max(0, torch.cuda.max_memory_allocated() - before)
 
 
-def _time(benchmark, mode, call, info, validate, rounds, changing):
+def _time(benchmark, request, mode, call, info, validate, rounds, changing, reference=None):
+    """Time `call` in `mode` into `benchmark`; a gated kernel's device time in interleaved
+    rounds with `reference`, its op's eager baseline, for the regression gate."""
     if mode == "device":
         info["peak_extra_bytes"] = _peak_extra_bytes(call)
         # New contents in `changing` (an input the result depends on) every round.
-        times = device_times_us(call, rounds=rounds, refresh=fresh_contents(changing))
+        refresh = fresh_contents(changing)
+        if info["impl"] in gate.GATED_TRAINING[info["op"]]:
+            info["gpu"] = torch.cuda.get_device_name()
+            times = gate.measure_paired(
+                request.config,
+                info,
+                "device",
+                lambda n: interleaved_device_times_us([call, reference], rounds=n, refresh=refresh),
+                rounds=gate.device_rounds(request.config, rounds),
+                gpu_model=info["gpu"],
+            )
+        else:
+            times = device_times_us(call, rounds=rounds, refresh=refresh)
     elif mode == "per_call":
         info["calls_per_round"] = n = calls_per_round(call)
         times = per_call_times_us(call, calls=n)
@@ -195,7 +220,7 @@ def _time(benchmark, mode, call, info, validate, rounds, changing):
     report_times_us(benchmark, times)
 
 
-def _cross_entropy_case(benchmark, op, mode, impl, N, V, dtype, rounds):
+def _cross_entropy_case(benchmark, request, op, mode, impl, N, V, dtype, rounds):
     g = torch.Generator(device="cuda").manual_seed(N + V)
     x = (torch.randn(N, V, device="cuda", generator=g) * 3).to(torch_dtype(dtype)).requires_grad_(True)
     t = torch.randint(0, V, (N,), device="cuda", generator=g)
@@ -214,21 +239,22 @@ def _cross_entropy_case(benchmark, op, mode, impl, N, V, dtype, rounds):
     info["bytes"] = matrix_bytes(N, V, dtype, passes=LOSS_OPS[op][2])
     if not CROSS_ENTROPY_KERNELS[impl].baseline:
         info["plan"] = CROSS_ENTROPY_KERNELS[impl].plan(N, V, torch_dtype(dtype))
-    _time(benchmark, mode, step, info, validate, rounds, changing=x)
+    eager = cross_entropy_step(CROSS_ENTROPY_BASELINE, x, t, **options)
+    _time(benchmark, request, mode, step, info, validate, rounds, changing=x, reference=eager)
 
 
-def test_cross_entropy_speed(benchmark, mode, impl, N, V, dtype, rounds):
-    _cross_entropy_case(benchmark, "cross_entropy", mode, impl, N, V, dtype, rounds)
+def test_cross_entropy_speed(benchmark, request, mode, impl, N, V, dtype, rounds):
+    _cross_entropy_case(benchmark, request, "cross_entropy", mode, impl, N, V, dtype, rounds)
 
 
-def test_weighted_cross_entropy_speed(benchmark, mode, impl, N, V, dtype, rounds):
-    _cross_entropy_case(benchmark, "weighted_cross_entropy", mode, impl, N, V, dtype, rounds)
+def test_weighted_cross_entropy_speed(benchmark, request, mode, impl, N, V, dtype, rounds):
+    _cross_entropy_case(benchmark, request, "weighted_cross_entropy", mode, impl, N, V, dtype, rounds)
 
 
 # -- the softmax backward ----------------------------------------------------------------------------------
 
 
-def test_softmax_backward_speed(benchmark, mode, impl, N, V, dtype, rounds):
+def test_softmax_backward_speed(benchmark, request, mode, impl, N, V, dtype, rounds):
     g = torch.Generator(device="cuda").manual_seed(N + V)
     y = torch.softmax(torch.randn(N, V, device="cuda", generator=g) * 3, dim=-1).to(torch_dtype(dtype))
     dy = torch.randn(N, V, device="cuda", generator=g).to(torch_dtype(dtype))
@@ -251,4 +277,5 @@ def test_softmax_backward_speed(benchmark, mode, impl, N, V, dtype, rounds):
     info["bytes"] = matrix_bytes(N, V, dtype, passes=LOSS_OPS["softmax_backward"][2])
     if not fn.baseline:
         info["plan"] = fn.plan(N, V, torch_dtype(dtype))
-    _time(benchmark, mode, call, info, validate, rounds, changing=dy)
+    eager = SOFTMAX_BACKWARD_KERNELS[BACKWARD_BASELINE]
+    _time(benchmark, request, mode, call, info, validate, rounds, changing=dy, reference=lambda: eager(dy, y))

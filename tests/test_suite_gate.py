@@ -380,6 +380,45 @@ def test_a_slowdown_of_the_threshold_in_one_path_fails_naming_exactly_its_cases(
     assert "x F_softmax, 10.0% slower, noise ±" in line and "re-measured" in line
 
 
+def test_training_ops_are_gated_against_their_eager_baseline():
+    """A gated training kernel's case is "<kernel>:<op>" at N rows, its ratios to the op's eager
+    baseline, its noise at least TRAINING_NOISE_FLOOR a run: unchanged code and a 25 % move (what
+    the cases run before a split moved it by) pass; a slowdown of 1.5x in one op's kernel at one
+    vocabulary fails exactly its cases, named with the baseline it was measured against."""
+    records = synthetic.gated_records() + synthetic.gated_training_records()
+    doc = gate.baseline_from_records(records, synthetic.GPU_ENV)
+    training = {k for k in (gate.case_key(c) for c in doc["cases"]) if ":" in k[0]}
+    assert {k[0] for k in training} == {
+        gate.training_kernel(op, impl) for op, impls in gate.GATED_TRAINING.items() for impl in impls
+    }
+    assert {"fused:cross_entropy", "triton:weighted_cross_entropy", "triton:softmax_backward"} <= {
+        k[0] for k in training
+    }
+    assert {k[1] for k in training} == {4096}
+    assert not gate.evaluate(doc, records, MODEL).failed
+
+    def at(factor):
+        def slower(impl, op, V, dtype):
+            return factor if (impl, op, V) == ("triton", "weighted_cross_entropy", 50257) else 1.0
+
+        return synthetic.gated_records() + synthetic.gated_training_records(slower, remeasured=slower)
+
+    assert not gate.evaluate(doc, at(1.25), MODEL).failed
+    result = gate.evaluate(doc, at(1.5), MODEL, source="b.json")
+    assert {f["key"] for f in result.regressions} == {
+        ("triton:weighted_cross_entropy", 4096, 50257, dtype) for dtype in ("float32", "bfloat16")
+    }
+    line = next(line for line in result.lines() if "REGRESSED" in line)
+    assert line.startswith("  REGRESSED    triton:weighted_cross_entropy B=4096 V=50257")
+    assert "x F_cross_entropy, 50.0% slower" in line
+    # The same 1.25x in a softmax kernel is a regression: only the training ops have the wider floor.
+    softmax = gate.evaluate(doc, synthetic.gated_records(planted("triton", None, 128256, "float32", 1.25)), MODEL)
+    assert softmax.failed
+    assert any(
+        "triton:softmax_backward" in line and "softmax_backward_data device" in line for line in gate.describe(doc)
+    )
+
+
 def test_a_slowdown_of_3_percent_passes(baseline):
     slower = planted("triton", None, 128256, "float32", 1.03)
     result = gate.evaluate(baseline, synthetic.gated_records(slower, remeasured=slower), MODEL)
@@ -539,7 +578,7 @@ def test_gate_options_and_marker_are_documented():
 
 def quick_baseline() -> dict:
     """Three cases: a long call (device time and per call gate it), a short one (graph replay
-    gates it) and one whose kernel the gate does not compare."""
+    gates it) and a training op's (device time, against its eager baseline)."""
     figure = {"ratio": 1.2, "ci": [1.19, 1.21], "iqr": [1.195, 1.205], "rounds": 100}
     cases = [
         {"kernel": "fused", "B": 512, "V": 600, "dtype": "float32", "F_softmax_device_us": 150.0},
@@ -547,6 +586,8 @@ def quick_baseline() -> dict:
     ]
     for case in cases:
         case["modes"] = {m: dict(figure) for m in gate.MODES}
+    training = {"kernel": "triton:cross_entropy", "B": 4096, "V": 128256, "dtype": "float32"}
+    cases.append({**training, "F_softmax_device_us": 9000.0, "modes": {"device": dict(figure)}})
     return gate.baseline_document(synthetic.GPU_ENV["gpu"], cases, recorded={"date": "2026-12-01"}, source="test")
 
 
@@ -556,6 +597,7 @@ def test_the_quick_selection_is_the_pairs_the_baseline_gates():
     assert selection.pairs == {
         ("fused", 512, 600, "float32"): ("device", "per_call"),
         ("triton", 1, 600, "float32"): ("graph",),
+        ("triton:cross_entropy", 4096, 128256, "float32"): ("device",),
     }
     # The device-time item of every gated case (it gives F.softmax's device time), timing the
     # graph replay where that gates the case; per-call items where per call gates; no graph item.
@@ -569,8 +611,11 @@ def test_the_quick_selection_is_the_pairs_the_baseline_gates():
     assert not selection.times_graph(("fused", 512, 600, "float32"), False)
     # A case this run finds short is timed in graph replay too, whatever its baseline held.
     assert selection.times_graph(("fused", 512, 600, "float32"), True)
-    assert selection.describe(3).startswith(f"gate quick selection ({MODEL}; baseline b.json): 3 items for the 3 pairs")
-    assert "1 in device time, 1 in graph replay, 1 in per call" in selection.describe(3)
+    assert selection.keeps("triton:cross_entropy", 4096, 128256, "float32")
+    assert not selection.keeps("triton:cross_entropy", 4096, 32000, "bfloat16")  # not in the baseline
+    assert not selection.keeps("F_cross_entropy:cross_entropy", 4096, 128256, "float32")  # a baseline
+    assert selection.describe(4).startswith(f"gate quick selection ({MODEL}; baseline b.json): 4 items for the 4 pairs")
+    assert "2 in device time, 1 in graph replay, 1 in per call" in selection.describe(4)
 
 
 def test_without_a_baseline_the_quick_selection_runs_every_gated_case():
@@ -605,14 +650,17 @@ def test_gate_quick_runs_only_what_the_gate_compares_end_to_end(tmp_path, fake_s
     assert timed == [
         f"TIMED device fused 512 600 float32 rounds={rounds} graph=False",
         f"TIMED device triton 1 600 float32 rounds={rounds} graph=True",
+        f"TIMED device triton:cross_entropy 4096 128256 float32 rounds={rounds}",
         "TIMED per_call fused 512 600 float32",
     ]
-    assert "3 passed, 8 deselected" in out
-    assert f"gate quick selection (NVIDIA H200; baseline {tmp_path / 'baselines' / 'nvidia-h200.json'}): 3 items" in out
-    # Another model, named on the command line, has no baseline: every gated kernel's case runs.
+    assert "4 passed, 10 deselected" in out
+    assert f"gate quick selection (NVIDIA H200; baseline {tmp_path / 'baselines' / 'nvidia-h200.json'}): 4 items" in out
+    # Another model, named on the command line, has no baseline: every gated kernel's case runs,
+    # the training ops' device-time items among them, and no item that is not gated.
     proc, out, timed = quick_run(fake_smi, tmp_path, "--gate-quick=NVIDIA L4")
     assert proc.returncode == 0, out
-    assert len(timed) == 9 and not any("naive" in t or "not gated" in t for t in timed)
+    assert len(timed) == 11 and not any("naive" in t or "not gated" in t or "per_call triton:" in t for t in timed)
+    assert sum("device triton:cross_entropy" in t for t in timed) == 2
     assert "no baseline for NVIDIA L4" in out
 
 

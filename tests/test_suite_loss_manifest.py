@@ -121,6 +121,12 @@ def test_the_loss_benchmark_grid_is_the_issues():
         }
         assert {c[1:] for c in full if c[0] != "device"} <= device
         assert {c[0] for c in full} == {"device", "per_call", "graph"}
+        # The gate compares the device time of the gated kernels, each case marked with its op.
+        for p in bench.cases(op, "full"):
+            mode, impl = p.values[:2]
+            marks = [m for m in p.marks if m.name == "gated"]
+            gated = mode == "device" and not registry[impl].baseline
+            assert [m.kwargs for m in marks] == ([{"op": op}] if gated else []), p.id
         default = [tuple(p.values) for p in bench.cases(op)]
         assert set(default) < set(full) and {c[0] for c in default} == {"device"}
         assert {(impl, V, dtype) for impl in registry for V in vocabularies for dtype in ("float32", "bfloat16")} <= {

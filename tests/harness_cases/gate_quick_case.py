@@ -1,5 +1,6 @@
 """Gated benchmark items shaped like tests/test_benchmarks.py's (a device-time item per case,
-per-call and graph-replay items per call shape), so tests/test_suite_gate.py can check on the
+per-call and graph-replay items per call shape) and tests/test_loss_benchmarks.py's (a gated
+device-time item per training case, its per-call item not gated), so tests/test_suite_gate.py can check on the
 CPU which of them `--gate-quick` keeps for a baseline. Each item prints what it would time:
 the device-time rounds and, for a device-time item, whether it also times the graph replay."""
 
@@ -26,6 +27,20 @@ def test_softmax_speed(request, kernel, B, V, dtype):
 @pytest.mark.parametrize("kernel, B, V, dtype", SHAPES)
 def test_softmax_call_modes(mode, kernel, B, V, dtype):
     print(f"\nTIMED {mode} {kernel} {B} {V} {dtype}")
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize(
+    "mode, impl, N, V, dtype",
+    [
+        pytest.param("device", "triton", 4096, 128256, "float32", marks=pytest.mark.gated(op="cross_entropy")),
+        pytest.param("device", "triton", 4096, 32000, "bfloat16", marks=pytest.mark.gated(op="cross_entropy")),
+        pytest.param("per_call", "triton", 4096, 128256, "float32"),
+    ],
+)
+def test_cross_entropy_speed(request, mode, impl, N, V, dtype):
+    rounds = gate.device_rounds(request.config, 20)
+    print(f"\nTIMED {mode} {gate.training_kernel('cross_entropy', impl)} {N} {V} {dtype} rounds={rounds}")
 
 
 @pytest.mark.cpu

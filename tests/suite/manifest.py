@@ -491,6 +491,14 @@ LOSS_OPS = {
     "softmax_backward": ("softmax_backward_timing", "softmax_backward_data", 3),
 }
 LOSS_COMPILED = "torch_compile"
+
+
+def registry_op(op: str) -> str:
+    """The registry's operation (kernels/spec.py OPS) a timed training op runs: weights and
+    smoothing are options of the cross-entropy."""
+    return op.removeprefix("weighted_")
+
+
 # Every implementation that is none of these is ours (the registries' own kernels, whatever
 # their names): held to the goals, drawn first.
 LOSS_BASELINES = frozenset({eager for _, eager, _ in LOSS_OPS.values()} | {LOSS_COMPILED})

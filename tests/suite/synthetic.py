@@ -165,6 +165,28 @@ def gated_records(factor=None, remeasured=None, *, spread=0.01) -> list[dict]:
     return records
 
 
+def gated_training_records(factor=None, remeasured=None) -> list[dict]:
+    """Paired device-time records of the gated training kernels (tests/test_loss_benchmarks.py's
+    shape) at N = 4096, V in {50257, 128256}, both dtypes: their per-round ratios are to the op's
+    eager baseline. `factor(kernel, op, V, dtype)` / `remeasured(...)` as in gated_records."""
+    from tests.suite.gate import GATED_TRAINING
+
+    records = []
+    for op, impls in GATED_TRAINING.items():
+        for impl in impls:
+            for V in (50257, 128256):
+                for dtype in ("float32", "bfloat16"):
+                    slower = factor(impl, op, V, dtype) if factor else 1.0
+                    r = loss_record(op, impl, 4096, V, dtype, 1000.0)
+                    r["paired_ratios"] = {"device": ratios_around(2.0 / slower, 20)}
+                    r["paired_F_softmax_us"] = {"device": 2000.0}
+                    again = remeasured(impl, op, V, dtype) if remeasured else None
+                    if again is not None:
+                        r["remeasured_ratios"] = {"device": ratios_around(2.0 / again, 60)}
+                    records.append(r)
+    return records
+
+
 # -- another GPU model ---------------------------------------------------------------------------------
 
 
