@@ -27,6 +27,7 @@ from tests.helpers import FP32_EPS, TOLERANCES, TRITON_MISSING
 if TRITON_MISSING:  # Triton publishes Linux wheels only: what this file tests needs it
     pytest.skip(TRITON_MISSING, allow_module_level=True)
 
+from kernels import ops  # noqa: E402
 from kernels import triton_cross_entropy as tce  # noqa: E402
 from kernels.reference import cross_entropy_ref  # noqa: E402
 from kernels.triton_backward import DISPATCH_BOUNDARIES  # noqa: E402
@@ -453,6 +454,34 @@ def test_one_class_all_ignored_and_empty_batches():
     assert fn(x, t, reduction="sum").loss.item() == 0.0
     empty = fn(torch.empty(0, 9), torch.empty(0, dtype=torch.int64), reduction="none")
     assert empty.loss.shape == (0,) and empty.grad.shape == (0, 9) and empty.lse.shape == (0,)
+    # An empty batch's mean is NaN and its sum 0, as PyTorch's, through the kernel and the op.
+    nothing = (torch.empty(0, 9), torch.empty(0, dtype=torch.int64))
+    assert math.isnan(F.cross_entropy(*nothing).item()) and F.cross_entropy(*nothing, reduction="sum").item() == 0.0
+    assert math.isnan(fn(*nothing).loss.item()) and fn(*nothing, reduction="sum").loss.item() == 0.0
+    assert math.isnan(ops.cross_entropy(*nothing)[0].item())
+    assert ops.cross_entropy(*nothing, reduction="sum")[0].item() == 0.0
+
+
+@pytest.mark.cpu
+@interpreted
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
+def test_full_label_smoothing_is_legal_and_exact(weighted):
+    """label_smoothing = 1 (the bound of [0, 1]): the loss is the smoothing term alone, its (1 - e)
+    share 0; the reference follows F.cross_entropy there, and the kernel the reference."""
+    x, t = edge_rows(V_CPU, seed=4)
+    o = options("mean", 1.0, weighted)
+    keep = torch.arange(8) != 4  # as in test_reference_is_pytorchs_cross_entropy_in_float64
+    x64 = x.double()[keep].requires_grad_(True)
+    o64 = {**o, **({"weight": o["weight"].double()} if weighted else {})}
+    want = F.cross_entropy(x64, t[keep], **o64)
+    want.backward()
+    loss, _, grad = cross_entropy_ref(
+        x64.detach().numpy(), t[keep].numpy(), weight=o64["weight"].numpy() if weighted else None, label_smoothing=1.0
+    )
+    np.testing.assert_allclose(loss, want.item(), rtol=1e-12)
+    np.testing.assert_allclose(grad, x64.grad.numpy(), rtol=1e-9, atol=1e-14)
+    result = run_cross_entropy_poisoned(CROSS_ENTROPY_KERNELS["triton"], x, t, **o)
+    check_cross_entropy(result, x, t, what="triton label_smoothing=1", **o)
 
 
 @pytest.mark.cpu
@@ -501,6 +530,8 @@ def test_inplace_writes_the_gradient_over_the_logits():
         (lambda: (torch.randn(8), torch.zeros(8, dtype=torch.int64), {}), ValueError, "2-D"),
         (lambda: (torch.randn(4, 5), torch.zeros(3, dtype=torch.int64), {}), ValueError, "one class index per row"),
         (lambda: (torch.randn(4, 5), torch.zeros(4), {}), TypeError, "int64 or int32"),
+        (lambda: (torch.randn(4, 5), torch.zeros(4, dtype=torch.int16), {}), TypeError, "int64 or int32"),
+        (lambda: (torch.randn(4, 5), torch.zeros(4, dtype=torch.uint8), {}), TypeError, "int64 or int32"),
         (lambda: (torch.randn(4, 5, dtype=torch.float64), torch.zeros(4, dtype=torch.int64), {}), TypeError, "float64"),
         (lambda: (torch.randn(4, 0), torch.zeros(4, dtype=torch.int64), {}), ValueError, "V = 0"),
         (lambda: (torch.randn(4, 5), torch.zeros(4, dtype=torch.int64), {"reduction": "avg"}), ValueError, "reduction"),
@@ -509,9 +540,32 @@ def test_inplace_writes_the_gradient_over_the_logits():
             ValueError,
             "[0, 1]",
         ),
+        (
+            lambda: (torch.randn(4, 5), torch.zeros(4, dtype=torch.int64), {"label_smoothing": 1.0 + 2**-23}),
+            ValueError,
+            "[0, 1]",
+        ),
+        (
+            lambda: (torch.randn(4, 5), torch.zeros(4, dtype=torch.int64), {"label_smoothing": -(2**-23)}),
+            ValueError,
+            "[0, 1]",
+        ),
         (lambda: (torch.randn(4, 5), torch.zeros(4, dtype=torch.int64), {"weight": torch.ones(4)}), ValueError, "(5,)"),
     ],
-    ids=["1d", "targets-shape", "float-targets", "float64", "no-classes", "reduction", "smoothing", "weight-shape"],
+    ids=[
+        "1d",
+        "targets-shape",
+        "float-targets",
+        "int16-targets",
+        "uint8-targets",
+        "float64",
+        "no-classes",
+        "reduction",
+        "smoothing",
+        "smoothing-past-1",
+        "smoothing-below-0",
+        "weight-shape",
+    ],
 )
 @pytest.mark.parametrize("kernel", list(CROSS_ENTROPY_KERNELS))
 def test_bad_input_is_rejected_before_any_kernel_runs(kernel, build, error, message):
@@ -761,8 +815,6 @@ def test_cuda_error_is_no_worse_than_pytorchs(dtype, record_manifest):
 
 @pytest.mark.cuda
 def test_cuda_op_opcheck_autograd_and_compile():
-    from kernels import ops
-
     x, t = edge_rows(600, seed=1, device="cuda")
     w = options("mean", 0.1, True, V=600, device="cuda")["weight"]
     t3 = torch.where(t == -100, 3, t)  # ignore_index 3: a class index, as PyTorch allows

@@ -1,5 +1,6 @@
 """The synthetic grammar, its vocabulary and the word tokenizer."""
 
+import itertools
 import json
 
 import pytest
@@ -130,6 +131,30 @@ def test_encode_decode_roundtrip(tok, corpus):
         ids = tok.encode(s.text)
         assert [tok.id_to_token[i] for i in ids] == list(s.tokens)
         assert tok.encode(tok.decode(ids)) == ids
+
+
+def test_articles_agree_with_their_nouns(corpus):
+    """ "a" before a consonant, "an" before a vowel, "some" before a mass noun, in every sentence."""
+    nouns = {"a": 0, "an": 0, "some": 0}
+    for s in corpus:
+        for det, noun in itertools.pairwise(s.tokens):
+            if det == "an":
+                assert noun[0] in "aeiou" and noun not in grammar.MASS_NOUNS, s.text
+            elif det == "a":
+                assert noun[0] not in "aeiou" and noun not in grammar.MASS_NOUNS, s.text
+            elif det == "some" and noun in grammar.MASS_NOUNS:
+                pass
+            else:
+                continue
+            nouns[det] += 1
+    assert min(nouns.values()) > 0, nouns  # each rule was exercised
+
+
+def test_decode_attaches_every_punctuation_mark(tok):
+    words = ["are", "you", "at", "home"]
+    for mark in grammar.PUNCT:
+        ids = tok.encode(" ".join(words)) + [tok.token_to_id[mark]]
+        assert tok.decode(ids) == " ".join(words) + mark
 
 
 def test_encode_is_case_insensitive(tok):

@@ -282,6 +282,34 @@ def test_probabilities_and_dtypes():
     np.testing.assert_allclose(model.logits(ids), model.astype(np.float64).logits(ids), rtol=1e-4, atol=1e-5)
 
 
+def test_softmax_survives_large_logits():
+    """The model's softmax subtracts each row's max: logits of 1000 give the probabilities of
+    logits of 0, not inf / inf."""
+    x = np.array([[1000.0, 999.0, -1000.0], [0.0, -1.0, -2000.0]], dtype=np.float32)
+    got = nm.softmax(x)
+    np.testing.assert_allclose(got[0], got[1], rtol=1e-6)
+    np.testing.assert_allclose(got[0, :2], [1 / (1 + math.exp(-1)), 1 / (1 + math.e)], rtol=1e-6)
+
+
+def test_init_is_gpt2s():
+    """N(0, 0.02) weights, residual projections (attention's and the MLP's) at 0.02 / sqrt(2L),
+    zero biases, layer norms at (1, 0)."""
+    model = NumpyMiniGPT.init(600, seed=5)
+    L = model.config.n_layer
+    seen = set()
+    for name, value in model.params.items():
+        if name.startswith("ln") or ".ln" in name:
+            want = 1.0 if name.endswith("weight") else 0.0
+            assert np.all(value == want), name
+        elif name.endswith("bias"):
+            assert np.all(value == 0.0), name
+        else:
+            std = 0.02 / math.sqrt(2 * L) if name.endswith("proj.weight") else 0.02
+            assert abs(float(value.std()) / std - 1) < 0.1 and abs(float(value.mean())) < 0.2 * std, name
+            seen.add("proj" if name.endswith("proj.weight") else "other")
+    assert sum(name.endswith("proj.weight") for name in model.params) == 2 * L and seen == {"proj", "other"}
+
+
 def test_causality():
     model = _random_model(vocab=13, seed=13)
     ids = _rng(14).integers(0, 13, size=(1, 10))

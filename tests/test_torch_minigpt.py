@@ -429,10 +429,10 @@ def test_torch_export_matches_eager(trained_path):
 
 # Architectures other than the committed one: the port and the reference must agree for any
 # size, not only for the numbers they were first written with (odd vocabulary, one head of
-# width d, heads of width 4, a short context, a narrow MLP).
+# width d, heads of width 4, a short context, a narrow MLP, a layer norm's epsilon of its own).
 OTHER_SIZES = {
     "L1-H1-d8": MiniGPTConfig(n_layer=1, n_head=1, d_model=8, context=5, mlp_ratio=2),
-    "L2-H3-d24": MiniGPTConfig(n_layer=2, n_head=3, d_model=24, context=9, mlp_ratio=3),
+    "L2-H3-d24": MiniGPTConfig(n_layer=2, n_head=3, d_model=24, context=9, mlp_ratio=3, ln_eps=0.1),
     "L6-H8-d32": MiniGPTConfig(n_layer=6, n_head=8, d_model=32, context=12),
 }
 
