@@ -154,6 +154,29 @@ def test_triton_op_passes_opcheck_in_the_interpreter():
 
 @pytest.mark.cpu
 @needs_triton
+def test_the_fake_ops_refuse_what_the_kernels_refuse():
+    # Traced with fake tensors (torch.compile, export), each op refuses the inputs its kernel
+    # refuses, with the same errors, instead of describing an output the kernel never makes.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kernels import ops
+
+    with FakeTensorMode():
+        for name, op in ops.OPS.items():
+            with pytest.raises(TypeError, match="float64"):
+                op(torch.empty(2, 3, dtype=torch.float64))
+            with pytest.raises(ValueError, match="2-D"):
+                op(torch.empty(2, 3, 4))
+            assert op(torch.empty(2, 3)).shape == (2, 3), name
+        t = torch.zeros(2, dtype=torch.int64)
+        with pytest.raises(TypeError, match="float64"):
+            ops.cross_entropy(torch.empty(2, 3, dtype=torch.float64), t)
+        with pytest.raises(TypeError, match="int64 or int32"):
+            ops.cross_entropy(torch.empty(2, 3), t.to(torch.int16))
+
+
+@pytest.mark.cpu
+@needs_triton
 @interpreted
 def test_triton_op_gradient_is_the_softmax_gradient():
     from kernels import ops

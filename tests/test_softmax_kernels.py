@@ -28,6 +28,7 @@ from tests.helpers import (
     assert_as_accurate_as_torch,
     assert_outputs_agree,
     assert_rows_sum_to_one,
+    bits,
     check_softmax,
     cpu_path_runner,
     dtype_id,
@@ -207,6 +208,17 @@ def test_an_output_on_another_device_is_rejected(kernel):
     x = torch.randn(4, 10)
     with pytest.raises(ValueError, match="out|cuda"):
         k(x, out=torch.empty(4, 10, device="meta"))
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("kernel", [k for k in KERNELS if not SOFTMAX_KERNELS[k].baseline])
+def test_an_input_on_another_device_is_rejected(kernel):
+    # Ours check the input's device before reading it: a tensor on the meta device (no data) is
+    # a ValueError naming the device it must be on, not a crash in a copy or a launch.
+    k = SOFTMAX_KERNELS[kernel]
+    skip_if_unavailable(k)
+    with pytest.raises(ValueError, match="cpu|cuda"):
+        k(torch.empty(2, 3, device="meta"))
 
 
 @pytest.mark.cpu
@@ -397,6 +409,24 @@ def _check_nan_rows(kernel, path, x, run):
     assert torch.isnan(out[nan_row]).all(), f"{what}: a row holding a NaN must be NaN throughout"
     assert torch.isnan(out[inf_row]).all(), f"{what}: a row holding a +inf must be NaN throughout"
     assert not torch.isnan(out[:nan_row]).any(), f"{what}: the other rows must stay numbers"
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("kernel, path", _nan_row_cases("cpu"))
+def test_broadcast_rows_and_columns(kernel, path):
+    # Inputs with a stride of 0: one value across a row (expanded columns) and one row across the
+    # batch (expanded rows). Each row is right, and every copy of a row has the row's own bits.
+    k = SOFTMAX_KERNELS[kernel]
+    skip_unless_runnable(k)
+    run = cpu_path_runner(k, path)
+    for dtype in k.dtypes:
+        columns = logits(4, 1, seed=5, dtype=dtype, neg_inf=False).expand(4, 37)
+        out = run_poisoned(run, columns)
+        check_softmax(out, columns.contiguous(), what=f"{kernel} via {path}, expanded columns")
+        row = logits(1, 37, seed=6, dtype=dtype, neg_inf=False)
+        out = run_poisoned(run, row.expand(5, 37))
+        alone = run_poisoned(run, row)
+        assert torch.equal(bits(out), bits(alone.expand(5, 37))), f"{kernel} via {path}: expanded rows differ"
 
 
 @pytest.mark.cpu

@@ -145,6 +145,21 @@ def test_each_path_matches_reference(path, B, V):
 
 
 @interpreted
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_each_path_at_every_overflow_maximum(dtype):
+    # Rows whose max lies at each of OVERFLOW_MAXIMA, negative ones included (a lane max started
+    # at 0 instead of -inf is right for every row whose max is positive): every path against the
+    # reference and with the tile path's bits.
+    x = logits(8, 40, seed=11, dtype=dtype, recipe="overflow")
+    assert (x.float().amax(dim=1) < 0).any()
+    want = run_poisoned(triton_path_runner("tile", **SCALED["tile"]), x)
+    for path, params in SCALED.items():
+        out = run_poisoned(triton_path_runner(path, **params), x)
+        check_softmax(out, x, what=f"{path} at the overflow maxima {dtype_id(dtype)}")
+        assert torch.equal(bits(out), bits(want)), f"{path}: not the tile path's bits"
+
+
+@interpreted
 @pytest.mark.parametrize("align", [1, 2, 4])
 def test_vector_alignment_hint_keeps_results(align):
     # V = 64 and strides divisible by 4: every hint the wrapper might pass is true here.
@@ -555,6 +570,13 @@ def test_split_chunks_shrink_for_short_batches(dtype):
             assert {k: v for k, v in p.items() if k != "CHUNK"} == {k: v for k, v in full.items() if k != "CHUNK"}
             assert p["CHUNK"] // (32 * p["num_warps"]) >= 16 // torch.tensor([], dtype=dtype).element_size(), p
         assert st.launch_params("split", V, dtype, B=4096, sms=H200_SMS) == full
+    # At the fill threshold (B * cdiv(V, CHUNK) == SPLIT_FILL * SMs) the full chunk fills the
+    # GPU and stays; a chunk's worth less of each row shrinks it.
+    target = dispatch.SPLIT_FILL * H200_SMS
+    for B in (1, 2, 4):
+        V = full["CHUNK"] * target // B
+        assert st.launch_params("split", V, dtype, B=B, sms=H200_SMS) == full, (B, V)
+        assert st.launch_params("split", V - full["CHUNK"], dtype, B=B, sms=H200_SMS)["CHUNK"] < full["CHUNK"], B
     # Decode at today's vocabularies covers the GPU (one row of 262144: 128 programs on 132 SMs).
     for V in (262144, 1000003):
         assert -(-V // st.launch_params("split", V, dtype, B=1, sms=H200_SMS)["CHUNK"]) >= 0.95 * H200_SMS
@@ -830,6 +852,12 @@ def test_the_autotune_key_follows_what_compiles(tmp_path):
     assert store.kernel_source_hash() == store.kernel_source_hash(triton_kernels.JIT_KERNELS["tile"])
 
 
+def test_the_autotuner_tunes_each_row_length():
+    # The tile kernel's autotuner keys on V: one tuning per row length, as the stored choices
+    # are kept per V bucket (a key of [] would reuse the first V's choice for every V).
+    assert store.tile_autotuned.keys == ["V"]
+
+
 def test_write_keeps_other_gpus_and_drops_stale_entries(tmp_path):
     path = tmp_path / "tune.json"
     store.write_stored({KEY_600: {"BLOCK": 256, "num_warps": 2}}, "Other GPU", path=path)
@@ -908,3 +936,52 @@ def test_the_schema_lists_the_autotune_configs():
     enums = {key: picked["properties"][key]["enum"] for key in ("BLOCK", "num_warps")}
     assert enums["BLOCK"] == [None, *sorted({c.kwargs["BLOCK"] for c in store.CONFIGS})]
     assert enums["num_warps"] == [None, *sorted({c.num_warps for c in store.CONFIGS})]
+
+
+# ------------------------------------------------------------------ guards and helpers
+
+
+@interpreted
+def test_row_strides_past_32_bits_are_a_value_error():
+    # The kernels index with 32-bit row strides: a wider one is refused, not wrapped around.
+    x = torch.randn(1, 8).as_strided((1, 8), (2**31, 1))
+    with pytest.raises(ValueError, match="32 bits"):
+        st.softmax(x)
+    out = torch.empty(1, 8).as_strided((1, 8), (2**31, 1))
+    with pytest.raises(ValueError, match="32 bits"):
+        st.softmax(torch.randn(1, 8), out=out)
+    x = torch.randn(1, 8).as_strided((1, 8), (2**31 - 1, 1))  # the widest that fits
+    check_softmax(st.softmax(x), x, what="row stride 2^31 - 1")
+
+
+def test_split_workspaces_grow_with_the_batch():
+    # A workspace first sized for a few rows grows for a larger batch at the same P: a launch
+    # would otherwise write past its end (the interpreter does not notice; a GPU faults).
+    P = 3
+    per_row = triton_launch.SPLIT_WORDS_PER_CHUNK["softmax"] * P
+    small = triton_launch.split_workspace("softmax", -1, 2, P)
+    assert small.numel() >= 2 * per_row
+    rows = small.numel() // per_row + 7
+    assert triton_launch.split_workspace("softmax", -1, rows, P).numel() >= rows * per_row
+
+
+@triton.jit
+def _normalise_probe(E, H, Q, N: tl.constexpr):
+    i = tl.arange(0, N)
+    e = tl.load(E + i)
+    hi = tl.load(H + i)
+    tl.store(Q + i, triton_kernels._normalise(e, -hi, tl.div_rn(1.0, hi), tl.float32))
+
+
+@interpreted
+def test_normalise_rounds_the_quotient_once():
+    # Every path divides through _normalise, so a change to it keeps the paths' bits equal to
+    # each other: checked here against e / hi in float64 rounded once to float32.
+    g = np.random.default_rng(3)
+    e = g.random(4096).astype(np.float32)
+    hi = (1 + 599 * g.random(4096)).astype(np.float32)
+    q = torch.empty(4096)
+    _normalise_probe[(1,)](torch.from_numpy(e), torch.from_numpy(hi), q, N=4096)
+    want = (e.astype(np.float64) / hi.astype(np.float64)).astype(np.float32)
+    wrong = int((q.numpy().view(np.int32) != want.view(np.int32)).sum())
+    assert wrong == 0, f"{wrong} of 4096 quotients not rounded once"

@@ -98,6 +98,32 @@ def test_each_path_on_gpu(path, params, B, V, dtype):
     check_softmax(run_poisoned(triton_path_runner(path, **params), x), x, what=f"{path} {params} ({B}, {V})")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "path, params",
+    [
+        ("tile", {"config": {"BLOCK": 2048, "num_warps": 4}}),
+        ("row", {}),
+        ("rows", {}),
+        ("split", {"CHUNK": 1024, "num_warps": 4}),
+        ("stream", {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 1}),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_rows_past_two_to_the_31_elements(path, params):
+    # A bf16 batch of more than 2^31 elements (4.4 GB): the offsets of its last rows need 64-bit
+    # arithmetic (row * stride wraps in 32 bits). Those rows have the bits they have alone.
+    V = 1100
+    B = 2**31 // V + 3
+    x = torch.randn(B, V, device="cuda", dtype=torch.bfloat16)
+    out = st.run_path(x, path, **params)
+    tail = x[-3:].clone()
+    alone = st.run_path(tail, path, **params)
+    del x
+    assert torch.equal(bits(out[-3:]), bits(alone)), f"{path}: rows past 2^31 elements differ"
+    check_softmax(out[-3:], tail, what=f"{path} past 2^31 elements")
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("V", [33, 600, 2049, 6001, 50257])
 def test_a_rows_bits_do_not_depend_on_path_batch_or_layout(V, dtype):
