@@ -343,3 +343,57 @@ def test_baseline_measured_on_the_tail(kernel, dtype, recipe, scale, B, V, recor
     record_case(record_manifest, "cuda", kernel, x, m["ratio"], recipe=recipe, scale=scale, path=k.plan(B, V, dtype))
     assert_accuracy(m, x)
     assert math.isfinite(m["ratio"]["ours"])
+
+
+# -- the checks fail on what each exists to catch ----------------------------------------------------
+
+
+@pytest.mark.cpu
+def test_an_unwritten_output_stays_poisoned():
+    x = logits(3, 9, seed=1)
+    out = run_poisoned(lambda x, out: out, x)  # a "kernel" that writes nothing
+    assert torch.isnan(out).all()
+    with pytest.raises(AssertionError, match="NaN where the reference is a number"):
+        check_softmax(out, x)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("value, message", [(math.nan, "NaN where the reference is a number"), (math.inf, "±inf")])
+def test_a_nan_or_inf_where_a_number_belongs_fails_gated_or_not(value, message, gated):
+    x = logits(3, 9, seed=2, neg_inf=False)
+    y = torch.softmax(x, dim=-1)
+    y[0, 3] = value
+    with pytest.raises(AssertionError, match=message):
+        check_softmax(y, x, gated=gated)
+    with pytest.raises(AssertionError, match=message):
+        assert_softmax_close(y, x, gated=gated)
+
+
+@pytest.mark.cpu
+def test_a_row_scaled_off_its_sum_fails_a_registry_kernel_too():
+    # Scaled rows keep every output's value relative to the row's own sum. The log-probability
+    # bound sees a scale past about 1.15 x the row-sum tolerance; below it only the row-sum
+    # check does, for a kernel checked against its spec as for any output.
+    from tests.helpers import row_sum_tolerance
+
+    x = logits(4, 600, seed=3, neg_inf=False)
+    y = torch.softmax(x.double(), dim=-1)
+    scaled = (y * (1 + 1.1 * row_sum_tolerance(600, torch.float32))).float()
+    for kernel in (None, SOFTMAX_KERNELS["triton"]):
+        with pytest.raises(AssertionError, match="do not sum to 1"):
+            check_softmax(scaled, x, kernel=kernel)
+
+
+@pytest.mark.cpu
+def test_the_ratio_rule_floor_is_a_few_eps():
+    # Where F.softmax is almost exact the rule allows RATIO_FLOOR_ULPS eps, not F.softmax's
+    # error: an output off by 10 eps on one element fails there.
+    x = logits(4, 8, seed=4, recipe="plain")
+    y = torch.softmax(x, dim=-1)
+    eps = torch.finfo(torch.float32).eps
+    assert ratio_to_torch(y, x)["F_softmax"] < 5 * eps
+    off = y.clone()
+    off[1, 2] *= 1 + 10 * eps
+    with pytest.raises(AssertionError, match="largest error"):
+        assert_as_accurate_as_torch(off, x)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from model.__main__ import main
@@ -64,6 +65,18 @@ def test_json_output(capsys):
     assert all(tok.verb_form(t["token"]) == "base" for t in data["top"])
     probs = [t["prob"] for t in data["top"]]
     assert probs == sorted(probs, reverse=True) and all(0 < p <= 1 for p in probs)
+
+
+@pytest.mark.cpu
+def test_the_top_words_are_the_models_most_likely(capsys):
+    from model.__main__ import next_token_probs
+
+    tok, probs = next_token_probs("Yesterday I")
+    status, out, err = call_main(capsys, "Yesterday I", "--json")
+    assert status == 0, err
+    top = json.loads(out)["top"]
+    assert [t["token"] for t in top] == [tok.id_to_token[i] for i in np.argsort(-probs, kind="stable")[:5]]
+    assert top[0]["prob"] == pytest.approx(float(probs.max()), rel=1e-6)
 
 
 @pytest.mark.cpu

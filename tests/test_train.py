@@ -49,7 +49,35 @@ def test_lr_schedule():
     lrs = [tr.lr_at(s, 100, 1.0, 10) for s in range(100)]
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
     assert all(a >= b for a, b in itertools.pairwise(lrs[9:]))
-    assert lrs[-1] == pytest.approx(0.1, abs=0.01)
+    assert lrs[-1] == pytest.approx(0.1, abs=0.01) and lrs[-1] > 0.1
+    # Every step: linear warmup, then the cosine from the peak toward 10 % of it over the rest.
+    for s, got in enumerate(lrs):
+        want = (s + 1) / 10 if s < 10 else 0.1 + 0.45 * (1 + np.cos(np.pi * (s - 10) / 90))
+        assert got == pytest.approx(want, rel=1e-12), s
+
+
+def test_the_corpus_masks_exactly_the_padding():
+    tok = Tokenizer.from_grammar()
+    sentences = tr.grammar.generate_corpus(6, seed=2)
+    inputs, targets, mask = tr.encode_corpus(sentences, tok)
+    assert len({len(s.tokens) for s in sentences}) > 1, "sentences of one length test no padding"
+    np.testing.assert_array_equal(mask, (targets != tok.pad_id).astype(np.float32))
+    # Each row predicts its words and the end of the sentence, then only padding.
+    assert mask.sum(axis=1).tolist() == [len(s.tokens) + 1 for s in sentences]
+    for row, s in zip(mask, sentences, strict=True):
+        assert row[: len(s.tokens) + 1].all() and not row[len(s.tokens) + 1 :].any()
+    np.testing.assert_array_equal(inputs[:, 1:], targets[:, :-1])
+
+
+def test_a_batch_trims_only_the_padding_every_row_shares():
+    tok = Tokenizer.from_grammar()
+    inputs, targets, mask = tr.encode_corpus(tr.grammar.generate_corpus(50, seed=3), tok)
+    for seed in range(5):
+        idx = np.random.default_rng(seed).integers(0, len(inputs), size=8)
+        _, t, m = tr.next_batch(np.random.default_rng(seed), inputs, targets, mask, 8)
+        assert m.sum() == mask[idx].sum(), "a target of the batch was trimmed away"
+        assert m[:, -1].any(), "a column of padding only was kept"
+        np.testing.assert_array_equal(t, targets[idx, : t.shape[1]])
 
 
 def test_verb_form_accuracy_counts_positions():
