@@ -373,6 +373,33 @@ def test_final_softmax_on_cpu_is_f_softmax():
         GrammarMiniGPT(MiniGPTConfig(vocab_size=RANDOM_VOCAB), softmax_impl="fast")
 
 
+class _LooksCuda(torch.Tensor):
+    """A CPU tensor that says it is on CUDA: the dispatch of final_softmax, checked on the CPU."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def test_final_softmax_auto_takes_the_kernel_on_cuda(monkeypatch):
+    from kernels import SOFTMAX_KERNELS
+    from model.torch_minigpt import LM_HEAD_KERNEL
+
+    calls = []
+
+    def spy(rows):
+        calls.append(tuple(rows.shape))
+        return F.softmax(rows.as_subclass(torch.Tensor), dim=-1)
+
+    monkeypatch.setitem(SOFTMAX_KERNELS, LM_HEAD_KERNEL, spy)
+    scores = batched_logits(2, 5, RANDOM_VOCAB, seed=4).as_subclass(_LooksCuda)
+    assert scores.is_cuda
+    out = final_softmax(scores, "auto")
+    assert calls == [(10, RANDOM_VOCAB)] and out.shape == scores.shape
+    final_softmax(scores, "torch")
+    assert len(calls) == 1, "impl='torch' must not take the kernel"
+
+
 @needs_triton
 @pytest.mark.skipif(not INTERPRETED, reason="the Triton branch runs on CPU tensors only under the Triton interpreter")
 def test_final_softmax_triton_branch_in_interpreter():

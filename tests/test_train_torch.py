@@ -74,6 +74,40 @@ def test_first_step_through_the_triton_loss_matches_numpy(one_thread):
 
 
 @pytest.mark.cpu
+@needs_triton
+@pytest.mark.skipif(not INTERPRETED, reason="the Triton loss runs on CPU tensors only interpreted")
+def test_the_triton_loss_skips_padding_as_pytorchs_does():
+    # A batch's padded positions (IGNORE_INDEX) count in neither the mean nor its gradient.
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(8, 37, generator=g).requires_grad_(True)
+    t = torch.randint(0, 37, (8,), generator=g)
+    t[[2, 5, 6]] = train_torch.IGNORE_INDEX
+    got = {}
+    for impl in ("triton", "torch"):
+        logits.grad = None
+        loss = train_torch.cross_entropy(logits, t, impl)
+        loss.backward()
+        got[impl] = (loss.detach(), logits.grad.clone())
+    torch.testing.assert_close(got["triton"][0], got["torch"][0], rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(got["triton"][1], got["torch"][1], rtol=1e-5, atol=1e-7)
+    assert not got["triton"][1][[2, 5, 6]].any()
+
+
+@pytest.mark.cpu
+def test_the_trainer_takes_the_triton_loss_by_default(monkeypatch):
+    seen = {}
+
+    def fake_train(**kwargs):
+        seen.update(kwargs)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(train_torch, "train", fake_train)
+    with pytest.raises(SystemExit):
+        train_torch.main(["--steps", "1"])
+    assert seen["loss"] == "triton"
+
+
+@pytest.mark.cpu
 @pytest.mark.parametrize("seed", [0, 2])
 def test_first_steps_losses_and_the_next_gradients_match_numpy(one_thread, seed):
     """Three training steps of each trainer, then both models' gradients on the fourth batch."""
