@@ -315,7 +315,7 @@ SPECS: tuple[KernelSpec, ...] = (
             f"kernels.{module}:{op}",
             (
                 Path("row", gpu=(5, 100)),
-                Path("split", gpu=(5, 8193), cpu={"CHUNK": 16, "num_warps": 2}),
+                Path("split", gpu=(5, split_v), cpu={"CHUNK": 16, "num_warps": 2}),
                 *extra,
             ),
             _ALL,
@@ -329,18 +329,22 @@ SPECS: tuple[KernelSpec, ...] = (
             grids=(),
             op=op,
         )
-        for op, module, extra in (
+        # split_v: the shortest row past the op's row path (the cross-entropy holds rows of
+        # up to 32768 in one program, the backward 8192)
+        for op, module, split_v, extra in (
             (
                 "softmax_backward",
                 "triton_backward",
+                8193,
                 # from DISPATCH_BOUNDARIES["stream_min_b"] rows on: reread writes in tiles of 16,
-                # stream walks tiles of 16 with 2 programs
+                # stream walks tiles of 16 with 2 programs; float32 rows stream only past
+                # reread_max_v, so stream's shape lies there
                 (
                     Path("reread", gpu=(1024, 8193), cpu={"TILE": 16, "num_warps": 2}, dtypes=("float32",)),
-                    Path("stream", gpu=(1024, 16385), cpu={"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1}),
+                    Path("stream", gpu=(1024, 32769), cpu={"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1}),
                 ),
             ),
-            ("cross_entropy", "triton_cross_entropy", ()),
+            ("cross_entropy", "triton_cross_entropy", 32769, ()),
         )
     ),
     *(

@@ -243,22 +243,26 @@ def test_cpu_public_entry_long_rows_and_one_column(kernel, dtype):
 @pytest.mark.cpu
 def test_gpu_shapes_take_their_paths():
     """Each path's spec shape is one the kernel's own plan sends down that path, in every dtype
-    whose dispatch has it (what the cuda cases above rely on)."""
+    whose dispatch has it (what the cuda cases above rely on), for the kernels of every op."""
+    from kernels.registry import REGISTRY
+
     checked = 0
-    for k in SOFTMAX_KERNELS.values():
+    for k in (k for registry in REGISTRY.values() for k in registry.values()):
         if k.unavailable_reason():
             continue
         for dtype in k.dtypes:
             for path in k.paths_for(dtype):
                 B, V = k.path(path).gpu
-                assert k.plan(B, V, dtype) == path, f"{k.name}: ({B}, {V}) {dtype} takes {k.plan(B, V, dtype)}"
+                assert k.plan(B, V, dtype) == path, (
+                    f"{k.spec.op} {k.name}: ({B}, {V}) {dtype} takes {k.plan(B, V, dtype)}"
+                )
                 checked += 1
             for path in k.paths:  # and no shape of another dtype's path goes there
                 B, V = k.path(path).gpu
                 assert k.plan(B, V, dtype) in k.paths_for(dtype), f"{k.name}: ({B}, {V}) {dtype}"
         dispatched = {path for dtype in k.dtypes for path in k.paths_for(dtype)}
         assert dispatched == set(k.paths), f"{k.name}: paths no dtype dispatches to: {set(k.paths) - dispatched}"
-    assert checked >= len(SOFTMAX_KERNELS)
+    assert checked >= sum(len(registry) for registry in REGISTRY.values())
 
 
 # -- the matrix is complete --------------------------------------------------------------------------

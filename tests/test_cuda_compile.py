@@ -23,6 +23,8 @@ from kernels.cuda_plans import fused_class_description, select_fused_class
 from kernels.spec import itemsize
 from tests.helpers import assert_builds_clean, dtype_id, slice_geometry
 
+TRAINING_SOURCES = ("softmax_backward.cu", "cross_entropy.cu")
+
 pytestmark = pytest.mark.cpu
 
 NVCC = shutil.which("nvcc")
@@ -279,6 +281,37 @@ def test_split_parts_fit_and_are_resident_together(V, B, dtype):
     for sms in (132, 20):
         assert 1 <= cuda_plans.fused_parts(cuda_plans.LOOP_CLASS, B, 2 * V, sms) <= min(sms, cuda_plans.LOOP_MAX_PARTS)
     assert not cuda_plans.split_fits(split, split.capacity, 16)
+    # Spreading a small batch never cuts slices shorter than SPREAD_MIN_SLICE.
+    for sms in (132, 108, 64):
+        parts = cuda_plans.fused_parts(split, B, V, sms)
+        if parts > cuda_plans.min_parts(split, V):
+            assert cuda_plans.slice_length(V, parts) >= cuda_plans.SPREAD_MIN_SLICE, (V, B, sms, parts)
+
+
+def test_slices_are_cut_as_the_kernels_cut_them():
+    # The .cu files' `((n + P - 1) / P + 7) / 8 * 8`: a multiple of 8, the last slice shorter.
+    for sources in (FUSED_SOURCE.read_text(), *(FUSED_SOURCE.with_name(n).read_text() for n in TRAINING_SOURCES)):
+        assert "+ 7) / 8 * 8" in sources
+    for V in (100, 16385, 50257, 262145):
+        for parts in (2, 3, 7, 64):
+            n = cuda_plans.slice_length(V, parts)
+            assert n == ((V + parts - 1) // parts + 7) // 8 * 8 and n % 8 == 0 and (parts - 1) * n < V + 8 * parts
+    assert cuda_plans.slice_length(100, 3) == 40 and cuda_plans.slice_length(100, 1) == 100
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_shared_memory_is_the_stash_in_the_storage_dtype(dtype):
+    for size_class in cuda_plans.fused_classes(dtype):
+        assert size_class.shared_bytes(dtype) == size_class.threads * size_class.stash * itemsize(dtype), size_class
+    split = cuda_plans.SPLIT_CLASSES[dtype]
+    assert split.stash > 0 and split.shared_bytes(dtype) == split.threads * split.stash * itemsize(dtype)
+
+
+def test_the_column_limit_is_exact():
+    limit = sc.MAX_V
+    sc.check_columns(torch.empty(0, limit - 1), "x")
+    with pytest.raises(ValueError, match="32-bit column index"):
+        sc.check_columns(torch.empty(0, limit), "x")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)

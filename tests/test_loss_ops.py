@@ -251,3 +251,36 @@ def test_loss_kernels_build_for_sm90_within_spill_budget():
             # wait (fp32 weighted, smoothed at 160 registers x 8 warps ran 1.9x slower, run (d)).
             per_program = -(-b["regs"] // 8) * 8 * 32 * b["num_warps"]  # allocated 8 registers at a time
             assert 2 * per_program <= 65536, f"one program an SM: {b}"
+
+
+def test_outputs_are_allocated_contiguous_whatever_the_input_layout():
+    from kernels.checks import prepare_output
+
+    for x in (torch.randn(5, 3).t(), torch.randn(4, 6)[:, ::2], torch.randn(2, 3, 4)[:, 1]):
+        out = prepare_output(x, None, kernel="k")
+        assert out.is_contiguous() and out.shape == x.shape and out.dtype == x.dtype
+
+
+def test_training_cut_sends_rows_out_of_step_in_stride_to_elements():
+    from kernels.triton_launch import training_cut
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        a = 16 // torch.tensor([], dtype=dtype).element_size()
+        y = torch.randn(4, 33).to(dtype)
+        dy = torch.randn(4, 33 + 1).to(dtype)[:, :33]  # same start, row strides one element apart
+        assert training_cut(33, y, dy)["rows"] == "elements", dtype
+        dy = torch.randn(4, 33 + a).to(dtype)[:, :33]  # strides a group apart: in step
+        assert training_cut(33, y, dy)["rows"] == "groups", dtype
+
+
+def test_the_16_bit_training_settings_are_one_table():
+    # float16 and bfloat16 rows take the same split settings; float32 its own.
+    from kernels.triton_backward import launch_params
+
+    for op in ("cross_entropy", "softmax_backward"):
+        for rows in ("aligned", "groups", "elements"):
+            for plain in (True, False):
+                for V in (50257, 128256):
+                    kw = {"op": op, "rows": rows} | ({"plain": plain} if op == "cross_entropy" else {})
+                    half = launch_params("split", V, torch.float16, **kw)
+                    assert half == launch_params("split", V, torch.bfloat16, **kw), (op, rows, plain, V)
