@@ -82,10 +82,16 @@ def gate_key(record: dict) -> tuple:
     return case_key(record)
 
 
+def training_op(kernel: str) -> str | None:
+    """The training op of a gated case's kernel name ("<kernel>:<op>"), None for a softmax kernel."""
+    op = kernel.partition(":")[2]
+    return op if op in LOSS_OPS else None
+
+
 def reference_of(kernel: str) -> str:
     """What a gated case's ratios are to: F.softmax, or a training op's eager baseline."""
-    op = kernel.partition(":")[2]
-    return LOSS_OPS[op][1] if op in LOSS_OPS else REFERENCE
+    op = training_op(kernel)
+    return REFERENCE if op is None else LOSS_OPS[op][1]
 
 
 # Every clock (tests/suite/devicetime.py), in the gate's own order, alphabetical: the order of a
@@ -166,7 +172,7 @@ def _round(x: float) -> float:
 
 def noise_floor(key: tuple, mode: str) -> float:
     """The per-run floor of a case's noise: its mode's, a training op's TRAINING_NOISE_FLOOR."""
-    return max(NOISE_FLOOR[mode], TRAINING_NOISE_FLOOR) if ":" in key[0] else NOISE_FLOOR[mode]
+    return NOISE_FLOOR[mode] if training_op(key[0]) is None else max(NOISE_FLOOR[mode], TRAINING_NOISE_FLOOR)
 
 
 def run_noise(summary: dict, mode: str, between: float = 0.0, floor: float | None = None) -> float:
