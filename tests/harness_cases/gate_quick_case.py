@@ -1,8 +1,9 @@
 """Gated benchmark items shaped like tests/test_benchmarks.py's (a device-time item per case,
 per-call and graph-replay items per call shape) and tests/test_loss_benchmarks.py's (a gated
-device-time item per training case, its per-call item not gated), so tests/test_suite_gate.py can check on the
-CPU which of them `--gate-quick` keeps for a baseline. Each item prints what it would time:
-the device-time rounds and, for a device-time item, whether it also times the graph replay."""
+device-time item per training case, its per-call item not gated), so tests/test_suite_gate.py
+can check on the CPU which of them `--gate-quick` keeps for a baseline. Each item prints what it
+would time: the device-time rounds and, for a device-time item, whether it also times the graph
+replay."""
 
 import pytest
 
