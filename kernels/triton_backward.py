@@ -117,14 +117,16 @@ def launch_params(
             }[rows, dtype == torch.float32]
         else:  # weighted or smoothed: under 128 on aligned rows as fast as uncapped (where float16
             # spilled 8 bytes on the GPU); float32 on groups 2048 x 4 under 128, 1.07x 4096 x 4;
-            # out of step not measured, as before
+            # out of step not timed: 8 warps under 128, which builds without spill at every V
+            # (kernels.triton_build), where ptxas took uncapped builds to 128 registers with a
+            # spill at some V and not others (float32 on an H100: 24 bytes; float16 at 262144)
             chunk, warps, cap = {
                 ("aligned", True): (4096, 4, 128),
                 ("aligned", False): (4096, 4, 128),
                 ("groups", True): (2048, 4, 128),
                 ("groups", False): (4096, 4, None),
-                ("elements", True): (4096, 8, None),
-                ("elements", False): (4096, 4, None),
+                ("elements", True): (4096, 8, 128),
+                ("elements", False): (4096, 8, 128),
             }[rows, dtype == torch.float32]
         return {"CHUNK": chunk, "num_warps": warps, **({"maxnreg": cap} if cap else {})}
     if path == "stream":

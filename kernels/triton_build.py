@@ -180,6 +180,7 @@ def build_all() -> list[dict]:
 QUICK = {"bwd-row fp32", "bwd-split fp32", "bwd-split fp32 odd V", "bwd-stream fp32", "bwd-reread fp32",
          "ce-row fp32", "ce-row fp32 weighted smoothed", "ce-split fp32", "ce-split bf16", "ce-split fp32 odd V",
          "ce-split fp32 weighted smoothed", "ce-split fp32 weighted smoothed odd V", "ce-split fp16 weighted smoothed",
+         "ce-split fp32 weighted smoothed out of step", "ce-split fp16 weighted smoothed out of step",
          "ce-scale fp32", "ce-prep", "ce-reduce"}  # fmt: skip
 
 
@@ -187,7 +188,8 @@ def build_training(quick: bool = False) -> list[dict]:
     """The softmax-backward and cross-entropy kernels as the wrappers launch them at V = 600 (row,
     small), the row paths' largest (8192; 32768 for the cross-entropy's plain rows and the
     backward's reread; 32000 for its stream) and 262144 (split; 262145 for rows that are not
-    16-byte aligned, "odd V"), in fp32, bf16 and fp16, with and without weights and smoothing; --quick:
+    16-byte aligned, "odd V"; the splits also cut element by element, "out of step"), in fp32, bf16
+    and fp16, with and without weights and smoothing; --quick:
     the QUICK records, the row kernels at their largest V only."""
     from . import triton_backward as tb
     from .triton_cross_entropy import DISPATCH_BOUNDARIES as ce_bounds
@@ -203,6 +205,7 @@ def build_training(quick: bool = False) -> list[dict]:
         builds += [(f"bwd-row {dtype}", "softmax_backward", "row", V, name, {}) for V in (600, row_max)]
         builds.append((f"bwd-split {dtype}", "softmax_backward", "split", 262144, name, {}))
         builds.append((f"bwd-split {dtype} odd V", "softmax_backward", "split", 262145, name, {}))
+        builds.append((f"bwd-split {dtype} out of step", "softmax_backward", "split", 262144, name, {}))
         builds.append((f"bwd-stream {dtype}", "softmax_backward", "stream", 32000, name, {}))
         builds.append((f"bwd-reread {dtype}", "softmax_backward", "reread", bounds["reread_max_v"], name, {}))
         for both in (False, True):
@@ -215,6 +218,7 @@ def build_training(quick: bool = False) -> list[dict]:
                 (f"ce-split {tag}{' odd V' * (V % 2)}", "cross_entropy", "split", V, name, flags)
                 for V in (262144, 262145)
             ]
+            builds.append((f"ce-split {tag} out of step", "cross_entropy", "split", 262144, name, flags))
         builds += [
             (f"ce-scale {dtype}", "cross_entropy", "scale", 262144, name, {"IN_PLACE": i}) for i in (True, False)
         ]
@@ -222,17 +226,21 @@ def build_training(quick: bool = False) -> list[dict]:
         builds.append(("ce-prep", "cross_entropy", "prep", 262144, "float32", {"HAS_WEIGHT": True, "MEAN": mean}))
         builds.append(("ce-reduce", "cross_entropy", "reduce", 262144, "bfloat16", {"MEAN": mean}))
 
-    def params(op, path, V, name, flags):
-        # As the wrappers choose them for contiguous rows (kernels.triton_launch.training_cut): an
-        # odd V's rows start anywhere in their 16-byte groups, and the split cuts them on groups.
+    def params(record, op, path, V, name, flags):
+        # As the wrappers choose them (kernels.triton_launch.training_cut): for contiguous rows of
+        # an odd V, which start anywhere in their 16-byte groups, the split cuts them on groups;
+        # "out of step" (input and output not in step within 16 bytes), element by element.
         plain = not (flags.get("HAS_WEIGHT") or flags.get("HAS_SMOOTHING"))
         a = 16 // ITEMSIZE[name]
-        cut = {"ALIGN": a, "head": a - 1} if V % a else {}
-        rows = "groups" if cut else "aligned"
+        if record.endswith("out of step"):
+            cut, rows = {"ALIGN": 1, "head": 0}, "elements"
+        else:
+            cut = {"ALIGN": a, "head": a - 1} if V % a else {}
+            rows = "groups" if cut else "aligned"
         return {**tb.launch_params(path, V, torch_dtype(name), op=op, plain=plain, rows=rows), **cut, **flags}
 
     return [
-        build_path(record, tables[op][path], params(op, path, V, name, flags), V, name)
+        build_path(record, tables[op][path], params(record, op, path, V, name, flags), V, name)
         for record, op, path, V, name, flags in builds
         if not quick or (record in QUICK and not (path == "row" and V < row_max))
     ]

@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from tests.suite import devicetime, testing
+from tests.suite import devicetime, gpus, testing
 
 
 class StepClock:
@@ -189,6 +189,9 @@ def test_fresh_contents_leave_a_remembering_kernel_nothing_to_replay():
     from kernels.registry import Kernel
     from tests import adversaries
 
+    sharing = gpus.workers_on_this_gpu()
+    if sharing > 1:  # under `-n 16` on one GPU the least of 15 rounds still read stale ~ fresh
+        pytest.skip(f"{sharing} xdist workers share this GPU, whose device time is then theirs too: -n auto")
     kernel = Kernel(next(spec for spec in adversaries.CORPUS if spec.name == "gaming_memo_by_sample"))
     # 32 MB each: the memo keeps one answer per round it sees. The three are timed in the same
     # interleaved rounds, so a busy host (the memo's key reads synchronise with it; other

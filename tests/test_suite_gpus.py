@@ -82,6 +82,18 @@ def test_a_simulated_count_wins_and_workers_take_turns(no_gpu_env):
     assert gpus.pin_xdist_worker(None, {}) is None
 
 
+def test_workers_know_how_many_share_their_gpu(no_gpu_env):
+    # Five workers on three GPUs: gw0 and gw3 share GPU 0, gw1 and gw4 GPU 1, gw2 has GPU 2 alone.
+    no_gpu_env.setenv(gpus.SIMULATED_GPUS_ENV, "3")
+    shared = []
+    for i in range(5):
+        environ = {"PYTEST_XDIST_WORKER_COUNT": "5"}
+        gpus.pin_xdist_worker(f"gw{i}", environ)
+        shared.append(gpus.workers_on_this_gpu(environ))
+    assert shared == [2, 2, 1, 2, 2]
+    assert gpus.workers_on_this_gpu({}) == 1  # not a worker, or a run that did not say
+
+
 def test_without_a_gpu_nothing_is_named_or_pinned(no_gpu_env):
     no_gpu_env.setenv("CUDA_VISIBLE_DEVICES", "")
     environ = {}

@@ -11,6 +11,8 @@ import sys
 # Set to an integer to pretend the host has that many GPUs (for exercising the xdist
 # pinning logic on a machine without them); only the counting and pinning honour it.
 SIMULATED_GPUS_ENV = "SOFTMAX_SUITE_SIMULATED_GPUS"
+# How many of the run's xdist workers were pinned to this worker's GPU (set by pin_xdist_worker).
+GPU_WORKERS_ENV = "SOFTMAX_SUITE_GPU_WORKERS"
 
 
 def visible_gpu_ids() -> list[str]:
@@ -45,7 +47,9 @@ def pin_xdist_worker(worker: str | None, environ=os.environ) -> str | None:
     """Give xdist worker `gwN` its own GPU by narrowing CUDA_VISIBLE_DEVICES.
 
     Must run before anything initialises CUDA in the worker (conftest import time is early
-    enough: workers are fresh processes). Returns the GPU id chosen, or None.
+    enough: workers are fresh processes). Where `environ` names the run's worker count
+    (PYTEST_XDIST_WORKER_COUNT, as xdist sets it), also records how many workers share the GPU
+    chosen (workers_on_this_gpu). Returns the GPU id chosen, or None.
     """
     if not worker:
         return None
@@ -55,11 +59,21 @@ def pin_xdist_worker(worker: str | None, environ=os.environ) -> str | None:
     index = int(worker.removeprefix("gw"))
     chosen = ids[index % len(ids)]
     environ["CUDA_VISIBLE_DEVICES"] = chosen
+    count = environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if count:
+        environ[GPU_WORKERS_ENV] = str(len(range(index % len(ids), int(count), len(ids))))
     # nvidia-smi numbers GPUs in PCI bus order, CUDA by default fastest first: on a host of
     # mixed models the same index would name two GPUs. Unless the user chose an order, number
     # them as nvidia-smi does, so the id pinned is the GPU the manifest names.
     environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     return chosen
+
+
+def workers_on_this_gpu(environ=os.environ) -> int:
+    """How many xdist workers of this run share this process's GPU: 1 outside xdist or with one
+    worker per GPU (-n auto on a cuda run). Device time measured while others share the GPU
+    includes their work."""
+    return int(environ.get(GPU_WORKERS_ENV, 1))
 
 
 def describe_gpu() -> dict | None:
