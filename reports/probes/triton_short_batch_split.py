@@ -18,9 +18,7 @@ import argparse
 from pathlib import Path
 
 import torch
-from triton_rows_sweep import baseline_variants, copy_TBps, path_variants, timed_variants, write_results
-
-from kernels import SOFTMAX_KERNELS
+from triton_rows_sweep import path_variants, sweep_shapes
 
 SHAPES = [
     (B, V, dtype)
@@ -34,20 +32,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    copy = copy_TBps()
-    triton = SOFTMAX_KERNELS["triton"]
-    results = []
-    for B, V, dtype in SHAPES:
-        x = torch.randn(B, V, device="cuda").mul_(3).to(dtype)
-        x[0, 7] = float("nan") if B > 1 else x[0, 7]
+
+    def variants_of(x, reference):
         runs = {"row": ("row", {}), "split": ("split", {})}
-        runs |= {f"split {c}": ("split", {"CHUNK": c}) for c in (1024, 2048, 4096) if c < V}
-        variants = baseline_variants(x)
-        variants.update(path_variants(x, triton(x), runs))
-        results += timed_variants(variants, B, V, dtype, copy)
-        del x, variants
-        torch.cuda.empty_cache()
-    write_results(args.out / "triton_short_batch_split.json", copy, results)
+        runs |= {f"split {c}": ("split", {"CHUNK": c}) for c in (1024, 2048, 4096) if c < x.shape[1]}
+        return path_variants(x, reference, runs)
+
+    sweep_shapes(SHAPES, args.out / "triton_short_batch_split.json", variants_of)
 
 
 if __name__ == "__main__":
