@@ -10,9 +10,10 @@ takes; `DISPATCH_BOUNDARIES` holds the limits):
   rows   V <= tile_max_v and B >= rows_min_b. Many short rows: a [ROWS, BLOCK_V] block per
          program, so each program moves enough bytes to hide memory latency; from V = 513 one
          row a program, cut into a power-of-two head and a short tail (rows_cut).
-  row    tile_max_v < V <= row_max_v, except where stream applies. One program holds the
-         whole row in registers.
-  split  V > row_max_v, except where stream applies. P programs share a row, each holding
+  row    tile_max_v < V <= row_max_v, except where stream or a short batch's split applies.
+         One program holds the whole row in registers.
+  split  V > row_max_v, or V > short_split_min_v with B <= short_split_max_b, except where
+         stream applies. P programs share a row, each holding
          its chunk in registers (one read, one write), and meet twice through tagged words
          of a per-row workspace. For a short batch the chunks shrink so that the launch
          spreads over the GPU (launch_params).
@@ -45,6 +46,13 @@ DISPATCH_BOUNDARIES = {
     "tile_max_v": 2048,  # V above this leaves the tile/rows kernels
     "rows_min_b": 8192,  # with V <= tile_max_v, B from here on takes the multi-row kernel
     "row_max_v": 32768,  # V above this: split (or stream, below)
+    # A batch of at most short_split_max_b rows longer than short_split_min_v splits them too, so
+    # that the launch spreads over the GPU rather than holding a few SMs. Measured on an H100
+    # (probes/triton_short_batch_split.py, row against split at its short-batch chunks), split
+    # over row: float32 1.30-1.31x at B = 1 and 8, V = 32000 and 32768; bfloat16 1.08-1.14x; at
+    # B = 64, 0.96-1.03x; at V = 16384 row was faster at every B (1.06-1.35x).
+    "short_split_min_v": 16384,
+    "short_split_max_b": 8,
     # 16-bit rows of stream_min_v < V <= stream_max_v stream from stream_min_b rows on. Measured
     # on an H200 against row and split (probes/triton_long_path_choice.py), bf16 at B = 1024,
     # 4096 and 32768: stream over row 1.04-1.12x at V = 32000, over split 1.12-1.21x at 32769;
@@ -102,7 +110,9 @@ def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) ->
         return "rows" if B >= b["rows_min_b"] else "tile"
     if dtype != torch.float32 and B >= b["stream_min_b"] and b["stream_min_v"] < V <= b["stream_max_v"]:
         return "stream"
-    return "row" if V <= b["row_max_v"] else "split"
+    if V > b["row_max_v"] or (B <= b["short_split_max_b"] and V > b["short_split_min_v"]):
+        return "split"
+    return "row"
 
 
 def paths_for(dtype: torch.dtype) -> tuple:

@@ -713,15 +713,15 @@ def run(x: torch.Tensor, y: torch.Tensor, path: str, params: dict):
 
 
 _ROWS_MIN_B = DISPATCH_BOUNDARIES["rows_min_b"]
-_ROW_MAX_V = DISPATCH_BOUNDARIES["row_max_v"]
-_STREAM_MIN_V = DISPATCH_BOUNDARIES["stream_min_v"]
+# Rows to this length take tile/rows or row at any B: only the rows/tile switch turns on B.
+_HELD_AT_ANY_B_V = min(DISPATCH_BOUNDARIES["stream_min_v"], DISPATCH_BOUNDARIES["short_split_min_v"])
 
 
 def batch_class(B: int, V: int, dtype: torch.dtype, dev: int):
     """What a launch takes from B beyond the path: for long rows, the path (row, split or
     stream) and split's parameters, which shrink for short batches. Part of the remembered
     launches' keys, so a launch is reused only for batches it was made for."""
-    if V <= (_ROW_MAX_V if dtype == torch.float32 else _STREAM_MIN_V):
+    if V <= _HELD_AT_ANY_B_V:
         return B >= _ROWS_MIN_B
     return _long_row_class(B, V, dtype, dev)
 

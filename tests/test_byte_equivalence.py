@@ -600,8 +600,9 @@ def test_interpreter_dispatch_batch_invariant(dtype, record_manifest):
     """softmax() picks a row's path by B as well as V: rows of V <= tile_max_v take the tile
     kernel below rows_min_b rows and the multi-row kernel from there on; 16-bit rows of
     stream_min_v < V <= stream_max_v take the row or split path below stream_min_b rows and the
-    stream path from there on. Each path takes launch parameters from V and the dtype alone. A
-    row must get the same bits on both sides of each switch: here the same rows go through the
+    stream path from there on; rows of short_split_min_v < V <= row_max_v split in a batch of
+    up to short_split_max_b rows and are held whole by the row path in a longer one. A row
+    must get the same bits on both sides of each switch: here the same rows go through the
     path (and parameters) `plan` picks just below and at the switch's B. (8191 tile programs
     take ~11 s in the interpreter; that each path gives a row the same bits at any B is
     test_interpreter_batch_invariant's job.) Recorded under the B each side stands for."""
@@ -609,12 +610,16 @@ def test_interpreter_dispatch_batch_invariant(dtype, record_manifest):
     sides = [(b["rows_min_b"], V) for V in (7, 600, 1024, 1025, b["tile_max_v"])]
     for V in (b["stream_min_v"], b["stream_min_v"] + 1, b["row_max_v"] + 1, b["stream_max_v"], b["stream_max_v"] + 1):
         sides.append((b["stream_min_b"], V))
+    held = b["short_split_max_b"] + 1
+    sides += [(held, V) for V in (b["short_split_min_v"], b["short_split_min_v"] + 1, b["row_max_v"])]
     shapes, failures = [], []
     for above, V in sides:
         below = above - 1
         paths = st.plan(below, V, dtype), st.plan(above, V, dtype)
         if above == b["rows_min_b"]:
             assert paths == ("tile", "rows"), f"plan at V={V}: {paths}; the dispatch changed, update this test"
+        elif above == held and b["short_split_min_v"] < V <= b["row_max_v"]:
+            assert paths == ("split", "row"), f"plan at V={V}: {paths}; the dispatch changed, update this test"
         elif dtype == torch.float32 or not b["stream_min_v"] < V <= b["stream_max_v"]:
             assert paths[0] == paths[1], f"plan at V={V}: {paths}; the dispatch changed, update this test"
             continue  # one path on both sides

@@ -481,20 +481,31 @@ def test_rows_cut_or_whole_give_the_same_bits(dtype):
 
 def test_plan_changes_at_each_boundary():
     b = dispatch.DISPATCH_BOUNDARIES
+    short, held = b["short_split_max_b"], b["short_split_max_b"] + 1
     assert st.plan(64, b["tile_max_v"]) == "tile"
     assert st.plan(64, b["tile_max_v"] + 1) == "row"
+    assert st.plan(1, b["tile_max_v"] + 1) == "row", "a short batch of rows to short_split_min_v is held"
     assert st.plan(b["rows_min_b"] - 1, 600) == "tile"
     assert st.plan(b["rows_min_b"], 600) == "rows"
     assert st.plan(b["rows_min_b"], b["tile_max_v"] + 1) == "row"
-    assert st.plan(1, b["row_max_v"]) == "row"
+    assert st.plan(held, b["row_max_v"]) == "row"
     long = b["row_max_v"] + 1
     for B in (1, b["stream_min_b"] - 1, b["stream_min_b"], 1 << 20):
         assert st.plan(B, long) == "split", "float32 long rows split at every batch size"
     assert b["tile_max_v"] < b["stream_min_v"] < b["row_max_v"] < b["stream_max_v"]
-    for B in (1, b["stream_min_b"], 1 << 20):
+    assert b["tile_max_v"] < b["short_split_min_v"] < b["row_max_v"]
+    assert short < b["stream_min_b"] <= b["rows_min_b"]
+    for dtype in DTYPES:
+        # A short batch splits its rows past short_split_min_v; one row more keeps them whole.
+        for B in (1, short):
+            assert st.plan(B, b["short_split_min_v"], dtype) == "row"
+            assert st.plan(B, b["short_split_min_v"] + 1, dtype) == "split"
+            assert st.plan(B, b["row_max_v"], dtype) == "split"
+        assert st.plan(held, b["short_split_min_v"] + 1, dtype) == "row"
+    for B in (held, b["stream_min_b"], 1 << 20):
         assert st.plan(B, b["stream_min_v"] + 1) == "row", "float32 rows to row_max_v are held whole"
     for dtype in (torch.bfloat16, torch.float16):
-        assert st.plan(1, b["row_max_v"], dtype) == "row"
+        assert st.plan(held, b["row_max_v"], dtype) == "row"
         assert st.plan(b["stream_min_b"] - 1, b["row_max_v"], dtype) == "row"
         assert st.plan(b["stream_min_b"], b["stream_min_v"], dtype) == "row"
         assert st.plan(b["stream_min_b"], b["stream_min_v"] + 1, dtype) == "stream"
@@ -530,18 +541,19 @@ def test_remembered_launches_are_keyed_wherever_the_plan_turns_on_b():
     vs = {v + d for v in b.values() for d in (-1, 0, 1) if v > 1} | {600, 32000, 50257, 262144}
     turns = 0
     for dtype in DTYPES:
-        for B in (b["rows_min_b"], b["stream_min_b"]):
+        for B in (b["rows_min_b"], b["stream_min_b"], b["short_split_max_b"] + 1):
             for V in sorted(vs):
                 if st.plan(B - 1, V, dtype) != st.plan(B, V, dtype):
                     turns += 1
                     assert triton_launch.batch_class(B - 1, V, dtype, 0) != triton_launch.batch_class(B, V, dtype, 0)
-    assert turns >= 8, "the boundaries' neighbourhood holds every B switch of the plan"
+    assert turns >= 14, "the boundaries' neighbourhood holds every B switch of the plan"
 
 
 def test_plan_accepts_scaled_boundaries():
     small = {"tile_max_v": 8, "rows_min_b": 4, "stream_min_v": 16, "row_max_v": 32}
-    small |= {"stream_max_v": 40, "stream_min_b": 3}
+    small |= {"stream_max_v": 40, "stream_min_b": 3, "short_split_min_v": 24, "short_split_max_b": 1}
     assert [st.plan(2, v, boundaries=small) for v in (8, 9, 32, 33)] == ["tile", "row", "row", "split"]
+    assert [st.plan(1, v, boundaries=small) for v in (9, 24, 25, 33)] == ["row", "row", "split", "split"]
     assert st.plan(4, 8, boundaries=small) == "rows"
     bf16 = [st.plan(3, v, torch.bfloat16, boundaries=small) for v in (16, 17, 33, 40, 41)]
     assert bf16 == ["row", "stream", "stream", "stream", "split"]
