@@ -49,8 +49,8 @@ DISPATCH_BOUNDARIES = {
     # A batch of at most short_split_max_b rows longer than short_split_min_v splits them too, so
     # that the launch spreads over the GPU rather than holding a few SMs. Measured on an H100
     # (probes/triton_short_batch_split.py, row against split at its short-batch chunks), split
-    # over row: float32 1.30-1.31x at B = 1 and 8, V = 32000 and 32768; bfloat16 1.08-1.14x; at
-    # B = 64, 0.96-1.03x; at V = 16384 row was faster at every B (1.06-1.35x).
+    # over row: float32 1.31-1.33x at B = 1 and 8, V = 32000 and 32768; bfloat16 1.06-1.14x; at
+    # B = 64, 0.94-1.04x; at V = 16384 row was faster at every B (1.05-1.61x).
     "short_split_min_v": 16384,
     "short_split_max_b": 8,
     # 16-bit rows of stream_min_v < V <= stream_max_v stream from stream_min_b rows on. Measured
