@@ -13,10 +13,10 @@ takes; `DISPATCH_BOUNDARIES` holds the limits):
   row    tile_max_v < V <= row_max_v, except where stream or a short batch's split applies.
          One program holds the whole row in registers.
   split  V > row_max_v, or V > short_split_min_v with B <= short_split_max_b, except where
-         stream applies. P programs share a row, each holding
-         its chunk in registers (one read, one write), and meet twice through tagged words
-         of a per-row workspace. For a short batch the chunks shrink so that the launch
-         spreads over the GPU (launch_params).
+         stream applies. P programs share a row, each holding its chunk in registers (one
+         read, one write), and meet twice through tagged words of a per-row workspace. For
+         a short batch the chunks shrink so that the launch spreads over the GPU
+         (launch_params).
   stream stream_min_v < V <= stream_max_v, 16-bit storage, B >= stream_min_b. A grid of a few
          programs per SM walks the rows, each read three times in tiles (max, sum, write);
          the grid bounds the rows in flight so the re-reads come from L2. That holds only
