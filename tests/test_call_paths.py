@@ -124,6 +124,29 @@ def test_the_remembered_common_call_gives_the_checked_calls_bits(kernel, path, B
             check_softmax(second, x, what=f"{kernel}/{path}/{layout} common call")
 
 
+@pytest.mark.cuda
+@pytest.mark.quick
+@pytest.mark.parametrize("kernel, path, B, V, dtype", list(_path_cases(names(lambda s: s.backend == "triton"))))
+def test_a_remembered_triton_call_goes_straight_to_the_driver(kernel, path, B, V, dtype):
+    """Triton's own launcher re-binds every argument on every call, several microseconds of host
+    time at shapes where the whole softmax takes a few: once a layout has been seen, each path
+    must launch through kernels.launch's driver call, never through Triton's launcher again (a
+    compiled kernel that needs scratch memory, clusters or PDL would silently fall back to it)."""
+    from kernels import triton_launch
+
+    fn = SOFTMAX_KERNELS[kernel]
+    skip_unless_runnable(fn)
+    assert fn.plan(B, V, dtype) == path
+    x = _logits(B, V, dtype, "cuda")
+    out = torch.empty_like(x)
+    for _ in range(2):  # the first call may tune and compiles; the second is remembered
+        fn(x), fn(x, out=out)
+    before = triton_launch.launch_count()
+    for _ in range(3):
+        fn(x), fn(x, out=out)
+    assert triton_launch.launch_count() == before, f"{kernel}/{path}: a repeated call went through Triton's launcher"
+
+
 # -- custom operators -----------------------------------------------------------------------------------
 
 
