@@ -380,6 +380,26 @@ def test_a_slowdown_of_the_threshold_in_one_path_fails_naming_exactly_its_cases(
     assert "x F_softmax, 10.0% slower, noise ±" in line and "re-measured" in line
 
 
+def test_a_flagged_case_says_when_its_tile_config_was_tuned_in_this_run(baseline):
+    """On a GPU without a stored autotune choice, the tile path's config is whatever the first call
+    tuned, which can differ from the baseline's run: the verdict stands, and its line says so."""
+    slower = planted("triton", None, 128256, "float32", 1.10)
+    records = synthetic.gated_records(slower, remeasured=slower)
+    picked = {"BLOCK": 1024, "num_warps": 8, "num_stages": 3}
+    for r in records:
+        if r["kernel"] == "triton" and r["B"] == synthetic.CALL_SHAPES[-1][0]:
+            r["tuned_at_first_use"] = picked
+    result = gate.evaluate(baseline, records, MODEL, source="b.json")
+    assert result.failed
+    noted = [line for line in result.lines() if "tuned at first use" in line]
+    assert noted and all(f"B={synthetic.CALL_SHAPES[-1][0]} " in line for line in noted)
+    assert all("BLOCK 1024, 8 warps" in line and "python -m kernels.autotune" in line for line in noted)
+    others = [
+        line for line in result.lines() if "REGRESSED" in line and f"B={synthetic.CALL_SHAPES[-1][0]} " not in line
+    ]
+    assert others and not any("tuned at first use" in line for line in others)
+
+
 def test_training_ops_are_gated_against_their_eager_baseline():
     """A gated training kernel's case is "<kernel>:<op>" at N rows, its ratios to the op's eager
     baseline, its noise at least TRAINING_NOISE_FLOOR a run: unchanged code and a 25 % move (what

@@ -363,6 +363,8 @@ def measurements(records: list[dict]) -> dict[tuple, dict]:
         if not paired:
             continue
         entry = found.setdefault(gate_key(r), {"modes": {}})
+        if r.get("tuned_at_first_use"):
+            entry["tuned_at_first_use"] = r["tuned_at_first_use"]
         f_us = (r.get("paired_F_softmax_us") or {}).get("device")
         if f_us is not None:
             entry["F_softmax_device_us"] = _round(f_us)
@@ -737,6 +739,16 @@ class GateResult:
                 line += f"; re-measured {_figure(f['remeasured'])}, {f['second'].describe()}"
             else:
                 line += "; not re-measured"
+            tuned = f.get("tuned_at_first_use")
+            if tuned:
+                # Not a change of code: what the autotuner picked in this run (the baseline's
+                # run may have picked another). A stored choice makes the config the same in
+                # every run.
+                line += (
+                    f"; its tile config (BLOCK {tuned.get('BLOCK')}, {tuned.get('num_warps')} warps) was "
+                    "tuned at first use, as no choice is stored for this GPU, and may differ between runs: "
+                    "`python -m kernels.autotune` stores one"
+                )
             lines.append(line)
         if self.largest_unflagged:
             u = self.largest_unflagged
@@ -787,6 +799,7 @@ def evaluate(baseline: dict | None, records: list[dict], gpu_model: str | None, 
                     "remeasured": again,
                     "second": second,
                     "verdict": "regressed" if regressed else "within noise",
+                    "tuned_at_first_use": current[key].get("tuned_at_first_use"),
                 }
             )
     if not result.compared:

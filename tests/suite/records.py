@@ -3,10 +3,11 @@ fixture, combined over tests, and the raw timings of benchmark cases read from p
 
 A benchmark case puts raw facts in `benchmark.extra_info` and nothing derived: kernel, B, V,
 dtype, mode ("device", "per_call" or "graph"), bytes (what the kernel moves by design), plan
-(the dispatch path, the kernel's plan(B, V, dtype)), size_class (fused's), autotune_picked; a
-launch-floor case puts `floor` (its name) and mode instead of the kernel and shape; a
-softmax-backward or cross-entropy case puts `op` and `impl` instead of the kernel
-(tests/suite/manifest.py: LOSS_OPS). Ratios (to F.softmax, to copy bandwidth) are derived once,
+(the dispatch path, the kernel's plan(B, V, dtype)), size_class (fused's), autotune_picked
+(and tuned_at_first_use where no choice is stored for the GPU); a launch-floor case puts
+`floor` (its name) and mode instead of the kernel and shape; a softmax-backward or
+cross-entropy case puts `op` and `impl` instead of the kernel (tests/suite/manifest.py:
+LOSS_OPS). Ratios (to F.softmax, to copy bandwidth) are derived once,
 from the whole run, by tests/suite/manifest.py.
 """
 
