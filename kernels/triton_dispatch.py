@@ -49,9 +49,9 @@ DISPATCH_BOUNDARIES = {
     # A batch of at most short_split_max_b rows longer than short_split_min_v splits them too, so
     # that the launch spreads over the GPU rather than holding a few SMs. Measured on an H100
     # (probes/triton_short_batch_split.py, device time of row over split at the short-batch
-    # chunks, V = 20480-32768): float32 1.16-1.33x at B <= 8, 1.12-1.14x at B = 16, 1.01-1.06x
-    # at 64; bfloat16 1.02-1.14x at B <= 8, 1.00-1.01x at 16, 0.91-0.94x at 64. At V = 16384
-    # row was faster at every B (1.05-1.61x).
+    # chunks, V = 20480-32768): float32 1.16-1.33x at B <= 8, 1.01-1.06x at 64; bfloat16
+    # 1.02-1.14x at B <= 8, 0.91-0.94x at 64; at B = 16 (V to 28672) float32 1.12-1.14x,
+    # bfloat16 1.00-1.01x. At V = 16384 row was faster at every B (1.05-1.61x).
     "short_split_min_v": 16384,
     "short_split_max_b": 16,
     # 16-bit rows of stream_min_v < V <= stream_max_v stream from stream_min_b rows on. Measured

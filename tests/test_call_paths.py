@@ -139,7 +139,7 @@ def test_a_remembered_triton_call_goes_straight_to_the_driver(kernel, path, B, V
     assert fn.plan(B, V, dtype) == path
     x = _logits(B, V, dtype, "cuda")
     out = torch.empty_like(x)
-    for _ in range(2):  # the first call may tune and compiles; the second is remembered
+    for _ in range(2):  # the first calls may tune and compile; from the second on they are remembered
         fn(x), fn(x, out=out)
     before = triton_launch.launch_count()
     for _ in range(3):
