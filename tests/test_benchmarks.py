@@ -47,6 +47,7 @@ from tests.suite.devicetime import (
     report_times_us,
 )
 from tests.suite.gpus import cupy_unusable_reason
+from tests.suite.manifest import copy_goal
 
 pytestmark = pytest.mark.cuda
 
@@ -166,6 +167,24 @@ def copy_times_us():
     return matrix_bytes(1, src.numel(), src.dtype), device_times_us(lambda: dst.copy_(src), flush_l2=False, rounds=30)
 
 
+@pytest.fixture(scope="session")
+def copy_same_bytes_us():
+    """copy(B, V, dtype): median device time of a copy of a (B, V) matrix of dtype (one read and
+    one write, L2 flushed), once per shape. A copy of a few hundred MB reaches less of the ceiling
+    than the 2 GiB one (its ramp and tail weigh more): the targets say how much, beside a miss."""
+    medians = {}
+
+    def copy(B: int, V: int, dtype: str) -> float:
+        if (B, V, dtype) not in medians:
+            src = torch.ones(B, V, dtype=torch_dtype(dtype), device="cuda")
+            dst = torch.empty_like(src)
+            medians[B, V, dtype] = float(np.median(device_times_us(lambda: dst.copy_(src), rounds=30)))
+            del src, dst
+        return medians[B, V, dtype]
+
+    return copy
+
+
 def test_ceiling_copy_bandwidth(benchmark, copy_times_us, record_manifest):
     nbytes, times = copy_times_us
     copy_TBps = nbytes / (np.median(times) * 1e-6) / 1e12
@@ -251,7 +270,7 @@ CALL_SHAPES = frozenset(call_shapes())
 
 
 @pytest.mark.parametrize("kernel, B, V, dtype", device_cases())
-def test_softmax_speed(benchmark, request, copy_times_us, kernel, B, V, dtype):
+def test_softmax_speed(benchmark, request, copy_times_us, copy_same_bytes_us, kernel, B, V, dtype):
     fn, x, info = prepared_case(kernel, B, V, torch_dtype(dtype))
     refresh = fresh_contents(x)  # new values in x every round: no remembered answer is timed
     if kernel in gate.GATED_KERNELS:
@@ -283,6 +302,8 @@ def test_softmax_speed(benchmark, request, copy_times_us, kernel, B, V, dtype):
     # streams is a kernel that did not do the work.
     read_bytes = matrix_bytes(B, V, dtype, passes=1)
     info.update(physically_possible(read_bytes, times, copy_TBps, what=f"{kernel} at ({B}, {V}) {dtype}"))
+    if copy_goal(kernel, B, V, dtype) is not None:
+        info["copy_same_bytes_us"] = copy_same_bytes_us(B, V, dtype)
     benchmark.extra_info.update(mode="device", **info)
     report_times_us(benchmark, times)
 
