@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from kernels import spec
 from tests.suite import figures, manifest, synthetic
 from tests.suite.testing import committed_manifest
 
@@ -153,6 +154,20 @@ def test_bandwidth_marks_misses_and_unmeasured_cells():
     assert figures.misses_goal("triton", 32768, 600, "bfloat16", 0.79)
     assert not figures.misses_goal("triton", 32768, 600, "bfloat16", 0.81)
     assert not figures.misses_goal("fused", 32768, 600, "bfloat16", 0.5)  # 79 MB: no goal for fused
+
+
+def test_bandwidth_draws_what_a_copy_of_each_shapes_bytes_reached():
+    B, V, dtype = 4096, 4096, "float32"
+    us = spec.matrix_bytes(B, V, dtype) / synthetic.COPY_GBps / 1e3  # at the ceiling
+    records = [
+        synthetic.record("fused", B, V, dtype, us / 0.88, copy_same_bytes_us=us / 0.9),
+        synthetic.record("triton", B, V, dtype, us / 0.85, copy_same_bytes_us=us / 0.9),
+        synthetic.record("fused", 32768, 4096, dtype, us * 8),  # timed without a copy of its own
+    ]
+    sweep = manifest.sweep_entries(records, copy_TBps=synthetic.COPY_GBps / 1e3)
+    cells = figures.bandwidth_cells(full_manifest(sweep=sweep))["float32"]
+    assert cells["copy_same_bytes"] == {(V, B): pytest.approx(0.9)}
+    assert figures.bandwidth_png(full_manifest(sweep=sweep)) is not None
 
 
 def test_call_modes_counts_where_warm_replays_beat_cold_launches():

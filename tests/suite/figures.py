@@ -247,10 +247,11 @@ def _fraction_bar(ax, x: float, width: float, fraction: float, color: str, miss:
 
 
 def bandwidth_cells(manifest: dict) -> dict[str, dict]:
-    """{dtype: {"shapes": [(V, B)], "kernels": [...], "measured": {(V, B, kernel): fraction}}}:
-    per dtype, every shape of the sweep (in any dtype) that moves at least TARGET_MIN_BYTES in
-    this one or has a goal of its own (SHAPE_COPY_GOALS), and what each kernel of
-    BANDWIDTH_KERNELS measured there; a (shape, kernel) with no entry was not measured."""
+    """{dtype: {"shapes": [(V, B)], "kernels": [...], "measured": {(V, B, kernel): fraction},
+    "copy_same_bytes": {(V, B): fraction}}}: per dtype, every shape of the sweep (in any dtype)
+    that moves at least TARGET_MIN_BYTES in this one or has a goal of its own (SHAPE_COPY_GOALS),
+    what each kernel of BANDWIDTH_KERNELS measured there (a (shape, kernel) with no entry was not
+    measured), and what a copy of the shape's own bytes reached where the run timed one."""
     sweep = manifest.get("sweep") or []
     everywhere = {(e["V"], e["B"]) for e in sweep}
     entries = [e for e in sweep if e["kernel"] in BANDWIDTH_KERNELS and e.get("frac_of_copy_bw") is not None]
@@ -265,7 +266,12 @@ def bandwidth_cells(manifest: dict) -> dict[str, dict]:
         if not any((v, b) in set(shapes) for v, b, _ in measured):
             continue
         kernels = sorted({k for *_, k in measured} | set(BANDWIDTH_KERNELS), key=kernel_rank)
-        cells[dtype] = {"shapes": shapes, "kernels": kernels, "measured": measured}
+        copy_same_bytes = {
+            (e["V"], e["B"]): e["same_bytes_copy_frac"]
+            for e in entries
+            if e["dtype"] == dtype and e.get("same_bytes_copy_frac") is not None
+        }
+        cells[dtype] = {"shapes": shapes, "kernels": kernels, "measured": measured, "copy_same_bytes": copy_same_bytes}
     return cells
 
 
@@ -279,7 +285,8 @@ def bandwidth_png(manifest: dict) -> bytes | None:
     """Fraction of the measured copy bandwidth per shape that moves >= 100 MB (the shapes the
     goals apply to), one bar per kernel, one panel per dtype, goal lines drawn per row length.
     Every bar carries its value to three decimals; a fused or Triton bar below its goal is
-    hatched and its value red; a (shape, kernel) no run measured is an empty dashed outline."""
+    hatched and its value red; a (shape, kernel) no run measured is an empty dashed outline; a
+    grey dash-dot line across a shape is what a copy of its own bytes reached."""
     cells = bandwidth_cells(manifest)
     copy_TBps = (manifest.get("ceilings") or {}).get("hbm_copy_TBps")
     if not cells or not copy_TBps:
@@ -305,6 +312,9 @@ def bandwidth_png(manifest: dict) -> bytes | None:
                 goal = copy_goal(kernel, B, V, dtype)
                 if goal is not None:  # the bar's own goal, a black line across it
                     ax.hlines(goal, x - width / 2, x + width / 2, colors="black", lw=1.6)
+        for i, shape in enumerate(shapes):
+            if shape in c["copy_same_bytes"]:
+                ax.hlines(c["copy_same_bytes"][shape], i - 0.45, i + 0.45, colors="dimgrey", ls="-.", lw=1.2)
         if dtype == "bfloat16":
             ax.axhline(QUACK_BF16_COPY_FRACTION, color="navy", ls=":", lw=1.5)
         for i in range(1, len(shapes)):
@@ -321,6 +331,8 @@ def bandwidth_png(manifest: dict) -> bytes | None:
             Patch(facecolor="white", edgecolor="black", hatch="///", label="below its goal (fused, triton)"),
             Patch(facecolor="none", edgecolor="grey", ls="--", label="not measured"),
         ]
+        if c["copy_same_bytes"]:
+            handles.append(plt.Line2D([], [], color="dimgrey", ls="-.", lw=1.2, label="a copy of the same bytes"))
         if dtype == "bfloat16":
             handles.append(
                 plt.Line2D(
