@@ -1,7 +1,11 @@
 """Triton's 16-bit split with each chunk held in shared memory instead of registers.
 
     python reports/probes/triton_smem_split.py --out DIR          # on a GPU
+    python reports/probes/triton_smem_split.py --out DIR --variants 32768x8x64 16384x8x48 --shapes 4096x32000
     python reports/probes/triton_smem_split.py --aot              # sm_90 builds only, no GPU
+
+A variant is CHUNKxWARPS or CHUNKxWARPSxCAP (the register cap); a shape is BxV (bf16). CHUNK >= V
+holds a whole row in one program, whose meetings then have no sibling to wait for.
 
 The question. The split path holds a chunk's float32 exponentials in registers through its two
 meetings. Its counters (reports/profiles.md) have it latency-bound: five 4-warp programs an SM
@@ -39,6 +43,11 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
+# The cp.async copy from global to shared memory: async_load from Triton 3.7 on, before that
+# async_copy_global_to_shared (same arguments).
+_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+# The block-wide barrier: gl.barrier from Triton 3.7 on, gl.thread_barrier before.
+_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 LOG2E = gl.constexpr(1.4426950408889634)
 _LOW = gl.constexpr(0xFFFFFFFF)
 _TAG_MASK = gl.constexpr(0x7FFFFFFF)
@@ -103,7 +112,7 @@ def smem_split_kernel(
     buf = gl.allocate_shared_memory(X.dtype.element_ty, [CHUNK], held)
     for t in gl.static_range(NT):
         offs = start + t * TILE + cols
-        async_copy.async_copy_global_to_shared(buf.slice(t * TILE, TILE), x_row + offs, mask=offs < V)
+        _async_load(buf.slice(t * TILE, TILE), x_row + offs, mask=offs < V)
     async_copy.commit_group()
 
     # The launch's tag, read while the chunk is in flight.
@@ -114,7 +123,7 @@ def smem_split_kernel(
     tag_hi = tag << 32
 
     async_copy.wait_group(0)
-    gl.thread_barrier()
+    _barrier()
 
     # Meeting 1: the row's max.
     m_lane = gl.full([TILE], -float("inf"), gl.float32, layout)
@@ -217,11 +226,24 @@ def aot() -> None:
         )
 
 
+def _ints(text: str, n: int) -> tuple:
+    """ "8192x4" -> (8192, 4) or, with n = 3, (8192, 4, None); "8192x4x48" -> (8192, 4, 48)."""
+    parts = [int(p) for p in text.split("x")]
+    return tuple(parts + [None] * (n - len(parts)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path)
     parser.add_argument("--aot", action="store_true")
+    parser.add_argument("--variants", nargs="+", help="CHUNKxWARPS[xCAP] ...")
+    parser.add_argument("--shapes", nargs="+", help="BxV ...")
     args = parser.parse_args()
+    global VARIANTS, SHAPES
+    if args.variants:
+        VARIANTS = tuple(_ints(v, 3) for v in args.variants)
+    if args.shapes:
+        SHAPES = tuple(_ints(v, 2) for v in args.shapes)
     if args.aot:
         aot()
         return
