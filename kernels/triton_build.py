@@ -38,18 +38,20 @@ def build(
     sig: dict,
     aligned: tuple,
     maxnreg: int | None = None,
+    ast_source=None,
 ) -> dict:
     """Compile `kernel` for sm_90 with the compile signature `sig` and `constexprs`, and report
     its resources; `maxnreg` is the register cap handed to ptxas, `aligned` the arguments
     (by position) divisible by 16, as Triton's launcher specialises them (pointers to torch
-    allocations, strides and sizes that are multiples of 16)."""
+    allocations, strides and sizes that are multiples of 16). `ast_source`: the source class
+    for kernels of another front end (Triton's ASTSource by default)."""
     from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource
 
     attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
-    src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
+    src = (ast_source or ASTSource)(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": num_warps, "num_stages": num_stages, **({"maxnreg": maxnreg} if maxnreg else {})}
     c = triton.compile(src, target=GPUTarget("cuda", TARGET_CAPABILITY, 32), options=options)
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:

@@ -192,13 +192,9 @@ def launch(x, y, ws_cache: dict, CHUNK: int, num_warps: int, maxnreg: int | None
 
 def aot() -> None:
     """Registers, spills and shared memory of each variant's sm_90 build (bf16)."""
-    import re
-    import subprocess
-    import tempfile
-
-    from triton import knobs
-    from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
+
+    from kernels.triton_build import build
 
     sig = {
         "X": "*bf16", "Y": "*bf16", "WS": "*i64", "V": "i32", "P": "i32", "stride_x": "i32", "stride_y": "i32",
@@ -207,22 +203,13 @@ def aot() -> None:
     print(f"triton {triton.__version__}")
     for CHUNK, warps, cap in VARIANTS:
         consts = {"CHUNK": CHUNK, "VEC": 8, "P_BLOCK": max(32 * warps, 64), "MAX_SPINS": MAX_SPINS}
-        attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 5, 6)}
-        src = GluonASTSource(fn=smem_split_kernel, signature=sig, constexprs=consts, attrs=attrs)
-        options = {"num_warps": warps, **({"maxnreg": cap} if cap else {})}
-        c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(c.asm["cubin"])
-        usage = subprocess.run(
-            [knobs.nvidia.cuobjdump.path, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True
-        ).stdout
-        fields = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage))
-        ptx = c.asm["ptx"]
+        b = build(
+            "smem_split", smem_split_kernel, "bf16", consts, warps,
+            sig=sig, aligned=(0, 1, 2, 3, 5, 6), maxnreg=cap, ast_source=GluonASTSource,
+        )  # fmt: skip
         print(
-            f"CHUNK {CHUNK:6d} x {warps} warps, cap {cap}: {fields.get('REG')} registers, "
-            f"{fields.get('LOCAL')} bytes local, "
-            f"{fields.get('SHARED')} bytes shared (static); metadata shared {c.metadata.shared}; "
-            f"cp.async {ptx.count('cp.async.cg') + ptx.count('cp.async.ca')}, ex2 {ptx.count('ex2.approx')}"
+            f"CHUNK {CHUNK:6d} x {warps} warps, cap {cap}: {b['regs']} registers, {b['local']} bytes local "
+            f"({b['spill_bytes']} spilled in a plain ptxas -v build of the PTX), {b['shared']} bytes shared"
         )
 
 
