@@ -263,14 +263,31 @@ def autotune_picked(V: int, dtype: torch.dtype = torch.float32, *, device=None, 
     if INTERPRET:
         return dict(INTERPRETER_CONFIG, num_stages=3)
     dev = cuda_device_index(device)
-    name = device_info(dev)[0]
-    bucket = v_bucket(V)
     if path is not None:
-        return stored_choice(V, dtype, name, path=path) or _tuned_here.get((dev, bucket, dtype))
-    key = (dev, bucket, dtype, generation)
+        stored = stored_choice(V, dtype, device_info(dev)[0], path=path)
+    else:
+        stored = _stored_on(dev, V, dtype)
+    return stored or _tuned_here.get((dev, v_bucket(V), dtype))
+
+
+def tuned_at_first_use(V: int, dtype: torch.dtype = torch.float32, *, device=None):
+    """The tile config this process's autotuner picked for rows of length V, where no stored
+    choice applies on this GPU (a config that another run may pick differently); None where one
+    is stored, nothing was tuned yet, or under the interpreter."""
+    if INTERPRET:
+        return None
+    dev = cuda_device_index(device)
+    if _stored_on(dev, V, dtype) is not None:
+        return None
+    return _tuned_here.get((dev, v_bucket(V), dtype))
+
+
+def _stored_on(dev: int, V: int, dtype: torch.dtype):
+    """stored_choice for GPU `dev`, read once per (bucket, dtype) and file generation."""
+    key = (dev, v_bucket(V), dtype, generation)
     if key not in _lookup_memo:
-        _lookup_memo[key] = stored_choice(V, dtype, name)
-    return _lookup_memo[key] or _tuned_here.get((dev, bucket, dtype))
+        _lookup_memo[key] = stored_choice(V, dtype, device_info(dev)[0])
+    return _lookup_memo[key]
 
 
 def record_tuned(dev: int, V: int, dtype: torch.dtype) -> None:

@@ -236,8 +236,9 @@ def prepared_case(name: str, B: int, V: int, dtype: torch.dtype):
         from kernels import triton_store
 
         info["autotune_picked"] = triton_store.autotune_picked(V, dtype=dtype)
-        if info["plan"] == "tile" and triton_store.stored_choice(V, dtype, torch.cuda.get_device_name()) is None:
-            info["tuned_at_first_use"] = info["autotune_picked"]  # the gate says so of a slower case
+        tuned = triton_store.tuned_at_first_use(V, dtype=dtype)
+        if info["plan"] == "tile" and tuned:
+            info["tuned_at_first_use"] = tuned  # the gate says so of a slower case
     elif name == "fused":
         from kernels import cuda_plans
 

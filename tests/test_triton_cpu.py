@@ -898,6 +898,32 @@ def test_unknown_file_format_is_ignored(tmp_path):
     assert store.stored_choice(600, torch.float32, GPU, path=path) is None
 
 
+def test_a_tile_config_tuned_here_is_told_apart_from_a_stored_one(tmp_path, monkeypatch):
+    # As on a GPU without a stored choice: the first call tunes, and the benchmark notes the
+    # config as tuned at first use; once a choice is stored for the GPU, that one is used and
+    # nothing is noted.
+    monkeypatch.setenv(store.STORED_PATH_ENV, str(tmp_path / "tune.json"))
+    monkeypatch.setattr(store, "INTERPRET", False)
+    monkeypatch.setattr(store, "device_info", lambda dev: (GPU, 132, 9))
+    monkeypatch.setattr(store, "cuda_device_index", lambda device: 0)
+    monkeypatch.setattr(store.tile_autotuned, "best_config", store.CONFIGS[-1], raising=False)
+    store.clear_memo()
+    try:
+        assert store.tuned_at_first_use(600) is None  # nothing tuned yet
+        store.record_tuned(0, 600, torch.float32)
+        tuned = store.config_dict(store.CONFIGS[-1])
+        assert store.tuned_at_first_use(600) == tuned == store.autotune_picked(600)
+        assert store.tuned_at_first_use(600, torch.bfloat16) is None
+        stored = {"BLOCK": 512, "num_warps": 4, "num_stages": 3}
+        assert stored != tuned
+        store.write_stored({KEY_600: stored}, GPU)
+        assert store.tuned_at_first_use(600) is None
+        assert store.autotune_picked(600) == stored
+    finally:
+        store.forget_tuned_here(0)
+        store.clear_memo()
+
+
 @interpreted
 def test_interpreter_uses_fixed_config():
     assert store.autotune_picked(600) == dict(store.INTERPRETER_CONFIG, num_stages=3)
