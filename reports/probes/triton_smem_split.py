@@ -18,7 +18,8 @@ itself), copies its chunk from global to shared memory with cp.async (no registe
 bytes in flight), and reads it from there three times: for the max, for the fixed-point sum
 (after the first meeting) and for the output (after the second), computing each exponential
 twice. The meetings, the tags, the sum and the normaliser are the split kernel's
-(kernels/triton_kernels.py), so the output bits must equal the dispatch's.
+(kernels/triton_kernels.py, whose _gather and _nan_max it calls as they are), so the output bits
+must equal the dispatch's.
 
 Prediction: with the registers free, programs per SM are set by shared memory (CHUNK 8192 of
 bf16: 13 of 16 KB, 208 KB held), so bandwidth follows 2-3 times the bytes in flight until the
@@ -38,10 +39,11 @@ import sys
 from pathlib import Path
 
 import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
+
+from kernels.triton_kernels import _LOW, _TAG_MASK, _gather, _nan_max
 
 # The cp.async copy from global to shared memory: async_load from Triton 3.7 on, before that
 # async_copy_global_to_shared (same arguments).
@@ -49,34 +51,12 @@ _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_g
 # The block-wide barrier: gl.barrier from Triton 3.7 on, gl.thread_barrier before.
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 LOG2E = gl.constexpr(1.4426950408889634)
-_LOW = gl.constexpr(0xFFFFFFFF)
-_TAG_MASK = gl.constexpr(0x7FFFFFFF)
 MAX_SPINS = 1 << 20
 
 # (CHUNK, num_warps, register cap or None): shared memory per program is CHUNK x 2 bytes, and
 # the cap lets as many programs fit an SM as its shared memory holds (65536 registers).
 VARIANTS = ((8192, 4, None), (8192, 4, 48), (8192, 4, 40), (4096, 4, 40), (16384, 8, 48), (16384, 4, 64))
 SHAPES = ((4096, 32000), (4096, 128256), (4096, 262144), (1024, 262144), (4096, 151936))
-
-
-@gluon.jit
-def _nan_max(a, b):
-    return gl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@gluon.jit
-def _gather(ptrs, ok, own, own_word, tag, MAX_SPINS: gl.constexpr):
-    # The words at ptrs (where ok) once every one carries tag, and how many did not when the
-    # polls ran out; reductions over the whole program, so every thread takes the same branch.
-    others = ok & ~own
-    w = gl.where(own, own_word, gl.load(ptrs, mask=others, other=0, volatile=True))
-    stale = gl.sum(gl.where(ok & ((w >> 32) != tag), 1, 0), axis=0)
-    spins = 0
-    while (stale > 0) & (spins < MAX_SPINS):
-        w = gl.where(own, own_word, gl.load(ptrs, mask=others, other=0, volatile=True))
-        stale = gl.sum(gl.where(ok & ((w >> 32) != tag), 1, 0), axis=0)
-        spins += 1
-    return w, stale
 
 
 @gluon.jit
