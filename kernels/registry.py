@@ -77,6 +77,8 @@ class Kernel:
         self.op = spec.op
         self.dtypes = tuple(torch_dtype(d) for d in spec.dtypes)
         self.paths = spec.path_names
+        # The paths the Triton interpreter runs (all, but a Gluon kernel's): the CPU cases' paths.
+        self.interpreted_paths = tuple(p.name for p in spec.paths if p.interpreted)
         self.fn = _lazy(spec.fn, "fn")
         self._plan = _lazy(spec.plan, "plan")
         self._run_path = _lazy(spec.run_path, "run_path")

@@ -16,8 +16,9 @@ import torch
 from . import triton_launch as _launch
 from . import triton_store as _store
 from .checks import FLOAT_DTYPES, check_softmax_input, on_device, prepare_output
+from .launch import device_info
 from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
-from .triton_dispatch import INTERPRET, KERNEL_NAME, plan
+from .triton_dispatch import INTERPRET, KERNEL_NAME, plan, runnable_path
 from .triton_dispatch import launch_params as _path_params
 from .triton_launch import BoundLaunch
 from .triton_store import autotune_picked
@@ -69,8 +70,9 @@ def _softmax(x: torch.Tensor, y: torch.Tensor, path: str, params: dict, common_k
 def run_path(x: torch.Tensor, path: str, *, out=None, **params) -> torch.Tensor:
     """softmax(x) through one named path; `params` override that path's launch parameters
     (tile: config; row: num_warps; rows: ROWS, BLOCK_V, CUT, num_warps; split: CHUNK, num_warps,
-    P_BLOCK, maxnreg, max_spins; stream: BLOCK, num_warps, programs_per_sm; any: align). Tests
-    use it to reach every path at small V (e.g. split, CHUNK=16).
+    P_BLOCK, maxnreg, max_spins; held: BLOCK, num_warps, maxnreg; stream: BLOCK, num_warps,
+    programs_per_sm; any: align). Tests use it to reach every path at small V (e.g. split,
+    CHUNK=16); held, a Gluon kernel, only on a GPU of sm_80 on (ValueError elsewhere).
     """
     check_softmax_input(x, kernel=KERNEL_NAME, dtypes=FLOAT_DTYPES, device_type=_DEVICE_TYPE)
     y = prepare_output(x, out, kernel=KERNEL_NAME)
@@ -105,5 +107,5 @@ def softmax(x: torch.Tensor, *, out=None) -> torch.Tensor:
     check_softmax_input(x, kernel=KERNEL_NAME, dtypes=FLOAT_DTYPES, device_type=_DEVICE_TYPE)
     y = prepare_output(x, out, kernel=KERNEL_NAME)
     B, V = x.shape
-    path = plan(B, V, x.dtype)
+    path = runnable_path(plan(B, V, x.dtype), None if INTERPRET else device_info(x.get_device())[2])
     return on_device(lambda: _softmax(x, y, path, {}, common), x)

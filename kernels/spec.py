@@ -81,12 +81,15 @@ class Path:
         several tiles, chunks or programs of this path: the path's real loop runs on the CPU.
     dtypes: the dtype names whose dispatch takes this path (None: every dtype of the kernel);
         `run_path` reaches every path in every dtype.
+    interpreted: False for a path of an interpretable kernel that the interpreter cannot run (a
+        Gluon kernel): the CPU cases check its ahead-of-time build instead, the GPU its outputs.
     """
 
     name: str
     gpu: tuple[int, int]
     cpu: Mapping = field(default_factory=dict)
     dtypes: tuple[str, ...] | None = None
+    interpreted: bool = True
 
 
 Ref = str | Callable  # "package.module:attribute", resolved on first use, or the object itself
@@ -249,9 +252,11 @@ SPECS: tuple[KernelSpec, ...] = (
             Path("rows", gpu=(8193, 100), cpu={"ROWS": 4, "num_warps": 2, "CUT": True}),
             Path("row", gpu=(5, 2049), cpu={"num_warps": 4}),
             Path("split", gpu=(5, 32769), cpu={"CHUNK": 16, "num_warps": 2}),
+            # 16-bit rows of 24577-32768 from DISPATCH_BOUNDARIES["stream_min_b"] rows on, in shared memory
+            Path("held", gpu=(1024, 24577), dtypes=("bfloat16", "float16"), interpreted=False),
             Path(
                 "stream",
-                gpu=(1024, 32769),  # 16-bit rows from DISPATCH_BOUNDARIES["stream_min_b"] on
+                gpu=(1024, 32769),  # the other 16-bit rows of 16385-40960 from DISPATCH_BOUNDARIES["stream_min_b"] on
                 cpu={"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1},  # tiles of 16, rows walked by 2 programs
                 dtypes=("bfloat16", "float16"),
             ),

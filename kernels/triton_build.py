@@ -27,6 +27,10 @@ from .spec import DTYPE_IDS, ITEMSIZE
 TARGET_CAPABILITY = 90
 
 
+# The size operand of a cp.async copy from global to shared memory, in the PTX.
+CP_ASYNC_SIZE = re.compile(r"cp\.async\.\w+\.shared\.global[^;]*?,\s*(0x[0-9a-f]+|\d+)\s*[,;]")
+
+
 def build(
     name: str,
     kernel,
@@ -84,6 +88,8 @@ def build(
         "shared": int(c.metadata.shared),
         "vector_loads": bool(re.search(r"ld\.global(\.\w+)*\.v[248]", c.asm["ptx"])),
         "vector_stores": bool(re.search(r"st\.global(\.\w+)*\.v[248]", c.asm["ptx"])),
+        # The widest cp.async copy from global to shared memory (the held kernel's loads), in bytes.
+        "cp_async_bytes": max((int(n, 0) for n in CP_ASYNC_SIZE.findall(c.asm["ptx"])), default=0),
         "tag_read_first": tag_read_first(c.asm["ptx"]),
     }
 
@@ -120,6 +126,8 @@ def build_path(name: str, entry, p: dict, V: int, dtype_name: str) -> dict:
     """Build one entry of kernels.triton_launch.TABLES as its launches specialise it for
     contiguous, 16-byte-aligned rows of length V in `dtype_name` (a suite dtype name), all from
     the table: the record `name`."""
+    from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
+
     dtype = DTYPE_IDS[dtype_name]  # Triton's type names are the suite's ids
     spec = entry.aot(p, V, dtype, ITEMSIZE[dtype_name])
     options = dict(spec["options"])
@@ -133,6 +141,7 @@ def build_path(name: str, entry, p: dict, V: int, dtype_name: str) -> dict:
         sig=spec["signature"],
         maxnreg=options.pop("maxnreg", None),
         aligned=spec["aligned"],
+        ast_source=GluonASTSource if isinstance(entry.kernel, GluonJITFunction) else None,
     )
     if p.get("programs_per_sm"):  # stream's grid: programs beyond what fits an SM run as a second wave
         record["programs_per_sm"] = p["programs_per_sm"]
@@ -148,8 +157,8 @@ def _compiled(module):
 
 
 def build_all() -> list[dict]:
-    """Every autotune config of the tile kernel, and the row, rows, split and stream kernels as
-    the wrapper launches them at typical V, in fp32 and bf16."""
+    """Every autotune config of the tile kernel, and the row, rows, split, held and stream kernels
+    as the wrapper launches them at typical V, in fp32 and bf16 (held and stream: bf16 only)."""
     from . import softmax_triton as st
     from . import triton_store as store
     from .triton_dispatch import DISPATCH_BOUNDARIES
@@ -173,7 +182,10 @@ def build_all() -> list[dict]:
             rows.append(
                 one("split", st.launch_params("split", V, tdtype, B=B, sms=None if B is None else 132), V, name)
             )
-        rows.append(one("stream", st.launch_params("stream", 128256, tdtype), 128256, name))
+        if name != "float32":  # held and stream take 16-bit rows only
+            for V in (DISPATCH_BOUNDARIES["held_min_v"] + 1, DISPATCH_BOUNDARIES["held_max_v"]):
+                rows.append(one("held", st.launch_params("held", V, tdtype), V, name))
+            rows.append(one("stream", st.launch_params("stream", 128256, tdtype), 128256, name))
     return rows
 
 

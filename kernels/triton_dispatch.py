@@ -10,14 +10,18 @@ takes; `DISPATCH_BOUNDARIES` holds the limits):
   rows   V <= tile_max_v and B >= rows_min_b. Many short rows: a [ROWS, BLOCK_V] block per
          program, so each program moves enough bytes to hide memory latency; from V = 513 one
          row a program, cut into a power-of-two head and a short tail (rows_cut).
-  row    tile_max_v < V <= row_max_v, except where stream or a short batch's split applies.
+  row    tile_max_v < V <= row_max_v, except where held, stream or a short batch's split applies.
          One program holds the whole row in registers.
   split  V > row_max_v, or V > short_split_min_v with B <= short_split_max_b, except where
          stream applies. P programs share a row, each holding its chunk in registers (one
          read, one write), and meet twice through tagged words of a per-row workspace. For
          a short batch the chunks shrink so that the launch spreads over the GPU
          (launch_params).
-  stream stream_min_v < V <= stream_max_v, 16-bit storage, B >= stream_min_b. A grid of a few
+  held   held_min_v < V <= held_max_v, 16-bit storage, B >= stream_min_b. One program holds
+         the whole row in shared memory (a Gluon kernel: cp.async in, three reads out), three
+         programs an SM where registers hold one. The interpreter, and a GPU below sm_80, have
+         no cp.async: there these rows take stream (runnable_path), whose bits are the same.
+  stream the other rows of stream_min_v < V <= stream_max_v, 16-bit storage, B >= stream_min_b. A grid of a few
          programs per SM walks the rows, each read three times in tiles (max, sum, write);
          the grid bounds the rows in flight so the re-reads come from L2. That holds only
          while the rows in flight fit L2: longer 16-bit rows split (reports/profiles.md).
@@ -45,7 +49,7 @@ DEVICE_TYPE = "cpu" if INTERPRET else "cuda"
 DISPATCH_BOUNDARIES = {
     "tile_max_v": 2048,  # V above this leaves the tile/rows kernels
     "rows_min_b": 8192,  # with V <= tile_max_v, B from here on takes the multi-row kernel
-    "row_max_v": 32768,  # V above this: split (or stream, below)
+    "row_max_v": 32768,  # V above this: split (or held or stream, below)
     # A batch of at most short_split_max_b rows longer than short_split_min_v splits them too, so
     # that the launch spreads over the GPU rather than holding a few SMs. Measured on an H100
     # (probes/triton_short_batch_split.py, device time of row over split at the short-batch
@@ -63,6 +67,14 @@ DISPATCH_BOUNDARIES = {
     "stream_min_v": 16384,
     "stream_max_v": 40960,
     "stream_min_b": 1024,
+    # Of those, rows of held_min_v < V <= held_max_v are held whole in shared memory (a buffer of
+    # 32768 16-bit elements). Measured on an H100 (probes/triton_held_row.py, device time, of
+    # copy, held / stream): bf16 (4096, 32000) 0.96 / 0.78, (32768, 32000) 1.00 / 0.78, (8192,
+    # 32768) 0.98 / 0.78, (1024, 32000) 0.84 / 0.74, (4096, 24577) 0.81 / 0.77; shorter rows
+    # leave most of the buffer idle and stream wins: (4096, 20000) 0.70 / 0.79, (4096, 16385)
+    # 0.58 / 0.79.
+    "held_min_v": 24576,
+    "held_max_v": 32768,
 }
 
 # The split path's launch parameters, from the H200 sweeps of reports/profiles.md (CHUNK
@@ -105,15 +117,31 @@ def fixed_point_scale(V: int) -> float:
 
 
 def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) -> str:
-    """Name of the path softmax() takes for a (B, V) input: tile, rows, row, split or stream."""
+    """Name of the path softmax() takes on a GPU for a (B, V) input: tile, rows, row, split, held
+    or stream."""
     b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
     if V <= b["tile_max_v"]:
         return "rows" if B >= b["rows_min_b"] else "tile"
     if dtype != torch.float32 and B >= b["stream_min_b"] and b["stream_min_v"] < V <= b["stream_max_v"]:
-        return "stream"
+        return "held" if b["held_min_v"] < V <= b["held_max_v"] else "stream"
     if V > b["row_max_v"] or (B <= b["short_split_max_b"] and V > b["short_split_min_v"]):
         return "split"
     return "row"
+
+
+# The path whose kernel runs a path's rows where that path's own cannot: held needs cp.async
+# (sm_80 on) and 64 KB of shared memory per program, and Gluon, which the interpreter cannot run.
+SUBSTITUTE = {"held": "stream"}
+HELD_MIN_MAJOR = 8
+
+
+def runnable_path(path: str, major: int | None) -> str:
+    """The path softmax() launches for `path` on a GPU of compute capability `major` (None: the
+    interpreter): `path` itself, or its SUBSTITUTE where that kernel cannot run there. Every
+    path gives a row the same bits, so this changes speed only."""
+    if path in SUBSTITUTE and (major is None or major < HELD_MIN_MAJOR):
+        return SUBSTITUTE[path]
+    return path
 
 
 def paths_for(dtype: torch.dtype) -> tuple:
@@ -166,6 +194,11 @@ def launch_params(
             while p["CHUNK"] > SPLIT_MIN_CHUNK and B * triton.cdiv(V, p["CHUNK"]) < SPLIT_FILL * sms:
                 p["CHUNK"] //= 2
         return p
+    if path == "held":
+        # 16 warps under a cap of 64 registers: three 64 KB programs an SM, 48 warps. Of copy at
+        # bf16 (4096, 32000) on an H100 (probes/triton_held_row.py): 16 x 64 0.96, 8 warps
+        # uncapped 0.96, 8 x 64 0.85, 4 x 128 0.89; at (4096, 24577) 0.81, 0.80, 0.76, 0.70.
+        return {"BLOCK": triton.next_power_of_2(V), "num_warps": 16, "maxnreg": 64}
     if path == "stream":
         # BLOCK 2048-16384 x 4-16 warps x 1-8 programs per SM at B = 512 and 4096, V = 50257
         # and 128256 (reports/profiles.md): 4096 x 16 x 8 led or tied in bfloat16. Programs

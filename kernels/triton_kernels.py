@@ -34,6 +34,9 @@ stride and the wrapper can launch it directly (kernels.launch).
 
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 _INTS = ["V", "B", "P", "stride_x", "stride_y", "x_off", "y_off"]
 
@@ -527,10 +530,106 @@ def softmax_stream_kernel(
         row += tl.num_programs(0)
 
 
+# Gluon's names for the cp.async copy and the block-wide barrier (Triton 3.7 renamed both).
+_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+
+@gluon.jit(do_not_specialize=["V", "stride_x", "stride_y", "x_off", "y_off"])
+def softmax_held_kernel(
+    X,
+    Y,
+    V,
+    stride_x,
+    stride_y,
+    x_off,
+    y_off,
+    SCALE,
+    BLOCK: gl.constexpr,
+    ALIGN: gl.constexpr,
+    Y_ALIGN: gl.constexpr,
+    ASYNC: gl.constexpr = True,
+):
+    # One program holds the whole row in shared memory (BLOCK elements of storage, at most 64 KB),
+    # not in registers, so three programs of 8 warps fit an SM where the row path fits one: the
+    # row is copied in by cp.async (no register holds the bytes in flight) and read from shared
+    # memory three times (max, fixed-point sum, write), each exponential computed twice, from
+    # the same values by the same _exp, so the bits are the other paths'. Written in Gluon,
+    # Triton's lower-level language, which places tensors in shared memory itself; the
+    # interpreter cannot run it (its sm_90 build is checked on the CPU, its bits on the GPU).
+    # Rows are cut on ALIGN-groups from a 16-byte-aligned X as in the stream kernel; the edges
+    # (partial groups at each end) are loaded element-wise into registers. ASYNC False (X not
+    # 16-byte aligned, where cp.async cannot take a group) fills the buffer through registers.
+    NW: gl.constexpr = gl.num_warps()
+    TILE: gl.constexpr = ALIGN * 32 * NW
+    NT: gl.constexpr = BLOCK // TILE
+    OUT: gl.constexpr = Y.dtype.element_ty
+    lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [NW], [0])
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+    row = gl.program_id(0).to(gl.int64)
+    xs = x_off + row * stride_x  # row start, elements from X
+    g_lo = (xs + ALIGN - 1) // ALIGN  # first group wholly inside the row
+    g_hi = (xs + V) // ALIGN  # one past the last such group
+    base = gl.multiple_of((xs // ALIGN) * ALIGN, ALIGN)
+    grp = gl.arange(0, TILE, layout=lanes) // ALIGN
+    cols = gl.arange(0, TILE, layout=lanes)
+    buf = gl.allocate_shared_memory(X.dtype.element_ty, [BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    for t in gl.static_range(NT):
+        mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
+        if ASYNC:
+            _async_load(buf.slice(t * TILE, TILE), X + base + t * TILE + cols, mask=mask)
+        else:
+            buf.slice(t * TILE, TILE).store(gl.load(X + base + t * TILE + cols, mask=mask, other=0.0))
+    if ASYNC:
+        async_copy.commit_group()
+
+    e = gl.arange(0, 32 * NW, layout=one)
+    pos = gl.where(e < ALIGN, xs + e, g_hi * ALIGN + (e - ALIGN))
+    pos_g = pos // ALIGN
+    e_mask = (
+        (e < 2 * ALIGN)
+        & (pos >= xs)
+        & (pos < xs + V)
+        & ((pos_g < g_lo) | (pos_g >= g_hi))
+        & ((e < ALIGN) | (pos >= xs + ALIGN))
+    )  # the stream kernel's edges: each element of a partial group once
+    xe = gl.load(X + pos, mask=e_mask, other=-float("inf")).to(gl.float32)
+    if ASYNC:
+        async_copy.wait_group(0)
+    _barrier()
+
+    m_lane = gl.full([TILE], -float("inf"), gl.float32, lanes)
+    for t in gl.static_range(NT):
+        mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
+        x = buf.slice(t * TILE, TILE).load(lanes).to(gl.float32)
+        m_lane = _nan_max(m_lane, gl.where(mask, x, -float("inf")))
+    m = _nan_max(_row_max(m_lane, 0), _row_max(xe, 0))
+
+    _barrier()  # each pass reads the buffer afresh: the compiler may not keep a pass's loads
+    s_lane = gl.zeros([TILE], gl.int64, lanes)
+    for t in gl.static_range(NT):
+        mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
+        x = buf.slice(t * TILE, TILE).load(lanes).to(gl.float32)
+        s_lane += _fixed(_exp(gl.where(mask, x, -float("inf")), m, OUT), SCALE)
+    ee = _exp(xe, m, OUT)
+    neg_hi, inv = _softmax_scale(gl.sum(s_lane, axis=0) + gl.sum(_fixed(ee, SCALE), axis=0), SCALE, m)
+
+    # Output element of input offset o sits at Y + o + shift.
+    shift = gl.multiple_of(y_off + row * stride_y - xs, Y_ALIGN)
+    gl.store(Y + shift + pos, _normalise(ee, neg_hi, inv, OUT).to(OUT), mask=e_mask)
+    _barrier()
+    for t in gl.static_range(NT):
+        mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
+        x = buf.slice(t * TILE, TILE).load(lanes).to(gl.float32)
+        y = _normalise(_exp(x, m, OUT), neg_hi, inv, OUT)
+        gl.store(Y + shift + base + t * TILE + cols, y.to(OUT), mask=mask)
+
+
 JIT_KERNELS = {
     "tile": softmax_tile_kernel,
     "row": softmax_row_kernel,
     "rows": softmax_rows_kernel,
     "split": softmax_split_kernel,
     "stream": softmax_stream_kernel,
+    "held": softmax_held_kernel,
 }

@@ -52,6 +52,7 @@ from .triton_dispatch import (
     p_block,
     plan,
     rows_cut,
+    runnable_path,
     split_workspace_words,
     vector_align,
 )
@@ -256,6 +257,8 @@ class TritonPath:
         else:
             xb, xo, yb, yo = x, 0, y, 0
         g = self.geometry(p, V, sx, sy, es, align, xo, yo)
+        if g.get("ASYNC"):  # cp.async needs X's groups aligned: aligned_base may not have found a view that is
+            g = {**g, "ASYNC": xb.data_ptr() % 16 == 0}
         values = {"X": xb, "Y": yb, "B": B, "V": V, "P": g.get("P", 1), "stride_x": sx, "stride_y": sy}
         values.update(x_off=xo, y_off=yo, SCALE=fixed_point_scale(V))
         if "WS" in self.arg_names:
@@ -388,6 +391,15 @@ def _chunk_geometry(width: str):
     return geometry
 
 
+def _held_geometry(p, V, sx, sy, es, align, x_head, y_head) -> dict:
+    """The held kernel's: the stream kernel's groups, a buffer of BLOCK >= V elements (at least
+    a tile: 32 groups a warp), and ASYNC, whether groups can move by cp.async (4 bytes or more;
+    TritonPath.bind also asks for a 16-byte-aligned X)."""
+    g = _chunk_geometry("BLOCK")(p, V, sx, sy, es, align, x_head, y_head)
+    block = max(p["BLOCK"], triton.next_power_of_2(V), g["ALIGN"] * 32 * p["num_warps"])
+    return {**g, "BLOCK": block, "ASYNC": g["ALIGN"] * es >= 4}
+
+
 def _split_grid(p, g, sms):
     """rows -> a split launch's programs: P per row."""
     return functools.partial(operator.mul, g["P"])
@@ -455,6 +467,12 @@ PATH_TABLE = {
             },
             options=_warps_capped,
             grid=_split_grid,
+            chunked=True,
+        ),
+        _entry(
+            "held", "X:*T Y:*T V stride_x stride_y x_off y_off SCALE:fp32", "BLOCK ALIGN Y_ALIGN ASYNC",
+            geometry=_held_geometry,
+            options=_warps_capped,
             chunked=True,
         ),
         _entry(
@@ -644,7 +662,15 @@ def launch(x: torch.Tensor, y: torch.Tensor, path: str, params: dict):
     """Launch `path` for x -> y (params override its launch parameters). Returns a function
     (x, y) -> None that repeats this launch for any tensors of the same layout and batch class
     (the remembered launch), or None where none applies (the interpreter, a kernel Triton must
-    launch, or the tile kernel's first autotuning)."""
+    launch, or the tile kernel's first autotuning). ValueError for a path that cannot run here
+    (runnable_path): bind() still shows what its launch would be."""
+    major = None if INTERPRET else device_info(x.get_device())[2]
+    if runnable_path(path, major) != path:
+        where = "under Triton's interpreter" if major is None else f"on a GPU of compute capability {major}.x"
+        raise ValueError(
+            f"{KERNEL_NAME} softmax: the {path} path cannot run {where} (softmax() takes "
+            f"{runnable_path(path, major)} there, with the same bits)"
+        )
     bound = bind(x, y, path, params)
     if bound.untuned:
         # No stored or earlier choice: standard autotune on first use of this V's bucket.

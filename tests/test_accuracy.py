@@ -285,7 +285,7 @@ def test_triton_interpreted_on_the_tail(dtype, recipe, scale, B, V, record_manif
         pytest.param(k.name, path, id=f"{k.name}-{path}")
         for k in SOFTMAX_KERNELS.values()
         if k.interpretable and not k.baseline  # every kernel of ours: held to F.softmax's accuracy
-        for path in k.paths
+        for path in k.interpreted_paths
     ],
 )
 def test_every_interpretable_path_on_wide_rows(kernel, path):

@@ -528,7 +528,7 @@ def interpreter_cases():
     # of that storage, which bfloat16 and float16 share in every kernel; each path still meets a
     # 16-bit dtype, and each 16-bit dtype several paths.
     sixteen = [d for d in INTERPRETER_DTYPES if d != torch.float32]
-    for i, path in enumerate(TRITON.paths):
+    for i, path in enumerate(TRITON.interpreted_paths):
         for dtype in [d for d in INTERPRETER_DTYPES if d == torch.float32] + sixteen[i % len(sixteen) :][:1]:
             yield pytest.param(path, dtype, id=f"{path}-{dtype_name(dtype)}")
 

@@ -63,12 +63,13 @@ def interpretable_kernels():
 
 def cells(kernels, *, dispatched=True) -> set:
     """Every (kernel, path, layout, dtype): paths as the dispatch takes them for each dtype, or
-    (dispatched=False) every path in every dtype, as run_path reaches them."""
+    (dispatched=False) every path the interpreter runs in every dtype, as run_path reaches them
+    (a Gluon path's CPU check is its sm_90 build, tests/test_triton_cpu.py)."""
     return {
         (k.name, path, layout, dtype_id(dtype))
         for k in kernels
         for dtype in k.dtypes
-        for path in (k.paths_for(dtype) if dispatched else k.paths)
+        for path in (k.paths_for(dtype) if dispatched else k.interpreted_paths)
         for layout in layouts(dtype)
     }
 
@@ -96,7 +97,7 @@ def _cpu_cells():
             k.name, path, layout, dtype, CPU_V[i % len(CPU_V)], id=f"{k.name}-{path}-{layout}-{dtype_id(dtype)}"
         )
         for k in interpretable_kernels()
-        for path in k.paths
+        for path in k.interpreted_paths
         for dtype in k.dtypes
         for i, layout in enumerate(layouts(dtype))
     ]
@@ -107,7 +108,7 @@ def _cpu_path_cases(*, ours=False):
         pytest.param(k.name, path, dtype, id=f"{k.name}-{path}-{dtype_id(dtype)}")
         for k in interpretable_kernels()
         if not (ours and k.baseline)
-        for path in k.paths
+        for path in k.interpreted_paths
         for dtype in k.dtypes
     ]
 

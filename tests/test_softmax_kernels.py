@@ -394,7 +394,7 @@ def _nan_row_cases(where):
         pytest.param(name, path, id=f"{name}-{path}")
         for name, k in SOFTMAX_KERNELS.items()
         if where == "cuda" or k.interpretable
-        for path in k.paths
+        for path in (k.paths if where == "cuda" else k.interpreted_paths)
     ]
 
 

@@ -711,14 +711,14 @@ def rounds_of(records, pick, factor=lambda key, mode: 1.0) -> list[dict]:
     return out
 
 
-def stream_cases(baseline) -> set:
-    """The gated cases that Triton's stream path times (16-bit rows of 16385-40960, B >= 1024)."""
+def held_cases(baseline) -> set:
+    """The gated cases that Triton's held path times (16-bit rows of 24577-32768, B >= 1024)."""
     from kernels.softmax_triton import plan
 
     return {
         gate.case_key(c)
         for c in baseline["cases"]
-        if c["kernel"] == "triton" and plan(c["B"], c["V"], getattr(__import__("torch"), c["dtype"])) == "stream"
+        if c["kernel"] == "triton" and plan(c["B"], c["V"], getattr(__import__("torch"), c["dtype"])) == "held"
     }
 
 
@@ -739,8 +739,8 @@ def test_on_the_recorded_rounds_quick_runs_pass_and_a_planted_slowdown_fails_exa
         half = gate.baseline_from_records(rounds_of(records, one), {"gpu": baseline["gpu"]})
         result = gate.evaluate(half, rounds_of(records, other), model)
         assert result.flagged == [], result.lines()
-    # 10 % in the stream path: exactly its cases regress (device time gates both); 3 % passes.
-    planted = stream_cases(baseline)
+    # 10 % in the held path: exactly its cases regress (device time gates both); 3 % passes.
+    planted = held_cases(baseline)
     assert planted == {("triton", 4096, 32000, "bfloat16"), ("triton", 32768, 32000, "bfloat16")}
     assert all(gate.gating_modes(c) == ("device",) for c in baseline["cases"] if gate.case_key(c) in planted)
     for slowdown, regressed in ((1.10, planted), (1.03, set())):

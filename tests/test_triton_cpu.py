@@ -53,7 +53,9 @@ pytestmark = pytest.mark.cpu
 
 # Each path's launch parameters for the CPU, from the registry's entry (kernels/spec.py): scaled
 # down so that rows of tens of elements take the path's real loop.
+# Every path binds here (its launch's arguments are checked); the interpreter runs RUN's.
 SCALED = {path.name: dict(path.cpu) for path in SOFTMAX_KERNELS[dispatch.KERNEL_NAME].spec.paths}
+RUN = {name: SCALED[name] for name in SOFTMAX_KERNELS[dispatch.KERNEL_NAME].interpreted_paths}
 
 REPO = Path(__file__).resolve().parents[1]
 interpreted = pytest.mark.skipif(
@@ -130,10 +132,10 @@ PATH_SHAPES = [(1, 1), (3, 7), (5, 16), (2, 17), (9, 33), (4, 100), (3, 600)]
 
 
 @interpreted
-@pytest.mark.parametrize("path", sorted(SCALED))
+@pytest.mark.parametrize("path", sorted(RUN))
 @pytest.mark.parametrize("B,V", PATH_SHAPES)
 def test_each_path_matches_reference(path, B, V):
-    params = SCALED[path]
+    params = RUN[path]
     if path == "split" and V >= 600:
         # At the scaled chunk a row of 600 has 38 chunks, and the interpreter's cost grows with
         # B * P^2: the longest row runs alone, in chunks of 64 (10 a row; B > 1 is covered at
@@ -153,7 +155,7 @@ def test_each_path_at_every_overflow_maximum(dtype):
     x = logits(8, 40, seed=11, dtype=dtype, recipe="overflow")
     assert (x.float().amax(dim=1) < 0).any()
     want = run_poisoned(triton_path_runner("tile", **SCALED["tile"]), x)
-    for path, params in SCALED.items():
+    for path, params in RUN.items():
         out = run_poisoned(triton_path_runner(path, **params), x)
         check_softmax(out, x, what=f"{path} at the overflow maxima {dtype_id(dtype)}")
         assert torch.equal(bits(out), bits(want)), f"{path}: not the tile path's bits"
@@ -164,7 +166,7 @@ def test_each_path_at_every_overflow_maximum(dtype):
 def test_vector_alignment_hint_keeps_results(align):
     # V = 64 and strides divisible by 4: every hint the wrapper might pass is true here.
     x = logits(6, 64, seed=align)
-    for path, params in SCALED.items():
+    for path, params in RUN.items():
         check_softmax(run_poisoned(triton_path_runner(path, align=align, **params), x), x, what=f"{path} align {align}")
 
 
@@ -493,6 +495,7 @@ def test_plan_changes_at_each_boundary():
     for B in (1, b["stream_min_b"] - 1, b["stream_min_b"], 1 << 20):
         assert st.plan(B, long) == "split", "float32 long rows split at every batch size"
     assert b["tile_max_v"] < b["stream_min_v"] < b["row_max_v"] < b["stream_max_v"]
+    assert b["stream_min_v"] <= b["held_min_v"] < b["held_max_v"] <= b["stream_max_v"]
     assert b["tile_max_v"] < b["short_split_min_v"] < b["row_max_v"]
     assert short < b["stream_min_b"] <= b["rows_min_b"]
     for dtype in DTYPES:
@@ -509,7 +512,12 @@ def test_plan_changes_at_each_boundary():
         assert st.plan(b["stream_min_b"] - 1, b["row_max_v"], dtype) == "row"
         assert st.plan(b["stream_min_b"], b["stream_min_v"], dtype) == "row"
         assert st.plan(b["stream_min_b"], b["stream_min_v"] + 1, dtype) == "stream"
-        assert st.plan(b["stream_min_b"], b["row_max_v"], dtype) == "stream"
+        assert st.plan(b["stream_min_b"], b["held_min_v"], dtype) == "stream"
+        assert st.plan(b["stream_min_b"], b["held_min_v"] + 1, dtype) == "held"
+        assert st.plan(b["stream_min_b"] - 1, b["held_min_v"] + 1, dtype) == "row"
+        assert st.plan(b["stream_min_b"], b["held_max_v"], dtype) == "held"
+        assert st.plan(b["stream_min_b"], b["held_max_v"] + 1, dtype) == "stream"
+        assert st.plan(b["stream_min_b"], b["row_max_v"], dtype) == "held"
         assert st.plan(1, long, dtype) == "split"
         assert st.plan(b["stream_min_b"] - 1, long, dtype) == "split"
         assert st.plan(b["stream_min_b"], long, dtype) == "stream"
@@ -523,14 +531,15 @@ def test_plan_changes_at_each_boundary():
         {
             st.plan(B, V, dtype)
             for B in (1, b["rows_min_b"])
-            for V in (1, b["tile_max_v"] + 1, b["row_max_v"] + 1)
+            for V in (1, b["tile_max_v"] + 1, b["held_max_v"], b["row_max_v"] + 1)
             for dtype in (torch.float32, torch.bfloat16)
         }
         == set(SOFTMAX_KERNELS["triton"].paths)
         == set(dispatch.PATHS)
     )
     for dtype in DTYPES:
-        planned = {st.plan(B, V, dtype) for B in (1, b["stream_min_b"], b["rows_min_b"]) for V in (1, 3000, long)}
+        batches, lengths = (1, b["stream_min_b"], b["rows_min_b"]), (1, 3000, b["held_max_v"], long)
+        planned = {st.plan(B, V, dtype) for B in batches for V in lengths}
         assert planned == set(dispatch.paths_for(dtype)), dtype
 
 
@@ -552,11 +561,12 @@ def test_remembered_launches_are_keyed_wherever_the_plan_turns_on_b():
 def test_plan_accepts_scaled_boundaries():
     small = {"tile_max_v": 8, "rows_min_b": 4, "stream_min_v": 16, "row_max_v": 32}
     small |= {"stream_max_v": 40, "stream_min_b": 3, "short_split_min_v": 24, "short_split_max_b": 1}
+    small |= {"held_min_v": 24, "held_max_v": 32}
     assert [st.plan(2, v, boundaries=small) for v in (8, 9, 32, 33)] == ["tile", "row", "row", "split"]
     assert [st.plan(1, v, boundaries=small) for v in (9, 24, 25, 33)] == ["row", "row", "split", "split"]
     assert st.plan(4, 8, boundaries=small) == "rows"
-    bf16 = [st.plan(3, v, torch.bfloat16, boundaries=small) for v in (16, 17, 33, 40, 41)]
-    assert bf16 == ["row", "stream", "stream", "stream", "split"]
+    bf16 = [st.plan(3, v, torch.bfloat16, boundaries=small) for v in (16, 17, 24, 25, 32, 33, 40, 41)]
+    assert bf16 == ["row", "stream", "stream", "held", "held", "stream", "stream", "split"]
     assert [st.plan(2, v, torch.bfloat16, boundaries=small) for v in (17, 33)] == ["row", "split"]
     assert st.plan(3, 33, torch.float32, boundaries=small) == "split"
 
@@ -605,6 +615,18 @@ def test_public_softmax(B, V, dtype):
     out = run_poisoned(SOFTMAX_KERNELS["triton"], x)
     what = f"triton ({B}, {V}) via {st.plan(B, V, dtype)}"
     check_softmax(out, x, what=what)
+
+
+def test_a_path_that_cannot_run_takes_its_substitute_and_naming_it_is_refused():
+    # held needs cp.async (sm_80 on) and is a Gluon kernel: softmax() takes stream for its rows
+    # under the interpreter and on older GPUs; every other path runs everywhere.
+    for path in dispatch.PATHS:
+        want = "stream" if path == "held" else path
+        assert dispatch.runnable_path(path, None) == dispatch.runnable_path(path, 7) == want, path
+        assert dispatch.runnable_path(path, 8) == dispatch.runnable_path(path, 9) == path, path
+    if dispatch.INTERPRET:
+        with pytest.raises(ValueError, match="held path cannot run under Triton's interpreter"):
+            st.run_path(logits(2, 40, seed=1, dtype=torch.bfloat16), "held")
 
 
 @interpreted
@@ -750,7 +772,9 @@ def test_sm90_aot_builds_spill_within_budget_and_fit_shared_memory(sm90_builds, 
         assert r["regs"] <= 255, r
         per_thread = r.get("BLOCK", r.get("CHUNK", r.get("ROWS", 1) * r.get("BLOCK_V", 1))) // (32 * r["num_warps"])
         if r["ALIGN"] > 1 and per_thread >= r["ALIGN"]:
-            assert r["vector_loads"], f"{r['name']} with ALIGN > 1 should issue vector loads: {r}"
+            # (held's loads are cp.async copies of whole 16-byte groups)
+            vector_loads = r["vector_loads"] or r["cp_async_bytes"] == 16
+            assert vector_loads, f"{r['name']} with ALIGN > 1 should issue vector loads: {r}"
             assert r["vector_stores"], f"{r['name']} with ALIGN > 1 should issue vector stores: {r}"
         if r["name"].startswith("split"):
             assert r["tag_read_first"], f"the launch tag is read behind a barrier: {r}"

@@ -1,0 +1,117 @@
+"""Triton's held path (a 16-bit row held whole in shared memory) against the stream path it
+replaces, and the float32 split's launch parameters against fused.
+
+    python reports/probes/triton_held_row.py --out DIR            # on a GPU
+    python reports/probes/triton_held_row.py --out DIR --part bits
+
+Parts:
+  bits    the held path's output bits against the stream path's, every layout of the suite
+          (tests/helpers/inputs.py) at V = 16385, 20001 and 32768, bf16 and fp16, outputs poisoned
+          with NaN first; a row of NaN and a row of -inf with one finite entry included.
+  held    device time (probes/triton_rows_sweep.py's clock) of held at its launch parameters and
+          others, stream, and the dispatch, bf16 and fp16, B = 1024 ... 32768, V = 16385 ... 32768;
+          held at BLOCK 65536 for V = 40960 (stream's range; one program an SM).
+  split   float32 rows of 50257 ... 200064 at B = 4096 (8192 at 50257): the split's CHUNK x warps x
+          register cap against the dispatched one and fused, bits checked against the dispatch.
+
+The question (reports/profiles.md, "16-bit rows held in shared memory"): the probe kernel held
+bf16 rows of 32000 at 0.94-0.99 of copy on an H100, the stream path 0.78. Does the product's
+kernel (edges, any layout, Triton 3.6 on the GPU) keep that, and where does it cross the row
+path below and the stream path above?
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from kernels import SOFTMAX_KERNELS
+from kernels.softmax_triton import run_path
+from tests.helpers.inputs import layouts, logits
+
+sys.path.insert(0, str(Path(__file__).parent))
+from triton_rows_sweep import bits, path_variants, sweep_shapes  # noqa: E402
+
+HELD = {
+    "held 8x64": {},
+    "held 4x128": {"num_warps": 4, "maxnreg": 128},
+    "held 8 uncapped": {"maxnreg": None},
+    "held 16x64": {"num_warps": 16},
+}
+HELD_SHAPES = [
+    (B, V, dt)
+    for dt in (torch.bfloat16, torch.float16)
+    for B, V in ((1024, 16385), (4096, 16385), (4096, 20000), (4096, 24577), (4096, 32000), (32768, 32000),
+                 (8192, 32768), (1024, 32000), (4096, 40960), (4096, 16384))
+    if dt == torch.bfloat16 or V in (32000, 16385)
+]  # fmt: skip
+SPLIT = {
+    "split 8192x4 r96": {"CHUNK": 8192, "num_warps": 4, "maxnreg": 96},
+    "split 8192x4 r128": {"CHUNK": 8192, "num_warps": 4, "maxnreg": 128},
+    "split 8192x4 r80": {"CHUNK": 8192, "num_warps": 4, "maxnreg": 80},
+    "split 4096x4 r64": {"CHUNK": 4096, "num_warps": 4, "maxnreg": 64},
+    "split 4096x4 r96": {"CHUNK": 4096, "num_warps": 4, "maxnreg": 96},
+    "split 16384x8 r96": {"CHUNK": 16384, "num_warps": 8, "maxnreg": 96},
+    "split 16384x8 r128": {"CHUNK": 16384, "num_warps": 8, "maxnreg": 128},
+    "split 8192x8 r64": {"CHUNK": 8192, "num_warps": 8, "maxnreg": 64},
+}
+SPLIT_SHAPES = [(4096, 50257), (8192, 50257), (4096, 128256), (4096, 151936), (4096, 200064)]
+
+
+def check_bits() -> bool:
+    ok = True
+    for dtype in (torch.bfloat16, torch.float16):
+        for V in (16385, 20001, 32768):
+            for layout in layouts(dtype):
+                x = logits(64, V, seed=V, dtype=dtype, device="cuda", layout=layout)
+                x[1, 7] = float("nan")
+                x[2].fill_(-float("inf"))
+                x[2, V - 1] = 0.0
+                ys = []
+                for path in ("held", "stream"):
+                    y = torch.full(x.shape, float("nan"), dtype=dtype, device="cuda")
+                    run_path(x, path, out=y)
+                    ys.append(y)
+                torch.cuda.synchronize()
+                same = torch.equal(bits(ys[0]), bits(ys[1]))
+                ok &= same
+                print(f"bits {str(dtype):15s} V {V:6d} {layout:12s} held == stream: {same}")
+    return ok
+
+
+def held_variants(x, reference):
+    B, V = x.shape
+    runs = {"stream": ("stream", {})}
+    if V <= 32768:
+        runs |= {name: ("held", params) for name, params in HELD.items()}
+    else:
+        runs["held 65536x8x64"] = ("held", {"BLOCK": 65536})
+    if V <= 32768 and (B, V) == (4096, 16384):
+        runs["row"] = ("row", {})
+    return path_variants(x, reference, runs)
+
+
+def split_variants(x, reference):
+    fused = SOFTMAX_KERNELS["fused"]
+    return {"fused": lambda: fused(x), **path_variants(x, reference, {n: ("split", p) for n, p in SPLIT.items()})}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--part", nargs="+", default=["bits", "held", "split"])
+    args = parser.parse_args()
+    if "bits" in args.part:
+        print("held bits equal stream's everywhere:", check_bits())
+    if "held" in args.part:
+        sweep_shapes(HELD_SHAPES, args.out / "triton_held_row.json", held_variants)
+    if "split" in args.part:
+        split_shapes = [(B, V, torch.float32) for B, V in SPLIT_SHAPES]
+        sweep_shapes(split_shapes, args.out / "triton_split_fp32.json", split_variants)
+
+
+if __name__ == "__main__":
+    main()
