@@ -45,6 +45,9 @@ MODE_MARKERS = {
     "per_call": ("^", "per call: wall clock of back-to-back calls from Python (L2 warm)"),
     "graph": ("s", "CUDA-graph replay: back-to-back replays (L2 warm)"),
 }
+# The launch floors' lines on the call-modes figure, by clock.
+FLOOR_STYLES = {"device": "-.", "per_call": "--", "graph": ":"}
+FLOOR_NAMES = {"device": "device time", "per_call": "per call", "graph": "graph replay"}
 DODGE = 0.16  # octaves between kernels drawn at one arithmetic intensity on the roofline
 # The roofline's marker of each kernel, by its place in the registry (kernel_rank), as its colour is;
 # past the end of the cycle the markers repeat. A kernel the registry does not hold is drawn with an X.
@@ -400,7 +403,7 @@ def call_modes_png(manifest: dict) -> bytes | None:
         lines = sorted(
             (values[f"{mode}_us"], name, mode, style)
             for name, values in floors.items()
-            for mode, style in (("per_call", "--"), ("graph", ":"))
+            for mode, style in FLOOR_STYLES.items()
             if f"{mode}_us" in values
         )
         for us, _, _, style in lines:
@@ -434,8 +437,8 @@ def call_modes_png(manifest: dict) -> bytes | None:
         [Patch(color=_color(k), label=k + (" (black edge)" if k == BASELINE else "")) for k in kernels]
         + [Line2D([], [], ls="", marker=m, color="black", label=label) for m, label in MODE_MARKERS.values()]
         + [
-            Line2D([], [], ls="--", color="grey", label="launch floor, per call"),
-            Line2D([], [], ls=":", color="grey", label="launch floor, graph replay"),
+            Line2D([], [], ls=style, color="grey", label=f"launch floor, {FLOOR_NAMES[mode]}")
+            for mode, style in FLOOR_STYLES.items()
         ]
     )
     fig.legend(handles=handles, loc="upper center", ncol=5, fontsize=7.5, frameon=False)

@@ -378,10 +378,10 @@ def raw_call_entries(benchmarks: list[dict]) -> list[dict]:
 
 
 def raw_floors(benchmarks: list[dict]) -> dict[str, dict]:
-    """{floor name: {per_call_us, graph_us}} from the launch-floor records."""
+    """{floor name: {device_us, per_call_us, graph_us}} from the launch-floor records."""
     floors: dict[str, dict] = {}
     for r in benchmarks:
-        if "floor" in r and r.get("mode") in CALL_MODES:
+        if "floor" in r and r.get("mode") in MODES:
             floors.setdefault(r["floor"], {})[f"{r['mode']}_us"] = r["us_median"]
     return floors
 
@@ -417,7 +417,7 @@ def derive_call_modes(entries: list[dict], floors: dict[str, dict], sweep: list[
             }
         )
     floors = {
-        name: {k: values[k] for k in ("per_call_us", "graph_us") if k in values}
+        name: {k: values[k] for k in ("device_us", "per_call_us", "graph_us") if k in values}
         for name, values in sorted(floors.items())
     }
     return {"entries": derived, "floors": floors}

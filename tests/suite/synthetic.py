@@ -79,8 +79,8 @@ CALL_SHAPES = [(B, V, dtype) for dtype in ("float32", "bfloat16") for V in (600,
 LAUNCH_US = {"fused": 9.0, "triton": 14.0, "F_softmax": 6.0, "torch_compile": 22.0}
 FLOORS = {
     "empty_like": {"per_call_us": 1.6},
-    "triton_empty": {"per_call_us": 11.0, "graph_us": 2.1},
-    "cupy_empty": {"per_call_us": 7.5, "graph_us": 2.0},
+    "triton_empty": {"device_us": 2.9, "per_call_us": 11.0, "graph_us": 2.1},
+    "cupy_empty": {"device_us": 2.8, "per_call_us": 7.5, "graph_us": 2.0},
 }
 
 
