@@ -81,6 +81,9 @@ def test_ids_name_mode_kernel_and_shape():
     assert "lab-fused-B512-V600-float32" in device_ids and "sweep-fused-B8-V50257-float32" in device_ids
     assert {p.id for p in bench.floor_cases()} == {
         "floor-per_call-empty_like",
+        "floor-device-triton_empty",
+        "floor-device-cupy_empty",
+        "floor-device-launch_noop",
         "floor-per_call-triton_empty",
         "floor-graph-triton_empty",
         "floor-per_call-cupy_empty",
