@@ -35,11 +35,13 @@ from tests.helpers.inputs import layouts, logits
 sys.path.insert(0, str(Path(__file__).parent))
 from triton_rows_sweep import bits, path_variants, sweep_shapes  # noqa: E402
 
+# Launch variants over launch_params("held"): each names its warps and register cap in full, so a
+# label stays true when the dispatched launch changes.
 HELD = {
-    "held 8x64": {},
+    "held 8x64": {"num_warps": 8, "maxnreg": 64},
     "held 4x128": {"num_warps": 4, "maxnreg": 128},
-    "held 8 uncapped": {"maxnreg": None},
-    "held 16x64": {"num_warps": 16},
+    "held 8 uncapped": {"num_warps": 8, "maxnreg": None},
+    "held 16x64": {"num_warps": 16, "maxnreg": 64},
 }
 HELD_SHAPES = [
     (B, V, dt)
@@ -88,7 +90,7 @@ def held_variants(x, reference):
     if V <= 32768:
         runs |= {name: ("held", params) for name, params in HELD.items()}
     else:
-        runs["held 65536x8x64"] = ("held", {"BLOCK": 65536})
+        runs["held 65536x8x64"] = ("held", {"BLOCK": 65536, "num_warps": 8, "maxnreg": 64})
     if V <= 32768 and (B, V) == (4096, 16384):
         runs["row"] = ("row", {})
     return path_variants(x, reference, runs)

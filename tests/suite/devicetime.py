@@ -38,6 +38,7 @@ import time
 # call modes are the two that time whole calls back to back with L2 warm.
 MODES = ("device", "per_call", "graph")
 CALL_MODES = MODES[1:]
+MODE_NAMES = {"device": "device time", "graph": "graph replay", "per_call": "per call"}  # for people
 
 WARMUP = 3
 ROUNDS = 100

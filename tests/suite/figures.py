@@ -18,6 +18,7 @@ import io
 import math
 
 from kernels.spec import BASELINE, DTYPE_NAMES, LAB_POINT, in_grid, matrix_bytes
+from tests.suite.devicetime import MODE_NAMES
 from tests.suite.manifest import (
     FLOPS_PER_ELEMENT,
     KERNEL_ORDER,
@@ -47,7 +48,6 @@ MODE_MARKERS = {
 }
 # The launch floors' lines on the call-modes figure, by clock.
 FLOOR_STYLES = {"device": "-.", "per_call": "--", "graph": ":"}
-FLOOR_NAMES = {"device": "device time", "per_call": "per call", "graph": "graph replay"}
 DODGE = 0.16  # octaves between kernels drawn at one arithmetic intensity on the roofline
 # The roofline's marker of each kernel, by its place in the registry (kernel_rank), as its colour is;
 # past the end of the cycle the markers repeat. A kernel the registry does not hold is drawn with an X.
@@ -437,7 +437,7 @@ def call_modes_png(manifest: dict) -> bytes | None:
         [Patch(color=_color(k), label=k + (" (black edge)" if k == BASELINE else "")) for k in kernels]
         + [Line2D([], [], ls="", marker=m, color="black", label=label) for m, label in MODE_MARKERS.values()]
         + [
-            Line2D([], [], ls=style, color="grey", label=f"launch floor, {FLOOR_NAMES[mode]}")
+            Line2D([], [], ls=style, color="grey", label=f"launch floor, {MODE_NAMES[mode]}")
             for mode, style in FLOOR_STYLES.items()
         ]
     )

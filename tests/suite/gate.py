@@ -55,6 +55,7 @@ from pathlib import Path
 import pytest
 
 from kernels.spec import BASELINE, names
+from tests.suite.devicetime import MODE_NAMES
 from tests.suite.devicetime import MODES as CLOCKS
 from tests.suite.manifest import LOSS_OPS, case_key, registry_op, write_if_changed
 
@@ -97,7 +98,6 @@ def reference_of(kernel: str) -> str:
 # Every clock (tests/suite/devicetime.py), in the gate's own order, alphabetical: the order of a
 # case's modes in its baseline files and of the modes in its report.
 MODES = tuple(sorted(CLOCKS))
-MODE_NAMES = {"device": "device time", "graph": "graph replay", "per_call": "per call"}
 
 THRESHOLD = 0.10  # the slowdown relative to F.softmax the gate exists to catch
 CONFIDENCE = 0.95  # of the interval around each run's median ratio
