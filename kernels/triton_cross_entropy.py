@@ -70,6 +70,14 @@ class CrossEntropyResult(NamedTuple):
 
 
 def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction, validate, path, params, plain):
+    if INTERPRET and path == "split" and grad is logits:
+        # The interpreter runs a row's programs one after another, and one whose siblings have
+        # not arrived streams the whole row itself, over chunks they have already written: in
+        # place, the gradient goes to a scratch first. (On a GPU the siblings meet; each reads
+        # only its chunk and the target's logit before the first meeting, before any writes.)
+        result = _run(logits, targets, torch.empty(logits.shape, dtype=logits.dtype), weight, ignore_index,
+                      label_smoothing, reduction, validate, path, params, plain)  # fmt: skip
+        return result._replace(grad=logits.copy_(result.grad))
     N, V = logits.shape
     device = logits.device
     lse = torch.empty(N, dtype=torch.float32, device=device)

@@ -387,11 +387,12 @@ def _ce_row_outputs(m, S_fix, SCALE, x_t, w_t, w_all, q, eps, inv_v, ignored, va
 
 
 @triton.jit
-def _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, inv_v, PREP, ignored, valid,
+def _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, inv_v, scale, ignored, valid,
                  OUT: tl.constexpr, HAS_SMOOTHING: tl.constexpr):  # fmt: skip
     # The gradient of a row's (part of the row's) entries, per the derivation above: p_j - [j == t]
-    # with p_t - 1 = -(S - E_t) / S, smoothing, the reduction's scale PREP[2]; NaN throughout a
-    # row whose max is not finite (its probabilities are), 0 or NaN on an ignored row.
+    # with p_t - 1 = -(S - E_t) / S, smoothing, the reduction's scale (PREP[2], read by
+    # _ce_target); NaN throughout a row whose max is not finite (its probabilities are), 0 or NaN
+    # on an ignored row.
     hi, inv = _row_scale(S_fix, SCALE)
     inv = tl.where(fin, inv, float("nan"))
     pm1 = tl.where(fin, -((S_fix - E_t).to(tl.float32) / S_fix.to(tl.float32)), float("nan"))
@@ -401,16 +402,18 @@ def _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, 
         g = (1.0 - eps) * w_t * pq + (eps * inv_v) * (w_all * p - w_j)
     else:
         g = w_t * pq
-    g = g * tl.load(PREP + 2)
+    g = g * scale
     return tl.where(ignored, tl.where(fin, 0.0, float("nan")), tl.where(valid, g, float("nan")))
 
 
 @triton.jit
 def _ce_target(T, W, PREP, row, V, ignore_index, HAS_WEIGHT: tl.constexpr):
     # A row's target: whether it is ignored, whether it is a class (t in [0, V)), the target made
-    # safe to index with, its weight and the sum of all weights (the prep kernel's PREP[0]; V
-    # without weights).
+    # safe to index with, its weight, the sum of all weights (the prep kernel's PREP[0]; V
+    # without weights) and the gradient's scale (PREP[2]). Read before the row, so that their
+    # latency passes while the row loads rather than after its reductions.
     t = tl.load(T + row).to(tl.int64)
+    scale = tl.load(PREP + 2)
     ignored = t == ignore_index
     valid = (t != ignore_index) & (t >= 0) & (t < V)
     t_safe = tl.where(valid, t, 0)
@@ -420,7 +423,7 @@ def _ce_target(T, W, PREP, row, V, ignore_index, HAS_WEIGHT: tl.constexpr):
     else:
         w_t = 1.0
         w_all = V * 1.0  # V may be the constexpr 1
-    return ignored, valid, t_safe, w_t, w_all
+    return ignored, valid, t_safe, w_t, w_all, scale
 
 
 @triton.jit
@@ -441,27 +444,30 @@ def cross_entropy_row_kernel(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < V
-    ignored, valid, t_safe, w_t, w_all = _ce_target(T, W, PREP, row, V, ignore_index, HAS_WEIGHT)
+    ignored, valid, t_safe, w_t, w_all, scale = _ce_target(T, W, PREP, row, V, ignore_index, HAS_WEIGHT)
+    w_max = 1.0  # the smoothing sum's bound on |w| (PREP[3]), also read before the row
+    if HAS_SMOOTHING:
+        w_max = tl.load(PREP + 3)
     w_j = _ce_weights(W, cols, mask, HAS_WEIGHT)
     # The sums: exponentials at the fixed scale, and (label smoothing) q order-free.
     x = tl.load(X + row * stride_x + cols, mask=mask, other=-INF).to(tl.float32)
+    # The target's logit, read again as a scalar while the row loads (the same bits as in the
+    # row; a reduction would cost the interpreter more than the load costs the GPU).
+    x_t = tl.load(X + row * stride_x + t_safe).to(tl.float32)
     m = tl.reduce(x, 0, _nan_max)
     e = _exp(x, m, G.dtype.element_ty)
     e_fix = (e * SCALE).to(tl.int64)
     S_fix = tl.sum(e_fix, axis=0)
-    # The target's logit and term, read again as scalars (the same bits as in the row; a
-    # reduction would cost the interpreter more than the load costs the GPU).
-    x_t = tl.load(X + row * stride_x + t_safe).to(tl.float32)
     E_t = _fixed(_exp(x_t, m, G.dtype.element_ty), SCALE)
     q = 0.0
     if HAS_SMOOTHING:
-        up, down = _fixed_point_scale(tl.load(PREP + 3) * (m - tl.min(tl.where(mask, x, INF), axis=0)), KW)
+        up, down = _fixed_point_scale(w_max * (m - tl.min(tl.where(mask, x, INF), axis=0)), KW)
         q = _order_free_sum(tl.where(mask, w_j * (x - m), 0.0), up, down)
     # The row's results.
     lse, loss, fin = _ce_row_outputs(m, S_fix, SCALE, x_t, w_t, w_all, q, eps, inv_v, ignored, valid, HAS_SMOOTHING)
     tl.store(LSE + row, lse)
     tl.store(LOSS + row, loss)
-    g = _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, inv_v, PREP,
+    g = _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, inv_v, scale,
                      ignored, valid, G.dtype.element_ty, HAS_SMOOTHING)  # fmt: skip
     tl.store(G + row * stride_g + cols, g.to(G.dtype.element_ty), mask=mask)
 
@@ -577,7 +583,10 @@ def cross_entropy_split_kernel(
     row = pid // P
     chunk = pid - row * P
     xs, offs, cols, mask = _chunk_cut(x_off, row, stride_x, chunk, V, CHUNK, ALIGN)
-    ignored, valid, t_safe, w_t, w_all = _ce_target(T, W, PREP, row, V, ignore_index, HAS_WEIGHT)
+    ignored, valid, t_safe, w_t, w_all, scale = _ce_target(T, W, PREP, row, V, ignore_index, HAS_WEIGHT)
+    w_max = 1.0  # the smoothing sum's bound on |w| (PREP[3]), read before the meetings
+    if HAS_SMOOTHING:
+        w_max = tl.load(PREP + 3)
     # The columns' class weights: on rows cut on groups, read once and held through both
     # meetings; on the others, read again where each use needs them (from L2), which frees their
     # registers during the meetings: 1.3-1.6x at (4096, 128256) weighted, smoothed, against
@@ -586,6 +595,9 @@ def cross_entropy_split_kernel(
         w_j = _ce_weights(W, cols, mask, HAS_WEIGHT)
     x_row = _row_at(X, x_off, row, stride_x, ALIGN)
     x = tl.load(_at(X, x_off, row, stride_x, xs, offs, cols, ALIGN), mask=mask, other=-INF).to(tl.float32)
+    # The target's logit, before the first meeting: with inplace=True no sibling has written
+    # its gradient over the logits yet (none passes the meetings before this program arrives).
+    x_t = tl.load(x_row + t_safe).to(tl.float32)
     ws = WS + row * (7 * P)
     tag = _launch_tag(ws + chunk, P_BLOCK)  # before any reduction, as the backward's split
     m_c = tl.reduce(x, 0, _nan_max)
@@ -605,7 +617,7 @@ def cross_entropy_split_kernel(
                               HAS_SMOOTHING)  # fmt: skip
     up = 1.0  # the smoothing sum's scale: unused without smoothing
     if HAS_SMOOTHING:
-        up, down = _fixed_point_scale(tl.load(PREP + 3) * (m - mn), KW)
+        up, down = _fixed_point_scale(w_max * (m - mn), KW)
 
     # Meeting 2: the fixed-point sums, every chunk relative to the same m and scale.
     e = _exp(x, m, G.dtype.element_ty)
@@ -629,7 +641,6 @@ def cross_entropy_split_kernel(
                                     P_BLOCK, FALLBACK_BLOCK, MAX_SPINS, HAS_WEIGHT, HAS_SMOOTHING)  # fmt: skip
 
     # The row's results: the row kernel's arithmetic.
-    x_t = tl.load(x_row + t_safe).to(tl.float32)
     E_t = _fixed(_exp(x_t, m, G.dtype.element_ty), SCALE)
     q = 0.0
     if HAS_SMOOTHING:
@@ -640,12 +651,12 @@ def cross_entropy_split_kernel(
         tl.store(LOSS + row, loss)
     if ALIGN == 1:
         w_j = _ce_weights(W, cols, mask, HAS_WEIGHT)
-    g = _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, inv_v, PREP, ignored, valid,
+    g = _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, inv_v, scale, ignored, valid,
                      G.dtype.element_ty, HAS_SMOOTHING)  # fmt: skip
     tl.store(_at(G, g_off, row, stride_g, xs, offs, cols, ALIGN), g.to(G.dtype.element_ty), mask=mask)
     if ALIGN > 1:
         w_e = _ce_weights(W, e_cols, e_mask, HAS_WEIGHT)
-        ge = _ce_gradient(ee, S_fix, E_t, SCALE, fin, e_cols, t_safe, w_t, w_all, w_e, eps, inv_v, PREP, ignored,
+        ge = _ce_gradient(ee, S_fix, E_t, SCALE, fin, e_cols, t_safe, w_t, w_all, w_e, eps, inv_v, scale, ignored,
                           valid, G.dtype.element_ty, HAS_SMOOTHING)  # fmt: skip
         tl.store(_at(G, g_off, row, stride_g, xs, pos, 0, ALIGN), ge.to(G.dtype.element_ty), mask=e_mask)
 

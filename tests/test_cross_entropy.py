@@ -510,17 +510,28 @@ def test_a_target_out_of_range_is_a_value_error_not_a_crash():
     assert torch.isfinite(unchecked.grad[[0, 2, 3]]).all()
 
 
-@pytest.mark.cpu
-@interpreted
-def test_inplace_writes_the_gradient_over_the_logits():
-    x, t = edge_rows(V_CPU, seed=6)
-    o = options("mean", 0.1, True)
-    want = tce.cross_entropy(x, t, **o)
+def assert_inplace_gives_the_same_bits(path, x, t, params, **o):
+    """inplace=True through `path` (None: the dispatch) writes the gradient over the logits with
+    the bits of a call into a separate gradient; a split's programs must not read a logit a
+    sibling has already overwritten."""
+    run = (lambda x, **kw: tce.cross_entropy(x, t, **kw)) if path is None else (
+        lambda x, **kw: tce.run_path(x, t, path, params=params, **kw)
+    )  # fmt: skip
+    want = run(x, **o)
     buf = x.clone()
-    got = tce.cross_entropy(buf, t, inplace=True, **o)
+    got = run(buf, inplace=True, **o)
     assert got.grad.data_ptr() == buf.data_ptr()
     for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
-        assert torch.equal(bits(a), bits(b)), f"in place: {name} differs"
+        assert torch.equal(bits(a), bits(b)), f"{path or 'dispatch'} in place: {name} differs"
+
+
+@pytest.mark.cpu
+@interpreted
+@pytest.mark.parametrize("path", (None, *CROSS_ENTROPY_KERNELS["triton"].interpreted_paths))
+def test_inplace_writes_the_gradient_over_the_logits(path):
+    x, t = edge_rows(V_CPU, seed=6)
+    for case in (("mean", 0.1, True), ("none", 0.0, False)):
+        assert_inplace_gives_the_same_bits(path, x, t, SCALED.get(path, {}), **options(*case))
 
 
 @pytest.mark.cpu
@@ -697,6 +708,7 @@ def test_cuda_edge_rows_every_path_and_layout(path, dtype, V):
     )
     batch = run_cross_entropy_poisoned(cross_entropy_path_runner(path, **params), x, t, reduction="none")
     assert torch.equal(bits(alone.grad), bits(batch.grad[2:3])) and torch.equal(bits(alone.loss), bits(batch.loss[2:3]))
+    assert_inplace_gives_the_same_bits(path, x, t, params, **o)
 
 
 @pytest.mark.cuda
