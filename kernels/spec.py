@@ -349,7 +349,13 @@ SPECS: tuple[KernelSpec, ...] = (
                     Path("stream", gpu=(1024, 32769), cpu={"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1}),
                 ),
             ),
-            ("cross_entropy", "triton_cross_entropy", 32769, ()),
+            (
+                "cross_entropy",
+                "triton_cross_entropy",
+                32769,
+                # 16-bit plain rows of 24577-32768 (DISPATCH_BOUNDARIES["held_min_v"] on), in shared memory
+                (Path("held", gpu=(5, 24577), dtypes=("bfloat16", "float16"), interpreted=False),),
+            ),
         )
     ),
     *(

@@ -137,12 +137,17 @@ def launch_params(
         if dtype != torch.float32 and V <= 32768:
             return {"BLOCK": 4096, "num_warps": 16, "programs_per_sm": 2}
         return {"BLOCK": 8192, "num_warps": 16, "programs_per_sm": 1}
+    if path == "held" and op == "cross_entropy":
+        # The softmax's held launch (kernels.triton_dispatch.launch_params): 16 warps under a cap of
+        # 64 registers, three 64 KB programs an SM.
+        return {"BLOCK": triton.next_power_of_2(V), "num_warps": 16, "maxnreg": 64}
     if path in ("prep", "reduce"):
         return {"BLOCK": 1024, "num_warps": 4}
     if path == "scale":
         return {"BLOCK": min(4096, triton.next_power_of_2(V)), "num_warps": 4}
     raise ValueError(
-        f"{KERNEL_NAME} training kernels: unknown path {path!r} (row, reread, split, stream, prep, reduce, scale)"
+        f"{KERNEL_NAME} training kernels: unknown path {path!r} (row, reread, split, stream, prep, reduce, "
+        "scale; held for cross-entropy)"
     )
 
 

@@ -195,13 +195,13 @@ QUICK = {"bwd-row fp32", "bwd-split fp32", "bwd-split fp32 odd V", "bwd-stream f
          "ce-row fp32", "ce-row fp32 weighted smoothed", "ce-split fp32", "ce-split bf16", "ce-split fp32 odd V",
          "ce-split fp32 weighted smoothed", "ce-split fp32 weighted smoothed odd V", "ce-split fp16 weighted smoothed",
          "ce-split fp32 weighted smoothed out of step", "ce-split fp16 weighted smoothed out of step",
-         "ce-scale fp32", "ce-prep", "ce-reduce"}  # fmt: skip
+         "ce-held bf16", "ce-scale fp32", "ce-prep", "ce-reduce"}  # fmt: skip
 
 
 def build_training(quick: bool = False) -> list[dict]:
     """The softmax-backward and cross-entropy kernels as the wrappers launch them at V = 600 (row,
     small), the row paths' largest (8192; 32768 for the cross-entropy's plain rows and the
-    backward's reread; 32000 for its stream) and 262144 (split; 262145 for rows that are not
+    backward's reread; 32000 for its stream), the cross-entropy's held bounds (16-bit) and 262144 (split; 262145 for rows that are not
     16-byte aligned, "odd V"; the splits also cut element by element, "out of step"), in fp32, bf16
     and fp16, with and without weights and smoothing; --quick:
     the QUICK records, the row kernels at their largest V only."""
@@ -233,6 +233,9 @@ def build_training(quick: bool = False) -> list[dict]:
                 for V in (262144, 262145)
             ]
             builds.append((f"ce-split {tag} out of step", "cross_entropy", "split", 262144, name, flags))
+        if name != "float32":  # 16-bit plain rows held in shared memory, at the held path's bounds
+            held = (ce_bounds["held_min_v"] + 1, ce_bounds["held_max_v"])
+            builds += [(f"ce-held {dtype}", "cross_entropy", "held", V, name, {}) for V in held]
         builds += [
             (f"ce-scale {dtype}", "cross_entropy", "scale", 262144, name, {"IN_PLACE": i}) for i in (True, False)
         ]

@@ -12,9 +12,9 @@ its combination with label smoothing.
     result.grad      (N, V), the logits' dtype: d loss / d logits (for "none": of loss.sum())
 
 Launches, in order on the stream (kernels/triton_loss_kernels.py): prep, one program over the
-targets and class weights; row or split (`plan`: the softmax backward's paths, with plain rows
-held whole further); for "mean" / "sum", reduce, one program summing the rows' losses in fixed
-point.
+targets and class weights; row, held or split (`plan`: the softmax backward's row and split,
+plain rows held whole further, 16-bit plain rows of held_min_v < V <= held_max_v in shared
+memory); for "mean" / "sum", reduce, one program summing the rows' losses in fixed point.
 
 A target out of range. With `validate=True` (the default) the wrapper reads the prep kernel's
 three integers back and raises a ValueError naming the bad values: one synchronisation per
@@ -41,8 +41,9 @@ from .checks import check_cross_entropy_inputs, check_out, on_device
 from .spec import spec_of
 from .triton_backward import DISPATCH_BOUNDARIES as _BACKWARD_BOUNDARIES
 from .triton_backward import launch_params
+from .launch import device_info
 from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
-from .triton_dispatch import INTERPRET, fixed_point_bits
+from .triton_dispatch import INTERPRET, aligned_base, fixed_point_bits, runnable_path
 from .triton_launch import launch_entry, training_cut
 
 KERNEL_NAME = "triton"
@@ -51,15 +52,27 @@ PATHS = spec_of("cross_entropy", KERNEL_NAME).path_names  # the registry's entry
 # softmax's row path does, up to plain_row_max_v (BLOCK 32768 at 32 warps: 64 registers, no
 # spill; on an H200 at (4096, 32000) 1.38x the split in fp32 and 1.46x in bf16, at (4096, 16384)
 # 1.08-1.12x, the same bits: reports/profiles.md); with either, rows split past the backward's
-# row_max_v.
-DISPATCH_BOUNDARIES = {"row_max_v": _BACKWARD_BOUNDARIES["row_max_v"], "plain_row_max_v": 32768}
+# row_max_v. 16-bit plain rows of held_min_v < V <= held_max_v are held in shared memory instead
+# (the softmax's held bounds), three programs an SM where the row kernel fits one.
+DISPATCH_BOUNDARIES = {
+    "row_max_v": _BACKWARD_BOUNDARIES["row_max_v"],
+    "plain_row_max_v": 32768,
+    "held_min_v": 24576,
+    "held_max_v": 32768,
+}
+# Where the held kernel cannot run (Triton's interpreter, a GPU before sm_80) its rows take row,
+# with the same bits (kernels.triton_dispatch.runnable_path).
+SUBSTITUTE = {"held": "row"}
 
 
 def plan(N: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None, *, plain: bool = True) -> str:
-    """The path cross_entropy() takes for (N, V) logits of `dtype`, row or split; `plain`: no class
-    weights and no label smoothing (the registry asks for that case). It depends on V and the
-    options, never on N, and every path gives a row the same bits."""
+    """The path cross_entropy() takes on a GPU for (N, V) logits of `dtype`, row, held or split;
+    `plain`: no class weights and no label smoothing (the registry asks for that case). It
+    depends on V, the dtype and the options, never on N, and every path gives a row the same
+    bits."""
     b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
+    if plain and dtype != torch.float32 and b["held_min_v"] < V <= b["held_max_v"]:
+        return "held"
     return "row" if V <= b["row_max_v"] or (plain and V <= b["plain_row_max_v"]) else "split"
 
 
@@ -109,9 +122,15 @@ def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction
     if path == "split":  # chunks cut on the logits' rows (kernels.triton_launch.training_cut)
         cut = training_cut(V, x, grad)
         (values["X"], values["x_off"]), (values["G"], values["g_off"]) = cut["views"]
+    elif path == "held":  # groups of 16-byte-aligned base views, as the softmax's held path
+        a = 16 // x.element_size()
+        (values["X"], values["x_off"]), (values["G"], values["g_off"]) = aligned_base(x, a), aligned_base(grad, a)
+        layout = (x.stride(0), grad.stride(0), x.element_size(), None, values["x_off"], values["g_off"])
+        # cp.async needs X's groups aligned: aligned_base may not have found a view that is
+        cut = {"layout": layout, "x_aligned": values["X"].data_ptr() % 16 == 0}
     p = {
         **launch_params(path, V, logits.dtype, op="cross_entropy", plain=plain, rows=cut.get("rows", "aligned")),
-        **{k: cut[k] for k in ("ALIGN", "head") if k in cut},
+        **{k: cut[k] for k in ("ALIGN", "head", "layout", "x_aligned") if k in cut},
         **params,
         **flags,
         "HAS_SMOOTHING": float(label_smoothing) > 0.0,
@@ -155,7 +174,17 @@ def _cross_entropy(logits, targets, path, params, *, weight=None, ignore_index=-
             raise ValueError(f"{KERNEL_NAME} cross-entropy: out must have rows of unit column stride")
         grad = out
     plain = weight is None and not float(label_smoothing) > 0.0  # no class weights, no smoothing
-    path = path or plan(*logits.shape, logits.dtype, plain=plain)
+    major = None if INTERPRET else device_info(logits.get_device())[2]
+    if path is None:
+        path = runnable_path(plan(*logits.shape, logits.dtype, plain=plain), major, SUBSTITUTE)
+    elif path == "held" and not plain:
+        raise ValueError(f"{KERNEL_NAME} cross-entropy: the held path takes neither class weights nor label smoothing")
+    elif runnable_path(path, major, SUBSTITUTE) != path:
+        where = "under Triton's interpreter" if major is None else f"on a GPU of compute capability {major}.x"
+        raise ValueError(
+            f"{KERNEL_NAME} cross-entropy: the {path} path cannot run {where} (cross_entropy() takes "
+            f"{runnable_path(path, major, SUBSTITUTE)} there, with the same bits)"
+        )
     run = lambda: _run(  # noqa: E731
         logits, targets, grad, weight, int(ignore_index), label_smoothing, reduction, validate, path, params, plain
     )
@@ -187,8 +216,8 @@ def cross_entropy(
 
 def run_path(logits, targets, path: str, *, params: dict | None = None, **options) -> CrossEntropyResult:
     """cross_entropy through one named path with launch parameters `params` (row: BLOCK,
-    num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK);
-    `options` as cross_entropy takes them."""
+    num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK; held: num_warps, maxnreg, plain rows
+    only, on a GPU of sm_80 on: ValueError elsewhere); `options` as cross_entropy takes them."""
     return _cross_entropy(logits, targets, path, params or {}, **options)
 
 

@@ -135,12 +135,14 @@ SUBSTITUTE = {"held": "stream"}
 HELD_MIN_MAJOR = 8
 
 
-def runnable_path(path: str, major: int | None) -> str:
+def runnable_path(path: str, major: int | None, substitute: dict | None = None) -> str:
     """The path softmax() launches for `path` on a GPU of compute capability `major` (None: the
-    interpreter): `path` itself, or its SUBSTITUTE where that kernel cannot run there. Every
-    path gives a row the same bits, so this changes speed only."""
-    if path in SUBSTITUTE and (major is None or major < HELD_MIN_MAJOR):
-        return SUBSTITUTE[path]
+    interpreter): `path` itself, or its SUBSTITUTE where that kernel cannot run there (another
+    op passes its own `substitute`). Every path gives a row the same bits, so this changes
+    speed only."""
+    substitute = SUBSTITUTE if substitute is None else substitute
+    if path in substitute and (major is None or major < HELD_MIN_MAJOR):
+        return substitute[path]
     return path
 
 

@@ -507,6 +507,13 @@ def split_geometry(p, V, *layout) -> dict:
     }
 
 
+def _ce_held_geometry(p, V, *layout) -> dict:
+    """The cross-entropy held kernel's: the softmax held kernel's geometry (_held_geometry) for
+    the logits and the gradient, whose layout (stride_x, stride_g, element size, align, heads)
+    the launch passes in p["layout"] and an ahead-of-time build as arguments."""
+    return _held_geometry(p, V, *(layout or p["layout"]))
+
+
 def _one_program(p, g, sms):
     return lambda rows: 1
 
@@ -545,6 +552,15 @@ TABLES = {
             "cross_entropy_split", f"{_CE_HEAD} WS:*i64 V P {_CE_TAIL.replace('stride_g', 'stride_g x_off g_off')}",
             f"{_SPLIT} HAS_WEIGHT HAS_SMOOTHING ALIGN",
             geometry=split_geometry, grid=_split_grid, options=_warps_capped,
+        ),
+        "held": _entry(
+            "cross_entropy_held",
+            "X:*T T:*i64 G:*T LOSS:*fp32 LSE:*fp32 PREP:*fp32 V stride_x stride_g x_off g_off ignore_index SCALE:fp32",
+            "BLOCK ALIGN G_ALIGN ASYNC",
+            geometry=_ce_held_geometry,
+            specialise=lambda p, g, V: {"BLOCK": g["BLOCK"], "ALIGN": g["ALIGN"], "G_ALIGN": g["Y_ALIGN"],
+                                        "ASYNC": g["ASYNC"] and p.get("x_aligned", True)},
+            options=_warps_capped,
         ),
         "prep": _entry(
             "cross_entropy_prep", "T:*i64 W:*T PREP:*fp32 BAD:*i64 N V ignore_index KN KV", "BLOCK HAS_WEIGHT MEAN",

@@ -59,7 +59,11 @@ interpreted = pytest.mark.skipif(
 )
 V_CPU = 37
 SPLIT = {"CHUNK": 16, "num_warps": 2}  # a row of 37: three chunks, the last partial
-SCALED = {"row": {}, "split": SPLIT}
+SCALED = {"row": {}, "split": SPLIT, "held": {}}
+# The paths the CPU cases force (the interpreter cannot run held's Gluon kernel: its sm_90 build
+# is checked by kernels.triton_build's spill test, its bits by the cuda cases below).
+INTERPRETED_PATHS = CROSS_ENTROPY_KERNELS["triton"].interpreted_paths
+PLAIN_ONLY = {"held"}  # paths that take neither class weights nor label smoothing
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # (reduction, label_smoothing, weighted): every pair of values of any two of the three options.
@@ -158,6 +162,28 @@ def test_registry_describes_every_cross_entropy_kernel():
         assert {tce.plan(N, V) for N in (1, 65536)} == {plain_path}, V
         assert {tce.plan(N, V, plain=False) for N in (1, 65536)} == {other_path}, V
     assert {tce.plan(N, plain + 1) for N in (1, 65536)} == {"split"}
+    # 16-bit plain rows of held_min_v < V <= held_max_v are held in shared memory, at any N.
+    lo, hi = tce.DISPATCH_BOUNDARIES["held_min_v"], tce.DISPATCH_BOUNDARIES["held_max_v"]
+    for dtype in (torch.bfloat16, torch.float16):
+        for V, path in ((lo, "row"), (lo + 1, "held"), (hi, "held"), (hi + 1, "split")):
+            assert {tce.plan(N, V, dtype) for N in (1, 65536)} == {path}, (dtype, V)
+        assert tce.plan(1, hi, dtype, plain=False) == "split"
+    assert tce.plan(1, lo + 1, torch.float32) == "row"
+
+
+@pytest.mark.cpu
+@interpreted
+def test_held_rows_take_the_row_path_where_the_held_kernel_cannot_run():
+    # The interpreter cannot run held's Gluon kernel: the dispatch sends its rows to row (the
+    # same bits) and naming the path is an error that says so, not a crash inside Triton.
+    V = tce.DISPATCH_BOUNDARIES["held_min_v"] + 1
+    x, t = logits(2, V, seed=3, dtype=torch.bfloat16), targets(2, V, seed=3)
+    assert tce.plan(2, V, torch.bfloat16) == "held"
+    got, want = tce.cross_entropy(x, t), tce.run_path(x, t, "row")
+    for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
+        assert torch.equal(bits(a), bits(b)), name
+    with pytest.raises(ValueError, match="held path cannot run under Triton's interpreter.*takes row"):
+        tce.run_path(x, t, "held")
 
 
 # -- on the CPU, interpreted -----------------------------------------------------------------------------------
@@ -206,7 +232,7 @@ def test_plain_rows_past_row_max_v_are_held_whole_with_the_splits_bits():
         assert tce.plan(N, V, plain=case[1] == 0.0) == path, case
         dispatched = run_cross_entropy_poisoned(CROSS_ENTROPY_KERNELS["triton"], x, t, **o)
         check_cross_entropy(dispatched, x, t, what=f"dispatched {case_id(case)} at V={V}", **o)
-        for other in tce.PATHS:
+        for other in INTERPRETED_PATHS:
             got = run_cross_entropy_poisoned(cross_entropy_path_runner(other), x, t, **o)
             for name, a, b in zip(("loss", "lse", "grad"), got, dispatched, strict=True):
                 assert torch.equal(bits(a), bits(b)), f"{name}: {other} and the dispatch ({path}) differ"
@@ -310,7 +336,7 @@ def test_bits_depend_on_neither_batch_order_nor_batch_size():
 
 @pytest.mark.cpu
 @interpreted
-@pytest.mark.parametrize("path", tce.PATHS)
+@pytest.mark.parametrize("path", INTERPRETED_PATHS)
 def test_every_path_gives_its_bits_in_every_layout(path):
     # The logits padded between rows or strided within them, the gradient contiguous: a kernel
     # that indexes one with the other's stride fails here. (Misaligned starts matter on a GPU:
@@ -362,7 +388,7 @@ def every_path(kernel: str) -> list:
     k = runnable(kernel)
     if k.baseline:
         return [(kernel, k)]
-    return [(f"{kernel} {path}", cross_entropy_path_runner(path, **SCALED[path])) for path in tce.PATHS]
+    return [(f"{kernel} {path}", cross_entropy_path_runner(path, **SCALED[path])) for path in INTERPRETED_PATHS]
 
 
 @pytest.mark.cpu
@@ -684,16 +710,23 @@ def test_cuda_matches_the_reference(case, dtype, V):
     check_cross_entropy(result, x, t, what=f"triton V={V} via {tce.plan(N, V, dtype)} {case_id(case)}", **o)
 
 
+def longest_row(path: str) -> int | None:
+    """The longest row a path's kernel holds (None: any), as the cuda cases run it: row with class
+    weights and smoothing to row_max_v, held (plain rows) to held_max_v."""
+    return {"row": DISPATCH_BOUNDARIES["row_max_v"], "held": tce.DISPATCH_BOUNDARIES["held_max_v"]}.get(path)
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("V", (37, 50257, 262144))
+@pytest.mark.parametrize("V", (37, 24577, 50257, 262144))
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("path", tce.PATHS)
 def test_cuda_edge_rows_every_path_and_layout(path, dtype, V):
-    if path == "row" and V > DISPATCH_BOUNDARIES["row_max_v"]:
-        pytest.skip("the row path holds a row in registers: V <= row_max_v")
+    if V > (longest_row(path) or V):
+        pytest.skip(f"the {path} path holds rows to V = {longest_row(path)}")
     x, t = edge_rows(V, seed=V, dtype=dtype, device="cuda")
     params = SCALED[path] if V < 1000 else {}
-    o = options("mean", 0.1, True, V=V, dtype=dtype, device="cuda")
+    plain = path in PLAIN_ONLY
+    o = options("mean", 0.0 if plain else 0.1, not plain, V=V, dtype=dtype, device="cuda")
     want = run_cross_entropy_poisoned(cross_entropy_path_runner(path, **params), x, t, **o)
     check_cross_entropy(want, x, t, what=f"{path} V={V} edge rows", **o)
     dispatched = run_cross_entropy_poisoned(CROSS_ENTROPY_KERNELS["triton"], x, t, **o)
@@ -735,9 +768,12 @@ def test_cuda_rows_of_nan_and_inf(kernel, V):
             for path in tce.PATHS
         ]
     for name, fn in fns:
-        if name == "triton row" and V > DISPATCH_BOUNDARIES["row_max_v"]:
+        path = name.removeprefix("triton ")
+        if V > (longest_row(path) or V):
             continue
         for case in OPTION_CASES:
+            if path in PLAIN_ONLY and (case[1] or case[2]):
+                continue
             o = options(*case, V=V, device="cuda")
             result = run_cross_entropy_poisoned(fn, x, t, **o)
             assert torch.isnan(result.grad[1:5]).all() and torch.isfinite(result.grad[[0, 5]]).all(), name
