@@ -1,0 +1,88 @@
+"""The Triton cross-entropy's held path (a 16-bit plain row held whole in shared memory) against
+the row path it replaces (the row in registers, one program an SM).
+
+    python reports/probes/ce_held_row.py --out DIR      # on a GPU
+
+Per shape (bf16; fp16 at one shape): the cross-entropy call without validation through row, held
+at its launch parameters and at 8 warps uncapped, and the dispatch, in the graph clock of
+probes/triton_rows_sweep.py (L2 flushed, free of host launch cost), as a fraction of the
+one-read-one-write floor against this GPU's copy; each variant's loss, lse and gradient bits
+against the row path's, on logits with a NaN row and a row of -inf with one finite entry.
+
+The question: the softmax's held kernel took bf16 rows of 32000 from 0.78 to 0.96 of copy on an
+H100 (reports/profiles.md). The cross-entropy's row kernel at (4096, 32000) bf16 ran at 0.44 of
+its floor on an H200. Does holding the row in shared memory give the cross-entropy the same, and
+below which V does the row path stay ahead (the held path's lower bound)?
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from kernels import triton_backward as tb
+from kernels import triton_cross_entropy as tce
+from kernels.spec import matrix_bytes
+
+sys.path.insert(0, str(Path(__file__).parent))
+from triton_rows_sweep import bits, copy_TBps, edge_logits, graph_times_us  # noqa: E402
+
+SHAPES = [(4096, V) for V in (16385, 20001, 24577, 28000, 32000, 32768)] + [(64, 32000), (1024, 32000), (16384, 32000)]
+HELD_VARIANTS = {"held 16 warps cap 64": {}, "held 8 warps uncapped": {"num_warps": 8, "maxnreg": None}}
+
+
+def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
+    x = edge_logits(N, V, dtype)
+    t = torch.randint(0, V, (N,), device="cuda")
+    runs = {"row": ("row", tb.launch_params("row", V, dtype, op="cross_entropy"))}
+    for name, params in HELD_VARIANTS.items():
+        runs[name] = ("held", params)
+    want = tce.run_path(x, t, "row", validate=False, reduction="none")
+    variants, same = {}, {}
+    for name, (path, params) in runs.items():
+        got = tce.run_path(x, t, path, params=params, validate=False, reduction="none")
+        same[name] = all(torch.equal(bits(a), bits(b)) for a, b in zip(got, want, strict=True))
+        variants[name] = lambda path=path, params=params: tce.run_path(x, t, path, params=params, validate=False)
+    plan = tce.plan(N, V, dtype)
+    variants[f"dispatch ({plan})"] = lambda: tce.cross_entropy(x, t, validate=False)
+    same[f"dispatch ({plan})"] = all(
+        torch.equal(bits(a), bits(b))
+        for a, b in zip(tce.cross_entropy(x, t, validate=False, reduction="none"), want, strict=True)
+    )
+    floor_bytes = matrix_bytes(N, V, str(dtype).removeprefix("torch."))
+    times = graph_times_us(list(variants.values()))
+    rows = []
+    for name, ts in zip(variants, times, strict=True):
+        us = statistics.median(ts)
+        rows.append(
+            {"N": N, "V": V, "dtype": str(dtype), "variant": name, "us": us,
+             "of_floor": floor_bytes / (us * 1e-6) / 1e12 / copy, "bits": same[name]}
+        )  # fmt: skip
+        r = rows[-1]
+        print(f"{r['dtype']:15s} ({N:5d}, {V:6d}) {name:24s} {us:9.1f} us {r['of_floor']:.3f} of floor "
+              f"bits {'same' if r['bits'] else 'DIFFER'}", flush=True)  # fmt: skip
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    copy = copy_TBps()
+    print(f"{torch.cuda.get_device_name()}: copy {copy:.3f} TB/s", flush=True)
+    rows = []
+    for N, V in SHAPES:
+        rows += measure(N, V, torch.bfloat16, copy)
+    rows += measure(4096, 32000, torch.float16, copy)
+    (args.out / "ce_held_row.json").write_text(json.dumps({"copy_TBps": copy, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
