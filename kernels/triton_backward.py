@@ -138,9 +138,10 @@ def launch_params(
             return {"BLOCK": 4096, "num_warps": 16, "programs_per_sm": 2}
         return {"BLOCK": 8192, "num_warps": 16, "programs_per_sm": 1}
     if path == "held" and op == "cross_entropy":
-        # The softmax's held launch (kernels.triton_dispatch.launch_params): 16 warps under a cap of
-        # 64 registers, three 64 KB programs an SM.
-        return {"BLOCK": triton.next_power_of_2(V), "num_warps": 16, "maxnreg": 64}
+        # 8 warps uncapped (104 registers, no spill: two programs an SM) ran 1.05-1.07x the
+        # softmax's held launch, 16 warps under 64 registers, at bf16 V = 16385-32768 and N =
+        # 1024-16384 on an H200 (probes/ce_held_row.py, reports/profiles.md).
+        return {"BLOCK": triton.next_power_of_2(V), "num_warps": 8}
     if path in ("prep", "reduce"):
         return {"BLOCK": 1024, "num_warps": 4}
     if path == "scale":

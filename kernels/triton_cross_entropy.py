@@ -52,12 +52,14 @@ PATHS = spec_of("cross_entropy", KERNEL_NAME).path_names  # the registry's entry
 # softmax's row path does, up to plain_row_max_v (BLOCK 32768 at 32 warps: 64 registers, no
 # spill; on an H200 at (4096, 32000) 1.38x the split in fp32 and 1.46x in bf16, at (4096, 16384)
 # 1.08-1.12x, the same bits: reports/profiles.md); with either, rows split past the backward's
-# row_max_v. 16-bit plain rows of held_min_v < V <= held_max_v are held in shared memory instead
-# (the softmax's held bounds), three programs an SM where the row kernel fits one.
+# row_max_v. 16-bit plain rows of held_min_v < V <= held_max_v are held in shared memory instead,
+# two programs an SM where the row kernel fits one: on an H200 (probes/ce_held_row.py, graph
+# clock, bf16, N = 4096) 1.48x the row path at V = 16385, 1.58x at 24577, 1.33x at 32000, and
+# 1.31-1.33x at N = 1024 and 16384 (at N = 64 both take 15 us); rows to 16384 were not measured.
 DISPATCH_BOUNDARIES = {
     "row_max_v": _BACKWARD_BOUNDARIES["row_max_v"],
     "plain_row_max_v": 32768,
-    "held_min_v": 24576,
+    "held_min_v": 16384,
     "held_max_v": 32768,
 }
 # Where the held kernel cannot run (Triton's interpreter, a GPU before sm_80) its rows take row,

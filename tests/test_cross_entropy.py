@@ -694,7 +694,7 @@ def test_interpreted_in_a_subprocess(pytestconfig):
 
 # -- on the GPU ------------------------------------------------------------------------------------------------
 
-CUDA_V = (1, 7, 600, 4097, 8192, 8193, 24576, 24577, 32000, 32768, 32769, 50257, 128256, 151936, 262144)
+CUDA_V = (1, 7, 600, 4097, 8192, 8193, 16384, 16385, 32000, 32768, 32769, 50257, 128256, 151936, 262144)
 
 
 @pytest.mark.cuda
@@ -717,7 +717,7 @@ def longest_row(path: str) -> int | None:
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("V", (37, 24577, 50257, 262144))
+@pytest.mark.parametrize("V", (37, 16385, 50257, 262144))
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("path", tce.PATHS)
 def test_cuda_edge_rows_every_path_and_layout(path, dtype, V):
