@@ -18,7 +18,7 @@ takes; `DISPATCH_BOUNDARIES` holds the limits):
          a short batch the chunks shrink so that the launch spreads over the GPU
          (launch_params).
   held   held_min_v < V <= held_max_v, 16-bit storage, B >= stream_min_b. One program holds
-         the whole row in shared memory (a Gluon kernel: cp.async in, three reads out), three
+         the whole row in shared memory (a Gluon kernel: cp.async in, three reads out), two
          programs an SM where registers hold one. The interpreter, and a GPU below sm_80, have
          no cp.async: there these rows take stream (runnable_path), whose bits are the same.
   stream the other rows of stream_min_v < V <= stream_max_v, 16-bit storage, B >= stream_min_b. A grid of a few
@@ -197,8 +197,8 @@ def launch_params(
                 p["CHUNK"] //= 2
         return p
     if path == "held":
-        # 16 warps under a cap of 64 registers: three 64 KB programs an SM, 48 warps. Of copy at
-        # bf16 (4096, 32000) on an H100 (probes/triton_held_row.py): 16 x 64 0.96, 8 warps
+        # 16 warps under a cap of 64 registers: two programs an SM (32768 registers each). Of copy
+        # at bf16 (4096, 32000) on an H100 (probes/triton_held_row.py): 16 x 64 0.96, 8 warps
         # uncapped 0.96, 8 x 64 0.85, 4 x 128 0.89; at (4096, 24577) 0.81, 0.80, 0.76, 0.70.
         return {"BLOCK": triton.next_power_of_2(V), "num_warps": 16, "maxnreg": 64}
     if path == "stream":

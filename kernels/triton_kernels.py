@@ -551,7 +551,7 @@ def softmax_held_kernel(
     ASYNC: gl.constexpr = True,
 ):
     # One program holds the whole row in shared memory (BLOCK elements of storage, at most 64 KB),
-    # not in registers, so three programs fit an SM where the row path fits one: the
+    # not in registers, so two programs fit an SM where the row path fits one: the
     # row is copied in by cp.async (no register holds the bytes in flight) and read from shared
     # memory three times (max, fixed-point sum, write), each exponential computed twice, from
     # the same values by the same _exp, so the bits are the other paths'. Written in Gluon,
