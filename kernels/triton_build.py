@@ -201,9 +201,10 @@ QUICK = {"bwd-row fp32", "bwd-split fp32", "bwd-split fp32 odd V", "bwd-stream f
 def build_training(quick: bool = False) -> list[dict]:
     """The softmax-backward and cross-entropy kernels as the wrappers launch them at V = 600 (row,
     small), the row paths' largest (8192; 32768 for the cross-entropy's plain rows and the
-    backward's reread; 32000 for its stream), the cross-entropy's held bounds (16-bit) and 262144 (split; 262145 for rows that are not
-    16-byte aligned, "odd V"; the splits also cut element by element, "out of step"), in fp32, bf16
-    and fp16, with and without weights and smoothing; --quick:
+    backward's reread; 32000 for its stream), the cross-entropy's held bounds (16-bit) and
+    262144 (split; 262145 for rows that are not 16-byte aligned, "odd V"; the splits also cut
+    element by element, "out of step"), in fp32, bf16 and fp16, with and without weights and
+    smoothing; --quick:
     the QUICK records, the row kernels at their largest V only."""
     from . import triton_backward as tb
     from .triton_cross_entropy import DISPATCH_BOUNDARIES as ce_bounds

@@ -38,10 +38,10 @@ from typing import NamedTuple
 import torch
 
 from .checks import check_cross_entropy_inputs, check_out, on_device
+from .launch import device_info
 from .spec import spec_of
 from .triton_backward import DISPATCH_BOUNDARIES as _BACKWARD_BOUNDARIES
 from .triton_backward import launch_params
-from .launch import device_info
 from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
 from .triton_dispatch import INTERPRET, aligned_base, fixed_point_bits, runnable_path
 from .triton_launch import launch_entry, training_cut

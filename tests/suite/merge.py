@@ -73,7 +73,7 @@ def records_from_manifest(manifest: dict) -> tuple[list[dict], dict]:
                     }
                 )
     for name, values in (calls.get("floors") or {}).items():
-        for mode in CALL_MODES:
+        for mode in MODES:  # floors are also timed in device time
             if f"{mode}_us" in values:
                 us = values[f"{mode}_us"]
                 records.append({"floor": name, "mode": mode, "us_median": us, "us_min": us, "us_max": us})
