@@ -535,6 +535,81 @@ _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_g
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 
+@gluon.jit
+def _held_groups(xs, V, TILE: gl.constexpr, ALIGN: gl.constexpr):
+    # A held row's ALIGN-groups from a 16-byte-aligned X, as the stream kernel cuts them: the
+    # first and one past the last group wholly inside the row starting xs elements past X, the
+    # group-aligned start of the buffer, and a tile's lanes (their groups and their offsets).
+    lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
+    g_lo = (xs + ALIGN - 1) // ALIGN
+    g_hi = (xs + V) // ALIGN
+    base = gl.multiple_of((xs // ALIGN) * ALIGN, ALIGN)
+    cols = gl.arange(0, TILE, layout=lanes)
+    return g_lo, g_hi, base, cols // ALIGN, cols
+
+
+@gluon.jit
+def _held_copy_in(X, buf, base, grp, cols, g_lo, g_hi, BLOCK: gl.constexpr, ALIGN: gl.constexpr,
+                  ASYNC: gl.constexpr):  # fmt: skip
+    # The row's whole groups into `buf`, by cp.async (committed, not waited for) where ASYNC,
+    # through registers where X is not 16-byte aligned and cp.async cannot take a group.
+    TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
+    for t in gl.static_range(BLOCK // TILE):
+        mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
+        if ASYNC:
+            _async_load(buf.slice(t * TILE, TILE), X + base + t * TILE + cols, mask=mask)
+        else:
+            buf.slice(t * TILE, TILE).store(gl.load(X + base + t * TILE + cols, mask=mask, other=0.0))
+    if ASYNC:
+        async_copy.commit_group()
+
+
+@gluon.jit
+def _held_edges(X, xs, V, g_lo, g_hi, ALIGN: gl.constexpr, ASYNC: gl.constexpr):
+    # The partial groups at the row's ends, element by element into registers (the stream
+    # kernel's edges: each element once), then the wait for the copy: (positions, mask, values).
+    NW: gl.constexpr = gl.num_warps()
+    e = gl.arange(0, 32 * NW, layout=gl.BlockedLayout([1], [32], [NW], [0]))
+    pos = gl.where(e < ALIGN, xs + e, g_hi * ALIGN + (e - ALIGN))
+    pos_g = pos // ALIGN
+    e_mask = (
+        (e < 2 * ALIGN)
+        & (pos >= xs)
+        & (pos < xs + V)
+        & ((pos_g < g_lo) | (pos_g >= g_hi))
+        & ((e < ALIGN) | (pos >= xs + ALIGN))
+    )
+    xe = gl.load(X + pos, mask=e_mask, other=-float("inf")).to(gl.float32)
+    if ASYNC:
+        async_copy.wait_group(0)
+    _barrier()
+    return pos, e_mask, xe
+
+
+@gluon.jit
+def _held_max_sum(buf, xe, base, grp, g_lo, g_hi, SCALE, OUT: gl.constexpr, BLOCK: gl.constexpr,
+                  ALIGN: gl.constexpr):  # fmt: skip
+    # The first two passes over a held row: its max m (NaN-propagating) and the fixed-point sum
+    # S of exp(x - m), the edges' exponentials ee among them: (m, S, ee).
+    TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
+    lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
+    m_lane = gl.full([TILE], -float("inf"), gl.float32, lanes)
+    for t in gl.static_range(BLOCK // TILE):
+        mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
+        x = buf.slice(t * TILE, TILE).load(lanes).to(gl.float32)
+        m_lane = _nan_max(m_lane, gl.where(mask, x, -float("inf")))
+    m = _nan_max(_row_max(m_lane, 0), _row_max(xe, 0))
+
+    _barrier()  # each pass reads the buffer afresh: the compiler may not keep a pass's loads
+    s_lane = gl.zeros([TILE], gl.int64, lanes)
+    for t in gl.static_range(BLOCK // TILE):
+        mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
+        x = buf.slice(t * TILE, TILE).load(lanes).to(gl.float32)
+        s_lane += _fixed(_exp(gl.where(mask, x, -float("inf")), m, OUT), SCALE)
+    ee = _exp(xe, m, OUT)
+    return m, gl.sum(s_lane, axis=0) + gl.sum(_fixed(ee, SCALE), axis=0), ee
+
+
 @gluon.jit(do_not_specialize=["V", "stride_x", "stride_y", "x_off", "y_off"])
 def softmax_held_kernel(
     X,
@@ -560,65 +635,24 @@ def softmax_held_kernel(
     # Rows are cut on ALIGN-groups from a 16-byte-aligned X as in the stream kernel; the edges
     # (partial groups at each end) are loaded element-wise into registers. ASYNC False (X not
     # 16-byte aligned, where cp.async cannot take a group) fills the buffer through registers.
-    NW: gl.constexpr = gl.num_warps()
-    TILE: gl.constexpr = ALIGN * 32 * NW
-    NT: gl.constexpr = BLOCK // TILE
+    # The helpers above are shared with the cross-entropy's held kernel.
+    TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
     OUT: gl.constexpr = Y.dtype.element_ty
-    lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [NW], [0])
-    one: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+    lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
     row = gl.program_id(0).to(gl.int64)
     xs = x_off + row * stride_x  # row start, elements from X
-    g_lo = (xs + ALIGN - 1) // ALIGN  # first group wholly inside the row
-    g_hi = (xs + V) // ALIGN  # one past the last such group
-    base = gl.multiple_of((xs // ALIGN) * ALIGN, ALIGN)
-    grp = gl.arange(0, TILE, layout=lanes) // ALIGN
-    cols = gl.arange(0, TILE, layout=lanes)
+    g_lo, g_hi, base, grp, cols = _held_groups(xs, V, TILE, ALIGN)
     buf = gl.allocate_shared_memory(X.dtype.element_ty, [BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    for t in gl.static_range(NT):
-        mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
-        if ASYNC:
-            _async_load(buf.slice(t * TILE, TILE), X + base + t * TILE + cols, mask=mask)
-        else:
-            buf.slice(t * TILE, TILE).store(gl.load(X + base + t * TILE + cols, mask=mask, other=0.0))
-    if ASYNC:
-        async_copy.commit_group()
-
-    e = gl.arange(0, 32 * NW, layout=one)
-    pos = gl.where(e < ALIGN, xs + e, g_hi * ALIGN + (e - ALIGN))
-    pos_g = pos // ALIGN
-    e_mask = (
-        (e < 2 * ALIGN)
-        & (pos >= xs)
-        & (pos < xs + V)
-        & ((pos_g < g_lo) | (pos_g >= g_hi))
-        & ((e < ALIGN) | (pos >= xs + ALIGN))
-    )  # the stream kernel's edges: each element of a partial group once
-    xe = gl.load(X + pos, mask=e_mask, other=-float("inf")).to(gl.float32)
-    if ASYNC:
-        async_copy.wait_group(0)
-    _barrier()
-
-    m_lane = gl.full([TILE], -float("inf"), gl.float32, lanes)
-    for t in gl.static_range(NT):
-        mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
-        x = buf.slice(t * TILE, TILE).load(lanes).to(gl.float32)
-        m_lane = _nan_max(m_lane, gl.where(mask, x, -float("inf")))
-    m = _nan_max(_row_max(m_lane, 0), _row_max(xe, 0))
-
-    _barrier()  # each pass reads the buffer afresh: the compiler may not keep a pass's loads
-    s_lane = gl.zeros([TILE], gl.int64, lanes)
-    for t in gl.static_range(NT):
-        mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
-        x = buf.slice(t * TILE, TILE).load(lanes).to(gl.float32)
-        s_lane += _fixed(_exp(gl.where(mask, x, -float("inf")), m, OUT), SCALE)
-    ee = _exp(xe, m, OUT)
-    neg_hi, inv = _softmax_scale(gl.sum(s_lane, axis=0) + gl.sum(_fixed(ee, SCALE), axis=0), SCALE, m)
+    _held_copy_in(X, buf, base, grp, cols, g_lo, g_hi, BLOCK, ALIGN, ASYNC)
+    pos, e_mask, xe = _held_edges(X, xs, V, g_lo, g_hi, ALIGN, ASYNC)
+    m, S, ee = _held_max_sum(buf, xe, base, grp, g_lo, g_hi, SCALE, OUT, BLOCK, ALIGN)
+    neg_hi, inv = _softmax_scale(S, SCALE, m)
 
     # Output element of input offset o sits at Y + o + shift.
     shift = gl.multiple_of(y_off + row * stride_y - xs, Y_ALIGN)
     gl.store(Y + shift + pos, _normalise(ee, neg_hi, inv, OUT).to(OUT), mask=e_mask)
     _barrier()
-    for t in gl.static_range(NT):
+    for t in gl.static_range(BLOCK // TILE):
         mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
         x = buf.slice(t * TILE, TILE).load(lanes).to(gl.float32)
         y = _normalise(_exp(x, m, OUT), neg_hi, inv, OUT)

@@ -31,20 +31,21 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from .triton_kernels import (
-    _async_load,
     _barrier,
     _exp,
     _fixed,
     _group_mask,
+    _held_copy_in,
+    _held_edges,
+    _held_groups,
+    _held_max_sum,
     _launch_tag,
     _meet_floats,
     _meet_sum,
     _nan_max,
     _normalise,
-    _row_max,
     _row_scale,
     _split_chunk,
     _split_edges,
@@ -680,61 +681,18 @@ def cross_entropy_held_kernel(
     # arithmetic: the max, the fixed-point sum, the loss and lse, and the gradient written in a
     # third pass. The target's logit is read from X before the row's wait, so with
     # inplace=True (G over X) every read of the row precedes its first write.
-    NW: gl.constexpr = gl.num_warps()
-    TILE: gl.constexpr = ALIGN * 32 * NW
-    NT: gl.constexpr = BLOCK // TILE
+    TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
     OUT: gl.constexpr = G.dtype.element_ty
-    lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [NW], [0])
-    one: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+    lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
     row = gl.program_id(0).to(gl.int64)
     ignored, valid, t_safe, w_t, w_all, scale = _ce_target(T, T, PREP, row, V, ignore_index, False)
     xs = x_off + row * stride_x  # row start, elements from X
-    g_lo = (xs + ALIGN - 1) // ALIGN  # first group wholly inside the row
-    g_hi = (xs + V) // ALIGN  # one past the last such group
-    base = gl.multiple_of((xs // ALIGN) * ALIGN, ALIGN)
-    grp = gl.arange(0, TILE, layout=lanes) // ALIGN
-    cols = gl.arange(0, TILE, layout=lanes)
+    g_lo, g_hi, base, grp, cols = _held_groups(xs, V, TILE, ALIGN)
     buf = gl.allocate_shared_memory(X.dtype.element_ty, [BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    for t in gl.static_range(NT):
-        mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
-        if ASYNC:
-            _async_load(buf.slice(t * TILE, TILE), X + base + t * TILE + cols, mask=mask)
-        else:
-            buf.slice(t * TILE, TILE).store(gl.load(X + base + t * TILE + cols, mask=mask, other=0.0))
-    if ASYNC:
-        async_copy.commit_group()
-
+    _held_copy_in(X, buf, base, grp, cols, g_lo, g_hi, BLOCK, ALIGN, ASYNC)
     x_t = gl.load(X + xs + t_safe).to(gl.float32)
-    e = gl.arange(0, 32 * NW, layout=one)
-    pos = gl.where(e < ALIGN, xs + e, g_hi * ALIGN + (e - ALIGN))
-    pos_g = pos // ALIGN
-    e_mask = (
-        (e < 2 * ALIGN)
-        & (pos >= xs)
-        & (pos < xs + V)
-        & ((pos_g < g_lo) | (pos_g >= g_hi))
-        & ((e < ALIGN) | (pos >= xs + ALIGN))
-    )  # the softmax held kernel's edges: each element of a partial group once
-    xe = gl.load(X + pos, mask=e_mask, other=-float("inf")).to(gl.float32)
-    if ASYNC:
-        async_copy.wait_group(0)
-    _barrier()
-
-    m_lane = gl.full([TILE], -float("inf"), gl.float32, lanes)
-    for t in gl.static_range(NT):
-        mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
-        x = buf.slice(t * TILE, TILE).load(lanes).to(gl.float32)
-        m_lane = _nan_max(m_lane, gl.where(mask, x, -float("inf")))
-    m = _nan_max(_row_max(m_lane, 0), _row_max(xe, 0))
-
-    _barrier()  # each pass reads the buffer afresh: the compiler may not keep a pass's loads
-    s_lane = gl.zeros([TILE], gl.int64, lanes)
-    for t in gl.static_range(NT):
-        mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
-        x = buf.slice(t * TILE, TILE).load(lanes).to(gl.float32)
-        s_lane += _fixed(_exp(gl.where(mask, x, -float("inf")), m, OUT), SCALE)
-    ee = _exp(xe, m, OUT)
-    S_fix = gl.sum(s_lane, axis=0) + gl.sum(_fixed(ee, SCALE), axis=0)
+    pos, e_mask, xe = _held_edges(X, xs, V, g_lo, g_hi, ALIGN, ASYNC)
+    m, S_fix, ee = _held_max_sum(buf, xe, base, grp, g_lo, g_hi, SCALE, OUT, BLOCK, ALIGN)
     E_t = _fixed(_exp(x_t, m, OUT), SCALE)
     lse, loss, fin = _ce_row_outputs(m, S_fix, SCALE, x_t, w_t, w_all, 0.0, 0.0, 0.0, ignored, valid, False)
     gl.store(LSE + row, lse)
@@ -747,7 +705,7 @@ def cross_entropy_held_kernel(
                       ignored, valid, OUT, False)  # fmt: skip
     gl.store(G + shift + pos, ge.to(OUT), mask=e_mask)
     _barrier()
-    for t in gl.static_range(NT):
+    for t in gl.static_range(BLOCK // TILE):
         mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
         x = buf.slice(t * TILE, TILE).load(lanes).to(gl.float32)
         col = (base - xs + t * TILE).to(gl.int32) + cols
