@@ -21,8 +21,6 @@ variant's bits against the dispatch's, on inputs with a row of NaN and a row of 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -33,15 +31,18 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from kernels import triton_backward as tb
-from kernels.spec import matrix_bytes
 from kernels.triton_dispatch import fixed_point_bits
 from kernels.triton_kernels import _async_load, _barrier
 from kernels.triton_loss_kernels import _finite_abs, _fixed_finite, _fixed_point_scale, _non_finite
 
 sys.path.insert(0, str(Path(__file__).parent))
-from triton_rows_sweep import bits, copy_TBps, graph_times_us  # noqa: E402
+from triton_rows_sweep import bits, floor_rows, run_shapes  # noqa: E402
 
-SHAPES = [(4096, 32000), (4096, 32768), (4096, 24576), (4096, 16384), (1024, 32000), (16384, 32000)]
+SHAPES = [
+    *((B, V, torch.bfloat16) for B, V in ((4096, 32000), (4096, 32768), (4096, 24576), (4096, 16384))),
+    *((B, 32000, torch.bfloat16) for B in (1024, 16384)),
+    (4096, 32000, torch.float16),
+]
 WARPS = (16, 32)
 
 
@@ -115,29 +116,13 @@ def measure(B: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
         name = f"held {w} warps"
         same[name] = bool(torch.equal(bits(held(dy, y, w)), bits(want)))
         variants[name] = lambda w=w: held(dy, y, w)
-    floor = matrix_bytes(B, V, str(dtype).removeprefix("torch."), passes=3)
-    rows = []
-    for name, ts in zip(variants, graph_times_us(list(variants.values())), strict=True):
-        us = statistics.median(ts)
-        rows.append({"B": B, "V": V, "dtype": str(dtype), "variant": name, "us": us,
-                     "of_floor": floor / (us * 1e-6) / 1e12 / copy, "bits": same[name]})  # fmt: skip
-        print(f"{str(dtype):15s} ({B:5d}, {V:6d}) {name:20s} {us:9.1f} us {rows[-1]['of_floor']:.3f} of floor "
-              f"bits {'same' if same[name] else 'DIFFER'}", flush=True)  # fmt: skip
-    return rows
+    return floor_rows(variants, same, B, V, dtype, copy, passes=3)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    copy = copy_TBps()
-    print(f"{torch.cuda.get_device_name()}: copy {copy:.3f} TB/s", flush=True)
-    rows = []
-    for B, V in SHAPES:
-        rows += measure(B, V, torch.bfloat16, copy)
-    rows += measure(4096, 32000, torch.float16, copy)
-    (args.out / "bwd_held_row.json").write_text(json.dumps({"copy_TBps": copy, "rows": rows}, indent=1))
+    run_shapes(ap.parse_args().out, "bwd_held_row", measure, SHAPES)
     return 0
 
 

@@ -18,8 +18,6 @@ below which V does the row path stay ahead (the held path's lower bound)?
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -27,13 +25,20 @@ import torch
 
 from kernels import triton_backward as tb
 from kernels import triton_cross_entropy as tce
-from kernels.spec import matrix_bytes
 
 sys.path.insert(0, str(Path(__file__).parent))
-from triton_rows_sweep import bits, copy_TBps, edge_logits, graph_times_us  # noqa: E402
+from triton_rows_sweep import bits, edge_logits, floor_rows, run_shapes  # noqa: E402
 
-SHAPES = [(4096, V) for V in (16385, 20001, 24577, 28000, 32000, 32768)] + [(64, 32000), (1024, 32000), (16384, 32000)]
-HELD_VARIANTS = {"held 16 warps cap 64": {}, "held 8 warps uncapped": {"num_warps": 8, "maxnreg": None}}
+SHAPES = [
+    *((4096, V, torch.bfloat16) for V in (16385, 20001, 24577, 28000, 32000, 32768)),
+    *((N, 32000, torch.bfloat16) for N in (64, 1024, 16384)),
+    (4096, 32000, torch.float16),
+]
+# Each names its launch in full, so that a label stays true when the dispatched launch changes.
+HELD_VARIANTS = {
+    "held 16 warps cap 64": {"num_warps": 16, "maxnreg": 64},
+    "held 8 warps uncapped": {"num_warps": 8, "maxnreg": None},
+}
 
 
 def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
@@ -54,33 +59,13 @@ def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
         torch.equal(bits(a), bits(b))
         for a, b in zip(tce.cross_entropy(x, t, validate=False, reduction="none"), want, strict=True)
     )
-    floor_bytes = matrix_bytes(N, V, str(dtype).removeprefix("torch."))
-    times = graph_times_us(list(variants.values()))
-    rows = []
-    for name, ts in zip(variants, times, strict=True):
-        us = statistics.median(ts)
-        rows.append(
-            {"N": N, "V": V, "dtype": str(dtype), "variant": name, "us": us,
-             "of_floor": floor_bytes / (us * 1e-6) / 1e12 / copy, "bits": same[name]}
-        )  # fmt: skip
-        r = rows[-1]
-        print(f"{r['dtype']:15s} ({N:5d}, {V:6d}) {name:24s} {us:9.1f} us {r['of_floor']:.3f} of floor "
-              f"bits {'same' if r['bits'] else 'DIFFER'}", flush=True)  # fmt: skip
-    return rows
+    return floor_rows(variants, same, N, V, dtype, copy)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    copy = copy_TBps()
-    print(f"{torch.cuda.get_device_name()}: copy {copy:.3f} TB/s", flush=True)
-    rows = []
-    for N, V in SHAPES:
-        rows += measure(N, V, torch.bfloat16, copy)
-    rows += measure(4096, 32000, torch.float16, copy)
-    (args.out / "ce_held_row.json").write_text(json.dumps({"copy_TBps": copy, "rows": rows}, indent=1))
+    run_shapes(ap.parse_args().out, "ce_held_row", measure, SHAPES)
     return 0
 
 

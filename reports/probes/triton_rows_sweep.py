@@ -116,6 +116,36 @@ def write_results(path: Path, copy: float, results: list[dict]) -> None:
         )
 
 
+def floor_rows(variants: dict, same: dict, B: int, V: int, dtype, copy: float, passes: int = 2) -> list[dict]:
+    """Time each of `variants` ({name: call}) at (B, V) with graph_times_us: per variant its
+    median µs, its fraction of the floor (`passes` times the matrix moved at `copy` TB/s) and
+    whether its bits were the reference's (`same`: {name: bool}), each printed as a line."""
+    floor = matrix_bytes(B, V, str(dtype).removeprefix("torch."), passes=passes)
+    rows = []
+    for name, ts in zip(variants, graph_times_us(list(variants.values())), strict=True):
+        us = statistics.median(ts)
+        r = {"B": B, "V": V, "dtype": str(dtype), "variant": name, "us": us}
+        rows.append(r | {"of_floor": floor / (us * 1e-6) / 1e12 / copy, "bits": same[name]})
+        print(
+            f"{r['dtype']:15s} ({B:5d}, {V:6d}) {name:24s} {us:9.1f} us {rows[-1]['of_floor']:.3f} of floor "
+            f"bits {'same' if same[name] else 'DIFFER'}",
+            flush=True,
+        )
+    return rows
+
+
+def run_shapes(out: Path, name: str, measure, shapes) -> None:
+    """measure(B, V, dtype, copy) -> rows for each (B, V, dtype) of `shapes`, against a copy
+    ceiling measured first in the same run; all rows written to out/<name>.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    copy = copy_TBps()
+    print(f"{torch.cuda.get_device_name()}: copy {copy:.3f} TB/s", flush=True)
+    rows = []
+    for B, V, dtype in shapes:
+        rows += measure(B, V, dtype, copy)
+    (out / f"{name}.json").write_text(json.dumps({"copy_TBps": copy, "rows": rows}, indent=1))
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     """t's elements as integers of its width: equal bits, NaN payloads included."""
     return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
