@@ -4,7 +4,7 @@ the row path it replaces (the row in registers, one program an SM).
     python reports/probes/ce_held_row.py --out DIR      # on a GPU
 
 Per shape (bf16; fp16 at one shape): the cross-entropy call without validation through row, held
-at its launch parameters and at 8 warps uncapped, and the dispatch, in the graph clock of
+at 16 warps under a cap of 64 registers and at 8 warps uncapped, and the dispatch, in the graph clock of
 probes/triton_rows_sweep.py (L2 flushed, free of host launch cost), as a fraction of the
 one-read-one-write floor against this GPU's copy; each variant's loss, lse and gradient bits
 against the row path's, on logits with a NaN row and a row of -inf with one finite entry.
