@@ -16,9 +16,8 @@ import torch
 from . import triton_launch as _launch
 from . import triton_store as _store
 from .checks import FLOAT_DTYPES, check_softmax_input, on_device, prepare_output
-from .launch import device_info
 from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
-from .triton_dispatch import INTERPRET, KERNEL_NAME, plan, runnable_path
+from .triton_dispatch import INTERPRET, KERNEL_NAME, gpu_major, plan, runnable_path
 from .triton_dispatch import launch_params as _path_params
 from .triton_launch import BoundLaunch
 from .triton_store import autotune_picked
@@ -107,5 +106,5 @@ def softmax(x: torch.Tensor, *, out=None) -> torch.Tensor:
     check_softmax_input(x, kernel=KERNEL_NAME, dtypes=FLOAT_DTYPES, device_type=_DEVICE_TYPE)
     y = prepare_output(x, out, kernel=KERNEL_NAME)
     B, V = x.shape
-    path = runnable_path(plan(B, V, x.dtype), None if INTERPRET else device_info(x.get_device())[2])
+    path = runnable_path(plan(B, V, x.dtype), gpu_major(x))
     return on_device(lambda: _softmax(x, y, path, {}, common), x)

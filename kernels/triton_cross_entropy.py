@@ -38,12 +38,11 @@ from typing import NamedTuple
 import torch
 
 from .checks import check_cross_entropy_inputs, check_out, on_device
-from .launch import device_info
 from .spec import spec_of
 from .triton_backward import DISPATCH_BOUNDARIES as _BACKWARD_BOUNDARIES
 from .triton_backward import launch_params
 from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
-from .triton_dispatch import INTERPRET, aligned_base, fixed_point_bits, runnable_path
+from .triton_dispatch import INTERPRET, aligned_base, fixed_point_bits, gpu_major, refuse_unrunnable, runnable_path
 from .triton_launch import launch_entry, training_cut
 
 KERNEL_NAME = "triton"
@@ -128,8 +127,7 @@ def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction
         a = 16 // x.element_size()
         (values["X"], values["x_off"]), (values["G"], values["g_off"]) = aligned_base(x, a), aligned_base(grad, a)
         layout = (x.stride(0), grad.stride(0), x.element_size(), None, values["x_off"], values["g_off"])
-        # cp.async needs X's groups aligned: aligned_base may not have found a view that is
-        cut = {"layout": layout, "x_aligned": values["X"].data_ptr() % 16 == 0}
+        cut = {"layout": layout, "x_aligned": values["X"].data_ptr() % 16 == 0}  # as TritonPath.bind
     p = {
         **launch_params(path, V, logits.dtype, op="cross_entropy", plain=plain, rows=cut.get("rows", "aligned")),
         **{k: cut[k] for k in ("ALIGN", "head", "layout", "x_aligned") if k in cut},
@@ -176,17 +174,12 @@ def _cross_entropy(logits, targets, path, params, *, weight=None, ignore_index=-
             raise ValueError(f"{KERNEL_NAME} cross-entropy: out must have rows of unit column stride")
         grad = out
     plain = weight is None and not float(label_smoothing) > 0.0  # no class weights, no smoothing
-    major = None if INTERPRET else device_info(logits.get_device())[2]
     if path is None:
-        path = runnable_path(plan(*logits.shape, logits.dtype, plain=plain), major, SUBSTITUTE)
+        path = runnable_path(plan(*logits.shape, logits.dtype, plain=plain), gpu_major(logits), SUBSTITUTE)
     elif path == "held" and not plain:
         raise ValueError(f"{KERNEL_NAME} cross-entropy: the held path takes neither class weights nor label smoothing")
-    elif runnable_path(path, major, SUBSTITUTE) != path:
-        where = "under Triton's interpreter" if major is None else f"on a GPU of compute capability {major}.x"
-        raise ValueError(
-            f"{KERNEL_NAME} cross-entropy: the {path} path cannot run {where} (cross_entropy() takes "
-            f"{runnable_path(path, major, SUBSTITUTE)} there, with the same bits)"
-        )
+    else:
+        refuse_unrunnable(path, gpu_major(logits), "cross-entropy", "cross_entropy()", SUBSTITUTE)
     run = lambda: _run(  # noqa: E731
         logits, targets, grad, weight, int(ignore_index), label_smoothing, reduction, validate, path, params, plain
     )

@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from .launch import device_info
 from .spec import SPEC_BY_NAME
 from .triton_kernels import softmax_tile_kernel
 
@@ -144,6 +145,23 @@ def runnable_path(path: str, major: int | None, substitute: dict | None = None) 
     if path in substitute and (major is None or major < HELD_MIN_MAJOR):
         return substitute[path]
     return path
+
+
+def gpu_major(t: torch.Tensor) -> int | None:
+    """The compute capability major of t's GPU, runnable_path's `major` (None: the interpreter)."""
+    return None if INTERPRET else device_info(t.get_device())[2]
+
+
+def refuse_unrunnable(path: str, major: int | None, what: str, caller: str, substitute: dict | None = None) -> None:
+    """ValueError where a caller names a `path` that cannot run here (runnable_path), saying what
+    `caller` (the op's entry) takes there instead; `what` names the op in the message."""
+    instead = runnable_path(path, major, substitute)
+    if instead != path:
+        where = "under Triton's interpreter" if major is None else f"on a GPU of compute capability {major}.x"
+        raise ValueError(
+            f"{KERNEL_NAME} {what}: the {path} path cannot run {where} ({caller} takes {instead} there, "
+            "with the same bits)"
+        )
 
 
 def paths_for(dtype: torch.dtype) -> tuple:

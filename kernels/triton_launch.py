@@ -48,11 +48,12 @@ from .triton_dispatch import (
     checked_p_block,
     chunk_layout,
     fixed_point_scale,
+    gpu_major,
     launch_params,
     p_block,
     plan,
+    refuse_unrunnable,
     rows_cut,
-    runnable_path,
     split_workspace_words,
     vector_align,
 )
@@ -254,11 +255,10 @@ class TritonPath:
             a = align or 16 // es
             xb, xo = aligned_base(x, a)
             yb, yo = aligned_base(y, a)
+            p = {**p, "x_aligned": xb.data_ptr() % 16 == 0}  # aligned_base may not have found such a view
         else:
             xb, xo, yb, yo = x, 0, y, 0
         g = self.geometry(p, V, sx, sy, es, align, xo, yo)
-        if g.get("ASYNC"):  # cp.async needs X's groups aligned: aligned_base may not have found a view that is
-            g = {**g, "ASYNC": xb.data_ptr() % 16 == 0}
         values = {"X": xb, "Y": yb, "B": B, "V": V, "P": g.get("P", 1), "stride_x": sx, "stride_y": sy}
         values.update(x_off=xo, y_off=yo, SCALE=fixed_point_scale(V))
         if "WS" in self.arg_names:
@@ -393,11 +393,12 @@ def _chunk_geometry(width: str):
 
 def _held_geometry(p, V, sx, sy, es, align, x_head, y_head) -> dict:
     """The held kernel's: the stream kernel's groups, a buffer of BLOCK >= V elements (at least
-    a tile: 32 groups a warp), and ASYNC, whether groups can move by cp.async (4 bytes or more;
-    TritonPath.bind also asks for a 16-byte-aligned X)."""
+    a tile: 32 groups a warp), and ASYNC, whether groups can move by cp.async: 4 bytes or more,
+    from an X base view that is 16-byte aligned (p["x_aligned"], which a launch sets from its
+    view; an ahead-of-time build's rows are)."""
     g = _chunk_geometry("BLOCK")(p, V, sx, sy, es, align, x_head, y_head)
     block = max(p["BLOCK"], triton.next_power_of_2(V), g["ALIGN"] * 32 * p["num_warps"])
-    return {**g, "BLOCK": block, "ASYNC": g["ALIGN"] * es >= 4}
+    return {**g, "BLOCK": block, "ASYNC": g["ALIGN"] * es >= 4 and p.get("x_aligned", True)}
 
 
 def _split_grid(p, g, sms):
@@ -559,7 +560,7 @@ TABLES = {
             "BLOCK ALIGN G_ALIGN ASYNC",
             geometry=_ce_held_geometry,
             specialise=lambda p, g, V: {"BLOCK": g["BLOCK"], "ALIGN": g["ALIGN"], "G_ALIGN": g["Y_ALIGN"],
-                                        "ASYNC": g["ASYNC"] and p.get("x_aligned", True)},
+                                        "ASYNC": g["ASYNC"]},
             options=_warps_capped,
         ),
         "prep": _entry(
@@ -680,13 +681,7 @@ def launch(x: torch.Tensor, y: torch.Tensor, path: str, params: dict):
     (the remembered launch), or None where none applies (the interpreter, a kernel Triton must
     launch, or the tile kernel's first autotuning). ValueError for a path that cannot run here
     (runnable_path): bind() still shows what its launch would be."""
-    major = None if INTERPRET else device_info(x.get_device())[2]
-    if runnable_path(path, major) != path:
-        where = "under Triton's interpreter" if major is None else f"on a GPU of compute capability {major}.x"
-        raise ValueError(
-            f"{KERNEL_NAME} softmax: the {path} path cannot run {where} (softmax() takes "
-            f"{runnable_path(path, major)} there, with the same bits)"
-        )
+    refuse_unrunnable(path, gpu_major(x), "softmax", "softmax()")
     bound = bind(x, y, path, params)
     if bound.untuned:
         # No stored or earlier choice: standard autotune on first use of this V's bucket.
