@@ -552,14 +552,15 @@ def _held_groups(xs, V, TILE: gl.constexpr, ALIGN: gl.constexpr):
 def _held_copy_in(X, buf, base, grp, cols, g_lo, g_hi, BLOCK: gl.constexpr, ALIGN: gl.constexpr,
                   ASYNC: gl.constexpr):  # fmt: skip
     # The row's whole groups into `buf`, by cp.async (committed, not waited for) where ASYNC,
-    # through registers where X is not 16-byte aligned and cp.async cannot take a group.
+    # through registers where X is not 16-byte aligned and cp.async cannot take a group; every
+    # other slot of `buf` is -inf once _held_max_sum has begun (cp.async leaves zeros there).
     TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
     for t in gl.static_range(BLOCK // TILE):
         mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
         if ASYNC:
             _async_load(buf.slice(t * TILE, TILE), X + base + t * TILE + cols, mask=mask)
         else:
-            buf.slice(t * TILE, TILE).store(gl.load(X + base + t * TILE + cols, mask=mask, other=0.0))
+            buf.slice(t * TILE, TILE).store(gl.load(X + base + t * TILE + cols, mask=mask, other=-float("inf")))
     if ASYNC:
         async_copy.commit_group()
 
@@ -590,22 +591,28 @@ def _held_edges(X, xs, V, g_lo, g_hi, ALIGN: gl.constexpr, ASYNC: gl.constexpr):
 def _held_max_sum(buf, xe, base, grp, g_lo, g_hi, SCALE, OUT: gl.constexpr, BLOCK: gl.constexpr,
                   ALIGN: gl.constexpr):  # fmt: skip
     # The first two passes over a held row: its max m (NaN-propagating) and the fixed-point sum
-    # S of exp(x - m), the edges' exponentials ee among them: (m, S, ee).
+    # S of exp(x - m), the edges' exponentials ee among them: (m, S, ee). The slots outside the
+    # row's whole groups are made -inf first (in the tiles that have any: the ends), so that
+    # neither pass masks an element, and the max compares the stored 16-bit values themselves,
+    # two to an instruction (a max is exact in any precision).
     TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
     lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
-    m_lane = gl.full([TILE], -float("inf"), gl.float32, lanes)
     for t in gl.static_range(BLOCK // TILE):
-        mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
-        x = buf.slice(t * TILE, TILE).load(lanes).to(gl.float32)
-        m_lane = _nan_max(m_lane, gl.where(mask, x, -float("inf")))
-    m = _nan_max(_row_max(m_lane, 0), _row_max(xe, 0))
+        c_g = base // ALIGN + t * (TILE // ALIGN)
+        if (c_g < g_lo) | (c_g + TILE // ALIGN > g_hi):
+            mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
+            tile = buf.slice(t * TILE, TILE)
+            tile.store(gl.where(mask, tile.load(lanes), -float("inf")))
+    m_lane = gl.full([TILE], -float("inf"), buf.dtype, lanes)
+    for t in gl.static_range(BLOCK // TILE):
+        m_lane = _nan_max(m_lane, buf.slice(t * TILE, TILE).load(lanes))
+    m = _nan_max(_row_max(m_lane.to(gl.float32), 0), _row_max(xe, 0))
 
     _barrier()  # each pass reads the buffer afresh: the compiler may not keep a pass's loads
     s_lane = gl.zeros([TILE], gl.int64, lanes)
     for t in gl.static_range(BLOCK // TILE):
-        mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
         x = buf.slice(t * TILE, TILE).load(lanes).to(gl.float32)
-        s_lane += _fixed(_exp(gl.where(mask, x, -float("inf")), m, OUT), SCALE)
+        s_lane += _fixed(_exp(x, m, OUT), SCALE)
     ee = _exp(xe, m, OUT)
     return m, gl.sum(s_lane, axis=0) + gl.sum(_fixed(ee, SCALE), axis=0), ee
 

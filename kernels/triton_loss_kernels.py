@@ -415,6 +415,16 @@ def _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, 
 
 
 @triton.jit
+def _ce_plain_factors(scale, fin, ignored, valid):
+    # For a plain row (no class weights, no smoothing), _ce_gradient's entries away from the
+    # target as one fma of its probabilities p: fma(p, k, c) is p * scale rounded once on a
+    # valid row (c = -0.0 keeps a -0.0), +0.0 on an ignored row (p is finite where the max is),
+    # NaN where _ce_gradient gives NaN, without a select an element.
+    k = tl.where(ignored, tl.where(fin, 0.0, float("nan")), tl.where(valid, scale, float("nan")))
+    return k, tl.where(ignored, 0.0, -0.0)
+
+
+@triton.jit
 def _ce_target(T, W, PREP, row, V, ignore_index, HAS_WEIGHT: tl.constexpr):
     # A row's target: whether it is ignored, whether it is a class (t in [0, V)), the target made
     # safe to index with, its weight, the sum of all weights (the prep kernel's PREP[0]; V
@@ -699,19 +709,26 @@ def cross_entropy_held_kernel(
     gl.store(LOSS + row, loss)
 
     # Gradient element of input offset o sits at G + o + shift; columns are offsets from xs.
+    # The whole groups are written as if none held the target (_ce_plain_factors), and the
+    # target's entry is written again after a barrier, which orders the two writes.
     shift = gl.multiple_of(g_off + row * stride_g - xs, G_ALIGN)
     t32 = t_safe.to(gl.int32)
     ge = _ce_gradient(ee, S_fix, E_t, SCALE, fin, (pos - xs).to(gl.int32), t32, w_t, w_all, 1.0, 0.0, 0.0, scale,
                       ignored, valid, OUT, False)  # fmt: skip
     gl.store(G + shift + pos, ge.to(OUT), mask=e_mask)
+    neg_hi, inv = _row_scale(S_fix, SCALE)
+    inv = gl.where(fin, inv, float("nan"))
+    k, c = _ce_plain_factors(scale, fin, ignored, valid)
     _barrier()
     for t in gl.static_range(BLOCK // TILE):
         mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
         x = buf.slice(t * TILE, TILE).load(lanes).to(gl.float32)
-        col = (base - xs + t * TILE).to(gl.int32) + cols
-        g = _ce_gradient(_exp(x, m, OUT), S_fix, E_t, SCALE, fin, col, t32, w_t, w_all, 1.0, 0.0, 0.0, scale,
-                         ignored, valid, OUT, False)  # fmt: skip
+        g = gl.fma(_normalise(_exp(x, m, OUT), neg_hi, inv, OUT), k, c)
         gl.store(G + shift + base + t * TILE + cols, g.to(OUT), mask=mask)
+    _barrier()
+    g_t = _ce_gradient(_exp(x_t, m, OUT), S_fix, E_t, SCALE, fin, t32, t32, w_t, w_all, 1.0, 0.0, 0.0, scale,
+                       ignored, valid, OUT, False)  # fmt: skip
+    gl.store(G + shift + xs + t_safe, g_t.to(OUT))
 
 
 @triton.jit
