@@ -555,14 +555,14 @@ def _held_copy_in(X, buf, base, grp, cols, g_lo, g_hi, BLOCK: gl.constexpr, ALIG
     # through registers where X is not 16-byte aligned and cp.async cannot take a group; every
     # other slot of `buf` is -inf once _held_max_sum has begun (cp.async leaves zeros there).
     TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
-    for t in gl.static_range(BLOCK // TILE):
-        mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
-        if ASYNC:
-            _async_load(buf.slice(t * TILE, TILE), X + base + t * TILE + cols, mask=mask)
-        else:
-            buf.slice(t * TILE, TILE).store(gl.load(X + base + t * TILE + cols, mask=mask, other=-float("inf")))
-    if ASYNC:
+    if ASYNC:  # one copy of the whole buffer (slice by slice, each copy would wait at a barrier)
+        offs = gl.arange(0, BLOCK, layout=gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0]))
+        _async_load(buf, X + base + offs, mask=_group_mask(offs // ALIGN, base, g_lo, g_hi, ALIGN))
         async_copy.commit_group()
+    else:
+        for t in gl.static_range(BLOCK // TILE):
+            mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
+            buf.slice(t * TILE, TILE).store(gl.load(X + base + t * TILE + cols, mask=mask, other=-float("inf")))
 
 
 @gluon.jit
