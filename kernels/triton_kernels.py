@@ -597,9 +597,10 @@ def _held_max_sum(buf, xe, base, grp, g_lo, g_hi, SCALE, OUT: gl.constexpr, BLOC
     # two to an instruction (a max is exact in any precision).
     TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
     lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
+    lo = (g_lo - base // ALIGN).to(gl.int32)  # the row's whole groups, counted in the buffer
+    hi = (g_hi - base // ALIGN).to(gl.int32)
     for t in gl.static_range(BLOCK // TILE):
-        c_g = base // ALIGN + t * (TILE // ALIGN)
-        if (c_g < g_lo) | (c_g + TILE // ALIGN > g_hi):
+        if (t * (TILE // ALIGN) < lo) | ((t + 1) * (TILE // ALIGN) > hi):
             mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
             tile = buf.slice(t * TILE, TILE)
             tile.store(gl.where(mask, tile.load(lanes), -float("inf")))
