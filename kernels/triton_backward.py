@@ -141,7 +141,7 @@ def launch_params(
         # 8 warps uncapped (104 registers, no spill: two programs an SM) ran 1.05-1.07x the
         # softmax's held launch, 16 warps under 64 registers, at bf16 V = 16385-32768 and N =
         # 1024-16384 on an H200 (probes/ce_held_row.py, reports/profiles.md).
-        return {"BLOCK": triton.next_power_of_2(V), "num_warps": 8}
+        return {"num_warps": 8}  # the buffer: kernels.triton_dispatch.held_block
     if path in ("prep", "reduce"):
         return {"BLOCK": 1024, "num_warps": 4}
     if path == "scale":

@@ -25,6 +25,10 @@ from .checks import torch_dtype
 from .spec import DTYPE_IDS, ITEMSIZE
 
 TARGET_CAPABILITY = 90
+# A row whose held buffer is allocated in three parts (kernels.triton_dispatch.held_block: 8 + 4
+# + 1 tiles of 4096 bf16 elements for the softmax's launch, 16 + 8 + 1 of 2048 for the
+# cross-entropy's), built besides the held paths' bounds.
+HELD_PARTS_V = 50257
 
 
 # The size operand of a cp.async copy from global to shared memory, in the PTX.
@@ -183,7 +187,7 @@ def build_all() -> list[dict]:
                 one("split", st.launch_params("split", V, tdtype, B=B, sms=None if B is None else 132), V, name)
             )
         if name != "float32":  # held and stream take 16-bit rows only
-            for V in (DISPATCH_BOUNDARIES["held_min_v"] + 1, DISPATCH_BOUNDARIES["held_max_v"]):
+            for V in (DISPATCH_BOUNDARIES["held_min_v"] + 1, DISPATCH_BOUNDARIES["held_max_v"], HELD_PARTS_V):
                 rows.append(one("held", st.launch_params("held", V, tdtype), V, name))
             rows.append(one("stream", st.launch_params("stream", 128256, tdtype), 128256, name))
     return rows
@@ -235,7 +239,7 @@ def build_training(quick: bool = False) -> list[dict]:
             ]
             builds.append((f"ce-split {tag} out of step", "cross_entropy", "split", 262144, name, flags))
         if name != "float32":  # 16-bit plain rows held in shared memory, at the held path's bounds
-            held = (ce_bounds["held_min_v"] + 1, ce_bounds["held_max_v"])
+            held = (ce_bounds["held_min_v"] + 1, ce_bounds["held_max_v"], HELD_PARTS_V)
             builds += [(f"ce-held {dtype}", "cross_entropy", "held", V, name, {}) for V in held]
         builds += [
             (f"ce-scale {dtype}", "cross_entropy", "scale", 262144, name, {"IN_PLACE": i}) for i in (True, False)

@@ -218,7 +218,7 @@ def launch_params(
         # 16 warps under a cap of 64 registers: two programs an SM (32768 registers each). Of copy
         # at bf16 (4096, 32000) on an H100 (probes/triton_held_row.py): 16 x 64 0.96, 8 warps
         # uncapped 0.96, 8 x 64 0.85, 4 x 128 0.89; at (4096, 24577) 0.81, 0.80, 0.76, 0.70.
-        return {"BLOCK": triton.next_power_of_2(V), "num_warps": 16, "maxnreg": 64}
+        return {"num_warps": 16, "maxnreg": 64}  # the buffer: kernels.triton_dispatch.held_block
     if path == "stream":
         # BLOCK 2048-16384 x 4-16 warps x 1-8 programs per SM at B = 512 and 4096, V = 50257
         # and 128256 (reports/profiles.md): 4096 x 16 x 8 led or tied in bfloat16. Programs
@@ -299,6 +299,27 @@ def split_layout(x: torch.Tensor, y: torch.Tensor, *, CHUNK: int, align: int | N
         num_warps=num_warps,
     )  # fmt: skip
     return {"xb": xb, "xo": xo, "yb": yb, "yo": yo, **lay}
+
+
+# The most shared memory a held row's buffer takes (every GPU from sm_80 gives a program more).
+HELD_MAX_BYTES = 128 * 1024
+
+
+def held_block(V: int, tile: int, element_size: int) -> int:
+    """The held kernel's buffer, in elements: V rounded up to whole tiles, and further to a count
+    of tiles with at most three bits set (the buffer is allocated in up to three powers of two:
+    kernels/triton_kernels.py, _held_part). A bf16 row of 50257 at 4096-element tiles takes
+    57344, 112 KB, so that two programs share an SM's 228 KB where a power of two (128 KB) would
+    leave one. ValueError past HELD_MAX_BYTES."""
+    n = -(-max(V, 1) // tile)
+    while n.bit_count() > 3:
+        n += n & -n  # up to the next count with one bit fewer below its top bits
+    if n * tile * element_size > HELD_MAX_BYTES:
+        raise ValueError(
+            f"{KERNEL_NAME}: the held path holds rows of at most {HELD_MAX_BYTES // element_size} elements of "
+            f"{element_size} bytes in shared memory, got V = {V}"
+        )
+    return n * tile
 
 
 def p_block(P: int, num_warps: int) -> int:

@@ -535,6 +535,50 @@ _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_g
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 
+@gluon.constexpr_function
+def _held_part(block, tile, i):
+    # The i-th of a buffer's parts, largest first, 0 past the last: shared memory is allocated
+    # in powers of two, so a buffer of BLOCK elements (a multiple of the tile with at most three
+    # bits set: kernels.triton_launch.held_block) is up to three allocations.
+    n = block // tile
+    parts = [tile << b for b in reversed(range(n.bit_length())) if n >> b & 1]
+    return parts[i] if i < len(parts) else 0
+
+
+@gluon.constexpr_function
+def _held_part_start(block, tile, i):
+    # Where the i-th part begins in the buffer.
+    return sum(_held_part(block, tile, j) for j in range(i))
+
+
+@gluon.jit
+def _held_buffers(dtype: gl.constexpr, BLOCK: gl.constexpr, TILE: gl.constexpr):
+    # A held row's buffer of BLOCK elements: its parts (a part not needed is the first again).
+    layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    b0 = gl.allocate_shared_memory(dtype, [_held_part(BLOCK, TILE, 0)], layout)
+    b1 = b0
+    b2 = b0
+    if _held_part(BLOCK, TILE, 1) > 0:
+        b1 = gl.allocate_shared_memory(dtype, [_held_part(BLOCK, TILE, 1)], layout)
+    if _held_part(BLOCK, TILE, 2) > 0:
+        b2 = gl.allocate_shared_memory(dtype, [_held_part(BLOCK, TILE, 2)], layout)
+    return (b0, b1, b2)
+
+
+@gluon.jit
+def _held_tile(bufs, t: gl.constexpr, TILE: gl.constexpr, BLOCK: gl.constexpr):
+    # Tile t of the buffer (elements t * TILE onwards), in whichever part holds it.
+    S0: gl.constexpr = _held_part(BLOCK, TILE, 0)
+    S1: gl.constexpr = _held_part(BLOCK, TILE, 1)
+    if t * TILE < S0:
+        tile = bufs[0].slice(t * TILE, TILE)
+    elif t * TILE < S0 + S1:
+        tile = bufs[1].slice(t * TILE - S0, TILE)
+    else:
+        tile = bufs[2].slice(t * TILE - S0 - S1, TILE)
+    return tile
+
+
 @gluon.jit
 def _held_groups(xs, V, TILE: gl.constexpr, ALIGN: gl.constexpr):
     # A held row's ALIGN-groups from a 16-byte-aligned X, as the stream kernel cuts them: the
@@ -549,20 +593,32 @@ def _held_groups(xs, V, TILE: gl.constexpr, ALIGN: gl.constexpr):
 
 
 @gluon.jit
-def _held_copy_in(X, buf, base, grp, cols, g_lo, g_hi, BLOCK: gl.constexpr, ALIGN: gl.constexpr,
+def _held_copy_part(X, bufs, i: gl.constexpr, base, g_lo, g_hi, BLOCK: gl.constexpr, TILE: gl.constexpr,
+                    ALIGN: gl.constexpr):  # fmt: skip
+    # Part i of the buffer by cp.async, if the buffer has one.
+    PART: gl.constexpr = _held_part(BLOCK, TILE, i)
+    if PART > 0:
+        lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
+        offs = _held_part_start(BLOCK, TILE, i) + gl.arange(0, PART, layout=lanes)
+        _async_load(bufs[i], X + base + offs, mask=_group_mask(offs // ALIGN, base, g_lo, g_hi, ALIGN))
+
+
+@gluon.jit
+def _held_copy_in(X, bufs, base, grp, cols, g_lo, g_hi, BLOCK: gl.constexpr, ALIGN: gl.constexpr,
                   ASYNC: gl.constexpr):  # fmt: skip
-    # The row's whole groups into `buf`, by cp.async (committed, not waited for) where ASYNC,
-    # through registers where X is not 16-byte aligned and cp.async cannot take a group; every
-    # other slot of `buf` is -inf once _held_max_sum has begun (cp.async leaves zeros there).
+    # The row's whole groups into the buffer, by cp.async (committed, not waited for) where
+    # ASYNC, through registers where X is not 16-byte aligned and cp.async cannot take a group;
+    # every other slot is -inf once _held_max_sum has begun (cp.async leaves zeros there).
     TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
-    if ASYNC:  # one copy of the whole buffer (slice by slice, each copy would wait at a barrier)
-        offs = gl.arange(0, BLOCK, layout=gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0]))
-        _async_load(buf, X + base + offs, mask=_group_mask(offs // ALIGN, base, g_lo, g_hi, ALIGN))
+    if ASYNC:  # one copy a part (tile by tile, each copy would wait at a barrier)
+        for i in gl.static_range(3):
+            _held_copy_part(X, bufs, i, base, g_lo, g_hi, BLOCK, TILE, ALIGN)
         async_copy.commit_group()
     else:
         for t in gl.static_range(BLOCK // TILE):
             mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
-            buf.slice(t * TILE, TILE).store(gl.load(X + base + t * TILE + cols, mask=mask, other=-float("inf")))
+            x = gl.load(X + base + t * TILE + cols, mask=mask, other=-float("inf"))
+            _held_tile(bufs, t, TILE, BLOCK).store(x)
 
 
 @gluon.jit
@@ -588,7 +644,7 @@ def _held_edges(X, xs, V, g_lo, g_hi, ALIGN: gl.constexpr, ASYNC: gl.constexpr):
 
 
 @gluon.jit
-def _held_max_sum(buf, xe, base, grp, g_lo, g_hi, SCALE, OUT: gl.constexpr, BLOCK: gl.constexpr,
+def _held_max_sum(bufs, xe, base, grp, g_lo, g_hi, SCALE, OUT: gl.constexpr, BLOCK: gl.constexpr,
                   ALIGN: gl.constexpr):  # fmt: skip
     # The first two passes over a held row: its max m (NaN-propagating) and the fixed-point sum
     # S of exp(x - m), the edges' exponentials ee among them: (m, S, ee). The slots outside the
@@ -602,17 +658,17 @@ def _held_max_sum(buf, xe, base, grp, g_lo, g_hi, SCALE, OUT: gl.constexpr, BLOC
     for t in gl.static_range(BLOCK // TILE):
         if (t * (TILE // ALIGN) < lo) | ((t + 1) * (TILE // ALIGN) > hi):
             mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
-            tile = buf.slice(t * TILE, TILE)
+            tile = _held_tile(bufs, t, TILE, BLOCK)
             tile.store(gl.where(mask, tile.load(lanes), -float("inf")))
-    m_lane = gl.full([TILE], -float("inf"), buf.dtype, lanes)
+    m_lane = gl.full([TILE], -float("inf"), bufs[0].dtype, lanes)
     for t in gl.static_range(BLOCK // TILE):
-        m_lane = _nan_max(m_lane, buf.slice(t * TILE, TILE).load(lanes))
+        m_lane = _nan_max(m_lane, _held_tile(bufs, t, TILE, BLOCK).load(lanes))
     m = _nan_max(_row_max(m_lane.to(gl.float32), 0), _row_max(xe, 0))
 
     _barrier()  # each pass reads the buffer afresh: the compiler may not keep a pass's loads
     s_lane = gl.zeros([TILE], gl.int64, lanes)
     for t in gl.static_range(BLOCK // TILE):
-        x = buf.slice(t * TILE, TILE).load(lanes).to(gl.float32)
+        x = _held_tile(bufs, t, TILE, BLOCK).load(lanes).to(gl.float32)
         s_lane += _fixed(_exp(x, m, OUT), SCALE)
     ee = _exp(xe, m, OUT)
     return m, gl.sum(s_lane, axis=0) + gl.sum(_fixed(ee, SCALE), axis=0), ee
@@ -650,10 +706,10 @@ def softmax_held_kernel(
     row = gl.program_id(0).to(gl.int64)
     xs = x_off + row * stride_x  # row start, elements from X
     g_lo, g_hi, base, grp, cols = _held_groups(xs, V, TILE, ALIGN)
-    buf = gl.allocate_shared_memory(X.dtype.element_ty, [BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    _held_copy_in(X, buf, base, grp, cols, g_lo, g_hi, BLOCK, ALIGN, ASYNC)
+    bufs = _held_buffers(X.dtype.element_ty, BLOCK, TILE)
+    _held_copy_in(X, bufs, base, grp, cols, g_lo, g_hi, BLOCK, ALIGN, ASYNC)
     pos, e_mask, xe = _held_edges(X, xs, V, g_lo, g_hi, ALIGN, ASYNC)
-    m, S, ee = _held_max_sum(buf, xe, base, grp, g_lo, g_hi, SCALE, OUT, BLOCK, ALIGN)
+    m, S, ee = _held_max_sum(bufs, xe, base, grp, g_lo, g_hi, SCALE, OUT, BLOCK, ALIGN)
     neg_hi, inv = _softmax_scale(S, SCALE, m)
 
     # Output element of input offset o sits at Y + o + shift.
@@ -662,7 +718,7 @@ def softmax_held_kernel(
     _barrier()
     for t in gl.static_range(BLOCK // TILE):
         mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
-        x = buf.slice(t * TILE, TILE).load(lanes).to(gl.float32)
+        x = _held_tile(bufs, t, TILE, BLOCK).load(lanes).to(gl.float32)
         y = _normalise(_exp(x, m, OUT), neg_hi, inv, OUT)
         gl.store(Y + shift + base + t * TILE + cols, y.to(OUT), mask=mask)
 

@@ -49,6 +49,7 @@ from .triton_dispatch import (
     chunk_layout,
     fixed_point_scale,
     gpu_major,
+    held_block,
     launch_params,
     p_block,
     plan,
@@ -392,12 +393,14 @@ def _chunk_geometry(width: str):
 
 
 def _held_geometry(p, V, sx, sy, es, align, x_head, y_head) -> dict:
-    """The held kernel's: the stream kernel's groups, a buffer of BLOCK >= V elements (at least
-    a tile: 32 groups a warp), and ASYNC, whether groups can move by cp.async: 4 bytes or more,
-    from an X base view that is 16-byte aligned (p["x_aligned"], which a launch sets from its
-    view; an ahead-of-time build's rows are)."""
-    g = _chunk_geometry("BLOCK")(p, V, sx, sy, es, align, x_head, y_head)
-    block = max(p["BLOCK"], triton.next_power_of_2(V), g["ALIGN"] * 32 * p["num_warps"])
+    """The held kernel's: the stream kernel's groups, a buffer of BLOCK >= V elements in whole
+    tiles of 32 groups a warp (held_block; p["BLOCK"], where given, is the least it may be), and
+    ASYNC, whether groups can move by cp.async: 4 bytes or more, from an X base view that is
+    16-byte aligned (p["x_aligned"], which a launch sets from its view; an ahead-of-time build's
+    rows are)."""
+    whole = 16 // es * 32 * p["num_warps"]  # a tile of the widest groups: the layout's CHUNK
+    g = chunk_layout(V, sx, sy, es, CHUNK=whole, align=align, x_head=x_head, y_head=y_head, num_warps=p["num_warps"])
+    block = held_block(max(V, p.get("BLOCK", 0)), g["ALIGN"] * 32 * p["num_warps"], es)
     return {**g, "BLOCK": block, "ASYNC": g["ALIGN"] * es >= 4 and p.get("x_aligned", True)}
 
 

@@ -37,10 +37,12 @@ from .triton_kernels import (
     _exp,
     _fixed,
     _group_mask,
+    _held_buffers,
     _held_copy_in,
     _held_edges,
     _held_groups,
     _held_max_sum,
+    _held_tile,
     _launch_tag,
     _meet_floats,
     _meet_sum,
@@ -698,11 +700,11 @@ def cross_entropy_held_kernel(
     ignored, valid, t_safe, w_t, w_all, scale = _ce_target(T, T, PREP, row, V, ignore_index, False)
     xs = x_off + row * stride_x  # row start, elements from X
     g_lo, g_hi, base, grp, cols = _held_groups(xs, V, TILE, ALIGN)
-    buf = gl.allocate_shared_memory(X.dtype.element_ty, [BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    _held_copy_in(X, buf, base, grp, cols, g_lo, g_hi, BLOCK, ALIGN, ASYNC)
+    bufs = _held_buffers(X.dtype.element_ty, BLOCK, TILE)
+    _held_copy_in(X, bufs, base, grp, cols, g_lo, g_hi, BLOCK, ALIGN, ASYNC)
     x_t = gl.load(X + xs + t_safe).to(gl.float32)
     pos, e_mask, xe = _held_edges(X, xs, V, g_lo, g_hi, ALIGN, ASYNC)
-    m, S_fix, ee = _held_max_sum(buf, xe, base, grp, g_lo, g_hi, SCALE, OUT, BLOCK, ALIGN)
+    m, S_fix, ee = _held_max_sum(bufs, xe, base, grp, g_lo, g_hi, SCALE, OUT, BLOCK, ALIGN)
     E_t = _fixed(_exp(x_t, m, OUT), SCALE)
     lse, loss, fin = _ce_row_outputs(m, S_fix, SCALE, x_t, w_t, w_all, 0.0, 0.0, 0.0, ignored, valid, False)
     gl.store(LSE + row, lse)
@@ -722,7 +724,7 @@ def cross_entropy_held_kernel(
     _barrier()
     for t in gl.static_range(BLOCK // TILE):
         mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
-        x = buf.slice(t * TILE, TILE).load(lanes).to(gl.float32)
+        x = _held_tile(bufs, t, TILE, BLOCK).load(lanes).to(gl.float32)
         g = gl.fma(_normalise(_exp(x, m, OUT), neg_hi, inv, OUT), k, c)
         gl.store(G + shift + base + t * TILE + cols, g.to(OUT), mask=mask)
     _barrier()

@@ -31,6 +31,7 @@ from kernels import ops  # noqa: E402
 from kernels import triton_cross_entropy as tce  # noqa: E402
 from kernels.reference import cross_entropy_ref  # noqa: E402
 from kernels.triton_backward import DISPATCH_BOUNDARIES  # noqa: E402
+from kernels.triton_dispatch import HELD_MAX_BYTES  # noqa: E402
 from kernels.triton_launch import split_geometry, split_workspace, training_cut  # noqa: E402
 from tests import broken_loss_kernels  # noqa: E402
 from tests.broken_loss_kernels import BROKEN_CROSS_ENTROPY  # noqa: E402
@@ -710,10 +711,11 @@ def test_cuda_matches_the_reference(case, dtype, V):
     check_cross_entropy(result, x, t, what=f"triton V={V} via {tce.plan(N, V, dtype)} {case_id(case)}", **o)
 
 
-def longest_row(path: str) -> int | None:
+def longest_row(path: str, dtype: torch.dtype) -> int | None:
     """The longest row a path's kernel holds (None: any), as the cuda cases run it: row with class
-    weights and smoothing to row_max_v, held (plain rows) to held_max_v."""
-    return {"row": DISPATCH_BOUNDARIES["row_max_v"], "held": tce.DISPATCH_BOUNDARIES["held_max_v"]}.get(path)
+    weights and smoothing to row_max_v, held (plain rows) as many as its buffer takes."""
+    held = HELD_MAX_BYTES // dtype.itemsize
+    return {"row": DISPATCH_BOUNDARIES["row_max_v"], "held": held}.get(path)
 
 
 @pytest.mark.cuda
@@ -721,8 +723,8 @@ def longest_row(path: str) -> int | None:
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("path", tce.PATHS)
 def test_cuda_edge_rows_every_path_and_layout(path, dtype, V):
-    if V > (longest_row(path) or V):
-        pytest.skip(f"the {path} path holds rows to V = {longest_row(path)}")
+    if V > (longest_row(path, dtype) or V):
+        pytest.skip(f"the {path} path holds rows to V = {longest_row(path, dtype)}")
     x, t = edge_rows(V, seed=V, dtype=dtype, device="cuda")
     params = SCALED[path] if V < 1000 else {}
     plain = path in PLAIN_ONLY
@@ -769,7 +771,7 @@ def test_cuda_rows_of_nan_and_inf(kernel, V):
         ]
     for name, fn in fns:
         path = name.removeprefix("triton ")
-        if V > (longest_row(path) or V):
+        if V > (longest_row(path, x.dtype) or V):
             continue
         for case in OPTION_CASES:
             if path in PLAIN_ONLY and (case[1] or case[2]):

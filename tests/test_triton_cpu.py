@@ -629,6 +629,31 @@ def test_a_path_that_cannot_run_takes_its_substitute_and_naming_it_is_refused():
             st.run_path(logits(2, 40, seed=1, dtype=torch.bfloat16), "held")
 
 
+def test_held_buffer_is_the_row_in_whole_tiles_in_at_most_three_parts():
+    # Shared memory is allocated in powers of two: held_block rounds V up to whole tiles, then to
+    # the least count of tiles with at most three bits set, which the kernel allocates as those
+    # powers of two (_held_part, largest first); past HELD_MAX_BYTES it refuses the row.
+    part = triton_kernels._held_part.fn  # a constexpr function: the plain Python inside
+    for tile, es in ((4096, 2), (2048, 2), (2048, 4)):
+        cap = dispatch.HELD_MAX_BYTES // es
+        for V in range(1, cap + 1, 7 if tile == 2048 else 1):
+            block = dispatch.held_block(V, tile, es)
+            n = block // tile
+            assert block % tile == 0 and block >= V and n.bit_count() <= 3, (V, tile, block)
+            least = -(-V // tile)
+            assert all(m.bit_count() > 3 for m in range(least, n)), f"V = {V}: {block} is not the least buffer"
+            parts = [part(block, tile, i) for i in range(4)]
+            assert sum(parts) == block and parts[3] == 0, (V, parts)
+            assert all(p & (p - 1) == 0 and p % tile == 0 for p in parts if p), (V, parts)
+            assert parts == sorted(parts, reverse=True), parts
+        with pytest.raises(ValueError, match=f"held path holds rows of at most {cap} elements"):
+            dispatch.held_block(cap + 1, tile, es)
+    # A bf16 row of 50257 in 8 + 4 + 1 tiles of 4096: 104 KB, two programs an SM (228 KB).
+    assert dispatch.held_block(50257, 4096, 2) == 53248
+    assert [part(53248, 4096, i) for i in range(3)] == [32768, 16384, 4096]
+    assert dispatch.held_block(32000, 4096, 2) == 32768
+
+
 @interpreted
 def test_empty_batch_returns_without_launch():
     before = triton_launch.launch_count()

@@ -3,11 +3,13 @@ the row path it replaces (the row in registers, one program an SM).
 
     python reports/probes/ce_held_row.py --out DIR      # on a GPU
 
-Per shape (bf16; fp16 at one shape): the cross-entropy call without validation through row, held
+Per shape (bf16; fp16 at one shape): the cross-entropy call without validation through row (split
+past 32768: the paths held would replace), held
 at 16 warps under a cap of 64 registers and at 8 warps uncapped, and the dispatch, in the graph clock of
 probes/triton_rows_sweep.py (L2 flushed, free of host launch cost), as a fraction of the
 one-read-one-write floor against this GPU's copy; each variant's loss, lse and gradient bits
-against the row path's, on logits with a NaN row and a row of -inf with one finite entry.
+against that path's, on logits with a NaN row and a row of -inf with one finite entry. Past 32768
+the held buffer is in parts (kernels.triton_dispatch.held_block), two programs an SM to 57344.
 
 The question: the softmax's held kernel took bf16 rows of 32000 from 0.78 to 0.96 of copy on an
 H100 (reports/profiles.md). The cross-entropy's row kernel at (4096, 32000) bf16 ran at 0.44 of
@@ -30,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from triton_rows_sweep import bits, edge_logits, floor_rows, run_shapes  # noqa: E402
 
 SHAPES = [
-    *((4096, V, torch.bfloat16) for V in (16385, 20001, 24577, 28000, 32000, 32768)),
-    *((N, 32000, torch.bfloat16) for N in (64, 1024, 16384)),
+    *((4096, V, torch.bfloat16) for V in (16385, 20001, 24577, 28000, 32000, 32768, 40961, 50257, 57344)),
+    *((N, V, torch.bfloat16) for N in (64, 1024, 16384) for V in (32000, 50257)),
     (4096, 32000, torch.float16),
 ]
 # Each names its launch in full, so that a label stays true when the dispatched launch changes.
@@ -44,10 +46,11 @@ HELD_VARIANTS = {
 def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
     x = edge_logits(N, V, dtype)
     t = torch.randint(0, V, (N,), device="cuda")
-    runs = {"row": ("row", tb.launch_params("row", V, dtype, op="cross_entropy"))}
+    other = "row" if V <= 32768 else "split"  # the path held would replace
+    runs = {other: (other, tb.launch_params(other, V, dtype, op="cross_entropy", plain=True))}
     for name, params in HELD_VARIANTS.items():
         runs[name] = ("held", params)
-    want = tce.run_path(x, t, "row", validate=False, reduction="none")
+    want = tce.run_path(x, t, other, validate=False, reduction="none")
     variants, same = {}, {}
     for name, (path, params) in runs.items():
         got = tce.run_path(x, t, path, params=params, validate=False, reduction="none")

@@ -5,7 +5,8 @@
 The held kernels (a 16-bit row whole in shared memory: the softmax's and the cross-entropy's)
 are unrolled over the row's tiles, so the SASS between two block-wide barriers is what a thread
 issues for its share of one pass. Per such stretch of 60 instructions or more: instructions per
-element of the row (a thread's count over its elements) and the most frequent opcodes. On an
+element of the buffer (a thread's count over the buffer's elements it holds: held_block's, V
+rounded up) and the most frequent opcodes. On an
 H200 a bf16 row at the speed of copy gives a SM about 4.6 elements a cycle; four schedulers issue
 four warp instructions a cycle, so a kernel of about 28 instructions an element cannot keep up
 whatever its memory does (reports/profiles.md, "Held kernels: fewer instructions an element").
@@ -28,6 +29,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from kernels import softmax_triton as st
 from kernels import triton_backward as tb
 from kernels.spec import DTYPE_IDS, ITEMSIZE
+from kernels.triton_dispatch import held_block
 from kernels.triton_launch import TABLES
 
 INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,5}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
@@ -67,7 +69,8 @@ def main() -> int:
         "cross-entropy held": ("cross_entropy", tb.launch_params("held", V, dtype, op="cross_entropy")),
     }
     for name, (op, p) in kernels.items():
-        per_thread = triton.next_power_of_2(V) // (32 * p["num_warps"])  # elements of the buffer a thread holds
+        tile = 8 * 32 * p["num_warps"]  # 16-byte groups of bf16, 32 a warp
+        per_thread = held_block(V, tile, 2) // (32 * p["num_warps"])  # elements of the buffer a thread holds
         print(f"{name}, bf16 V = {V}, {p['num_warps']} warps, {per_thread} elements a thread:")
         total = 0.0
         for per_element, top in passes(sass(op, "held", p, V, "bfloat16"), per_thread):

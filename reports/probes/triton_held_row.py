@@ -6,11 +6,12 @@ replaces, and the float32 split's launch parameters against fused.
 
 Parts:
   bits    the held path's output bits against the stream path's, every layout of the suite
-          (tests/helpers/inputs.py) at V = 16385, 20001 and 32768, bf16 and fp16, outputs poisoned
-          with NaN first; a row of NaN and a row of -inf with one finite entry included.
+          (tests/helpers/inputs.py) at V = 16385, 20001, 32768 and 50257, bf16 and fp16, outputs
+          poisoned with NaN first; a row of NaN and a row of -inf with one finite entry included.
   held    device time (probes/triton_rows_sweep.py's clock) of held at its launch parameters and
-          others, stream, and the dispatch, bf16 and fp16, B = 1024 ... 32768, V = 16385 ... 32768;
-          held at BLOCK 65536 for V = 40960 (stream's range; one program an SM).
+          others, stream, and the dispatch, bf16 and fp16, B = 1024 ... 32768, V = 16385 ... 57344;
+          past 32768 also split, and held in a power-of-two buffer (65536: one program an SM)
+          against the buffer in parts (kernels.triton_dispatch.held_block: two an SM to 57344).
   split   float32 rows of 50257 ... 200064 at B = 4096 (8192 at 50257): the split's CHUNK x warps x
           register cap against the dispatched one and fused, bits checked against the dispatch.
 
@@ -47,8 +48,9 @@ HELD_SHAPES = [
     (B, V, dt)
     for dt in (torch.bfloat16, torch.float16)
     for B, V in ((1024, 16385), (4096, 16385), (4096, 20000), (4096, 24577), (4096, 32000), (32768, 32000),
-                 (8192, 32768), (1024, 32000), (4096, 40960), (4096, 16384))
-    if dt == torch.bfloat16 or V in (32000, 16385)
+                 (8192, 32768), (1024, 32000), (4096, 40960), (4096, 16384), (4096, 50257), (8192, 50257),
+                 (1024, 50257), (4096, 57344))
+    if dt == torch.bfloat16 or V in (32000, 16385, 50257)
 ]  # fmt: skip
 SPLIT = {
     "split 8192x4 r96": {"CHUNK": 8192, "num_warps": 4, "maxnreg": 96},
@@ -66,7 +68,7 @@ SPLIT_SHAPES = [(4096, 50257), (8192, 50257), (4096, 128256), (4096, 151936), (4
 def check_bits() -> bool:
     ok = True
     for dtype in (torch.bfloat16, torch.float16):
-        for V in (16385, 20001, 32768):
+        for V in (16385, 20001, 32768, 50257):
             for layout in layouts(dtype):
                 x = logits(64, V, seed=V, dtype=dtype, device="cuda", layout=layout)
                 x[1, 7] = float("nan")
@@ -86,12 +88,12 @@ def check_bits() -> bool:
 
 def held_variants(x, reference):
     B, V = x.shape
-    runs = {"stream": ("stream", {})}
-    if V <= 32768:
-        runs |= {name: ("held", params) for name, params in HELD.items()}
-    else:
-        runs["held 65536x8x64"] = ("held", {"BLOCK": 65536, "num_warps": 8, "maxnreg": 64})
-    if V <= 32768 and (B, V) == (4096, 16384):
+    runs = {"stream": ("stream", {})} if V <= 65536 else {}
+    if V > 32768:  # the split path's rows, and the held buffer in its parts against a power of two
+        runs["split"] = ("split", {})
+        runs["held 65536x16x64"] = ("held", {"BLOCK": 65536, "num_warps": 16, "maxnreg": 64})
+    runs |= {name: ("held", params) for name, params in HELD.items()}
+    if (B, V) == (4096, 16384):
         runs["row"] = ("row", {})
     return path_variants(x, reference, runs)
 
