@@ -138,10 +138,12 @@ def launch_params(
             return {"BLOCK": 4096, "num_warps": 16, "programs_per_sm": 2}
         return {"BLOCK": 8192, "num_warps": 16, "programs_per_sm": 1}
     if path == "held" and op == "cross_entropy":
-        # 8 warps uncapped (104 registers, no spill: two programs an SM) ran 1.05-1.07x the
+        # 8 warps uncapped (then 104 registers, no spill: two programs an SM) ran 1.05-1.07x the
         # softmax's held launch, 16 warps under 64 registers, at bf16 V = 16385-32768 and N =
-        # 1024-16384 on an H200 (probes/ce_held_row.py, reports/profiles.md).
-        return {"num_warps": 8}  # the buffer: kernels.triton_dispatch.held_block
+        # 1024-16384 on an H200 (probes/ce_held_row.py, reports/profiles.md). Past 32768 (a
+        # buffer in parts, kernels.triton_dispatch.held_block) 8 warps take 203-207 registers,
+        # one program an SM; 16 warps under 64 keep two (spilling 56-72 bytes a thread).
+        return {"num_warps": 8} if V <= 32768 else {"num_warps": 16, "maxnreg": 64}
     if path in ("prep", "reduce"):
         return {"BLOCK": 1024, "num_warps": 4}
     if path == "scale":
