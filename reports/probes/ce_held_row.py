@@ -68,7 +68,9 @@ def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    run_shapes(ap.parse_args().out, "ce_held_row", measure, SHAPES)
+    ap.add_argument("--v", type=int, nargs="+", help="the shapes of these V only")
+    args = ap.parse_args()
+    run_shapes(args.out, "ce_held_row", measure, [s for s in SHAPES if not args.v or s[1] in args.v])
     return 0
 
 

@@ -107,11 +107,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--part", nargs="+", default=["bits", "held", "split"])
+    parser.add_argument("--v", type=int, nargs="+", help="the held part's shapes of these V only")
     args = parser.parse_args()
     if "bits" in args.part:
         print("held bits equal stream's everywhere:", check_bits())
     if "held" in args.part:
-        sweep_shapes(HELD_SHAPES, args.out / "triton_held_row.json", held_variants)
+        shapes = [shape for shape in HELD_SHAPES if not args.v or shape[1] in args.v]
+        sweep_shapes(shapes, args.out / "triton_held_row.json", held_variants)
     if "split" in args.part:
         split_shapes = [(B, V, torch.float32) for B, V in SPLIT_SHAPES]
         sweep_shapes(split_shapes, args.out / "triton_split_fp32.json", split_variants)
