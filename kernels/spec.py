@@ -252,11 +252,11 @@ SPECS: tuple[KernelSpec, ...] = (
             Path("rows", gpu=(8193, 100), cpu={"ROWS": 4, "num_warps": 2, "CUT": True}),
             Path("row", gpu=(5, 2049), cpu={"num_warps": 4}),
             Path("split", gpu=(5, 32769), cpu={"CHUNK": 16, "num_warps": 2}),
-            # 16-bit rows of 24577-32768 from DISPATCH_BOUNDARIES["stream_min_b"] rows on, in shared memory
+            # 16-bit rows of 24577-57344 from DISPATCH_BOUNDARIES["stream_min_b"] rows on, in shared memory
             Path("held", gpu=(1024, 24577), dtypes=("bfloat16", "float16"), interpreted=False),
             Path(
                 "stream",
-                gpu=(1024, 32769),  # the other 16-bit rows of 16385-40960 from DISPATCH_BOUNDARIES["stream_min_b"] on
+                gpu=(1024, 16385),  # the other 16-bit rows of 16385-57344 from DISPATCH_BOUNDARIES["stream_min_b"] on
                 cpu={"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1},  # tiles of 16, rows walked by 2 programs
                 dtypes=("bfloat16", "float16"),
             ),
@@ -334,8 +334,9 @@ SPECS: tuple[KernelSpec, ...] = (
             grids=(),
             op=op,
         )
-        # split_v: the shortest row past the op's row path (the cross-entropy holds rows of
-        # up to 32768 in one program, the backward 8192)
+        # split_v: the shortest row past the op's row and held paths (the cross-entropy holds
+        # plain rows of up to 32768 in one program's registers and 16-bit ones of up to 57344 in
+        # its shared memory; the backward holds 8192)
         for op, module, split_v, extra in (
             (
                 "softmax_backward",
@@ -352,8 +353,8 @@ SPECS: tuple[KernelSpec, ...] = (
             (
                 "cross_entropy",
                 "triton_cross_entropy",
-                32769,
-                # 16-bit plain rows of 16385-32768 (past DISPATCH_BOUNDARIES["held_min_v"]), in shared memory
+                57345,
+                # 16-bit plain rows of 16385-57344 (past DISPATCH_BOUNDARIES["held_min_v"]), in shared memory
                 (Path("held", gpu=(5, 16385), dtypes=("bfloat16", "float16"), interpreted=False),),
             ),
         )

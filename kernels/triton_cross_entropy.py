@@ -55,15 +55,20 @@ PATHS = spec_of("cross_entropy", KERNEL_NAME).path_names  # the registry's entry
 # two programs an SM where the row kernel fits one: on an H200 (probes/ce_held_row.py, graph
 # clock, bf16, N = 4096) 1.48x the row path at V = 16385, 1.58x at 24577, 1.33x at 32000, and
 # 1.31-1.33x at N = 1024 and 16384 (at N = 64 both take 15 us); rows to 16384 were not measured.
+# Past 32768 the buffer is allocated in parts (kernels.triton_dispatch.held_block: two programs
+# an SM to 57344); on an H100 at V = 50257, bf16, held (16 warps under 64 registers) over the
+# split it replaces: 1.82x at N = 4096 (0.775 of the floor against 0.427), 1.69x at 1024, 1.87x
+# at 16384, 1.08x at 64, the same bits (runs/h100-2026-12-06).
 DISPATCH_BOUNDARIES = {
     "row_max_v": _BACKWARD_BOUNDARIES["row_max_v"],
     "plain_row_max_v": 32768,
     "held_min_v": 16384,
-    "held_max_v": 32768,
+    "held_max_v": 57344,
 }
-# Where the held kernel cannot run (Triton's interpreter, a GPU before sm_80) its rows take row,
+# Where the held kernel cannot run (Triton's interpreter, a GPU before sm_80) its rows take split,
+# which holds rows of any length (row's plain rows end at plain_row_max_v, short of held_max_v),
 # with the same bits (kernels.triton_dispatch.runnable_path).
-SUBSTITUTE = {"held": "row"}
+SUBSTITUTE = {"held": "split"}
 
 
 def plan(N: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None, *, plain: bool = True) -> str:

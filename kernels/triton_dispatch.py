@@ -21,7 +21,8 @@ takes; `DISPATCH_BOUNDARIES` holds the limits):
          the whole row in shared memory (a Gluon kernel: cp.async in, three reads out), two
          programs an SM where registers hold one. The interpreter, and a GPU below sm_80, have
          no cp.async: there these rows take stream (runnable_path), whose bits are the same.
-  stream the other rows of stream_min_v < V <= stream_max_v, 16-bit storage, B >= stream_min_b. A grid of a few
+  stream the other rows of stream_min_v < V <= stream_max_v, 16-bit storage, B >= stream_min_b (with
+         the bounds above, held_max_v = stream_max_v: the rows to held_min_v). A grid of a few
          programs per SM walks the rows, each read three times in tiles (max, sum, write);
          the grid bounds the rows in flight so the re-reads come from L2. That holds only
          while the rows in flight fit L2: longer 16-bit rows split (reports/profiles.md).
@@ -59,23 +60,25 @@ DISPATCH_BOUNDARIES = {
     # bfloat16 1.00-1.01x. At V = 16384 row was faster at every B (1.05-1.61x).
     "short_split_min_v": 16384,
     "short_split_max_b": 16,
-    # 16-bit rows of stream_min_v < V <= stream_max_v stream from stream_min_b rows on. Measured
-    # on an H200 against row and split (probes/triton_long_path_choice.py), bf16 at B = 1024,
-    # 4096 and 32768: stream over row 1.04-1.12x at V = 32000, over split 1.12-1.21x at 32769;
-    # split over stream 1.00-1.05x at 50257 and 1.14-1.31x at 65536, where the rows in flight
-    # (four 16-warp programs on each of 132 SMs: 53 MB at V = 50257) crowd the 60 MB L2, so the
-    # bound sits below, at 43 MB; row over stream 1.22-1.35x at V = 16384.
+    # 16-bit rows of stream_min_v < V <= stream_max_v stream (or are held, below) from
+    # stream_min_b rows on. Measured on an H200 against row and split
+    # (probes/triton_long_path_choice.py), bf16 at B = 1024, 4096 and 32768: stream over row
+    # 1.04-1.12x at V = 32000, over split 1.12-1.21x at 32769; split over stream 1.00-1.05x at
+    # 50257 and 1.14-1.31x at 65536, where the rows in flight crowd the 60 MB L2; row over
+    # stream 1.22-1.35x at V = 16384. The held path took the region past 40960 from split.
     "stream_min_v": 16384,
-    "stream_max_v": 40960,
+    "stream_max_v": 57344,
     "stream_min_b": 1024,
     # Of those, rows of held_min_v < V <= held_max_v are held whole in shared memory (a buffer of
-    # 32768 16-bit elements). Measured on an H100 (probes/triton_held_row.py, device time, of
-    # copy, held / stream): bf16 (4096, 32000) 0.96 / 0.78, (32768, 32000) 1.00 / 0.78, (8192,
-    # 32768) 0.98 / 0.78, (1024, 32000) 0.84 / 0.74, (4096, 24577) 0.81 / 0.77; shorter rows
-    # leave most of the buffer idle and stream wins: (4096, 20000) 0.70 / 0.79, (4096, 16385)
-    # 0.58 / 0.79.
+    # whole tiles, in up to three parts: held_block). Measured on an H100 (probes/triton_held_row.py,
+    # device time, of copy, held / stream): bf16 (4096, 32000) 0.96 / 0.78, (32768, 32000) 1.00 /
+    # 0.78, (1024, 32000) 0.85 / 0.74, (4096, 24577) 0.88 / 0.76; past 40960 held / split, at
+    # 16 warps under 64 registers (two programs an SM): (4096, 50257) 0.851 / 0.776, (8192,
+    # 50257) 0.865 / 0.783, (1024, 50257) 0.759 / 0.733, fp16 alike (runs/h100-2026-12-06; a
+    # power-of-two buffer there, one program an SM, 0.58-0.65). At V = 16385 held at 8 warps
+    # under 64 led stream (0.91 / 0.79 at B = 4096, 0.74 / 0.68 at 1024), not yet adopted.
     "held_min_v": 24576,
-    "held_max_v": 32768,
+    "held_max_v": 57344,
 }
 
 # The split path's launch parameters, from the H200 sweeps of reports/profiles.md (CHUNK

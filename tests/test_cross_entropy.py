@@ -174,17 +174,19 @@ def test_registry_describes_every_cross_entropy_kernel():
 
 @pytest.mark.cpu
 @interpreted
-def test_held_rows_take_the_row_path_where_the_held_kernel_cannot_run():
-    # The interpreter cannot run held's Gluon kernel: the dispatch sends its rows to row (the
-    # same bits) and naming the path is an error that says so, not a crash inside Triton.
+def test_held_rows_take_the_split_path_where_the_held_kernel_cannot_run():
+    # The interpreter cannot run held's Gluon kernel: the dispatch sends its rows to split (the
+    # same bits; row's plain rows end short of held_max_v) and naming the path is an error that
+    # says so, not a crash inside Triton.
     V = tce.DISPATCH_BOUNDARIES["held_min_v"] + 1
     x, t = logits(2, V, seed=3, dtype=torch.bfloat16), targets(2, V, seed=3)
     assert tce.plan(2, V, torch.bfloat16) == "held"
     got, want = tce.cross_entropy(x, t), tce.run_path(x, t, "row")
     for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
         assert torch.equal(bits(a), bits(b)), name
-    with pytest.raises(ValueError, match="held path cannot run under Triton's interpreter.*takes row"):
+    with pytest.raises(ValueError, match="held path cannot run under Triton's interpreter.*takes split"):
         tce.run_path(x, t, "held")
+    assert tce.DISPATCH_BOUNDARIES["held_max_v"] > tce.DISPATCH_BOUNDARIES["plain_row_max_v"]
 
 
 # -- on the CPU, interpreted -----------------------------------------------------------------------------------

@@ -516,12 +516,15 @@ def test_plan_changes_at_each_boundary():
         assert st.plan(b["stream_min_b"], b["held_min_v"] + 1, dtype) == "held"
         assert st.plan(b["stream_min_b"] - 1, b["held_min_v"] + 1, dtype) == "row"
         assert st.plan(b["stream_min_b"], b["held_max_v"], dtype) == "held"
-        assert st.plan(b["stream_min_b"], b["held_max_v"] + 1, dtype) == "stream"
+        past_held = "stream" if b["held_max_v"] < b["stream_max_v"] else "split"
+        assert st.plan(b["stream_min_b"], b["held_max_v"] + 1, dtype) == past_held
         assert st.plan(b["stream_min_b"], b["row_max_v"], dtype) == "held"
         assert st.plan(1, long, dtype) == "split"
         assert st.plan(b["stream_min_b"] - 1, long, dtype) == "split"
-        assert st.plan(b["stream_min_b"], long, dtype) == "stream"
-        assert st.plan(b["stream_min_b"], b["stream_max_v"], dtype) == "stream"
+        assert st.plan(b["stream_min_b"], long, dtype) == ("held" if long <= b["held_max_v"] else "stream")
+        assert st.plan(b["stream_min_b"], b["stream_max_v"], dtype) == (
+            "held" if b["stream_max_v"] <= b["held_max_v"] else "stream"
+        )
         assert st.plan(b["stream_min_b"], b["stream_max_v"] + 1, dtype) == "split"
         assert st.plan(1 << 20, 262144, dtype) == "split", "rows too long for L2 split at every B"
     for B, V in LAB_SHAPES:
@@ -531,14 +534,14 @@ def test_plan_changes_at_each_boundary():
         {
             st.plan(B, V, dtype)
             for B in (1, b["rows_min_b"])
-            for V in (1, b["tile_max_v"] + 1, b["held_max_v"], b["row_max_v"] + 1)
+            for V in (1, b["tile_max_v"] + 1, b["held_min_v"], b["held_max_v"], b["row_max_v"] + 1)
             for dtype in (torch.float32, torch.bfloat16)
         }
         == set(SOFTMAX_KERNELS["triton"].paths)
         == set(dispatch.PATHS)
     )
     for dtype in DTYPES:
-        batches, lengths = (1, b["stream_min_b"], b["rows_min_b"]), (1, 3000, b["held_max_v"], long)
+        batches, lengths = (1, b["stream_min_b"], b["rows_min_b"]), (1, 3000, b["held_min_v"], b["held_max_v"], long)
         planned = {st.plan(B, V, dtype) for B in batches for V in lengths}
         assert planned == set(dispatch.paths_for(dtype)), dtype
 
