@@ -85,6 +85,8 @@ CASES = (
     ("triton-bf16-held-32000", "triton", "bf16", 4096, 32000, "held"),
     ("triton-bf16-held-32768", "triton", "bf16", 4096, 32768, "held"),
     ("triton-bf16-ce-24577", "triton-ce", "bf16", 4096, 24577, "held"),
+    ("triton-bf16-held-50257", "triton", "bf16", 4096, 50257, "held"),
+    ("triton-bf16-ce-50257", "triton-ce", "bf16", 4096, 50257, "held"),
 )
 TRAINING = ("ce", "bwd")
 KERNEL_FILTER = (
