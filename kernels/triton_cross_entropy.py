@@ -58,7 +58,8 @@ PATHS = spec_of("cross_entropy", KERNEL_NAME).path_names  # the registry's entry
 # Past 32768 the buffer is allocated in parts (kernels.triton_dispatch.held_block: two programs
 # an SM to 57344); on an H100 at V = 50257, bf16, held (16 warps under 64 registers) over the
 # split it replaces: 1.82x at N = 4096 (0.775 of the floor against 0.427), 1.69x at 1024, 1.87x
-# at 16384, 1.08x at 64, the same bits (runs/h100-2026-12-06).
+# at 16384, 1.08x at 64; at N = 4096 1.93x at 40961 and 1.29x at 57344 (0.776 of the floor), the
+# same bits (runs/h100-2026-12-06, -06b).
 DISPATCH_BOUNDARIES = {
     "row_max_v": _BACKWARD_BOUNDARIES["row_max_v"],
     "plain_row_max_v": 32768,

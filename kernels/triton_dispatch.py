@@ -67,18 +67,20 @@ DISPATCH_BOUNDARIES = {
     # 50257 and 1.14-1.31x at 65536, where the rows in flight crowd the 60 MB L2; row over
     # stream 1.22-1.35x at V = 16384. The held path took the region past 40960 from split.
     "stream_min_v": 16384,
-    "stream_max_v": 57344,
+    "stream_max_v": 53248,
     "stream_min_b": 1024,
     # Of those, rows of held_min_v < V <= held_max_v are held whole in shared memory (a buffer of
     # whole tiles, in up to three parts: held_block). Measured on an H100 (probes/triton_held_row.py,
     # device time, of copy, held / stream): bf16 (4096, 32000) 0.96 / 0.78, (32768, 32000) 1.00 /
     # 0.78, (1024, 32000) 0.85 / 0.74, (4096, 24577) 0.88 / 0.76; past 40960 held / split, at
     # 16 warps under 64 registers (two programs an SM): (4096, 50257) 0.851 / 0.776, (8192,
-    # 50257) 0.865 / 0.783, (1024, 50257) 0.759 / 0.733, fp16 alike (runs/h100-2026-12-06; a
-    # power-of-two buffer there, one program an SM, 0.58-0.65). At V = 16385 held at 8 warps
-    # under 64 led stream (0.91 / 0.79 at B = 4096, 0.74 / 0.68 at 1024), not yet adopted.
+    # 50257) 0.865 / 0.783, (1024, 50257) 0.759 / 0.733, fp16 alike, (4096, 40960) 0.967 / 0.868
+    # (a power-of-two buffer there, one program an SM: 0.57-0.75); at (4096, 57344), a buffer of
+    # 112 KB, split led, 0.850 / 0.816, so held ends at 53248 (50257's buffer). At V = 16385 held
+    # at 8 warps under 64 led stream (0.91 / 0.79 at B = 4096, 0.74 / 0.68 at 1024), not yet
+    # adopted (runs/h100-2026-12-06, -06b).
     "held_min_v": 24576,
-    "held_max_v": 57344,
+    "held_max_v": 53248,
 }
 
 # The split path's launch parameters, from the H200 sweeps of reports/profiles.md (CHUNK
@@ -312,8 +314,8 @@ def held_block(V: int, tile: int, element_size: int) -> int:
     """The held kernel's buffer, in elements: V rounded up to whole tiles, and further to a count
     of tiles with at most three bits set (the buffer is allocated in up to three powers of two:
     kernels/triton_kernels.py, _held_part). A bf16 row of 50257 at 4096-element tiles takes
-    57344, 112 KB, so that two programs share an SM's 228 KB where a power of two (128 KB) would
-    leave one. ValueError past HELD_MAX_BYTES."""
+    53248 (8 + 4 + 1 tiles), 104 KB, so that two programs share an SM's 228 KB where a power of
+    two (128 KB) would leave one. ValueError past HELD_MAX_BYTES."""
     n = -(-max(V, 1) // tile)
     while n.bit_count() > 3:
         n += n & -n  # up to the next count with one bit fewer below its top bits

@@ -712,7 +712,7 @@ def rounds_of(records, pick, factor=lambda key, mode: 1.0) -> list[dict]:
 
 
 def held_cases(baseline) -> set:
-    """The gated cases that Triton's held path times (16-bit rows of 24577-57344, B >= 1024)."""
+    """The gated cases that Triton's held path times (16-bit rows of 24577-53248, B >= 1024)."""
     from kernels.softmax_triton import plan
 
     return {
