@@ -539,7 +539,7 @@ _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 def _held_part(block, tile, i):
     # The i-th of a buffer's parts, largest first, 0 past the last: shared memory is allocated
     # in powers of two, so a buffer of BLOCK elements (a multiple of the tile with at most three
-    # bits set: kernels.triton_launch.held_block) is up to three allocations.
+    # bits set: kernels.triton_dispatch.held_block) is up to three allocations.
     n = block // tile
     parts = [tile << b for b in reversed(range(n.bit_length())) if n >> b & 1]
     return parts[i] if i < len(parts) else 0
@@ -689,9 +689,10 @@ def softmax_held_kernel(
     Y_ALIGN: gl.constexpr,
     ASYNC: gl.constexpr = True,
 ):
-    # One program holds the whole row in shared memory (BLOCK elements of storage, at most 64 KB),
-    # not in registers, so two programs fit an SM where the row path fits one: the
-    # row is copied in by cp.async (no register holds the bytes in flight) and read from shared
+    # One program holds the whole row in shared memory (BLOCK elements of storage in up to three
+    # parts, at most 128 KB: kernels.triton_dispatch.held_block), not in registers, so two
+    # programs fit an SM where the row path fits one (to 113 KB a buffer): the row is copied in
+    # by cp.async (no register holds the bytes in flight) and read from shared
     # memory three times (max, fixed-point sum, write), each exponential computed twice, from
     # the same values by the same _exp, so the bits are the other paths'. Written in Gluon,
     # Triton's lower-level language, which places tensors in shared memory itself; the

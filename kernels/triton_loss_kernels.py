@@ -688,7 +688,7 @@ def cross_entropy_held_kernel(
 ):  # fmt: skip
     # A plain row (no class weights, no smoothing) held whole in shared memory, as the softmax's
     # held kernel holds it (kernels/triton_kernels.py: cp.async in on ALIGN-groups of a
-    # 16-byte-aligned X, the partial groups at each end element-wise in registers, two
+    # 16-byte-aligned X, the partial groups at each end element-wise in registers, two or three
     # programs an SM where the row kernel's registers fit one), then the row kernel's
     # arithmetic: the max, the fixed-point sum, the loss and lse, and the gradient written in a
     # third pass. The target's logit is read from X before the row's wait, so with
