@@ -40,6 +40,7 @@ SHAPES = [
 HELD_VARIANTS = {
     "held 16 warps cap 64": {"num_warps": 16, "maxnreg": 64},
     "held 8 warps uncapped": {"num_warps": 8, "maxnreg": None},
+    "held 8 warps cap 80": {"num_warps": 8, "maxnreg": 80},
 }
 
 

@@ -42,6 +42,7 @@ HELD = {
     "held 8x64": {"num_warps": 8, "maxnreg": 64},
     "held 4x128": {"num_warps": 4, "maxnreg": 128},
     "held 8 uncapped": {"num_warps": 8, "maxnreg": None},
+    "held 8x80": {"num_warps": 8, "maxnreg": 80},  # 8 warps, three programs an SM, spills allowed
     "held 16x64": {"num_warps": 16, "maxnreg": 64},
 }
 HELD_SHAPES = [
