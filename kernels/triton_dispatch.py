@@ -310,6 +310,12 @@ def split_layout(x: torch.Tensor, y: torch.Tensor, *, CHUNK: int, align: int | N
 HELD_MAX_BYTES = 128 * 1024
 
 
+def held_longest_row(element_size: int) -> int:
+    """The longest row the held kernel takes: HELD_MAX_BYTES of elements (a power of two, so
+    held_block's rounding up never passes it)."""
+    return HELD_MAX_BYTES // element_size
+
+
 def held_block(V: int, tile: int, element_size: int) -> int:
     """The held kernel's buffer, in elements: V rounded up to whole tiles, and further to a count
     of tiles with at most three bits set (the buffer is allocated in up to three powers of two:
@@ -321,7 +327,7 @@ def held_block(V: int, tile: int, element_size: int) -> int:
         n += n & -n  # up to the next count with one bit fewer below its top bits
     if n * tile * element_size > HELD_MAX_BYTES:
         raise ValueError(
-            f"{KERNEL_NAME}: the held path holds rows of at most {HELD_MAX_BYTES // element_size} elements of "
+            f"{KERNEL_NAME}: the held path holds rows of at most {held_longest_row(element_size)} elements of "
             f"{element_size} bytes in shared memory, got V = {V}"
         )
     return n * tile

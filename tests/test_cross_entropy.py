@@ -31,7 +31,7 @@ from kernels import ops  # noqa: E402
 from kernels import triton_cross_entropy as tce  # noqa: E402
 from kernels.reference import cross_entropy_ref  # noqa: E402
 from kernels.triton_backward import DISPATCH_BOUNDARIES  # noqa: E402
-from kernels.triton_dispatch import HELD_MAX_BYTES  # noqa: E402
+from kernels.triton_dispatch import held_longest_row  # noqa: E402
 from kernels.triton_launch import split_geometry, split_workspace, training_cut  # noqa: E402
 from tests import broken_loss_kernels  # noqa: E402
 from tests.broken_loss_kernels import BROKEN_CROSS_ENTROPY  # noqa: E402
@@ -716,8 +716,7 @@ def test_cuda_matches_the_reference(case, dtype, V):
 def longest_row(path: str, dtype: torch.dtype) -> int | None:
     """The longest row a path's kernel holds (None: any), as the cuda cases run it: row with class
     weights and smoothing to row_max_v, held (plain rows) as many as its buffer takes."""
-    held = HELD_MAX_BYTES // dtype.itemsize
-    return {"row": DISPATCH_BOUNDARIES["row_max_v"], "held": held}.get(path)
+    return {"row": DISPATCH_BOUNDARIES["row_max_v"], "held": held_longest_row(dtype.itemsize)}.get(path)
 
 
 @pytest.mark.cuda

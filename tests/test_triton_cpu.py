@@ -638,7 +638,7 @@ def test_held_buffer_is_the_row_in_whole_tiles_in_at_most_three_parts():
     # powers of two (_held_part, largest first); past HELD_MAX_BYTES it refuses the row.
     part = triton_kernels._held_part.fn  # a constexpr function: the plain Python inside
     for tile, es in ((4096, 2), (2048, 2), (2048, 4)):
-        cap = dispatch.HELD_MAX_BYTES // es
+        cap = dispatch.held_longest_row(es)
         for V in range(1, cap + 1, 7 if tile == 2048 else 1):
             block = dispatch.held_block(V, tile, es)
             n = block // tile

@@ -136,7 +136,7 @@ def test_a_rows_bits_do_not_depend_on_path_batch_or_layout(V, dtype):
     # Each path where its registers hold the row (rows and row keep a whole row per program),
     # with its own launch parameters and with the scaled-down ones.
     holds = {"tile": True, "rows": V <= b["tile_max_v"], "row": V <= b["row_max_v"], "split": True, "stream": True}
-    holds["held"] = V * x.element_size() <= dispatch.HELD_MAX_BYTES  # the row in shared memory, in any dtype
+    holds["held"] = V <= dispatch.held_longest_row(x.element_size())  # the row in shared memory, in any dtype
     forced = [(p, {}) for p in dispatch.PATHS if holds[p]]
     forced += [(p, q) for p, q in SCALED.items() if V <= 6001 and (p != "rows" or holds[p])]
     for path, params in forced:
