@@ -161,8 +161,9 @@ def _compiled(module):
 
 
 def build_all() -> list[dict]:
-    """Every autotune config of the tile kernel, and the row, rows, split, held and stream kernels
-    as the wrapper launches them at typical V, in fp32 and bf16 (held and stream: bf16 only)."""
+    """Every autotune config of the tile kernel, and the row, rows, split, held, stream and
+    held_split kernels as the wrapper launches them at typical V, in fp32 and bf16 (held, stream
+    and held_split: bf16 only)."""
     from . import softmax_triton as st
     from . import triton_store as store
     from .triton_dispatch import DISPATCH_BOUNDARIES
@@ -186,10 +187,14 @@ def build_all() -> list[dict]:
             rows.append(
                 one("split", st.launch_params("split", V, tdtype, B=B, sms=None if B is None else 132), V, name)
             )
-        if name != "float32":  # held and stream take 16-bit rows only
+        if name != "float32":  # held, stream and held_split take 16-bit rows only
             for V in (DISPATCH_BOUNDARIES["held_min_v"] + 1, DISPATCH_BOUNDARIES["held_max_v"], HELD_PARTS_V):
                 rows.append(one("held", st.launch_params("held", V, tdtype), V, name))
             rows.append(one("stream", st.launch_params("stream", 128256, tdtype), 128256, name))
+            # held_split from the first row past stream's, at a full batch and one row of 262144
+            for V, B in ((DISPATCH_BOUNDARIES["stream_max_v"] + 1, None), (262144, None), (262144, 1)):
+                p = st.launch_params("held_split", V, tdtype, B=B, sms=None if B is None else 132)
+                rows.append(one("held_split", p, V, name))
     return rows
 
 

@@ -13,7 +13,7 @@ takes; `DISPATCH_BOUNDARIES` holds the limits):
   row    tile_max_v < V <= row_max_v, except where held, stream or a short batch's split applies.
          One program holds the whole row in registers.
   split  V > row_max_v, or V > short_split_min_v with B <= short_split_max_b, except where
-         stream applies. P programs share a row, each holding its chunk in registers (one
+         held, stream or held_split applies. P programs share a row, each holding its chunk in registers (one
          read, one write), and meet twice through tagged words of a per-row workspace. For
          a short batch the chunks shrink so that the launch spreads over the GPU
          (launch_params).
@@ -25,7 +25,12 @@ takes; `DISPATCH_BOUNDARIES` holds the limits):
          the bounds above, held_max_v = stream_max_v: the rows to held_min_v). A grid of a few
          programs per SM walks the rows, each read three times in tiles (max, sum, write);
          the grid bounds the rows in flight so the re-reads come from L2. That holds only
-         while the rows in flight fit L2: longer 16-bit rows split (reports/profiles.md).
+         while the rows in flight fit L2: longer 16-bit rows take held_split.
+  held_split V > stream_max_v, 16-bit storage, B >= stream_min_b. Split's programs and
+         meetings, each program holding its chunk in shared memory as held holds a row (cp.async
+         in, three reads out): no register per element, so three programs an SM. Where held
+         cannot run, split, with the same bits. float32 rows stay on split, which moves them
+         as fast (reports/profiles.md).
 
 Every path gives a row the same bits (the kernels' sums are order-free), so the B threshold
 changes speed, never results.
@@ -123,21 +128,24 @@ def fixed_point_scale(V: int) -> float:
 
 
 def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) -> str:
-    """Name of the path softmax() takes on a GPU for a (B, V) input: tile, rows, row, split, held
-    or stream."""
+    """Name of the path softmax() takes on a GPU for a (B, V) input: tile, rows, row, split, held,
+    stream or held_split."""
     b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
     if V <= b["tile_max_v"]:
         return "rows" if B >= b["rows_min_b"] else "tile"
-    if dtype != torch.float32 and B >= b["stream_min_b"] and b["stream_min_v"] < V <= b["stream_max_v"]:
+    if dtype != torch.float32 and B >= b["stream_min_b"] and V > b["stream_min_v"]:
+        if V > b["stream_max_v"]:
+            return "held_split"
         return "held" if b["held_min_v"] < V <= b["held_max_v"] else "stream"
     if V > b["row_max_v"] or (B <= b["short_split_max_b"] and V > b["short_split_min_v"]):
         return "split"
     return "row"
 
 
-# The path whose kernel runs a path's rows where that path's own cannot: held needs cp.async
-# (sm_80 on) and 64 KB of shared memory per program, and Gluon, which the interpreter cannot run.
-SUBSTITUTE = {"held": "stream"}
+# The path whose kernel runs a path's rows where that path's own cannot: held and held_split
+# need cp.async (sm_80 on) and 64 KB of shared memory per program, and Gluon, which the
+# interpreter cannot run.
+SUBSTITUTE = {"held": "stream", "held_split": "split"}
 HELD_MIN_MAJOR = 8
 
 
@@ -224,6 +232,17 @@ def launch_params(
         # at bf16 (4096, 32000) on an H100 (probes/triton_held_row.py): 16 x 64 0.96, 8 warps
         # uncapped 0.96, 8 x 64 0.85, 4 x 128 0.89; at (4096, 24577) 0.81, 0.80, 0.76, 0.70.
         return {"num_warps": 16, "maxnreg": 64}  # the buffer: kernels.triton_dispatch.held_block
+    if path == "held_split":
+        # Chunks of 64 KB at 8 warps under a cap of 80 registers: three programs an SM. Of copy
+        # on an H100 (probes/triton_held_split.py), bf16 (4096, 262144): 8 x 80 0.957, 8 x 128
+        # 0.834, 16 x 64 0.787, chunks of 32 KB at 8 x 64 0.881, of 96 KB 0.741 (split 0.806).
+        # A short batch halves the chunks as split's do, down to one tile.
+        p = {"CHUNK": 65536 // dtype.itemsize, "num_warps": 8, "maxnreg": 80}
+        tile = 16 // dtype.itemsize * 32 * p["num_warps"]
+        if B is not None and sms is not None:
+            while p["CHUNK"] > tile and B * triton.cdiv(V, p["CHUNK"]) < SPLIT_FILL * sms:
+                p["CHUNK"] //= 2
+        return p
     if path == "stream":
         # BLOCK 2048-16384 x 4-16 warps x 1-8 programs per SM at B = 512 and 4096, V = 50257
         # and 128256 (reports/profiles.md): 4096 x 16 x 8 led or tied in bfloat16. Programs

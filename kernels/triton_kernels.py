@@ -254,7 +254,12 @@ _TAG_MASK = tl.constexpr(0x7FFFFFFF)  # tags wrap in 31 bits: a word stays a non
 def _launch_tag(own, SLOTS: tl.constexpr):
     """This launch's tag: one past the tag of the program's own word (read in one lane and
     reduced over the program, so all threads hold it before any of them publishes)."""
-    lanes = tl.arange(0, SLOTS)
+    return _launch_tag_on(own, tl.arange(0, SLOTS))
+
+
+@triton.jit
+def _launch_tag_on(own, lanes):
+    # _launch_tag over a program's `lanes` (0 .. SLOTS - 1): a Gluon kernel makes them in its layout.
     old = tl.max(tl.load(own + lanes, mask=lanes == 0, other=0, volatile=True), axis=0)
     return ((old >> 32) + 1) & _TAG_MASK
 
@@ -298,11 +303,16 @@ def _meet_floats(words, P, chunk, own_word, tag, SUM: tl.constexpr, SLOTS: tl.co
     time: their max (a NaN wins), or with SUM their sum (order-free only for terms drawn from
     {0, +inf, -inf, NaN}, the non-finite parts of the training kernels' sums); and how many
     words were still untagged when the polls ran out (0: all met)."""
-    lanes = tl.arange(0, SLOTS)
+    return _meet_floats_on(words, P, chunk, own_word, tag, SUM, tl.arange(0, SLOTS), MAX_SPINS)
+
+
+@triton.jit
+def _meet_floats_on(words, P, chunk, own_word, tag, SUM: tl.constexpr, lanes, MAX_SPINS: tl.constexpr):
+    # _meet_floats over a program's `lanes` (0 .. SLOTS - 1), as _launch_tag_on.
     if SUM:
-        acc = tl.zeros([], tl.float32)
+        acc = tl.cast(0.0, tl.float32)  # (a scalar without a layout, which Gluon callers need)
     else:
-        acc = tl.full([], -float("inf"), tl.float32)
+        acc = tl.cast(-float("inf"), tl.float32)
     stale = 0
     base = 0
     while base < P:
@@ -314,7 +324,7 @@ def _meet_floats(words, P, chunk, own_word, tag, SUM: tl.constexpr, SLOTS: tl.co
         else:
             acc = _nan_max(acc, _row_max(tl.where(c < P, v, -float("inf")), 0))
         stale += n
-        base += SLOTS
+        base += lanes.shape[0]
     return acc, stale
 
 
@@ -322,8 +332,13 @@ def _meet_floats(words, P, chunk, own_word, tag, SUM: tl.constexpr, SLOTS: tl.co
 def _meet_sum(words, P, chunk, own_hi, own_lo, tag, SLOTS: tl.constexpr, MAX_SPINS: tl.constexpr):
     """The sum of the P chunk sums of a row (words[2c], words[2c + 1]: the upper and lower 32
     bits of chunk c's), SLOTS words at a time, and the untagged count as in _meet_floats."""
-    lanes = tl.arange(0, SLOTS)
-    s = tl.zeros([], tl.int64)
+    return _meet_sum_on(words, P, chunk, own_hi, own_lo, tag, tl.arange(0, SLOTS), MAX_SPINS)
+
+
+@triton.jit
+def _meet_sum_on(words, P, chunk, own_hi, own_lo, tag, lanes, MAX_SPINS: tl.constexpr):
+    # _meet_sum over a program's `lanes` (0 .. SLOTS - 1), as _launch_tag_on.
+    s = tl.cast(0, tl.int64)
     stale = 0
     base = 0
     while base < 2 * P:
@@ -332,8 +347,34 @@ def _meet_sum(words, P, chunk, own_hi, own_lo, tag, SLOTS: tl.constexpr, MAX_SPI
         w, n = _gather(words + j, j < 2 * P, (j // 2) == chunk, tl.where(upper, own_hi, own_lo), tag, MAX_SPINS)
         s += tl.sum(tl.where(j < 2 * P, tl.where(upper, (w & _LOW) << 32, w & _LOW), 0), axis=0)
         stale += n
-        base += SLOTS
+        base += lanes.shape[0]
     return s, stale
+
+
+@triton.jit
+def _streamed_max(x_row, V, fcols):
+    # A split program's fallback where its siblings did not meet in time: the row's max, read
+    # whole from X (x_row: its first element) over the lanes fcols (0 .. FALLBACK_BLOCK - 1).
+    m_run = tl.where(fcols < 0, 0.0, -float("inf"))
+    start = 0
+    while start < V:
+        idx = start + fcols
+        m_run = _nan_max(m_run, tl.load(x_row + idx, mask=idx < V, other=-float("inf")).to(tl.float32))
+        start += fcols.shape[0]
+    return _row_max(m_run, 0)
+
+
+@triton.jit
+def _streamed_sum(x_row, V, fcols, m, SCALE, OUT: tl.constexpr):
+    # The fallback's fixed-point sum of the row's exp(x - m), as _streamed_max reads it.
+    s_run = tl.where(fcols < 0, 1, 0).to(tl.int64)
+    start = 0
+    while start < V:
+        idx = start + fcols
+        t = tl.load(x_row + idx, mask=idx < V, other=-float("inf")).to(tl.float32)
+        s_run += _fixed(_exp(t, m, OUT), SCALE)
+        start += fcols.shape[0]
+    return tl.sum(s_run, axis=0)
 
 
 @triton.jit
@@ -424,13 +465,7 @@ def softmax_split_kernel(
     tl.atomic_xchg(ws_row + chunk, my_max, sem="relaxed")
     m, stale = _meet_floats(ws_row, P, chunk, my_max, tag, False, P_BLOCK, MAX_SPINS)
     if stale > 0:
-        m_run = tl.full([FALLBACK_BLOCK], -float("inf"), tl.float32)
-        start = 0
-        while start < V:
-            idx = start + fcols
-            m_run = _nan_max(m_run, tl.load(x_row + idx, mask=idx < V, other=-float("inf")).to(tl.float32))
-            start += FALLBACK_BLOCK
-        m = _row_max(m_run, 0)
+        m = _streamed_max(x_row, V, fcols)
 
     # Meeting 2: the row's fixed-point sum, every chunk relative to the same m.
     tl.debug_barrier()  # here, not between the conversions and the additions of the sum below
@@ -442,14 +477,7 @@ def softmax_split_kernel(
     tl.atomic_xchg(ws_row + P + 2 * chunk + 1, my_lo, sem="relaxed")
     s, stale = _meet_sum(ws_row + P, P, chunk, my_hi, my_lo, tag, P_BLOCK, MAX_SPINS)
     if stale > 0:
-        s_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
-        start = 0
-        while start < V:
-            idx = start + fcols
-            t = tl.load(x_row + idx, mask=idx < V, other=-float("inf")).to(tl.float32)
-            s_run += _fixed(_exp(t, m, Y.dtype.element_ty), SCALE)
-            start += FALLBACK_BLOCK
-        s = tl.sum(s_run, axis=0)
+        s = _streamed_sum(x_row, V, fcols, m, SCALE, Y.dtype.element_ty)
 
     neg_hi, inv = _softmax_scale(s, SCALE, m)
     # Output element of input offset o sits at Y + o + shift.
@@ -622,9 +650,10 @@ def _held_copy_in(X, bufs, base, grp, cols, g_lo, g_hi, BLOCK: gl.constexpr, ALI
 
 
 @gluon.jit
-def _held_edges(X, xs, V, g_lo, g_hi, ALIGN: gl.constexpr, ASYNC: gl.constexpr):
+def _held_edges(X, xs, V, g_lo, g_hi, ALIGN: gl.constexpr, ASYNC: gl.constexpr, take=True):
     # The partial groups at the row's ends, element by element into registers (the stream
     # kernel's edges: each element once), then the wait for the copy: (positions, mask, values).
+    # A program that does not `take` them (a held split's chunks after the first) gets none.
     NW: gl.constexpr = gl.num_warps()
     e = gl.arange(0, 32 * NW, layout=gl.BlockedLayout([1], [32], [NW], [0]))
     pos = gl.where(e < ALIGN, xs + e, g_hi * ALIGN + (e - ALIGN))
@@ -635,6 +664,7 @@ def _held_edges(X, xs, V, g_lo, g_hi, ALIGN: gl.constexpr, ASYNC: gl.constexpr):
         & (pos < xs + V)
         & ((pos_g < g_lo) | (pos_g >= g_hi))
         & ((e < ALIGN) | (pos >= xs + ALIGN))
+        & take
     )
     xe = gl.load(X + pos, mask=e_mask, other=-float("inf")).to(gl.float32)
     if ASYNC:
@@ -647,10 +677,19 @@ def _held_edges(X, xs, V, g_lo, g_hi, ALIGN: gl.constexpr, ASYNC: gl.constexpr):
 def _held_max_sum(bufs, xe, base, grp, g_lo, g_hi, SCALE, OUT: gl.constexpr, BLOCK: gl.constexpr,
                   ALIGN: gl.constexpr):  # fmt: skip
     # The first two passes over a held row: its max m (NaN-propagating) and the fixed-point sum
-    # S of exp(x - m), the edges' exponentials ee among them: (m, S, ee). The slots outside the
-    # row's whole groups are made -inf first (in the tiles that have any: the ends), so that
-    # neither pass masks an element, and the max compares the stored 16-bit values themselves,
-    # two to an instruction (a max is exact in any precision).
+    # S of exp(x - m), the edges' exponentials ee among them: (m, S, ee).
+    m = _held_max(bufs, xe, base, grp, g_lo, g_hi, BLOCK, ALIGN)
+    _barrier()  # each pass reads the buffer afresh: the compiler may not keep a pass's loads
+    S, ee = _held_sum(bufs, xe, m, SCALE, OUT, BLOCK, ALIGN)
+    return m, S, ee
+
+
+@gluon.jit
+def _held_max(bufs, xe, base, grp, g_lo, g_hi, BLOCK: gl.constexpr, ALIGN: gl.constexpr):
+    # The max of a held buffer starting at the group-aligned offset `base` and of the edges xe.
+    # The slots outside the row's whole groups are made -inf first (in the tiles that have any:
+    # the ends), so that neither this pass nor _held_sum masks an element, and the max compares
+    # the stored 16-bit values themselves, two to an instruction (a max is exact in any precision).
     TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
     lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
     lo = (g_lo - base // ALIGN).to(gl.int32)  # the row's whole groups, counted in the buffer
@@ -663,15 +702,35 @@ def _held_max_sum(bufs, xe, base, grp, g_lo, g_hi, SCALE, OUT: gl.constexpr, BLO
     m_lane = gl.full([TILE], -float("inf"), bufs[0].dtype, lanes)
     for t in gl.static_range(BLOCK // TILE):
         m_lane = _nan_max(m_lane, _held_tile(bufs, t, TILE, BLOCK).load(lanes))
-    m = _nan_max(_row_max(m_lane.to(gl.float32), 0), _row_max(xe, 0))
+    return _nan_max(_row_max(m_lane.to(gl.float32), 0), _row_max(xe, 0))
 
-    _barrier()  # each pass reads the buffer afresh: the compiler may not keep a pass's loads
+
+@gluon.jit
+def _held_sum(bufs, xe, m, SCALE, OUT: gl.constexpr, BLOCK: gl.constexpr, ALIGN: gl.constexpr):
+    # The fixed-point sum of exp(x - m) over a held buffer (its outside slots -inf: _held_max)
+    # and the edges xe, and the edges' exponentials: (S, ee).
+    TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
+    lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
     s_lane = gl.zeros([TILE], gl.int64, lanes)
     for t in gl.static_range(BLOCK // TILE):
         x = _held_tile(bufs, t, TILE, BLOCK).load(lanes).to(gl.float32)
         s_lane += _fixed(_exp(x, m, OUT), SCALE)
     ee = _exp(xe, m, OUT)
-    return m, gl.sum(s_lane, axis=0) + gl.sum(_fixed(ee, SCALE), axis=0), ee
+    return gl.sum(s_lane, axis=0) + gl.sum(_fixed(ee, SCALE), axis=0), ee
+
+
+@gluon.jit
+def _held_write(Y, bufs, shift, base, grp, cols, g_lo, g_hi, m, neg_hi, inv, BLOCK: gl.constexpr,
+                ALIGN: gl.constexpr):  # fmt: skip
+    # The last pass over a held buffer: its outputs, written to Y + shift + (input offset).
+    TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
+    OUT: gl.constexpr = Y.dtype.element_ty
+    lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
+    for t in gl.static_range(BLOCK // TILE):
+        mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
+        x = _held_tile(bufs, t, TILE, BLOCK).load(lanes).to(gl.float32)
+        y = _normalise(_exp(x, m, OUT), neg_hi, inv, OUT)
+        gl.store(Y + shift + base + t * TILE + cols, y.to(OUT), mask=mask)
 
 
 @gluon.jit(do_not_specialize=["V", "stride_x", "stride_y", "x_off", "y_off"])
@@ -703,7 +762,6 @@ def softmax_held_kernel(
     # The helpers above are shared with the cross-entropy's held kernel.
     TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
     OUT: gl.constexpr = Y.dtype.element_ty
-    lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
     row = gl.program_id(0).to(gl.int64)
     xs = x_off + row * stride_x  # row start, elements from X
     g_lo, g_hi, base, grp, cols = _held_groups(xs, V, TILE, ALIGN)
@@ -717,11 +775,77 @@ def softmax_held_kernel(
     shift = gl.multiple_of(y_off + row * stride_y - xs, Y_ALIGN)
     gl.store(Y + shift + pos, _normalise(ee, neg_hi, inv, OUT).to(OUT), mask=e_mask)
     _barrier()
-    for t in gl.static_range(BLOCK // TILE):
-        mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
-        x = _held_tile(bufs, t, TILE, BLOCK).load(lanes).to(gl.float32)
-        y = _normalise(_exp(x, m, OUT), neg_hi, inv, OUT)
-        gl.store(Y + shift + base + t * TILE + cols, y.to(OUT), mask=mask)
+    _held_write(Y, bufs, shift, base, grp, cols, g_lo, g_hi, m, neg_hi, inv, BLOCK, ALIGN)
+
+
+@gluon.jit(do_not_specialize=["B", "V", "P", "stride_x", "stride_y", "x_off", "y_off"])
+def softmax_held_split_kernel(
+    X,
+    Y,
+    WS,
+    B,
+    V,
+    P,
+    stride_x,
+    stride_y,
+    x_off,
+    y_off,
+    SCALE,
+    CHUNK: gl.constexpr,
+    P_BLOCK: gl.constexpr,
+    FALLBACK_BLOCK: gl.constexpr,
+    MAX_SPINS: gl.constexpr,
+    ALIGN: gl.constexpr,
+    Y_ALIGN: gl.constexpr,
+    ASYNC: gl.constexpr = True,
+):
+    # The split kernel's programs (P a row, chunks cut on ALIGN-groups, the edges chunk 0's, the
+    # two tagged meetings through WS and their streaming fallback, all as softmax_split_kernel)
+    # with each chunk held in shared memory as the held kernel holds a row: CHUNK elements
+    # (a power of two times the tile) copied in by cp.async, read three times. A program keeps
+    # no element in registers, so more of them share an SM while they wait at their meetings,
+    # and a row of any length moves once each way. Gluon, so the interpreter cannot run it.
+    TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
+    OUT: gl.constexpr = Y.dtype.element_ty
+    flat: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    pid = gl.program_id(0).to(gl.int64)
+    row = pid // P
+    chunk = pid - row * P
+    xs = x_off + row * stride_x
+    g_lo, g_hi, base, grp, cols = _held_groups(xs, V, TILE, ALIGN)
+    c_base = base + chunk * CHUNK  # the chunk's first element, from X (group-aligned)
+    bufs = _held_buffers(X.dtype.element_ty, CHUNK, TILE)
+    _held_copy_in(X, bufs, c_base, grp, cols, g_lo, g_hi, CHUNK, ALIGN, ASYNC)
+    ws_row = WS + row * (3 * P)
+    slots = gl.arange(0, P_BLOCK, layout=flat)
+    tag = _launch_tag_on(ws_row + chunk, slots)  # while the copy is in flight
+    tag_hi = tag << 32
+    pos, e_mask, xe = _held_edges(X, xs, V, g_lo, g_hi, ALIGN, ASYNC, chunk == 0)
+
+    # Meeting 1: the row's max.
+    x_row = X + xs
+    fcols = gl.arange(0, FALLBACK_BLOCK, layout=flat)
+    my_max = _tagged(tag_hi, _held_max(bufs, xe, c_base, grp, g_lo, g_hi, CHUNK, ALIGN))
+    gl.atomic_xchg(ws_row + chunk, my_max, sem="relaxed")
+    m, stale = _meet_floats_on(ws_row, P, chunk, my_max, tag, False, slots, MAX_SPINS)
+    if stale > 0:
+        m = _streamed_max(x_row, V, fcols)
+
+    # Meeting 2: the row's fixed-point sum, every chunk relative to the same m.
+    _barrier()
+    s_c, ee = _held_sum(bufs, xe, m, SCALE, OUT, CHUNK, ALIGN)
+    my_hi, my_lo = _tagged_halves(tag_hi, s_c)
+    gl.atomic_xchg(ws_row + P + 2 * chunk, my_hi, sem="relaxed")
+    gl.atomic_xchg(ws_row + P + 2 * chunk + 1, my_lo, sem="relaxed")
+    s, stale = _meet_sum_on(ws_row + P, P, chunk, my_hi, my_lo, tag, slots, MAX_SPINS)
+    if stale > 0:
+        s = _streamed_sum(x_row, V, fcols, m, SCALE, OUT)
+
+    neg_hi, inv = _softmax_scale(s, SCALE, m)
+    shift = gl.multiple_of(y_off + row * stride_y - xs, Y_ALIGN)
+    gl.store(Y + shift + pos, _normalise(ee, neg_hi, inv, OUT).to(OUT), mask=e_mask)
+    _barrier()
+    _held_write(Y, bufs, shift, c_base, grp, cols, g_lo, g_hi, m, neg_hi, inv, CHUNK, ALIGN)
 
 
 JIT_KERNELS = {
@@ -731,4 +855,5 @@ JIT_KERNELS = {
     "split": softmax_split_kernel,
     "stream": softmax_stream_kernel,
     "held": softmax_held_kernel,
+    "held_split": softmax_held_split_kernel,
 }

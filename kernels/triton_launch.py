@@ -404,6 +404,35 @@ def _held_geometry(p, V, sx, sy, es, align, x_head, y_head) -> dict:
     return {**g, "BLOCK": block, "ASYNC": g["ALIGN"] * es >= 4 and p.get("x_aligned", True)}
 
 
+def _held_split_geometry(p, V, sx, sy, es, align, x_head, y_head) -> dict:
+    """The held split kernel's: the split kernel's chunks (chunk_layout), each CHUNK elements a
+    multiple of the tile of 32 groups a warp in at most three powers of two (held_block's
+    buffers), and ASYNC as _held_geometry's."""
+    g = _chunk_geometry("CHUNK")(p, V, sx, sy, es, align, x_head, y_head)
+    tile = g["ALIGN"] * 32 * p["num_warps"]
+    if p["CHUNK"] % tile or (p["CHUNK"] // tile).bit_count() > 3:
+        raise ValueError(
+            f"{KERNEL_NAME} softmax: the held split's CHUNK {p['CHUNK']} must be a multiple of its tile "
+            f"({tile} elements) with at most three bits set in the count of tiles"
+        )
+    return {**g, "ASYNC": g["ALIGN"] * es >= 4 and p.get("x_aligned", True)}
+
+
+def _split_constexprs(p, g, V) -> dict:
+    """The split kernels' constexprs: CHUNK from p, the meetings' P_BLOCK (p may give its own),
+    FALLBACK_BLOCK and the poll bound, ALIGN and Y_ALIGN from the geometry, and ASYNC where the
+    geometry has it (the held split)."""
+    return {
+        "CHUNK": p["CHUNK"],
+        "P_BLOCK": checked_p_block(p.get("P_BLOCK", g["P_BLOCK"]), p["num_warps"]),
+        "FALLBACK_BLOCK": g["FALLBACK_BLOCK"],
+        "MAX_SPINS": p.get("max_spins", 0 if INTERPRET else SPLIT_MAX_SPINS),
+        "ALIGN": g["ALIGN"],
+        "Y_ALIGN": g["Y_ALIGN"],
+        **({"ASYNC": g["ASYNC"]} if "ASYNC" in g else {}),
+    }
+
+
 def _split_grid(p, g, sms):
     """rows -> a split launch's programs: P per row."""
     return functools.partial(operator.mul, g["P"])
@@ -461,14 +490,16 @@ PATH_TABLE = {
             "split", "X:*T Y:*T WS:*i64 B V P stride_x stride_y x_off y_off SCALE:fp32",
             "CHUNK P_BLOCK FALLBACK_BLOCK MAX_SPINS ALIGN Y_ALIGN",
             geometry=_chunk_geometry("CHUNK"),
-            specialise=lambda p, g, V: {
-                "CHUNK": p["CHUNK"],
-                "P_BLOCK": checked_p_block(p.get("P_BLOCK", g["P_BLOCK"]), p["num_warps"]),
-                "FALLBACK_BLOCK": g["FALLBACK_BLOCK"],
-                "MAX_SPINS": p.get("max_spins", 0 if INTERPRET else SPLIT_MAX_SPINS),
-                "ALIGN": g["ALIGN"],
-                "Y_ALIGN": g["Y_ALIGN"],
-            },
+            specialise=_split_constexprs,
+            options=_warps_capped,
+            grid=_split_grid,
+            chunked=True,
+        ),
+        _entry(
+            "held_split", "X:*T Y:*T WS:*i64 B V P stride_x stride_y x_off y_off SCALE:fp32",
+            "CHUNK P_BLOCK FALLBACK_BLOCK MAX_SPINS ALIGN Y_ALIGN ASYNC",
+            geometry=_held_split_geometry,
+            specialise=_split_constexprs,
             options=_warps_capped,
             grid=_split_grid,
             chunked=True,

@@ -516,7 +516,7 @@ def test_plan_changes_at_each_boundary():
         assert st.plan(b["stream_min_b"], b["held_min_v"] + 1, dtype) == "held"
         assert st.plan(b["stream_min_b"] - 1, b["held_min_v"] + 1, dtype) == "row"
         assert st.plan(b["stream_min_b"], b["held_max_v"], dtype) == "held"
-        past_held = "stream" if b["held_max_v"] < b["stream_max_v"] else "split"
+        past_held = "stream" if b["held_max_v"] < b["stream_max_v"] else "held_split"
         assert st.plan(b["stream_min_b"], b["held_max_v"] + 1, dtype) == past_held
         assert st.plan(b["stream_min_b"], b["row_max_v"], dtype) == "held"
         assert st.plan(1, long, dtype) == "split"
@@ -525,8 +525,10 @@ def test_plan_changes_at_each_boundary():
         assert st.plan(b["stream_min_b"], b["stream_max_v"], dtype) == (
             "held" if b["stream_max_v"] <= b["held_max_v"] else "stream"
         )
-        assert st.plan(b["stream_min_b"], b["stream_max_v"] + 1, dtype) == "split"
-        assert st.plan(1 << 20, 262144, dtype) == "split", "rows too long for L2 split at every B"
+        assert st.plan(b["stream_min_b"], b["stream_max_v"] + 1, dtype) == "held_split"
+        assert st.plan(b["stream_min_b"] - 1, b["stream_max_v"] + 1, dtype) == "split"
+        assert st.plan(1 << 20, 262144, dtype) == "held_split", "rows too long for L2 split, each chunk held"
+        assert st.plan(b["stream_min_b"] - 1, 262144, dtype) == "split", "a shorter batch keeps its chunks in registers"
     for B, V in LAB_SHAPES:
         assert st.plan(B, V, torch.float32) == "tile", "the lab shapes must run the autotuned kernel"
     assert SOFTMAX_KERNELS["triton"].plan is not None
@@ -534,14 +536,15 @@ def test_plan_changes_at_each_boundary():
         {
             st.plan(B, V, dtype)
             for B in (1, b["rows_min_b"])
-            for V in (1, b["tile_max_v"] + 1, b["held_min_v"], b["held_max_v"], b["row_max_v"] + 1)
+            for V in (1, b["tile_max_v"] + 1, b["held_min_v"], b["held_max_v"], long, b["stream_max_v"] + 1)
             for dtype in (torch.float32, torch.bfloat16)
         }
         == set(SOFTMAX_KERNELS["triton"].paths)
         == set(dispatch.PATHS)
     )
     for dtype in DTYPES:
-        batches, lengths = (1, b["stream_min_b"], b["rows_min_b"]), (1, 3000, b["held_min_v"], b["held_max_v"], long)
+        batches = (1, b["stream_min_b"], b["rows_min_b"])
+        lengths = (1, 3000, b["held_min_v"], b["held_max_v"], long, b["stream_max_v"] + 1)
         planned = {st.plan(B, V, dtype) for B in batches for V in lengths}
         assert planned == set(dispatch.paths_for(dtype)), dtype
 
@@ -569,8 +572,8 @@ def test_plan_accepts_scaled_boundaries():
     assert [st.plan(1, v, boundaries=small) for v in (9, 24, 25, 33)] == ["row", "row", "split", "split"]
     assert st.plan(4, 8, boundaries=small) == "rows"
     bf16 = [st.plan(3, v, torch.bfloat16, boundaries=small) for v in (16, 17, 24, 25, 32, 33, 40, 41)]
-    assert bf16 == ["row", "stream", "stream", "held", "held", "stream", "stream", "split"]
-    assert [st.plan(2, v, torch.bfloat16, boundaries=small) for v in (17, 33)] == ["row", "split"]
+    assert bf16 == ["row", "stream", "stream", "held", "held", "stream", "stream", "held_split"]
+    assert [st.plan(2, v, torch.bfloat16, boundaries=small) for v in (17, 33, 41)] == ["row", "split", "split"]
     assert st.plan(3, 33, torch.float32, boundaries=small) == "split"
 
 
@@ -621,15 +624,18 @@ def test_public_softmax(B, V, dtype):
 
 
 def test_a_path_that_cannot_run_takes_its_substitute_and_naming_it_is_refused():
-    # held needs cp.async (sm_80 on) and is a Gluon kernel: softmax() takes stream for its rows
-    # under the interpreter and on older GPUs; every other path runs everywhere.
+    # held and held_split need cp.async (sm_80 on) and are Gluon kernels: softmax() takes stream
+    # and split for their rows under the interpreter and on older GPUs; every other path runs
+    # everywhere.
     for path in dispatch.PATHS:
-        want = "stream" if path == "held" else path
+        want = {"held": "stream", "held_split": "split"}.get(path, path)
         assert dispatch.runnable_path(path, None) == dispatch.runnable_path(path, 7) == want, path
         assert dispatch.runnable_path(path, 8) == dispatch.runnable_path(path, 9) == path, path
     if dispatch.INTERPRET:
         with pytest.raises(ValueError, match="held path cannot run under Triton's interpreter"):
             st.run_path(logits(2, 40, seed=1, dtype=torch.bfloat16), "held")
+        with pytest.raises(ValueError, match="held_split path cannot run under Triton's interpreter"):
+            st.run_path(logits(2, 40, seed=1, dtype=torch.bfloat16), "held_split")
 
 
 def test_held_buffer_is_the_row_in_whole_tiles_in_at_most_three_parts():
@@ -804,7 +810,7 @@ def test_sm90_aot_builds_spill_within_budget_and_fit_shared_memory(sm90_builds, 
             vector_loads = r["vector_loads"] or r["cp_async_bytes"] == 16
             assert vector_loads, f"{r['name']} with ALIGN > 1 should issue vector loads: {r}"
             assert r["vector_stores"], f"{r['name']} with ALIGN > 1 should issue vector stores: {r}"
-        if r["name"].startswith("split"):
+        if r["name"].split()[0] in ("split", "held_split"):
             assert r["tag_read_first"], f"the launch tag is read behind a barrier: {r}"
 
 

@@ -87,6 +87,10 @@ FORCED = [
     ("split", {"CHUNK": 256, "num_warps": 1}),  # the smallest chunks of a short batch
     ("stream", {}),
     ("stream", {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 1}),  # few programs: rows loop
+    ("held_split", {}),
+    ("held_split", {"CHUNK": 1024, "num_warps": 4}),
+    ("held_split", {"max_spins": 0}),  # most programs take the streaming fallback
+    ("held_split", {"CHUNK": 256, "num_warps": 1}),  # one tile a chunk
 ]
 
 
@@ -108,6 +112,7 @@ def test_each_path_on_gpu(path, params, B, V, dtype):
         ("split", {"CHUNK": 1024, "num_warps": 4}),
         ("held", {}),
         ("stream", {"BLOCK": 1024, "num_warps": 4, "programs_per_sm": 1}),
+        ("held_split", {"CHUNK": 1024, "num_warps": 4}),
     ],
     ids=lambda v: v if isinstance(v, str) else "",
 )
@@ -136,6 +141,7 @@ def test_a_rows_bits_do_not_depend_on_path_batch_or_layout(V, dtype):
     # Each path where its registers hold the row (rows and row keep a whole row per program),
     # with its own launch parameters and with the scaled-down ones.
     holds = {"tile": True, "rows": V <= b["tile_max_v"], "row": V <= b["row_max_v"], "split": True, "stream": True}
+    holds["held_split"] = True
     holds["held"] = V <= dispatch.held_longest_row(x.element_size())  # the row in shared memory, in any dtype
     forced = [(p, {}) for p in dispatch.PATHS if holds[p]]
     forced += [(p, q) for p, q in SCALED.items() if V <= 6001 and (p != "rows" or holds[p])]

@@ -1,0 +1,104 @@
+"""Triton's held split (each of a row's programs holds its chunk in shared memory) against the
+split path it would replace, which keeps a chunk in registers.
+
+    python reports/probes/triton_held_split.py --out DIR            # on a GPU
+    python reports/probes/triton_held_split.py --out DIR --part bits
+
+Parts:
+  bits    held_split's output bits against split's at every layout of the suite
+          (tests/helpers/inputs.py), float32, bfloat16 and float16, V = 53249, 65537, 131075 and
+          262144 (B = 64, and one row of 262144: the short batch's chunks), outputs poisoned with
+          NaN first; a NaN row and a row of -inf with one finite entry included.
+  time    device time (probes/triton_rows_sweep.py's clock: graph replay, L2 flushed, against a
+          copy measured in the same run) of held_split at several chunk x warps x register caps,
+          split, fused and the dispatch, at the rows split takes today: float32 from 50257,
+          16-bit past 53248, batches 1 ... 8192.
+
+The question (reports/profiles.md, "Where the misses wait"): the split holds 120 registers a
+thread at bf16 V = 262144, runs a quarter occupancy and waits at its meetings (0.63-0.69 of
+copy on an H200). A chunk in shared memory needs no register per element, so more programs
+share an SM; does the row then move at the held path's speed (0.85-1.0 of copy)?
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from kernels import SOFTMAX_KERNELS
+from kernels.softmax_triton import run_path
+from tests.helpers.inputs import layouts, logits
+
+sys.path.insert(0, str(Path(__file__).parent))
+from triton_rows_sweep import bits, path_variants, sweep_shapes  # noqa: E402
+
+# Launch variants: each names its chunk in KB, warps and register cap, so a label stays true when
+# the dispatched launch changes. Chunks of 64 KB: two to three programs an SM; 32 KB: up to six.
+HELD_SPLIT = {
+    "hs 64K 16x64": {"bytes": 65536, "num_warps": 16, "maxnreg": 64},
+    "hs 64K 8x80": {"bytes": 65536, "num_warps": 8, "maxnreg": 80},
+    "hs 64K 8x128": {"bytes": 65536, "num_warps": 8, "maxnreg": 128},
+    "hs 32K 8x64": {"bytes": 32768, "num_warps": 8, "maxnreg": 64},
+    "hs 32K 4x128": {"bytes": 32768, "num_warps": 4, "maxnreg": 128},
+    "hs 96K 16x64": {"bytes": 98304, "num_warps": 16, "maxnreg": 64},
+    "hs dispatched": {},
+}
+SHAPES = [
+    (B, V, dt)
+    for dt in (torch.bfloat16, torch.float32)
+    for B, V in ((4096, 65536), (4096, 128256), (4096, 262144), (1024, 262144), (1024, 128256), (8192, 50257),
+                 (4096, 57345), (64, 262144), (1, 1000000))
+    if not (dt == torch.bfloat16 and V == 50257)
+]  # fmt: skip
+
+
+def check_bits() -> bool:
+    ok = True
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for B, V in ((64, 53249), (64, 65537), (64, 131075), (64, 262144), (1, 262144)):
+            for layout in layouts(dtype) if B > 1 else ("contiguous",):
+                x = logits(B, V, seed=V, dtype=dtype, device="cuda", layout=layout)
+                if B > 2:
+                    x[1, 7] = float("nan")
+                    x[2].fill_(-float("inf"))
+                    x[2, V - 1] = 0.0
+                ys = []
+                for path in ("held_split", "split"):
+                    y = torch.full(x.shape, float("nan"), dtype=dtype, device="cuda")
+                    run_path(x, path, out=y)
+                    ys.append(y)
+                torch.cuda.synchronize()
+                same = torch.equal(bits(ys[0]), bits(ys[1]))
+                ok &= same
+                print(f"bits {str(dtype):15s} ({B}, {V}) {layout:12s} held_split == split: {same}", flush=True)
+    return ok
+
+
+def variants(x, reference):
+    fused = SOFTMAX_KERNELS["fused"]
+    es = x.element_size()
+    runs = {"split": ("split", {})}
+    for name, p in HELD_SPLIT.items():
+        q = {k: v for k, v in p.items() if k != "bytes"}
+        if "bytes" in p:
+            q["CHUNK"] = p["bytes"] // es
+        runs[name] = ("held_split", q)
+    return {"fused": lambda: fused(x), **path_variants(x, reference, runs)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--part", nargs="+", default=["bits", "time"])
+    args = parser.parse_args()
+    if "bits" in args.part:
+        print("held_split bits equal split's everywhere:", check_bits(), flush=True)
+    if "time" in args.part:
+        sweep_shapes(SHAPES, args.out / "triton_held_split.json", variants)
+
+
+if __name__ == "__main__":
+    main()
