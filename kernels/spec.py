@@ -252,14 +252,14 @@ SPECS: tuple[KernelSpec, ...] = (
             Path("rows", gpu=(8193, 100), cpu={"ROWS": 4, "num_warps": 2, "CUT": True}),
             Path("row", gpu=(5, 2049), cpu={"num_warps": 4}),
             Path("split", gpu=(5, 32769), cpu={"CHUNK": 16, "num_warps": 2}),
-            # 16-bit rows of 24577-53248 from DISPATCH_BOUNDARIES["stream_min_b"] rows on, in shared memory
+            # 16-bit rows of 24577-49152 from DISPATCH_BOUNDARIES["stream_min_b"] rows on, in shared memory
             Path("held", gpu=(1024, 24577), dtypes=("bfloat16", "float16"), interpreted=False),
             # 16-bit rows past DISPATCH_BOUNDARIES["stream_max_v"] from its "stream_min_b" rows on: split's
             # programs, each holding its chunk in shared memory
-            Path("held_split", gpu=(1024, 53249), dtypes=("bfloat16", "float16"), interpreted=False),
+            Path("held_split", gpu=(1024, 49153), dtypes=("bfloat16", "float16"), interpreted=False),
             Path(
                 "stream",
-                gpu=(1024, 16385),  # the other 16-bit rows of 16385-53248 from DISPATCH_BOUNDARIES["stream_min_b"] on
+                gpu=(1024, 16385),  # the other 16-bit rows of 16385-49152 from DISPATCH_BOUNDARIES["stream_min_b"] on
                 cpu={"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1},  # tiles of 16, rows walked by 2 programs
                 dtypes=("bfloat16", "float16"),
             ),

@@ -70,9 +70,10 @@ DISPATCH_BOUNDARIES = {
     # (probes/triton_long_path_choice.py), bf16 at B = 1024, 4096 and 32768: stream over row
     # 1.04-1.12x at V = 32000, over split 1.12-1.21x at 32769; split over stream 1.00-1.05x at
     # 50257 and 1.14-1.31x at 65536, where the rows in flight crowd the 60 MB L2; row over
-    # stream 1.22-1.35x at V = 16384. The held path took the region past 40960 from split.
+    # stream 1.22-1.35x at V = 16384. The held path took the region past 40960 from split, and
+    # held_split the rows past 49152 (below).
     "stream_min_v": 16384,
-    "stream_max_v": 53248,
+    "stream_max_v": 49152,
     "stream_min_b": 1024,
     # Of those, rows of held_min_v < V <= held_max_v are held whole in shared memory (a buffer of
     # whole tiles, in up to three parts: held_block). Measured on an H100 (probes/triton_held_row.py,
@@ -81,11 +82,14 @@ DISPATCH_BOUNDARIES = {
     # 16 warps under 64 registers (two programs an SM): (4096, 50257) 0.851 / 0.776, (8192,
     # 50257) 0.865 / 0.783, (1024, 50257) 0.759 / 0.733, fp16 alike, (4096, 40960) 0.967 / 0.868
     # (a power-of-two buffer there, one program an SM: 0.57-0.75); at (4096, 57344), a buffer of
-    # 112 KB, split led, 0.850 / 0.816, so held ends at 53248 (50257's buffer). At V = 16385 held
-    # at 8 warps under 64 led stream (0.91 / 0.79 at B = 4096, 0.74 / 0.68 at 1024), not yet
-    # adopted (runs/h100-2026-12-06, -06b).
+    # 112 KB, split led, 0.850 / 0.816. At V = 16385 held at 8 warps under 64 led stream (0.91 /
+    # 0.79 at B = 4096, 0.74 / 0.68 at 1024), not yet adopted (runs/h100-2026-12-06, -06b).
+    # held_split (its chunks balanced) against held (probes/triton_held_split.py,
+    # runs/h100-2026-12-06c): bf16 (4096, 32769) 0.790 / 0.859, (4096, 40961) 0.856 / 0.893,
+    # (4096, 45057) 0.876 / 0.876, 50257 at B = 1024 / 4096 / 8192 / 32768 0.780 / 0.900 / 0.923 /
+    # 0.944 against 0.764 / 0.844 / 0.863 / 0.865: held ends at 49152, and stream_max_v with it.
     "held_min_v": 24576,
-    "held_max_v": 53248,
+    "held_max_v": 49152,
 }
 
 # The split path's launch parameters, from the H200 sweeps of reports/profiles.md (CHUNK
@@ -233,16 +237,21 @@ def launch_params(
         # uncapped 0.96, 8 x 64 0.85, 4 x 128 0.89; at (4096, 24577) 0.81, 0.80, 0.76, 0.70.
         return {"num_warps": 16, "maxnreg": 64}  # the buffer: kernels.triton_dispatch.held_block
     if path == "held_split":
-        # Chunks of 64 KB at 8 warps under a cap of 80 registers: three programs an SM. Of copy
-        # on an H100 (probes/triton_held_split.py), bf16 (4096, 262144): 8 x 80 0.957, 8 x 128
-        # 0.834, 16 x 64 0.787, chunks of 32 KB at 8 x 64 0.881, of 96 KB 0.741 (split 0.806).
-        # A short batch halves the chunks as split's do, down to one tile.
-        p = {"CHUNK": 65536 // dtype.itemsize, "num_warps": 8, "maxnreg": 80}
-        tile = 16 // dtype.itemsize * 32 * p["num_warps"]
+        # Chunks of at most 64 KB at 8 warps under a cap of 80 registers: three programs an SM.
+        # Of copy on an H100 (probes/triton_held_split.py), bf16 (4096, 262144): 8 x 80 0.957,
+        # 8 x 128 0.834, 16 x 64 0.787, chunks of 32 KB at 8 x 64 0.881, of 96 KB 0.741 (split
+        # 0.806). A short batch halves the chunks as split's do, down to one tile. The row's P
+        # programs then share it evenly: the least whole tiles (held_block) that keep P for any
+        # head (bf16 (4096, 65537): 0.877 against 0.770 with a last chunk of one group).
+        es = dtype.itemsize
+        tile = 16 // es * 32 * 8
+        chunk = 65536 // es
         if B is not None and sms is not None:
-            while p["CHUNK"] > tile and B * triton.cdiv(V, p["CHUNK"]) < SPLIT_FILL * sms:
-                p["CHUNK"] //= 2
-        return p
+            while chunk > tile and B * triton.cdiv(V, chunk) < SPLIT_FILL * sms:
+                chunk //= 2
+        span = V + 16 // es - 1  # the row and the most its head may add
+        return {"CHUNK": held_block(triton.cdiv(span, triton.cdiv(span, chunk)), tile, es), "num_warps": 8,
+                "maxnreg": 80}  # fmt: skip
     if path == "stream":
         # BLOCK 2048-16384 x 4-16 warps x 1-8 programs per SM at B = 512 and 4096, V = 50257
         # and 128256 (reports/profiles.md): 4096 x 16 x 8 led or tied in bfloat16. Programs

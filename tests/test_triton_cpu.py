@@ -610,6 +610,36 @@ def test_split_chunks_shrink_for_short_batches(dtype):
         assert -(-V // st.launch_params("split", V, dtype, B=1, sms=H200_SMS)["CHUNK"]) >= 0.95 * H200_SMS
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_held_split_chunks_cover_a_row_evenly_in_whole_tiles(dtype):
+    # held_split's chunk: whole tiles (at most three bits set in their count: the buffer's
+    # parts), at most 64 KB, as many programs a row as the largest chunk would take at any head,
+    # shared so evenly that the row wastes at most an eighth and a tile a program; short
+    # batches halve the chunk as split's do. A chunk of part tiles is refused.
+    es = dtype.itemsize
+    a = 16 // es
+    entry = triton_launch.PATH_TABLE["held_split"]
+    for V in (49153, 50257, 65536, 65537, 128256, 200064, 262144, 262145, 1000003):
+        for B in (None, 1, 2, 64, 1024, 4096):
+            p = st.launch_params("held_split", V, dtype, B=B, sms=None if B is None else H200_SMS)
+            tile = a * 32 * p["num_warps"]
+            chunk, tiles = p["CHUNK"], p["CHUNK"] // tile
+            assert chunk % tile == 0 and tiles.bit_count() <= 3 and chunk * es <= 65536, (V, B, p)
+            largest = 65536 // es
+            if B is not None:
+                while largest > tile and B * -(-V // largest) < dispatch.SPLIT_FILL * H200_SMS:
+                    largest //= 2
+            most = -(-(V + a - 1) // largest)
+            for head in range(a):
+                P = entry.geometry(p, V, V, V, es, None, head, head)["P"]
+                assert P == -(-(V + head) // chunk) <= most, (V, B, head, p)
+            assert most * chunk <= (V + a - 1) * 9 // 8 + most * tile, (V, B, p)
+    with pytest.raises(ValueError, match="multiple of its tile"):
+        entry.geometry({"CHUNK": 3000, "num_warps": 8}, 65536, 65536, 65536, es, None, 0, 0)
+    with pytest.raises(ValueError, match="at most three bits"):
+        entry.geometry({"CHUNK": 15 * a * 32 * 8, "num_warps": 8}, 65536, 65536, 65536, es, None, 0, 0)
+
+
 # ------------------------------------------------------------------ public softmax() on CPU
 
 

@@ -9,10 +9,15 @@ Parts:
           (tests/helpers/inputs.py), float32, bfloat16 and float16, V = 53249, 65537, 131075 and
           262144 (B = 64, and one row of 262144: the short batch's chunks), outputs poisoned with
           NaN first; a NaN row and a row of -inf with one finite entry included.
+  bounds  where held_split should begin: against held at bf16 rows of 24577-50257 (B = 1024 ...
+          32768), against split at float32 rows of 50257-65536 and at batches of 256-1024.
+  fill    rows whose last chunk is nearly empty (V one past a multiple of the chunk): split,
+          held_split, and held_split with its chunks balanced (the least tile multiple that
+          keeps P: kernels.triton_dispatch.held_block of cdiv(V, P)).
   time    device time (probes/triton_rows_sweep.py's clock: graph replay, L2 flushed, against a
           copy measured in the same run) of held_split at several chunk x warps x register caps,
-          split, fused and the dispatch, at the rows split takes today: float32 from 50257,
-          16-bit past 53248, batches 1 ... 8192.
+          split, fused and the dispatch, at long rows: float32 from 50257, 16-bit from 57345,
+          batches 1 ... 8192.
 
 The question (reports/profiles.md, "Where the misses wait"): the split holds 120 registers a
 thread at bf16 V = 262144, runs a quarter occupancy and waits at its meetings (0.63-0.69 of
@@ -55,6 +60,41 @@ SHAPES = [
 ]  # fmt: skip
 
 
+BOUNDS = [
+    *((B, 50257, torch.bfloat16) for B in (1024, 4096, 8192, 32768)),
+    *((4096, V, torch.bfloat16) for V in (24577, 32769, 40961, 45057)),
+    (1024, 40961, torch.bfloat16),
+    *((B, V, torch.bfloat16) for B in (256, 512) for V in (65537, 262144)),
+    *((4096, V, torch.float32) for V in (50257, 57345, 61441, 65536)),
+    (1024, 65536, torch.float32),
+    *((B, 262144, torch.float32) for B in (256, 512, 1024)),
+]
+
+
+def bounds_variants(x, reference):
+    B, V = x.shape
+    runs = {"split": ("split", {}), "held_split": ("held_split", {})}
+    if x.dtype != torch.float32 and V <= 53248:
+        runs["held"] = ("held", {})
+    return path_variants(x, reference, runs)
+
+
+FILL = [(4096, V, dt) for dt in (torch.float32, torch.bfloat16) for V in (50257, 65537, 81921, 98305, 151936, 200064)]
+
+
+def fill_variants(x, reference):
+    from kernels.triton_dispatch import held_block, launch_params
+
+    B, V = x.shape
+    es = x.element_size()
+    p = launch_params("held_split", V, x.dtype)
+    P = -(-V // p["CHUNK"])
+    balanced = held_block(-(-V // P), 16 // es * 32 * p["num_warps"], es)
+    runs = {"split": ("split", {}), "held_split": ("held_split", {})}
+    runs[f"held_split balanced {balanced}"] = ("held_split", {"CHUNK": balanced})
+    return path_variants(x, reference, runs)
+
+
 def check_bits() -> bool:
     ok = True
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -92,10 +132,14 @@ def variants(x, reference):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--part", nargs="+", default=["bits", "time"])
+    parser.add_argument("--part", nargs="+", default=["bits", "bounds", "fill", "time"])
     args = parser.parse_args()
     if "bits" in args.part:
         print("held_split bits equal split's everywhere:", check_bits(), flush=True)
+    if "bounds" in args.part:
+        sweep_shapes(BOUNDS, args.out / "triton_held_split_bounds.json", bounds_variants)
+    if "fill" in args.part:
+        sweep_shapes(FILL, args.out / "triton_held_split_fill.json", fill_variants)
     if "time" in args.part:
         sweep_shapes(SHAPES, args.out / "triton_held_split.json", variants)
 
