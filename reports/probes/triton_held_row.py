@@ -30,11 +30,10 @@ from pathlib import Path
 import torch
 
 from kernels import SOFTMAX_KERNELS
-from kernels.softmax_triton import run_path
 from tests.helpers.inputs import layouts, logits
 
 sys.path.insert(0, str(Path(__file__).parent))
-from triton_rows_sweep import bits, path_variants, sweep_shapes  # noqa: E402
+from triton_rows_sweep import path_variants, paths_agree, sweep_shapes, with_edge_rows  # noqa: E402
 
 # Launch variants over launch_params("held"): each names its warps and register cap in full, so a
 # label stays true when the dispatched launch changes.
@@ -71,17 +70,8 @@ def check_bits() -> bool:
     for dtype in (torch.bfloat16, torch.float16):
         for V in (16385, 20001, 32768, 50257):
             for layout in layouts(dtype):
-                x = logits(64, V, seed=V, dtype=dtype, device="cuda", layout=layout)
-                x[1, 7] = float("nan")
-                x[2].fill_(-float("inf"))
-                x[2, V - 1] = 0.0
-                ys = []
-                for path in ("held", "stream"):
-                    y = torch.full(x.shape, float("nan"), dtype=dtype, device="cuda")
-                    run_path(x, path, out=y)
-                    ys.append(y)
-                torch.cuda.synchronize()
-                same = torch.equal(bits(ys[0]), bits(ys[1]))
+                x = with_edge_rows(logits(64, V, seed=V, dtype=dtype, device="cuda", layout=layout))
+                same = paths_agree(x, "held", "stream")
                 ok &= same
                 print(f"bits {str(dtype):15s} V {V:6d} {layout:12s} held == stream: {same}")
     return ok

@@ -151,15 +151,31 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
 
 
+def with_edge_rows(x: torch.Tensor) -> torch.Tensor:
+    """x with a NaN in row 1 and row 2 all -inf but its last entry (where B > 2), in place."""
+    if x.shape[0] > 2:
+        x[1, 7] = float("nan")
+        x[2].fill_(-float("inf"))
+        x[2, -1] = 0.0
+    return x
+
+
+def paths_agree(x: torch.Tensor, first: str, second: str) -> bool:
+    """Whether run_path gives x the same bits through `first` and `second` (outputs poisoned
+    with NaN first)."""
+    ys = []
+    for path in (first, second):
+        y = torch.full(x.shape, float("nan"), dtype=x.dtype, device=x.device)
+        run_path(x, path, out=y)
+        ys.append(y)
+    torch.cuda.synchronize()
+    return torch.equal(bits(ys[0]), bits(ys[1]))
+
+
 def edge_logits(B: int, V: int, dtype: torch.dtype) -> torch.Tensor:
     """randn * 3 on the GPU, with a NaN row and a row of -inf with one finite entry (whose bits
     every variant must keep too), where B > 2."""
-    x = torch.randn(B, V, device="cuda", dtype=torch.float32).mul_(3).to(dtype)
-    if B > 2:
-        x[1, 7] = float("nan")
-        x[2].fill_(-float("inf"))
-        x[2, V - 1] = 0.0
-    return x
+    return with_edge_rows(torch.randn(B, V, device="cuda", dtype=torch.float32).mul_(3).to(dtype))
 
 
 def baseline_variants(x: torch.Tensor) -> dict:
