@@ -25,6 +25,7 @@ from .checks import check_backward_inputs, on_device, prepare_dx
 from .spec import spec_of
 from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
 from .triton_dispatch import INTERPRET, fixed_point_bits
+from .triton_dispatch import launch_params as softmax_launch_params
 from .triton_launch import launch_entry, training_cut
 
 KERNEL_NAME = "triton"
@@ -144,13 +145,17 @@ def launch_params(
         # buffer in parts, kernels.triton_dispatch.held_block) 8 warps take 203-207 registers,
         # one program an SM; 16 warps under 64 keep two (spilling 56-72 bytes a thread).
         return {"num_warps": 8} if V <= 32768 else {"num_warps": 16, "maxnreg": 64}
+    if path == "held_split" and op == "cross_entropy":
+        # The softmax's held split launch (kernels.triton_dispatch): 8 warps under 80 registers,
+        # chunks of at most 64 KB shared evenly over the row's programs. Not dispatched yet.
+        return softmax_launch_params("held_split", V, dtype)
     if path in ("prep", "reduce"):
         return {"BLOCK": 1024, "num_warps": 4}
     if path == "scale":
         return {"BLOCK": min(4096, triton.next_power_of_2(V)), "num_warps": 4}
     raise ValueError(
         f"{KERNEL_NAME} training kernels: unknown path {path!r} (row, reread, split, stream, prep, reduce, "
-        "scale; held for cross-entropy)"
+        "scale; held and held_split for cross-entropy)"
     )
 
 

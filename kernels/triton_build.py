@@ -204,7 +204,7 @@ QUICK = {"bwd-row fp32", "bwd-split fp32", "bwd-split fp32 odd V", "bwd-stream f
          "ce-row fp32", "ce-row fp32 weighted smoothed", "ce-split fp32", "ce-split bf16", "ce-split fp32 odd V",
          "ce-split fp32 weighted smoothed", "ce-split fp32 weighted smoothed odd V", "ce-split fp16 weighted smoothed",
          "ce-split fp32 weighted smoothed out of step", "ce-split fp16 weighted smoothed out of step",
-         "ce-held bf16", "ce-scale fp32", "ce-prep", "ce-reduce"}  # fmt: skip
+         "ce-held bf16", "ce-held_split bf16", "ce-scale fp32", "ce-prep", "ce-reduce"}  # fmt: skip
 
 
 def build_training(quick: bool = False) -> list[dict]:
@@ -246,6 +246,11 @@ def build_training(quick: bool = False) -> list[dict]:
         if name != "float32":  # 16-bit plain rows held in shared memory, at the held path's bounds
             held = (ce_bounds["held_min_v"] + 1, ce_bounds["held_max_v"], HELD_PARTS_V)
             builds += [(f"ce-held {dtype}", "cross_entropy", "held", V, name, {}) for V in held]
+            # and split with each chunk held (run_path's held_split, not dispatched), past held's rows
+            builds += [
+                (f"ce-held_split {dtype}", "cross_entropy", "held_split", V, name, {})
+                for V in (ce_bounds["held_max_v"] + 1, 262144)
+            ]
         builds += [
             (f"ce-scale {dtype}", "cross_entropy", "scale", 262144, name, {"IN_PLACE": i}) for i in (True, False)
         ]

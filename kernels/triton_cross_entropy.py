@@ -69,7 +69,7 @@ DISPATCH_BOUNDARIES = {
 # Where the held kernel cannot run (Triton's interpreter, a GPU before sm_80) its rows take split,
 # which holds rows of any length (row's plain rows end at plain_row_max_v, short of held_max_v),
 # with the same bits (kernels.triton_dispatch.runnable_path).
-SUBSTITUTE = {"held": "split"}
+SUBSTITUTE = {"held": "split", "held_split": "split"}
 
 
 def plan(N: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None, *, plain: bool = True) -> str:
@@ -129,7 +129,7 @@ def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction
     if path == "split":  # chunks cut on the logits' rows (kernels.triton_launch.training_cut)
         cut = training_cut(V, x, grad)
         (values["X"], values["x_off"]), (values["G"], values["g_off"]) = cut["views"]
-    elif path == "held":  # groups of 16-byte-aligned base views, as the softmax's held path
+    elif path in ("held", "held_split"):  # groups of 16-byte-aligned base views, as the softmax's held paths
         a = 16 // x.element_size()
         (values["X"], values["x_off"]), (values["G"], values["g_off"]) = aligned_base(x, a), aligned_base(grad, a)
         layout = (x.stride(0), grad.stride(0), x.element_size(), None, values["x_off"], values["g_off"])
@@ -182,8 +182,10 @@ def _cross_entropy(logits, targets, path, params, *, weight=None, ignore_index=-
     plain = weight is None and not float(label_smoothing) > 0.0  # no class weights, no smoothing
     if path is None:
         path = runnable_path(plan(*logits.shape, logits.dtype, plain=plain), gpu_major(logits), SUBSTITUTE)
-    elif path == "held" and not plain:
-        raise ValueError(f"{KERNEL_NAME} cross-entropy: the held path takes neither class weights nor label smoothing")
+    elif path in ("held", "held_split") and not plain:
+        raise ValueError(
+            f"{KERNEL_NAME} cross-entropy: the {path} path takes neither class weights nor label smoothing"
+        )
     else:
         refuse_unrunnable(path, gpu_major(logits), "cross-entropy", "cross_entropy()", SUBSTITUTE)
     run = lambda: _run(  # noqa: E731
@@ -217,8 +219,10 @@ def cross_entropy(
 
 def run_path(logits, targets, path: str, *, params: dict | None = None, **options) -> CrossEntropyResult:
     """cross_entropy through one named path with launch parameters `params` (row: BLOCK,
-    num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK; held: num_warps, maxnreg, plain rows
-    only, on a GPU of sm_80 on: ValueError elsewhere); `options` as cross_entropy takes them."""
+    num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK; held: num_warps, maxnreg; held_split
+    (not dispatched: the split's rows, each program's chunk held): CHUNK, num_warps, maxnreg,
+    max_spins; held and held_split take plain rows only, on a GPU of sm_80 on: ValueError
+    elsewhere); `options` as cross_entropy takes them."""
     return _cross_entropy(logits, targets, path, params or {}, **options)
 
 

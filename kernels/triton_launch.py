@@ -549,6 +549,19 @@ def _ce_held_geometry(p, V, *layout) -> dict:
     return _held_geometry(p, V, *(layout or p["layout"]))
 
 
+def _ce_held_split_geometry(p, V, *layout) -> dict:
+    """The cross-entropy held split kernel's: the softmax's (_held_split_geometry) for the
+    logits and the gradient, their layout passed as _ce_held_geometry's."""
+    return _held_split_geometry(p, V, *(layout or p["layout"]))
+
+
+def _ce_held_split_constexprs(p, g, V) -> dict:
+    """_split_constexprs with the gradient's alignment named G_ALIGN, in the kernel's order."""
+    c = _split_constexprs(p, g, V)
+    return {**{n: c[n] for n in ("CHUNK", "P_BLOCK", "FALLBACK_BLOCK", "MAX_SPINS", "ALIGN")},
+            "G_ALIGN": c["Y_ALIGN"], "ASYNC": c["ASYNC"]}  # fmt: skip
+
+
 def _one_program(p, g, sms):
     return lambda rows: 1
 
@@ -596,6 +609,16 @@ TABLES = {
             specialise=lambda p, g, V: {"BLOCK": g["BLOCK"], "ALIGN": g["ALIGN"], "G_ALIGN": g["Y_ALIGN"],
                                         "ASYNC": g["ASYNC"]},
             options=_warps_capped,
+        ),
+        "held_split": _entry(
+            "cross_entropy_held_split",
+            "X:*T T:*i64 G:*T LOSS:*fp32 LSE:*fp32 PREP:*fp32 WS:*i64 V P stride_x stride_g x_off g_off ignore_index "
+            "SCALE:fp32",
+            "CHUNK P_BLOCK FALLBACK_BLOCK MAX_SPINS ALIGN G_ALIGN ASYNC",
+            geometry=_ce_held_split_geometry,
+            specialise=_ce_held_split_constexprs,
+            options=_warps_capped,
+            grid=_split_grid,
         ),
         "prep": _entry(
             "cross_entropy_prep", "T:*i64 W:*T PREP:*fp32 BAD:*i64 N V ignore_index KN KV", "BLOCK HAS_WEIGHT MEAN",

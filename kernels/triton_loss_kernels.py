@@ -41,16 +41,23 @@ from .triton_kernels import (
     _held_copy_in,
     _held_edges,
     _held_groups,
+    _held_max,
     _held_max_sum,
+    _held_sum,
     _held_tile,
     _launch_tag,
+    _launch_tag_on,
     _meet_floats,
+    _meet_floats_on,
     _meet_sum,
+    _meet_sum_on,
     _nan_max,
     _normalise,
     _row_scale,
     _split_chunk,
     _split_edges,
+    _streamed_max,
+    _streamed_sum,
     _tagged,
     _tagged_halves,
 )
@@ -733,6 +740,95 @@ def cross_entropy_held_kernel(
     gl.store(G + shift + xs + t_safe, g_t.to(OUT))
 
 
+@gluon.jit(do_not_specialize=["V", "P", "stride_x", "stride_g", "x_off", "g_off"])
+def cross_entropy_held_split_kernel(
+    X, T, G, LOSS, LSE, PREP, WS, V, P, stride_x, stride_g, x_off, g_off, ignore_index, SCALE,
+    CHUNK: gl.constexpr, P_BLOCK: gl.constexpr, FALLBACK_BLOCK: gl.constexpr, MAX_SPINS: gl.constexpr,
+    ALIGN: gl.constexpr, G_ALIGN: gl.constexpr, ASYNC: gl.constexpr,
+):  # fmt: skip
+    # A plain row (no class weights, no smoothing) too long to hold whole, cut as the softmax's
+    # held split cuts it (kernels/triton_kernels.py): P programs, each holding its chunk in shared
+    # memory, meeting through the split kernel's seven words a chunk (every word written by
+    # every launch, the smoothing's with zeros, so the tags stay in step with the split's), then
+    # the held kernel's outputs: lse and loss by one chunk, the chunk's gradient in one fma an
+    # element, and the target's entry written again, after a barrier, by the program that wrote
+    # it over. The target's logit is read before the first meeting (inplace=True: no sibling
+    # writes before every program has arrived).
+    TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
+    OUT: gl.constexpr = G.dtype.element_ty
+    lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
+    flat: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    pid = gl.program_id(0).to(gl.int64)
+    row = pid // P
+    chunk = pid - row * P
+    ignored, valid, t_safe, w_t, w_all, scale = _ce_target(T, T, PREP, row, V, ignore_index, False)
+    xs = x_off + row * stride_x  # row start, elements from X
+    g_lo, g_hi, base, grp, cols = _held_groups(xs, V, TILE, ALIGN)
+    c_base = base + chunk * CHUNK  # the chunk's first element, from X (group-aligned)
+    bufs = _held_buffers(X.dtype.element_ty, CHUNK, TILE)
+    _held_copy_in(X, bufs, c_base, grp, cols, g_lo, g_hi, CHUNK, ALIGN, ASYNC)
+    x_row = X + xs
+    x_t = gl.load(x_row + t_safe).to(gl.float32)
+    ws = WS + row * (7 * P)
+    slots = gl.arange(0, P_BLOCK, layout=flat)
+    tag = _launch_tag_on(ws + chunk, slots)  # while the copy is in flight
+    tag_hi = tag << 32
+    pos, e_mask, xe = _held_edges(X, xs, V, g_lo, g_hi, ALIGN, ASYNC, chunk == 0)
+    fcols = gl.arange(0, FALLBACK_BLOCK, layout=flat)
+
+    # Meeting 1: the row's max (the min's word written, unused without smoothing).
+    my_m = _tagged(tag_hi, _held_max(bufs, xe, c_base, grp, g_lo, g_hi, CHUNK, ALIGN))
+    gl.atomic_xchg(ws + chunk, my_m, sem="relaxed")
+    zero = gl.cast(0.0, gl.float32)
+    gl.atomic_xchg(ws + P + chunk, _tagged(tag_hi, zero), sem="relaxed")
+    m, stale = _meet_floats_on(ws, P, chunk, my_m, tag, False, slots, MAX_SPINS)
+    if stale > 0:
+        m = _streamed_max(x_row, V, fcols)
+
+    # Meeting 2: the fixed-point sum (the smoothing's words written with zeros).
+    _barrier()
+    s_c, ee = _held_sum(bufs, xe, m, SCALE, OUT, CHUNK, ALIGN)
+    s_hi, s_lo = _tagged_halves(tag_hi, s_c)
+    q_hi, q_lo = _tagged_halves(tag_hi, zero.to(gl.int64))
+    gl.atomic_xchg(ws + 2 * P + 2 * chunk, s_hi, sem="relaxed")
+    gl.atomic_xchg(ws + 2 * P + 2 * chunk + 1, s_lo, sem="relaxed")
+    gl.atomic_xchg(ws + 4 * P + 2 * chunk, q_hi, sem="relaxed")
+    gl.atomic_xchg(ws + 4 * P + 2 * chunk + 1, q_lo, sem="relaxed")
+    gl.atomic_xchg(ws + 6 * P + chunk, _tagged(tag_hi, zero), sem="relaxed")
+    S_fix, stale = _meet_sum_on(ws + 2 * P, P, chunk, s_hi, s_lo, tag, slots, MAX_SPINS)
+    if stale > 0:
+        S_fix = _streamed_sum(x_row, V, fcols, m, SCALE, OUT)
+
+    # The row's results: the held kernel's arithmetic.
+    E_t = _fixed(_exp(x_t, m, OUT), SCALE)
+    lse, loss, fin = _ce_row_outputs(m, S_fix, SCALE, x_t, w_t, w_all, 0.0, 0.0, 0.0, ignored, valid, False)
+    if chunk == row % P:  # one chunk a row, a different one from row to row (as the split's)
+        gl.store(LSE + row, lse)
+        gl.store(LOSS + row, loss)
+    shift = gl.multiple_of(g_off + row * stride_g - xs, G_ALIGN)
+    t32 = t_safe.to(gl.int32)
+    ge = _ce_gradient(ee, S_fix, E_t, SCALE, fin, (pos - xs).to(gl.int32), t32, w_t, w_all, 1.0, 0.0, 0.0, scale,
+                      ignored, valid, OUT, False)  # fmt: skip
+    gl.store(G + shift + pos, ge.to(OUT), mask=e_mask)
+    neg_hi, inv = _row_scale(S_fix, SCALE)
+    inv = gl.where(fin, inv, float("nan"))
+    k, c = _ce_plain_factors(scale, fin, ignored, valid)
+    _barrier()
+    for t in gl.static_range(CHUNK // TILE):
+        mask = _group_mask(grp, c_base + t * TILE, g_lo, g_hi, ALIGN)
+        x = _held_tile(bufs, t, TILE, CHUNK).load(lanes).to(gl.float32)
+        g = gl.fma(_normalise(_exp(x, m, OUT), neg_hi, inv, OUT), k, c)
+        gl.store(G + shift + c_base + t * TILE + cols, g.to(OUT), mask=mask)
+    _barrier()
+    # The target's entry, by the program whose chunk holds its group (chunk 0 for the edges).
+    t_grp = (xs + t_safe) // ALIGN
+    owner = gl.where((t_grp >= g_lo) & (t_grp < g_hi), (t_grp * ALIGN - base) // CHUNK, 0)
+    if chunk == owner:
+        g_t = _ce_gradient(_exp(x_t, m, OUT), S_fix, E_t, SCALE, fin, t32, t32, w_t, w_all, 1.0, 0.0, 0.0, scale,
+                           ignored, valid, OUT, False)  # fmt: skip
+        gl.store(G + shift + xs + t_safe, g_t.to(OUT))
+
+
 @triton.jit
 def cross_entropy_prep_kernel(
     T, W, PREP, BAD, N, V, ignore_index, KN, KV, BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, MEAN: tl.constexpr
@@ -875,6 +971,7 @@ JIT_KERNELS = {
     "cross_entropy_row": cross_entropy_row_kernel,
     "cross_entropy_split": cross_entropy_split_kernel,
     "cross_entropy_held": cross_entropy_held_kernel,
+    "cross_entropy_held_split": cross_entropy_held_split_kernel,
     "cross_entropy_prep": cross_entropy_prep_kernel,
     "cross_entropy_reduce": cross_entropy_reduce_kernel,
     "cross_entropy_scale": cross_entropy_scale_kernel,

@@ -64,7 +64,9 @@ SCALED = {"row": {}, "split": SPLIT, "held": {}}
 # The paths the CPU cases force (the interpreter cannot run held's Gluon kernel: its sm_90 build
 # is checked by kernels.triton_build's spill test, its bits by the cuda cases below).
 INTERPRETED_PATHS = CROSS_ENTROPY_KERNELS["triton"].interpreted_paths
-PLAIN_ONLY = {"held"}  # paths that take neither class weights nor label smoothing
+PLAIN_ONLY = {"held", "held_split"}  # paths that take neither class weights nor label smoothing
+# run_path's paths the dispatch does not take (yet), checked on the GPU beside the dispatched ones.
+UNDISPATCHED = ("held_split",)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # (reduction, label_smoothing, weighted): every pair of values of any two of the three options.
@@ -186,6 +188,8 @@ def test_held_rows_take_the_split_path_where_the_held_kernel_cannot_run():
         assert torch.equal(bits(a), bits(b)), name
     with pytest.raises(ValueError, match="held path cannot run under Triton's interpreter.*takes split"):
         tce.run_path(x, t, "held")
+    with pytest.raises(ValueError, match="held_split path cannot run under Triton's interpreter.*takes split"):
+        tce.run_path(x, t, "held_split")
     assert tce.DISPATCH_BOUNDARIES["held_max_v"] > tce.DISPATCH_BOUNDARIES["plain_row_max_v"]
 
 
@@ -722,12 +726,12 @@ def longest_row(path: str, dtype: torch.dtype) -> int | None:
 @pytest.mark.cuda
 @pytest.mark.parametrize("V", (37, 16385, 50257, 262144))
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("path", tce.PATHS)
+@pytest.mark.parametrize("path", (*tce.PATHS, *UNDISPATCHED))
 def test_cuda_edge_rows_every_path_and_layout(path, dtype, V):
     if V > (longest_row(path, dtype) or V):
         pytest.skip(f"the {path} path holds rows to V = {longest_row(path, dtype)}")
     x, t = edge_rows(V, seed=V, dtype=dtype, device="cuda")
-    params = SCALED[path] if V < 1000 else {}
+    params = SCALED.get(path, {}) if V < 1000 else {}
     plain = path in PLAIN_ONLY
     o = options("mean", 0.0 if plain else 0.1, not plain, V=V, dtype=dtype, device="cuda")
     want = run_cross_entropy_poisoned(cross_entropy_path_runner(path, **params), x, t, **o)

@@ -14,7 +14,10 @@ the held buffer is in parts (kernels.triton_dispatch.held_block), two programs a
 The question: the softmax's held kernel took bf16 rows of 32000 from 0.78 to 0.96 of copy on an
 H100 (reports/profiles.md). The cross-entropy's row kernel at (4096, 32000) bf16 ran at 0.44 of
 its floor on an H200. Does holding the row in shared memory give the cross-entropy the same, and
-below which V does the row path stay ahead (the held path's lower bound)?
+below which V does the row path stay ahead (the held path's lower bound)? And past the rows held
+whole (V > 57344, the split's), does held_split (each split program's chunk in shared memory,
+not dispatched) do for the cross-entropy what it did for the softmax (0.81 -> 0.96 of copy at
+bf16 (4096, 262144) on an H100)? `--v 57345 65537 128256 262144` times those shapes only.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch
 
 from kernels import triton_backward as tb
 from kernels import triton_cross_entropy as tce
+from kernels.triton_dispatch import held_longest_row
 
 sys.path.insert(0, str(Path(__file__).parent))
 from triton_rows_sweep import bits, edge_logits, floor_rows, run_shapes  # noqa: E402
@@ -35,12 +39,22 @@ SHAPES = [
     *((4096, V, torch.bfloat16) for V in (16385, 20001, 24577, 28000, 32000, 32768, 40961, 50257, 57344)),
     *((N, V, torch.bfloat16) for N in (64, 1024, 16384) for V in (32000, 50257)),
     (4096, 32000, torch.float16),
+    # past the held rows: split against held_split (each program's chunk held)
+    *((4096, V, torch.bfloat16) for V in (57345, 65537, 128256, 262144)),
+    (1024, 262144, torch.bfloat16),
+    (16384, 128256, torch.bfloat16),
+    (4096, 128256, torch.float16),
 ]
 # Each names its launch in full, so that a label stays true when the dispatched launch changes.
 HELD_VARIANTS = {
     "held 16 warps cap 64": {"num_warps": 16, "maxnreg": 64},
     "held 8 warps uncapped": {"num_warps": 8, "maxnreg": None},
     "held 8 warps cap 80": {"num_warps": 8, "maxnreg": 80},
+}
+HELD_SPLIT_VARIANTS = {  # the launch's chunks (balanced, at most 64 KB) at these warps and caps
+    "held_split 8 warps cap 80": {"num_warps": 8, "maxnreg": 80},
+    "held_split 8 warps cap 128": {"num_warps": 8, "maxnreg": 128},
+    "held_split 8 warps uncapped": {"num_warps": 8, "maxnreg": None},
 }
 
 
@@ -49,8 +63,10 @@ def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
     t = torch.randint(0, V, (N,), device="cuda")
     other = "row" if V <= 32768 else "split"  # the path held would replace
     runs = {other: (other, tb.launch_params(other, V, dtype, op="cross_entropy", plain=True))}
-    for name, params in HELD_VARIANTS.items():
-        runs[name] = ("held", params)
+    if V <= held_longest_row(x.element_size()):
+        runs |= {name: ("held", params) for name, params in HELD_VARIANTS.items()}
+    if V > 32768:
+        runs |= {name: ("held_split", params) for name, params in HELD_SPLIT_VARIANTS.items()}
     want = tce.run_path(x, t, other, validate=False, reduction="none")
     variants, same = {}, {}
     for name, (path, params) in runs.items():
