@@ -24,12 +24,15 @@ import triton
 from .checks import check_backward_inputs, on_device, prepare_dx
 from .spec import spec_of
 from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
-from .triton_dispatch import INTERPRET, fixed_point_bits
+from .triton_dispatch import INTERPRET, aligned_base, fixed_point_bits, gpu_major, held_split_chunk, refuse_unrunnable
 from .triton_dispatch import launch_params as softmax_launch_params
 from .triton_launch import launch_entry, training_cut
 
 KERNEL_NAME = "triton"
 PATHS = spec_of("softmax_backward", KERNEL_NAME).path_names  # the registry's entry names them
+# held_split (run_path only, not dispatched) is a Gluon kernel with cp.async: where it cannot run
+# (the interpreter, GPUs before sm_80) a call naming it is refused, naming split, the same bits.
+SUBSTITUTE = {"held_split": "split"}
 # row_max_v: two inputs in registers, a quarter of the forward's row path (the cross-entropy's
 # bound too). The stream path's bounds, measured on an H200 against the split (graph clock,
 # reports/profiles.md): float32 ahead 1.36-1.52x at V = 16384-32000 and 1.09x at 40960, behind
@@ -149,13 +152,19 @@ def launch_params(
         # The softmax's held split launch (kernels.triton_dispatch): 8 warps under 80 registers,
         # chunks of at most 64 KB shared evenly over the row's programs. Not dispatched yet.
         return softmax_launch_params("held_split", V, dtype)
+    if path == "held_split":
+        # The backward holds a chunk of y and one of dy, at most 32 KB each, shared evenly as the
+        # softmax's held split shares a row; 16 warps under 64 registers, two programs an SM (its
+        # sm_90 build spills nothing there, 64-160 bytes a thread at 8 warps under 80). Not
+        # dispatched yet.
+        return {"CHUNK": held_split_chunk(V, dtype.itemsize, 32768, 16), "num_warps": 16, "maxnreg": 64}
     if path in ("prep", "reduce"):
         return {"BLOCK": 1024, "num_warps": 4}
     if path == "scale":
         return {"BLOCK": min(4096, triton.next_power_of_2(V)), "num_warps": 4}
     raise ValueError(
         f"{KERNEL_NAME} training kernels: unknown path {path!r} (row, reread, split, stream, prep, reduce, "
-        "scale; held and held_split for cross-entropy)"
+        "scale; held for cross-entropy; held_split)"
     )
 
 
@@ -173,9 +182,23 @@ def _launch(dy, y, dx, path: str, params: dict) -> None:
         cut = training_cut(V, y, dy, dx)
         for (view, off), name in zip(cut["views"], ("Y", "DY", "DX"), strict=True):
             values[name], values[f"{name.lower()}_off"] = view, off
+    elif path == "held_split":  # groups of 16-byte-aligned base views, dy and dx in step with y
+        a = 16 // y.element_size()
+        views = [aligned_base(t, a) for t in (y, dy, dx)]
+        pairs = zip((dy, dx), views[1:], strict=True)
+        if any((h - views[0][1]) % a or (t.stride(0) - y.stride(0)) % a for t, (_, h) in pairs):
+            raise ValueError(
+                f"{KERNEL_NAME} softmax backward: the held_split path needs dy and dx in step with y "
+                "within 16 bytes (row starts and strides); the split path takes any layout"
+            )
+        for (view, off), name in zip(views, ("Y", "DY", "DX"), strict=True):
+            values[name], values[f"{name.lower()}_off"] = view, off
+        layout = (y.stride(0), dx.stride(0), y.element_size(), None, views[0][1], views[2][1])
+        aligned = all(v.data_ptr() % 16 == 0 for v, _ in views[:2])  # cp.async reads y and dy
+        cut = {"layout": layout, "x_aligned": aligned}
     p = {
         **launch_params(path, V, y.dtype, rows=cut.get("rows", "aligned")),
-        **{k: cut[k] for k in ("ALIGN", "head") if k in cut},
+        **{k: cut[k] for k in ("ALIGN", "head", "layout", "x_aligned") if k in cut},
         **params,
     }
     launch_entry("softmax_backward", path, values, p, V, B, -1 if INTERPRET else y.get_device())
@@ -184,9 +207,13 @@ def _launch(dy, y, dx, path: str, params: dict) -> None:
 def run_path(dy: torch.Tensor, y: torch.Tensor, path: str | None, *, out=None, **params) -> torch.Tensor:
     """softmax_backward(dy, y) through one named path; `params` override its launch parameters
     (row: BLOCK, num_warps; reread: TILE, num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK;
-    stream: BLOCK, num_warps, programs_per_sm; path None: plan's).
+    stream: BLOCK, num_warps, programs_per_sm; held_split, not dispatched: split's rows with each
+    program's chunks of y and dy in shared memory, on a GPU of sm_80 on, dy and dx in step with y:
+    CHUNK, num_warps, maxnreg, max_spins; path None: plan's).
     Tests use it to reach the split path at small V (CHUNK=16)."""
     check_backward_inputs(dy, y, kernel=KERNEL_NAME, device_type=_DEVICE_TYPE)
+    if path is not None:
+        refuse_unrunnable(path, gpu_major(y), "softmax backward", "softmax_backward()", SUBSTITUTE)
     dx = prepare_dx(y, out, kernel=KERNEL_NAME)
     on_device(lambda: _launch(dy, y, dx, path, params), y)
     return dx

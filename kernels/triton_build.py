@@ -201,7 +201,8 @@ def build_all() -> list[dict]:
 # -- the training kernels -------------------------------------------------------------------------
 
 QUICK = {"bwd-row fp32", "bwd-split fp32", "bwd-split fp32 odd V", "bwd-stream fp32", "bwd-reread fp32",
-         "ce-row fp32", "ce-row fp32 weighted smoothed", "ce-split fp32", "ce-split bf16", "ce-split fp32 odd V",
+         "bwd-held_split bf16", "ce-row fp32", "ce-row fp32 weighted smoothed", "ce-split fp32", "ce-split bf16",
+         "ce-split fp32 odd V",
          "ce-split fp32 weighted smoothed", "ce-split fp32 weighted smoothed odd V", "ce-split fp16 weighted smoothed",
          "ce-split fp32 weighted smoothed out of step", "ce-split fp16 weighted smoothed out of step",
          "ce-held bf16", "ce-held_split bf16", "ce-scale fp32", "ce-prep", "ce-reduce"}  # fmt: skip
@@ -232,6 +233,8 @@ def build_training(quick: bool = False) -> list[dict]:
         builds.append((f"bwd-split {dtype} out of step", "softmax_backward", "split", 262144, name, {}))
         builds.append((f"bwd-stream {dtype}", "softmax_backward", "stream", 32000, name, {}))
         builds.append((f"bwd-reread {dtype}", "softmax_backward", "reread", bounds["reread_max_v"], name, {}))
+        # chunks of y and dy held (run_path's held_split, not dispatched)
+        builds.append((f"bwd-held_split {dtype}", "softmax_backward", "held_split", 262144, name, {}))
         for both in (False, True):
             flags = {"HAS_WEIGHT": both, "HAS_SMOOTHING": both}
             tag = f"{dtype}{' weighted smoothed' if both else ''}"

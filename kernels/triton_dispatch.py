@@ -240,18 +240,9 @@ def launch_params(
         # Chunks of at most 64 KB at 8 warps under a cap of 80 registers: three programs an SM.
         # Of copy on an H100 (probes/triton_held_split.py), bf16 (4096, 262144): 8 x 80 0.957,
         # 8 x 128 0.834, 16 x 64 0.787, chunks of 32 KB at 8 x 64 0.881, of 96 KB 0.741 (split
-        # 0.806). A short batch halves the chunks as split's do, down to one tile. The row's P
-        # programs then share it evenly: the least whole tiles (held_block) that keep P for any
-        # head (bf16 (4096, 65537): 0.877 against 0.770 with a last chunk of one group).
-        es = dtype.itemsize
-        tile = 16 // es * 32 * 8
-        chunk = 65536 // es
-        if B is not None and sms is not None:
-            while chunk > tile and B * triton.cdiv(V, chunk) < SPLIT_FILL * sms:
-                chunk //= 2
-        span = V + 16 // es - 1  # the row and the most its head may add
-        return {"CHUNK": held_block(triton.cdiv(span, triton.cdiv(span, chunk)), tile, es), "num_warps": 8,
-                "maxnreg": 80}  # fmt: skip
+        # 0.806). Shared evenly (held_split_chunk): bf16 (4096, 65537) 0.877 against 0.770 with
+        # a last chunk of one group.
+        return {"CHUNK": held_split_chunk(V, dtype.itemsize, 65536, 8, B=B, sms=sms), "num_warps": 8, "maxnreg": 80}
     if path == "stream":
         # BLOCK 2048-16384 x 4-16 warps x 1-8 programs per SM at B = 512 and 4096, V = 50257
         # and 128256 (reports/profiles.md): 4096 x 16 x 8 led or tied in bfloat16. Programs
@@ -336,6 +327,21 @@ def split_layout(x: torch.Tensor, y: torch.Tensor, *, CHUNK: int, align: int | N
 
 # The most shared memory a held row's buffer takes (every GPU from sm_80 gives a program more).
 HELD_MAX_BYTES = 128 * 1024
+
+
+def held_split_chunk(V: int, element_size: int, most_bytes: int, num_warps: int, *, B=None, sms=None) -> int:
+    """A held split's chunk, in elements, for rows of V: the least whole tiles (held_block) that
+    cover the row in as many programs as chunks of `most_bytes` would take at any head, so the
+    programs share it evenly (a last chunk of a few groups would hold an SM's slot through both
+    meetings for nothing). With B rows on a GPU of `sms` multiprocessors, a short batch first
+    halves the largest chunk as split's do (SPLIT_FILL programs an SM), down to one tile."""
+    tile = 16 // element_size * 32 * num_warps
+    chunk = most_bytes // element_size
+    if B is not None and sms is not None:
+        while chunk > tile and B * triton.cdiv(V, chunk) < SPLIT_FILL * sms:
+            chunk //= 2
+    span = V + 16 // element_size - 1  # the row and the most its head may add
+    return held_block(triton.cdiv(span, triton.cdiv(span, chunk)), tile, element_size)
 
 
 def held_longest_row(element_size: int) -> int:

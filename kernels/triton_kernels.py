@@ -355,7 +355,7 @@ def _meet_sum_on(words, P, chunk, own_hi, own_lo, tag, lanes, MAX_SPINS: tl.cons
 def _streamed_max(x_row, V, fcols):
     # A split program's fallback where its siblings did not meet in time: the row's max, read
     # whole from X (x_row: its first element) over the lanes fcols (0 .. FALLBACK_BLOCK - 1).
-    m_run = tl.where(fcols < 0, 0.0, -float("inf"))
+    m_run = (fcols * 0).to(tl.float32) - float("inf")  # -inf in the lanes' layout
     start = 0
     while start < V:
         idx = start + fcols
@@ -367,7 +367,7 @@ def _streamed_max(x_row, V, fcols):
 @triton.jit
 def _streamed_sum(x_row, V, fcols, m, SCALE, OUT: tl.constexpr):
     # The fallback's fixed-point sum of the row's exp(x - m), as _streamed_max reads it.
-    s_run = tl.where(fcols < 0, 1, 0).to(tl.int64)
+    s_run = (fcols * 0).to(tl.int64)
     start = 0
     while start < V:
         idx = start + fcols
@@ -685,11 +685,9 @@ def _held_max_sum(bufs, xe, base, grp, g_lo, g_hi, SCALE, OUT: gl.constexpr, BLO
 
 
 @gluon.jit
-def _held_max(bufs, xe, base, grp, g_lo, g_hi, BLOCK: gl.constexpr, ALIGN: gl.constexpr):
-    # The max of a held buffer starting at the group-aligned offset `base` and of the edges xe.
-    # The slots outside the row's whole groups are made -inf first (in the tiles that have any:
-    # the ends), so that neither this pass nor _held_sum masks an element, and the max compares
-    # the stored 16-bit values themselves, two to an instruction (a max is exact in any precision).
+def _held_fill(bufs, base, grp, g_lo, g_hi, value, BLOCK: gl.constexpr, ALIGN: gl.constexpr):
+    # The slots of a held buffer (starting at the group-aligned offset `base`) outside the row's
+    # whole groups set to `value`, in the tiles that have any (the row's ends).
     TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
     lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
     lo = (g_lo - base // ALIGN).to(gl.int32)  # the row's whole groups, counted in the buffer
@@ -698,7 +696,18 @@ def _held_max(bufs, xe, base, grp, g_lo, g_hi, BLOCK: gl.constexpr, ALIGN: gl.co
         if (t * (TILE // ALIGN) < lo) | ((t + 1) * (TILE // ALIGN) > hi):
             mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
             tile = _held_tile(bufs, t, TILE, BLOCK)
-            tile.store(gl.where(mask, tile.load(lanes), -float("inf")))
+            tile.store(gl.where(mask, tile.load(lanes), value))
+
+
+@gluon.jit
+def _held_max(bufs, xe, base, grp, g_lo, g_hi, BLOCK: gl.constexpr, ALIGN: gl.constexpr):
+    # The max of a held buffer starting at the group-aligned offset `base` and of the edges xe.
+    # The slots outside the row's whole groups are made -inf first (in the tiles that have any:
+    # the ends), so that neither this pass nor _held_sum masks an element, and the max compares
+    # the stored 16-bit values themselves, two to an instruction (a max is exact in any precision).
+    TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
+    lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
+    _held_fill(bufs, base, grp, g_lo, g_hi, -float("inf"), BLOCK, ALIGN)
     m_lane = gl.full([TILE], -float("inf"), bufs[0].dtype, lanes)
     for t in gl.static_range(BLOCK // TILE):
         m_lane = _nan_max(m_lane, _held_tile(bufs, t, TILE, BLOCK).load(lanes))

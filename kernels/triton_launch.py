@@ -551,7 +551,8 @@ def _ce_held_geometry(p, V, *layout) -> dict:
 
 def _ce_held_split_geometry(p, V, *layout) -> dict:
     """The cross-entropy held split kernel's: the softmax's (_held_split_geometry) for the
-    logits and the gradient, their layout passed as _ce_held_geometry's."""
+    logits and the gradient, their layout passed as _ce_held_geometry's (the backward's held
+    split: y's rows and dx's)."""
     return _held_split_geometry(p, V, *(layout or p["layout"]))
 
 
@@ -585,6 +586,15 @@ TABLES = {
             "softmax_backward_split", "DY:*T Y:*T DX:*T WS:*i64 V P stride_dy stride_y stride_dx y_off dy_off dx_off K",
             f"{_SPLIT} ALIGN",
             geometry=split_geometry, grid=_split_grid, options=_warps_capped,
+        ),
+        "held_split": _entry(
+            "softmax_backward_held_split",
+            "DY:*T Y:*T DX:*T WS:*i64 V P stride_dy stride_y stride_dx y_off dy_off dx_off K",
+            "CHUNK P_BLOCK FALLBACK_BLOCK MAX_SPINS ALIGN ASYNC",
+            geometry=_ce_held_split_geometry,  # Y's rows and DX's layout, as the cross-entropy's X and G
+            specialise=lambda p, g, V: {k: v for k, v in _split_constexprs(p, g, V).items() if k != "Y_ALIGN"},
+            options=_warps_capped,
+            grid=_split_grid,
         ),
         "stream": _entry(
             "softmax_backward_stream", "DY:*T Y:*T DX:*T B V stride_dy stride_y stride_dx K", "BLOCK",

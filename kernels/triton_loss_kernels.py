@@ -40,6 +40,7 @@ from .triton_kernels import (
     _held_buffers,
     _held_copy_in,
     _held_edges,
+    _held_fill,
     _held_groups,
     _held_max,
     _held_max_sum,
@@ -167,26 +168,34 @@ def _backward_meet_scale(ws, P, chunk, tag, a_c, f_c, y_row, dy_row, V, K, P_BLO
     # Meeting 1 of the backward's split: from this chunk's largest finite |y dy| (a_c) and sum
     # of non-finite terms (f_c), the row's order-free scale (up, down) and non-finite sum F;
     # a program whose siblings do not arrive in time streams the row (y_row, dy_row) itself.
+    return _backward_meet_scale_on(ws, P, chunk, tag, a_c, f_c, y_row, dy_row, V, K, tl.arange(0, P_BLOCK),
+                                   tl.arange(0, FALLBACK_BLOCK), MAX_SPINS)  # fmt: skip
+
+
+@triton.jit
+def _backward_meet_scale_on(ws, P, chunk, tag, a_c, f_c, y_row, dy_row, V, K, slots, fcols,
+                            MAX_SPINS: tl.constexpr):  # fmt: skip
+    # _backward_meet_scale over a program's meeting lanes `slots` (0 .. P_BLOCK - 1) and fallback
+    # lanes `fcols` (0 .. FALLBACK_BLOCK - 1): a Gluon kernel makes them in its layouts.
     tag_hi = tag << 32
     my_a = _tagged(tag_hi, a_c)
     my_f = _tagged(tag_hi, f_c)
     tl.atomic_xchg(ws + chunk, my_a, sem="relaxed")
     tl.atomic_xchg(ws + P + chunk, my_f, sem="relaxed")
-    amax, stale = _meet_floats(ws, P, chunk, my_a, tag, False, P_BLOCK, MAX_SPINS)
-    F = tl.zeros([], tl.float32)
+    amax, stale = _meet_floats_on(ws, P, chunk, my_a, tag, False, slots, MAX_SPINS)
+    F = tl.cast(0.0, tl.float32)
     if stale == 0:
-        F, stale = _meet_floats(ws + P, P, chunk, my_f, tag, True, P_BLOCK, MAX_SPINS)
+        F, stale = _meet_floats_on(ws + P, P, chunk, my_f, tag, True, slots, MAX_SPINS)
     if stale > 0:
-        fcols = tl.arange(0, FALLBACK_BLOCK)
-        a_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
-        f_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
+        a_run = (fcols * 0).to(tl.float32)  # zeros in the lanes' layout
+        f_run = (fcols * 0).to(tl.float32)
         start = 0
         while start < V:
             idx = start + fcols
             tt = _products(y_row, dy_row, idx, V)
             a_run = tl.maximum(a_run, _finite_abs(tt))
             f_run += _non_finite(tt)
-            start += FALLBACK_BLOCK
+            start += fcols.shape[0]
         amax = tl.max(a_run, axis=0)
         F = tl.sum(f_run, axis=0)
     up, down = _fixed_point_scale(amax, K)
@@ -197,21 +206,105 @@ def _backward_meet_scale(ws, P, chunk, tag, a_c, f_c, y_row, dy_row, V, K, P_BLO
 def _backward_meet_sum(ws, P, chunk, tag, s_c, up, y_row, dy_row, V, P_BLOCK: tl.constexpr,
                        FALLBACK_BLOCK: tl.constexpr, MAX_SPINS: tl.constexpr):  # fmt: skip
     # Meeting 2: the row's fixed-point sum at scale `up` from this chunk's (s_c), or streamed.
+    return _backward_meet_sum_on(ws, P, chunk, tag, s_c, up, y_row, dy_row, V, tl.arange(0, P_BLOCK),
+                                 tl.arange(0, FALLBACK_BLOCK), MAX_SPINS)  # fmt: skip
+
+
+@triton.jit
+def _backward_meet_sum_on(ws, P, chunk, tag, s_c, up, y_row, dy_row, V, slots, fcols, MAX_SPINS: tl.constexpr):
+    # _backward_meet_sum over the lanes of _backward_meet_scale_on.
     tag_hi = tag << 32
     my_hi, my_lo = _tagged_halves(tag_hi, s_c)
     tl.atomic_xchg(ws + 2 * P + 2 * chunk, my_hi, sem="relaxed")
     tl.atomic_xchg(ws + 2 * P + 2 * chunk + 1, my_lo, sem="relaxed")
-    S, stale = _meet_sum(ws + 2 * P, P, chunk, my_hi, my_lo, tag, P_BLOCK, MAX_SPINS)
+    S, stale = _meet_sum_on(ws + 2 * P, P, chunk, my_hi, my_lo, tag, slots, MAX_SPINS)
     if stale > 0:
-        fcols = tl.arange(0, FALLBACK_BLOCK)
-        s_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
+        s_run = (fcols * 0).to(tl.int64)
         start = 0
         while start < V:
             idx = start + fcols
             s_run += _fixed_finite(_products(y_row, dy_row, idx, V), up)
-            start += FALLBACK_BLOCK
+            start += fcols.shape[0]
         S = tl.sum(s_run, axis=0)
     return S
+
+
+@gluon.jit(do_not_specialize=["V", "P", "stride_dy", "stride_y", "stride_dx", "y_off", "dy_off", "dx_off"])
+def softmax_backward_held_split_kernel(
+    DY, Y, DX, WS, V, P, stride_dy, stride_y, stride_dx, y_off, dy_off, dx_off, K,
+    CHUNK: gl.constexpr, P_BLOCK: gl.constexpr, FALLBACK_BLOCK: gl.constexpr, MAX_SPINS: gl.constexpr,
+    ALIGN: gl.constexpr, ASYNC: gl.constexpr,
+):  # fmt: skip
+    # The backward's split (its chunks, edges, two meetings on the same 4 P words, fallback) with
+    # each program's chunk of y and of dy held in shared memory, as the softmax's held split
+    # holds x (kernels/triton_kernels.py): copied in by cp.async on ALIGN-groups of 16-byte
+    # aligned base views, Y's rows cut as the forward's, DY and DX in step with them (the
+    # wrapper checks). The slots outside the row's whole groups are zeros (cp.async leaves
+    # them so; the copy through registers is made so by _held_fill), whose products add
+    # nothing. Read three times: the products' largest finite |y dy| and non-finite sum, their
+    # fixed-point sum, and dx = y (dy - s).
+    TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
+    lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
+    flat: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    pid = gl.program_id(0).to(gl.int64)
+    row = pid // P
+    chunk = pid - row * P
+    ys = y_off + row * stride_y  # row start, elements from Y
+    g_lo, g_hi, base, grp, cols = _held_groups(ys, V, TILE, ALIGN)
+    c_base = base + chunk * CHUNK
+    # DY's and DX's element of Y's offset o sit at DY + o + dy_shift, DX + o + dx_shift.
+    dy_shift = gl.multiple_of(dy_off + row * stride_dy - ys, ALIGN)
+    dx_shift = gl.multiple_of(dx_off + row * stride_dx - ys, ALIGN)
+    y_bufs = _held_buffers(Y.dtype.element_ty, CHUNK, TILE)
+    dy_bufs = _held_buffers(DY.dtype.element_ty, CHUNK, TILE)
+    _held_copy_in(Y, y_bufs, c_base, grp, cols, g_lo, g_hi, CHUNK, ALIGN, ASYNC)
+    _held_copy_in(DY + dy_shift, dy_bufs, c_base, grp, cols, g_lo, g_hi, CHUNK, ALIGN, ASYNC)
+    ws = WS + row * (4 * P)
+    slots = gl.arange(0, P_BLOCK, layout=flat)
+    tag = _launch_tag_on(ws + chunk, slots)  # while the copies are in flight
+    pos, e_mask, ye = _held_edges(Y, ys, V, g_lo, g_hi, ALIGN, ASYNC, chunk == 0)
+    dye = gl.load(DY + dy_shift + pos, mask=e_mask, other=0.0).to(gl.float32)
+    te = gl.where(e_mask, ye * dye, 0.0)
+    if not ASYNC:
+        _held_fill(y_bufs, c_base, grp, g_lo, g_hi, 0.0, CHUNK, ALIGN)
+        _held_fill(dy_bufs, c_base, grp, g_lo, g_hi, 0.0, CHUNK, ALIGN)
+        _barrier()
+
+    a_lane = gl.zeros([TILE], gl.float32, lanes)
+    f_lane = gl.zeros([TILE], gl.float32, lanes)
+    for t in gl.static_range(CHUNK // TILE):
+        tt = _held_products(y_bufs, dy_bufs, t, TILE, CHUNK, lanes)
+        a_lane = gl.maximum(a_lane, _finite_abs(tt))
+        f_lane += _non_finite(tt)
+    a_c = gl.maximum(gl.max(a_lane, axis=0), gl.max(_finite_abs(te), axis=0))
+    f_c = gl.sum(f_lane, axis=0) + gl.sum(_non_finite(te), axis=0)
+    y_row = Y + ys
+    dy_row = DY + dy_shift + ys
+    fcols = gl.arange(0, FALLBACK_BLOCK, layout=flat)
+    up, down, F = _backward_meet_scale_on(ws, P, chunk, tag, a_c, f_c, y_row, dy_row, V, K, slots, fcols, MAX_SPINS)
+
+    _barrier()
+    s_lane = gl.zeros([TILE], gl.int64, lanes)
+    for t in gl.static_range(CHUNK // TILE):
+        s_lane += _fixed_finite(_held_products(y_bufs, dy_bufs, t, TILE, CHUNK, lanes), up)
+    s_c = gl.sum(s_lane, axis=0) + gl.sum(_fixed_finite(te, up), axis=0)
+    S = _backward_meet_sum_on(ws, P, chunk, tag, s_c, up, y_row, dy_row, V, slots, fcols, MAX_SPINS)
+    s = S.to(gl.float32) * down + F
+
+    gl.store(DX + dx_shift + pos, (ye * (dye - s)).to(DX.dtype.element_ty), mask=e_mask)
+    _barrier()
+    for t in gl.static_range(CHUNK // TILE):
+        mask = _group_mask(grp, c_base + t * TILE, g_lo, g_hi, ALIGN)
+        y = _held_tile(y_bufs, t, TILE, CHUNK).load(lanes).to(gl.float32)
+        dy = _held_tile(dy_bufs, t, TILE, CHUNK).load(lanes).to(gl.float32)
+        gl.store(DX + dx_shift + c_base + t * TILE + cols, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def _held_products(y_bufs, dy_bufs, t: gl.constexpr, TILE: gl.constexpr, BLOCK: gl.constexpr, lanes: gl.constexpr):
+    # y dy over tile t of a held chunk of each, in float32.
+    y = _held_tile(y_bufs, t, TILE, BLOCK).load(lanes).to(gl.float32)
+    return y * _held_tile(dy_bufs, t, TILE, BLOCK).load(lanes).to(gl.float32)
 
 
 @triton.jit
@@ -972,6 +1065,7 @@ JIT_KERNELS = {
     "cross_entropy_split": cross_entropy_split_kernel,
     "cross_entropy_held": cross_entropy_held_kernel,
     "cross_entropy_held_split": cross_entropy_held_split_kernel,
+    "softmax_backward_held_split": softmax_backward_held_split_kernel,
     "cross_entropy_prep": cross_entropy_prep_kernel,
     "cross_entropy_reduce": cross_entropy_reduce_kernel,
     "cross_entropy_scale": cross_entropy_scale_kernel,
