@@ -795,7 +795,6 @@ def cross_entropy_held_kernel(
     # inplace=True (G over X) every read of the row precedes its first write.
     TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
     OUT: gl.constexpr = G.dtype.element_ty
-    lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
     row = gl.program_id(0).to(gl.int64)
     ignored, valid, t_safe, w_t, w_all, scale = _ce_target(T, T, PREP, row, V, ignore_index, False)
     xs = x_off + row * stride_x  # row start, elements from X
@@ -810,10 +809,23 @@ def cross_entropy_held_kernel(
     gl.store(LSE + row, lse)
     gl.store(LOSS + row, loss)
 
-    # Gradient element of input offset o sits at G + o + shift; columns are offsets from xs.
-    # The whole groups are written as if none held the target (_ce_plain_factors), and the
-    # target's entry is written again after a barrier, which orders the two writes.
     shift = gl.multiple_of(g_off + row * stride_g - xs, G_ALIGN)
+    _ce_held_gradient(G, bufs, shift, xs, base, grp, cols, g_lo, g_hi, pos, e_mask, ee, t_safe, S_fix, E_t, SCALE,
+                      fin, m, w_t, w_all, scale, ignored, valid, BLOCK, ALIGN)  # fmt: skip
+    _ce_target_gradient(G, shift, xs, t_safe, x_t, m, S_fix, E_t, SCALE, fin, w_t, w_all, scale, ignored, valid)
+
+
+@gluon.jit
+def _ce_held_gradient(G, bufs, shift, xs, base, grp, cols, g_lo, g_hi, pos, e_mask, ee, t_safe, S_fix, E_t, SCALE,
+                      fin, m, w_t, w_all, scale, ignored, valid, BLOCK: gl.constexpr, ALIGN: gl.constexpr):  # fmt: skip
+    # The gradient of a held buffer (from the group-aligned offset `base`) and of the edges
+    # (ee at pos), element of input offset o at G + o + shift (columns are offsets from xs). The
+    # whole groups are written as if none held the target (_ce_plain_factors); the target's
+    # entry is written again after the barrier that ends this (_ce_target_gradient), which
+    # orders the two writes.
+    TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
+    OUT: gl.constexpr = G.dtype.element_ty
+    lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
     t32 = t_safe.to(gl.int32)
     ge = _ce_gradient(ee, S_fix, E_t, SCALE, fin, (pos - xs).to(gl.int32), t32, w_t, w_all, 1.0, 0.0, 0.0, scale,
                       ignored, valid, OUT, False)  # fmt: skip
@@ -828,6 +840,13 @@ def cross_entropy_held_kernel(
         g = gl.fma(_normalise(_exp(x, m, OUT), neg_hi, inv, OUT), k, c)
         gl.store(G + shift + base + t * TILE + cols, g.to(OUT), mask=mask)
     _barrier()
+
+
+@gluon.jit
+def _ce_target_gradient(G, shift, xs, t_safe, x_t, m, S_fix, E_t, SCALE, fin, w_t, w_all, scale, ignored, valid):
+    # The target's entry of a plain row's gradient, after _ce_held_gradient wrote it over.
+    OUT: gl.constexpr = G.dtype.element_ty
+    t32 = t_safe.to(gl.int32)
     g_t = _ce_gradient(_exp(x_t, m, OUT), S_fix, E_t, SCALE, fin, t32, t32, w_t, w_all, 1.0, 0.0, 0.0, scale,
                        ignored, valid, OUT, False)  # fmt: skip
     gl.store(G + shift + xs + t_safe, g_t.to(OUT))
@@ -849,7 +868,6 @@ def cross_entropy_held_split_kernel(
     # writes before every program has arrived).
     TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
     OUT: gl.constexpr = G.dtype.element_ty
-    lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
     flat: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     pid = gl.program_id(0).to(gl.int64)
     row = pid // P
@@ -899,27 +917,12 @@ def cross_entropy_held_split_kernel(
         gl.store(LSE + row, lse)
         gl.store(LOSS + row, loss)
     shift = gl.multiple_of(g_off + row * stride_g - xs, G_ALIGN)
-    t32 = t_safe.to(gl.int32)
-    ge = _ce_gradient(ee, S_fix, E_t, SCALE, fin, (pos - xs).to(gl.int32), t32, w_t, w_all, 1.0, 0.0, 0.0, scale,
-                      ignored, valid, OUT, False)  # fmt: skip
-    gl.store(G + shift + pos, ge.to(OUT), mask=e_mask)
-    neg_hi, inv = _row_scale(S_fix, SCALE)
-    inv = gl.where(fin, inv, float("nan"))
-    k, c = _ce_plain_factors(scale, fin, ignored, valid)
-    _barrier()
-    for t in gl.static_range(CHUNK // TILE):
-        mask = _group_mask(grp, c_base + t * TILE, g_lo, g_hi, ALIGN)
-        x = _held_tile(bufs, t, TILE, CHUNK).load(lanes).to(gl.float32)
-        g = gl.fma(_normalise(_exp(x, m, OUT), neg_hi, inv, OUT), k, c)
-        gl.store(G + shift + c_base + t * TILE + cols, g.to(OUT), mask=mask)
-    _barrier()
+    _ce_held_gradient(G, bufs, shift, xs, c_base, grp, cols, g_lo, g_hi, pos, e_mask, ee, t_safe, S_fix, E_t, SCALE,
+                      fin, m, w_t, w_all, scale, ignored, valid, CHUNK, ALIGN)  # fmt: skip
     # The target's entry, by the program whose chunk holds its group (chunk 0 for the edges).
     t_grp = (xs + t_safe) // ALIGN
-    owner = gl.where((t_grp >= g_lo) & (t_grp < g_hi), (t_grp * ALIGN - base) // CHUNK, 0)
-    if chunk == owner:
-        g_t = _ce_gradient(_exp(x_t, m, OUT), S_fix, E_t, SCALE, fin, t32, t32, w_t, w_all, 1.0, 0.0, 0.0, scale,
-                           ignored, valid, OUT, False)  # fmt: skip
-        gl.store(G + shift + xs + t_safe, g_t.to(OUT))
+    if chunk == gl.where((t_grp >= g_lo) & (t_grp < g_hi), (t_grp * ALIGN - base) // CHUNK, 0):
+        _ce_target_gradient(G, shift, xs, t_safe, x_t, m, S_fix, E_t, SCALE, fin, w_t, w_all, scale, ignored, valid)
 
 
 @triton.jit
