@@ -13,10 +13,10 @@ takes; `DISPATCH_BOUNDARIES` holds the limits):
   row    tile_max_v < V <= row_max_v, except where held, stream or a short batch's split applies.
          One program holds the whole row in registers.
   split  V > row_max_v, or V > short_split_min_v with B <= short_split_max_b, except where
-         held, stream or held_split applies. P programs share a row, each holding its chunk in registers (one
-         read, one write), and meet twice through tagged words of a per-row workspace. For
-         a short batch the chunks shrink so that the launch spreads over the GPU
-         (launch_params).
+         held, stream or held_split applies. P programs share a row, each holding its chunk
+         in registers (one read, one write), and meet twice through tagged words of a per-row
+         workspace. For a short batch the chunks shrink so that the launch spreads over the
+         GPU (launch_params).
   held   held_min_v < V <= held_max_v, 16-bit storage, B >= stream_min_b. One program holds
          the whole row in shared memory (a Gluon kernel: cp.async in, three reads out), two
          programs an SM where registers hold one. The interpreter, and a GPU below sm_80, have
@@ -29,8 +29,9 @@ takes; `DISPATCH_BOUNDARIES` holds the limits):
   held_split V > stream_max_v, 16-bit storage, B >= stream_min_b. Split's programs and
          meetings, each program holding its chunk in shared memory as held holds a row (cp.async
          in, three reads out): no register per element, so three programs an SM. Where held
-         cannot run, split, with the same bits. float32 rows stay on split, which moves them
-         as fast (reports/profiles.md).
+         cannot run, split, with the same bits. float32 rows stay on split, which it leads by
+         1-5 % only where a row fills its chunks and trails by 1-2 % elsewhere
+         (reports/profiles.md).
 
 Every path gives a row the same bits (the kernels' sums are order-free), so the B threshold
 changes speed, never results.
