@@ -24,7 +24,7 @@ import triton
 from .checks import check_backward_inputs, on_device, prepare_dx
 from .spec import spec_of
 from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
-from .triton_dispatch import INTERPRET, aligned_base, fixed_point_bits, gpu_major, held_split_chunk, refuse_unrunnable
+from .triton_dispatch import INTERPRET, fixed_point_bits, gpu_major, held_split_chunk, refuse_unrunnable
 from .triton_dispatch import launch_params as softmax_launch_params
 from .triton_launch import launch_entry, training_cut
 
@@ -182,19 +182,17 @@ def _launch(dy, y, dx, path: str, params: dict) -> None:
         cut = training_cut(V, y, dy, dx)
         for (view, off), name in zip(cut["views"], ("Y", "DY", "DX"), strict=True):
             values[name], values[f"{name.lower()}_off"] = view, off
-    elif path == "held_split":  # groups of 16-byte-aligned base views, dy and dx in step with y
-        a = 16 // y.element_size()
-        views = [aligned_base(t, a) for t in (y, dy, dx)]
-        pairs = zip((dy, dx), views[1:], strict=True)
-        if any((h - views[0][1]) % a or (t.stride(0) - y.stride(0)) % a for t, (_, h) in pairs):
+    elif path == "held_split":  # 16-byte-aligned base views (training_cut's), dy and dx in step with y
+        in_step = training_cut(V, y, dy, dx)
+        if in_step["rows"] == "elements":
             raise ValueError(
                 f"{KERNEL_NAME} softmax backward: the held_split path needs dy and dx in step with y "
                 "within 16 bytes (row starts and strides); the split path takes any layout"
             )
-        for (view, off), name in zip(views, ("Y", "DY", "DX"), strict=True):
+        for (view, off), name in zip(in_step["views"], ("Y", "DY", "DX"), strict=True):
             values[name], values[f"{name.lower()}_off"] = view, off
-        layout = (y.stride(0), dx.stride(0), y.element_size(), None, views[0][1], views[2][1])
-        aligned = all(v.data_ptr() % 16 == 0 for v, _ in views[:2])  # cp.async reads y and dy
+        layout = (y.stride(0), dx.stride(0), y.element_size(), None, values["y_off"], values["dx_off"])
+        aligned = all(values[n].data_ptr() % 16 == 0 for n in ("Y", "DY"))  # cp.async reads y and dy
         cut = {"layout": layout, "x_aligned": aligned}
     p = {
         **launch_params(path, V, y.dtype, rows=cut.get("rows", "aligned")),

@@ -787,6 +787,37 @@ def softmax_held_kernel(
     _held_write(Y, bufs, shift, base, grp, cols, g_lo, g_hi, m, neg_hi, inv, BLOCK, ALIGN)
 
 
+@gluon.jit
+def _held_split_max(bufs, xe, c_base, grp, g_lo, g_hi, words, P, chunk, tag, slots, x_row, V, fcols,
+                    MAX_SPINS: gl.constexpr, CHUNK: gl.constexpr, ALIGN: gl.constexpr):  # fmt: skip
+    # A held split's first meeting: its chunk's max (and the edges', xe) published at
+    # words[chunk] under the launch's tag, the row's max met over the P words (the slots lanes),
+    # or streamed from x_row (the fcols lanes) where the siblings did not arrive in time.
+    my_max = _tagged(tag << 32, _held_max(bufs, xe, c_base, grp, g_lo, g_hi, CHUNK, ALIGN))
+    gl.atomic_xchg(words + chunk, my_max, sem="relaxed")
+    m, stale = _meet_floats_on(words, P, chunk, my_max, tag, False, slots, MAX_SPINS)
+    if stale > 0:
+        m = _streamed_max(x_row, V, fcols)
+    return m
+
+
+@gluon.jit
+def _held_split_sum(bufs, xe, m, SCALE, OUT: gl.constexpr, words, P, chunk, tag, slots, x_row, V, fcols,
+                    MAX_SPINS: gl.constexpr, CHUNK: gl.constexpr, ALIGN: gl.constexpr):  # fmt: skip
+    # The second meeting, after a barrier (a fresh pass over the buffer): the chunk's fixed-point
+    # sum of exp(x - m) at words[2 chunk] (upper 32 bits) and words[2 chunk + 1], the row's met
+    # or streamed as _held_split_max's; with the edges' exponentials: (S, ee).
+    _barrier()
+    s_c, ee = _held_sum(bufs, xe, m, SCALE, OUT, CHUNK, ALIGN)
+    my_hi, my_lo = _tagged_halves(tag << 32, s_c)
+    gl.atomic_xchg(words + 2 * chunk, my_hi, sem="relaxed")
+    gl.atomic_xchg(words + 2 * chunk + 1, my_lo, sem="relaxed")
+    s, stale = _meet_sum_on(words, P, chunk, my_hi, my_lo, tag, slots, MAX_SPINS)
+    if stale > 0:
+        s = _streamed_sum(x_row, V, fcols, m, SCALE, OUT)
+    return s, ee
+
+
 @gluon.jit(do_not_specialize=["B", "V", "P", "stride_x", "stride_y", "x_off", "y_off"])
 def softmax_held_split_kernel(
     X,
@@ -828,27 +859,15 @@ def softmax_held_split_kernel(
     ws_row = WS + row * (3 * P)
     slots = gl.arange(0, P_BLOCK, layout=flat)
     tag = _launch_tag_on(ws_row + chunk, slots)  # while the copy is in flight
-    tag_hi = tag << 32
     pos, e_mask, xe = _held_edges(X, xs, V, g_lo, g_hi, ALIGN, ASYNC, chunk == 0)
 
-    # Meeting 1: the row's max.
+    # The two meetings: the row's max, then its fixed-point sum relative to that max.
     x_row = X + xs
     fcols = gl.arange(0, FALLBACK_BLOCK, layout=flat)
-    my_max = _tagged(tag_hi, _held_max(bufs, xe, c_base, grp, g_lo, g_hi, CHUNK, ALIGN))
-    gl.atomic_xchg(ws_row + chunk, my_max, sem="relaxed")
-    m, stale = _meet_floats_on(ws_row, P, chunk, my_max, tag, False, slots, MAX_SPINS)
-    if stale > 0:
-        m = _streamed_max(x_row, V, fcols)
-
-    # Meeting 2: the row's fixed-point sum, every chunk relative to the same m.
-    _barrier()
-    s_c, ee = _held_sum(bufs, xe, m, SCALE, OUT, CHUNK, ALIGN)
-    my_hi, my_lo = _tagged_halves(tag_hi, s_c)
-    gl.atomic_xchg(ws_row + P + 2 * chunk, my_hi, sem="relaxed")
-    gl.atomic_xchg(ws_row + P + 2 * chunk + 1, my_lo, sem="relaxed")
-    s, stale = _meet_sum_on(ws_row + P, P, chunk, my_hi, my_lo, tag, slots, MAX_SPINS)
-    if stale > 0:
-        s = _streamed_sum(x_row, V, fcols, m, SCALE, OUT)
+    m = _held_split_max(bufs, xe, c_base, grp, g_lo, g_hi, ws_row, P, chunk, tag, slots, x_row, V, fcols,
+                        MAX_SPINS, CHUNK, ALIGN)  # fmt: skip
+    s, ee = _held_split_sum(bufs, xe, m, SCALE, OUT, ws_row + P, P, chunk, tag, slots, x_row, V, fcols,
+                            MAX_SPINS, CHUNK, ALIGN)  # fmt: skip
 
     neg_hi, inv = _softmax_scale(s, SCALE, m)
     shift = gl.multiple_of(y_off + row * stride_y - xs, Y_ALIGN)

@@ -549,10 +549,10 @@ def _ce_held_geometry(p, V, *layout) -> dict:
     return _held_geometry(p, V, *(layout or p["layout"]))
 
 
-def _ce_held_split_geometry(p, V, *layout) -> dict:
-    """The cross-entropy held split kernel's: the softmax's (_held_split_geometry) for the
-    logits and the gradient, their layout passed as _ce_held_geometry's (the backward's held
-    split: y's rows and dx's)."""
+def _training_held_split_geometry(p, V, *layout) -> dict:
+    """The training ops' held split kernels': the softmax's (_held_split_geometry) for the rows
+    they are cut on and the rows they write (the cross-entropy's logits and gradient, the
+    backward's y and dx), their layout passed as _ce_held_geometry's."""
     return _held_split_geometry(p, V, *(layout or p["layout"]))
 
 
@@ -591,7 +591,7 @@ TABLES = {
             "softmax_backward_held_split",
             "DY:*T Y:*T DX:*T WS:*i64 V P stride_dy stride_y stride_dx y_off dy_off dx_off K",
             "CHUNK P_BLOCK FALLBACK_BLOCK MAX_SPINS ALIGN ASYNC",
-            geometry=_ce_held_split_geometry,  # Y's rows and DX's layout, as the cross-entropy's X and G
+            geometry=_training_held_split_geometry,
             specialise=lambda p, g, V: {k: v for k, v in _split_constexprs(p, g, V).items() if k != "Y_ALIGN"},
             options=_warps_capped,
             grid=_split_grid,
@@ -625,7 +625,7 @@ TABLES = {
             "X:*T T:*i64 G:*T LOSS:*fp32 LSE:*fp32 PREP:*fp32 WS:*i64 V P stride_x stride_g x_off g_off ignore_index "
             "SCALE:fp32",
             "CHUNK P_BLOCK FALLBACK_BLOCK MAX_SPINS ALIGN G_ALIGN ASYNC",
-            geometry=_ce_held_split_geometry,
+            geometry=_training_held_split_geometry,
             specialise=_ce_held_split_constexprs,
             options=_warps_capped,
             grid=_split_grid,

@@ -42,9 +42,9 @@ from .triton_kernels import (
     _held_edges,
     _held_fill,
     _held_groups,
-    _held_max,
     _held_max_sum,
-    _held_sum,
+    _held_split_max,
+    _held_split_sum,
     _held_tile,
     _launch_tag,
     _launch_tag_on,
@@ -57,8 +57,6 @@ from .triton_kernels import (
     _row_scale,
     _split_chunk,
     _split_edges,
-    _streamed_max,
-    _streamed_sum,
     _tagged,
     _tagged_halves,
 )
@@ -887,28 +885,18 @@ def cross_entropy_held_split_kernel(
     pos, e_mask, xe = _held_edges(X, xs, V, g_lo, g_hi, ALIGN, ASYNC, chunk == 0)
     fcols = gl.arange(0, FALLBACK_BLOCK, layout=flat)
 
-    # Meeting 1: the row's max (the min's word written, unused without smoothing).
-    my_m = _tagged(tag_hi, _held_max(bufs, xe, c_base, grp, g_lo, g_hi, CHUNK, ALIGN))
-    gl.atomic_xchg(ws + chunk, my_m, sem="relaxed")
+    # The softmax held split's two meetings on the max's and the sum's words; the smoothing's
+    # words (min, its sum, the non-finite sum) written with zeros, unused without smoothing.
     zero = gl.cast(0.0, gl.float32)
-    gl.atomic_xchg(ws + P + chunk, _tagged(tag_hi, zero), sem="relaxed")
-    m, stale = _meet_floats_on(ws, P, chunk, my_m, tag, False, slots, MAX_SPINS)
-    if stale > 0:
-        m = _streamed_max(x_row, V, fcols)
-
-    # Meeting 2: the fixed-point sum (the smoothing's words written with zeros).
-    _barrier()
-    s_c, ee = _held_sum(bufs, xe, m, SCALE, OUT, CHUNK, ALIGN)
-    s_hi, s_lo = _tagged_halves(tag_hi, s_c)
     q_hi, q_lo = _tagged_halves(tag_hi, zero.to(gl.int64))
-    gl.atomic_xchg(ws + 2 * P + 2 * chunk, s_hi, sem="relaxed")
-    gl.atomic_xchg(ws + 2 * P + 2 * chunk + 1, s_lo, sem="relaxed")
+    gl.atomic_xchg(ws + P + chunk, _tagged(tag_hi, zero), sem="relaxed")
     gl.atomic_xchg(ws + 4 * P + 2 * chunk, q_hi, sem="relaxed")
     gl.atomic_xchg(ws + 4 * P + 2 * chunk + 1, q_lo, sem="relaxed")
     gl.atomic_xchg(ws + 6 * P + chunk, _tagged(tag_hi, zero), sem="relaxed")
-    S_fix, stale = _meet_sum_on(ws + 2 * P, P, chunk, s_hi, s_lo, tag, slots, MAX_SPINS)
-    if stale > 0:
-        S_fix = _streamed_sum(x_row, V, fcols, m, SCALE, OUT)
+    m = _held_split_max(bufs, xe, c_base, grp, g_lo, g_hi, ws, P, chunk, tag, slots, x_row, V, fcols, MAX_SPINS,
+                        CHUNK, ALIGN)  # fmt: skip
+    S_fix, ee = _held_split_sum(bufs, xe, m, SCALE, OUT, ws + 2 * P, P, chunk, tag, slots, x_row, V, fcols,
+                                MAX_SPINS, CHUNK, ALIGN)  # fmt: skip
 
     # The row's results: the held kernel's arithmetic.
     E_t = _fixed(_exp(x_t, m, OUT), SCALE)

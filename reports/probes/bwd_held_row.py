@@ -104,14 +104,19 @@ def held(dy: torch.Tensor, y: torch.Tensor, num_warps: int) -> torch.Tensor:
     return dx
 
 
-def measure(B: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
+def backward_case(B: int, V: int, dtype: torch.dtype):
+    """(dy, y, the dispatch's dx, {name: call} and {name: same bits} holding the dispatch) for a
+    probe's shape: y a softmax with a NaN, dy with an inf."""
     g = torch.Generator(device="cuda").manual_seed(B + V)
     y = torch.softmax(torch.randn(B, V, device="cuda", generator=g) * 3, -1).to(dtype)
     dy = torch.randn(B, V, device="cuda", generator=g).to(dtype)
     y[1, 5], dy[2, 9] = float("nan"), float("inf")
-    want = tb.softmax_backward(dy, y)
-    variants = {f"dispatch ({tb.plan(B, V, dtype)})": lambda: tb.softmax_backward(dy, y)}
-    same = {next(iter(variants)): True}
+    name = f"dispatch ({tb.plan(B, V, dtype)})"
+    return dy, y, tb.softmax_backward(dy, y), {name: lambda: tb.softmax_backward(dy, y)}, {name: True}
+
+
+def measure(B: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
+    dy, y, want, variants, same = backward_case(B, V, dtype)
     for w in WARPS:
         name = f"held {w} warps"
         same[name] = bool(torch.equal(bits(held(dy, y, w)), bits(want)))

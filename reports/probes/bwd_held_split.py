@@ -29,6 +29,7 @@ from kernels.baselines import compiled_softmax_backward
 from kernels.triton_dispatch import held_split_chunk
 
 sys.path.insert(0, str(Path(__file__).parent))
+from bwd_held_row import backward_case  # noqa: E402
 from triton_rows_sweep import bits, floor_rows, run_shapes  # noqa: E402
 
 SHAPES = [
@@ -47,13 +48,7 @@ HELD_SPLIT = {
 
 
 def measure(B: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
-    g = torch.Generator(device="cuda").manual_seed(B + V)
-    y = torch.softmax(torch.randn(B, V, device="cuda", generator=g) * 3, -1).to(dtype)
-    dy = torch.randn(B, V, device="cuda", generator=g).to(dtype)
-    y[1, 5], dy[2, 9] = float("nan"), float("inf")
-    want = tb.softmax_backward(dy, y)
-    variants = {f"dispatch ({tb.plan(B, V, dtype)})": lambda: tb.softmax_backward(dy, y)}
-    same = {next(iter(variants)): True}
+    dy, y, want, variants, same = backward_case(B, V, dtype)
     runs = {"split": {}}
     for name, (warps, cap, most) in HELD_SPLIT.items():
         chunk = held_split_chunk(V, y.element_size(), most, warps)
