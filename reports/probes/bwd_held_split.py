@@ -44,6 +44,11 @@ HELD_SPLIT = {
     "held_split 8x96 32K": (8, 96, 32768),
     "held_split 16x64 16K": (16, 64, 16384),
     "held_split 16x64 48K": (16, 64, 49152),
+    "held_split 8x80 32K": (8, 80, 32768),
+    "held_split 4x128 32K": (4, 128, 32768),
+    "held_split 4 uncapped 32K": (4, None, 32768),
+    "held_split 8x96 48K": (8, 96, 49152),
+    "held_split 8 uncapped 48K": (8, None, 49152),
 }
 
 

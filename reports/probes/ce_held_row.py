@@ -42,7 +42,9 @@ SHAPES = [
     # past the held rows: split against held_split (each program's chunk held)
     *((4096, V, torch.bfloat16) for V in (57345, 65537, 128256, 262144)),
     (1024, 262144, torch.bfloat16),
+    (64, 262144, torch.bfloat16),
     (16384, 128256, torch.bfloat16),
+    *((4096, V, torch.float32) for V in (65537, 128256, 262144)),
     (4096, 128256, torch.float16),
 ]
 # Each names its launch in full, so that a label stays true when the dispatched launch changes.

@@ -3,6 +3,7 @@ split path it would replace, which keeps a chunk in registers.
 
     python reports/probes/triton_held_split.py --out DIR            # on a GPU
     python reports/probes/triton_held_split.py --out DIR --part bits
+    python reports/probes/triton_held_split.py --out DIR --part time --v 65536 262144
 
 Parts:
   bits    held_split's output bits against split's at every layout of the suite
@@ -45,6 +46,8 @@ HELD_SPLIT = {
     "hs 64K 16x64": {"bytes": 65536, "num_warps": 16, "maxnreg": 64},
     "hs 64K 8x80": {"bytes": 65536, "num_warps": 8, "maxnreg": 80},
     "hs 64K 8x128": {"bytes": 65536, "num_warps": 8, "maxnreg": 128},
+    "hs 64K 8 uncapped": {"bytes": 65536, "num_warps": 8, "maxnreg": None},
+    "hs 64K 8x64": {"bytes": 65536, "num_warps": 8, "maxnreg": 64},
     "hs 32K 8x64": {"bytes": 32768, "num_warps": 8, "maxnreg": 64},
     "hs 32K 4x128": {"bytes": 32768, "num_warps": 4, "maxnreg": 128},
     "hs 96K 16x64": {"bytes": 98304, "num_warps": 16, "maxnreg": 64},
@@ -122,6 +125,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--part", nargs="+", default=["bits", "bounds", "fill", "time"])
+    parser.add_argument("--v", type=int, nargs="+", help="time the shapes of these V only")
     args = parser.parse_args()
     if "bits" in args.part:
         print("held_split bits equal split's everywhere:", check_bits(), flush=True)
@@ -130,7 +134,8 @@ def main() -> None:
     if "fill" in args.part:
         sweep_shapes(FILL, args.out / "triton_held_split_fill.json", fill_variants)
     if "time" in args.part:
-        sweep_shapes(SHAPES, args.out / "triton_held_split.json", variants)
+        shapes = [s for s in SHAPES if not args.v or s[1] in args.v]
+        sweep_shapes(shapes, args.out / "triton_held_split.json", variants)
 
 
 if __name__ == "__main__":
