@@ -323,7 +323,7 @@ SPECS: tuple[KernelSpec, ...] = (
             f"kernels.{module}:{op}",
             (
                 Path("row", gpu=(5, 100)),
-                Path("split", gpu=(5, split_v), cpu={"CHUNK": 16, "num_warps": 2}),
+                Path("split", gpu=(5, split_v), cpu={"CHUNK": 16, "num_warps": 2}, dtypes=split_dtypes),
                 *extra,
             ),
             _ALL,
@@ -339,12 +339,15 @@ SPECS: tuple[KernelSpec, ...] = (
         )
         # split_v: the shortest row past the op's row and held paths (the cross-entropy holds
         # plain rows of up to 32768 in one program's registers and 16-bit ones of up to 57344 in
-        # its shared memory; the backward holds 8192)
-        for op, module, split_v, extra in (
+        # its shared memory; the backward holds 8192); split_dtypes: those whose plain rows split
+        # (the cross-entropy's 16-bit plain rows take held_split past 57344, its weighted or
+        # smoothed rows split in every dtype: run_path and the cuda cases reach them there)
+        for op, module, split_v, split_dtypes, extra in (
             (
                 "softmax_backward",
                 "triton_backward",
                 8193,
+                None,
                 # from DISPATCH_BOUNDARIES["stream_min_b"] rows on: reread writes in tiles of 16,
                 # stream walks tiles of 16 with 2 programs; float32 rows stream only past
                 # reread_max_v, so stream's shape lies there
@@ -357,8 +360,13 @@ SPECS: tuple[KernelSpec, ...] = (
                 "cross_entropy",
                 "triton_cross_entropy",
                 57345,
-                # 16-bit plain rows of 16385-57344 (past DISPATCH_BOUNDARIES["held_min_v"]), in shared memory
-                (Path("held", gpu=(5, 16385), dtypes=("bfloat16", "float16"), interpreted=False),),
+                ("float32",),
+                # 16-bit plain rows of 16385-57344 (past DISPATCH_BOUNDARIES["held_min_v"]) held in
+                # shared memory; longer ones split, each program's chunk in shared memory
+                (
+                    Path("held", gpu=(5, 16385), dtypes=("bfloat16", "float16"), interpreted=False),
+                    Path("held_split", gpu=(5, 57345), dtypes=("bfloat16", "float16"), interpreted=False),
+                ),
             ),
         )
     ),

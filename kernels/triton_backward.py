@@ -149,9 +149,13 @@ def launch_params(
         # one program an SM; 16 warps under 64 keep two (spilling 56-72 bytes a thread).
         return {"num_warps": 8} if V <= 32768 else {"num_warps": 16, "maxnreg": 64}
     if path == "held_split" and op == "cross_entropy":
-        # The softmax's held split launch (kernels.triton_dispatch): 8 warps under 80 registers,
-        # chunks of at most 64 KB shared evenly over the row's programs. Not dispatched yet.
-        return softmax_launch_params("held_split", V, dtype)
+        # The softmax's held split chunks (kernels.triton_dispatch: at most 64 KB, shared evenly
+        # over the row's programs) at 8 warps uncapped: 58 registers at bf16 V = 262144, no
+        # spill, three programs an SM. Of the floor on an H100 (probes/ce_held_row.py), bf16:
+        # 0.865 / 0.938 / 0.947 at (4096, 65537 / 128256 / 262144) against 0.804 / 0.924 /
+        # 0.914 under a cap of 80 registers (which ptxas fills) and 0.805 / 0.809 / 0.806
+        # under 128.
+        return {"CHUNK": softmax_launch_params("held_split", V, dtype)["CHUNK"], "num_warps": 8}
     if path == "held_split":
         # The backward holds a chunk of y and one of dy, at most 32 KB each, shared evenly as the
         # softmax's held split shares a row; 16 warps under 64 registers, two programs an SM (its

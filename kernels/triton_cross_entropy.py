@@ -12,9 +12,10 @@ its combination with label smoothing.
     result.grad      (N, V), the logits' dtype: d loss / d logits (for "none": of loss.sum())
 
 Launches, in order on the stream (kernels/triton_loss_kernels.py): prep, one program over the
-targets and class weights; row, held or split (`plan`: the softmax backward's row and split,
-plain rows held whole further, 16-bit plain rows of held_min_v < V <= held_max_v in shared
-memory); for "mean" / "sum", reduce, one program summing the rows' losses in fixed point.
+targets and class weights; row, held, held_split or split (`plan`: the softmax backward's row
+and split, plain rows held whole further, 16-bit plain rows of held_min_v < V <= held_max_v in
+shared memory, longer ones split with each program's chunk in shared memory); for "mean" /
+"sum", reduce, one program summing the rows' losses in fixed point.
 
 A target out of range. With `validate=True` (the default) the wrapper reads the prep kernel's
 three integers back and raises a ValueError naming the bad values: one synchronisation per
@@ -59,7 +60,12 @@ PATHS = spec_of("cross_entropy", KERNEL_NAME).path_names  # the registry's entry
 # an SM to 57344); on an H100 at V = 50257, bf16, held (16 warps under 64 registers) over the
 # split it replaces: 1.82x at N = 4096 (0.775 of the floor against 0.427), 1.69x at 1024, 1.87x
 # at 16384, 1.08x at 64; at N = 4096 1.93x at 40961 and 1.29x at 57344 (0.776 of the floor), the
-# same bits (runs/h100-2026-12-06, -06b).
+# same bits (runs/h100-2026-12-06, -06b). Longer 16-bit plain rows take held_split: split's
+# programs, each holding its chunk in shared memory, 8 warps uncapped (58 registers), three an
+# SM; on an H100 (bf16, graph clock, of the floor) at N = 4096 0.85 at 57345 (split 0.43), 0.87
+# at 65537 (0.43), 0.94 at 128256 (0.59), 0.95 at 262144 (0.57); 0.91 at (1024, 262144) (0.57),
+# 0.96 at (16384, 128256) (0.60), fp16 (4096, 128256) 0.94 (0.61), the same bits
+# (runs/h100-2026-12-06d).
 DISPATCH_BOUNDARIES = {
     "row_max_v": _BACKWARD_BOUNDARIES["row_max_v"],
     "plain_row_max_v": 32768,
@@ -73,13 +79,14 @@ SUBSTITUTE = {"held": "split", "held_split": "split"}
 
 
 def plan(N: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None, *, plain: bool = True) -> str:
-    """The path cross_entropy() takes on a GPU for (N, V) logits of `dtype`, row, held or split;
+    """The path cross_entropy() takes on a GPU for (N, V) logits of `dtype`, row, held,
+    held_split or split;
     `plain`: no class weights and no label smoothing (the registry asks for that case). It
     depends on V, the dtype and the options, never on N, and every path gives a row the same
     bits."""
     b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
-    if plain and dtype != torch.float32 and b["held_min_v"] < V <= b["held_max_v"]:
-        return "held"
+    if plain and dtype != torch.float32 and V > b["held_min_v"]:
+        return "held" if V <= b["held_max_v"] else "held_split"
     return "row" if V <= b["row_max_v"] or (plain and V <= b["plain_row_max_v"]) else "split"
 
 

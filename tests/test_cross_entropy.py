@@ -65,8 +65,6 @@ SCALED = {"row": {}, "split": SPLIT, "held": {}}
 # is checked by kernels.triton_build's spill test, its bits by the cuda cases below).
 INTERPRETED_PATHS = CROSS_ENTROPY_KERNELS["triton"].interpreted_paths
 PLAIN_ONLY = {"held", "held_split"}  # paths that take neither class weights nor label smoothing
-# run_path's paths the dispatch does not take (yet), checked on the GPU beside the dispatched ones.
-UNDISPATCHED = ("held_split",)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # (reduction, label_smoothing, weighted): every pair of values of any two of the three options.
@@ -165,27 +163,32 @@ def test_registry_describes_every_cross_entropy_kernel():
         assert {tce.plan(N, V) for N in (1, 65536)} == {plain_path}, V
         assert {tce.plan(N, V, plain=False) for N in (1, 65536)} == {other_path}, V
     assert {tce.plan(N, plain + 1) for N in (1, 65536)} == {"split"}
-    # 16-bit plain rows of held_min_v < V <= held_max_v are held in shared memory, at any N.
+    # 16-bit plain rows of held_min_v < V <= held_max_v are held in shared memory, longer ones
+    # split with each chunk held, at any N; weighted or smoothed rows split.
     lo, hi = tce.DISPATCH_BOUNDARIES["held_min_v"], tce.DISPATCH_BOUNDARIES["held_max_v"]
     for dtype in (torch.bfloat16, torch.float16):
-        for V, path in ((lo, "row"), (lo + 1, "held"), (hi, "held"), (hi + 1, "split")):
+        for V, path in ((lo, "row"), (lo + 1, "held"), (hi, "held"), (hi + 1, "held_split"), (2**20, "held_split")):
             assert {tce.plan(N, V, dtype) for N in (1, 65536)} == {path}, (dtype, V)
-        assert tce.plan(1, hi, dtype, plain=False) == "split"
+        assert tce.plan(1, hi, dtype, plain=False) == tce.plan(1, hi + 1, dtype, plain=False) == "split"
     assert tce.plan(1, lo + 1, torch.float32) == "row"
 
 
 @pytest.mark.cpu
 @interpreted
 def test_held_rows_take_the_split_path_where_the_held_kernel_cannot_run():
-    # The interpreter cannot run held's Gluon kernel: the dispatch sends its rows to split (the
-    # same bits; row's plain rows end short of held_max_v) and naming the path is an error that
-    # says so, not a crash inside Triton.
+    # The interpreter cannot run the held kernels (Gluon): the dispatch sends their rows to split
+    # (the same bits; row's plain rows end short of held_max_v) and naming either path is an
+    # error that says so, not a crash inside Triton.
     V = tce.DISPATCH_BOUNDARIES["held_min_v"] + 1
     x, t = logits(2, V, seed=3, dtype=torch.bfloat16), targets(2, V, seed=3)
     assert tce.plan(2, V, torch.bfloat16) == "held"
     got, want = tce.cross_entropy(x, t), tce.run_path(x, t, "row")
     for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
         assert torch.equal(bits(a), bits(b)), name
+    V = tce.DISPATCH_BOUNDARIES["held_max_v"] + 1
+    x1, t1 = logits(1, V, seed=4, dtype=torch.float16), targets(1, V, seed=4)
+    assert tce.plan(1, V, torch.float16) == "held_split"
+    check_cross_entropy(tce.cross_entropy(x1, t1), x1, t1, what=f"held_split rows substituted, V={V}")
     with pytest.raises(ValueError, match="held path cannot run under Triton's interpreter.*takes split"):
         tce.run_path(x, t, "held")
     with pytest.raises(ValueError, match="held_split path cannot run under Triton's interpreter.*takes split"):
@@ -726,7 +729,7 @@ def longest_row(path: str, dtype: torch.dtype) -> int | None:
 @pytest.mark.cuda
 @pytest.mark.parametrize("V", (37, 16385, 50257, 262144))
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("path", (*tce.PATHS, *UNDISPATCHED))
+@pytest.mark.parametrize("path", tce.PATHS)
 def test_cuda_edge_rows_every_path_and_layout(path, dtype, V):
     if V > (longest_row(path, dtype) or V):
         pytest.skip(f"the {path} path holds rows to V = {longest_row(path, dtype)}")
