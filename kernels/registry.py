@@ -97,9 +97,10 @@ class Kernel:
     def path(self, name: str) -> Path:
         return self.spec.path(name)
 
-    def plan(self, B: int, V: int, dtype: torch.dtype = torch.float32) -> str:
-        """The path a (B, V) input of `dtype` takes on the GPU."""
-        return self.paths[0] if self._plan is None else self._plan(B, V, dtype)
+    def plan(self, B: int, V: int, dtype: torch.dtype = torch.float32, **options) -> str:
+        """The path a (B, V) input of `dtype` takes on the GPU; `options`: the plan's own keywords
+        (a Path's `options`)."""
+        return self.paths[0] if self._plan is None else self._plan(B, V, dtype, **options)
 
     def paths_for(self, dtype: torch.dtype) -> tuple:
         """The paths the dispatch takes for some input of `dtype` (its spec's Path.dtypes)."""

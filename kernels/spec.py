@@ -83,6 +83,8 @@ class Path:
         `run_path` reaches every path in every dtype.
     interpreted: False for a path of an interpretable kernel that the interpreter cannot run (a
         Gluon kernel): the CPU cases check its ahead-of-time build instead, the GPU its outputs.
+    options: the keywords of the kernel's `plan` under which it sends `gpu` down this path
+        (the cross-entropy's split: plain=False, rows with class weights or label smoothing).
     """
 
     name: str
@@ -90,6 +92,7 @@ class Path:
     cpu: Mapping = field(default_factory=dict)
     dtypes: tuple[str, ...] | None = None
     interpreted: bool = True
+    options: Mapping = field(default_factory=dict)
 
 
 Ref = str | Callable  # "package.module:attribute", resolved on first use, or the object itself
@@ -323,7 +326,7 @@ SPECS: tuple[KernelSpec, ...] = (
             f"kernels.{module}:{op}",
             (
                 Path("row", gpu=(5, 100)),
-                Path("split", gpu=(5, split_v), cpu={"CHUNK": 16, "num_warps": 2}, dtypes=split_dtypes),
+                Path("split", gpu=(5, split_v), cpu={"CHUNK": 16, "num_warps": 2}, options=split_options),
                 *extra,
             ),
             _ALL,
@@ -338,34 +341,34 @@ SPECS: tuple[KernelSpec, ...] = (
             op=op,
         )
         # split_v: the shortest row past the op's row and held paths (the cross-entropy holds
-        # plain rows of up to 32768 in one program's registers and 16-bit ones of up to 57344 in
-        # its shared memory; the backward holds 8192); split_dtypes: those whose plain rows split
-        # (the cross-entropy's 16-bit plain rows take held_split past 57344, its weighted or
-        # smoothed rows split in every dtype: run_path and the cuda cases reach them there)
-        for op, module, split_v, split_dtypes, extra in (
+        # plain rows of up to 32768 in one program's registers and 16-bit ones of up to 40960 in
+        # its shared memory; the backward holds 8192); split_options: the cross-entropy's plain
+        # rows past those take held_split, its weighted or smoothed rows split
+        for op, module, split_v, split_options, extra in (
             (
                 "softmax_backward",
                 "triton_backward",
                 8193,
-                None,
+                {},
                 # from DISPATCH_BOUNDARIES["stream_min_b"] rows on: reread writes in tiles of 16,
                 # stream walks tiles of 16 with 2 programs; float32 rows stream only past
-                # reread_max_v, so stream's shape lies there
+                # reread_max_v, so stream's shape lies there; held_split past stream's rows
                 (
                     Path("reread", gpu=(1024, 8193), cpu={"TILE": 16, "num_warps": 2}, dtypes=("float32",)),
                     Path("stream", gpu=(1024, 32769), cpu={"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1}),
+                    Path("held_split", gpu=(64, 49153), interpreted=False),
                 ),
             ),
             (
                 "cross_entropy",
                 "triton_cross_entropy",
-                57345,
-                ("float32",),
-                # 16-bit plain rows of 16385-57344 (past DISPATCH_BOUNDARIES["held_min_v"]) held in
-                # shared memory; longer ones split, each program's chunk in shared memory
+                40961,
+                {"plain": False},
+                # 16-bit plain rows of 16385-40960 (past DISPATCH_BOUNDARIES["held_min_v"]) held in
+                # shared memory; longer plain rows split, each program's chunk in shared memory
                 (
                     Path("held", gpu=(5, 16385), dtypes=("bfloat16", "float16"), interpreted=False),
-                    Path("held_split", gpu=(5, 57345), dtypes=("bfloat16", "float16"), interpreted=False),
+                    Path("held_split", gpu=(5, 40961), interpreted=False),
                 ),
             ),
         )

@@ -5,9 +5,12 @@ dispatch and launch parameters the Triton cross-entropy shares.
 Paths (`plan(B, V, dtype)` names the one a call takes; `DISPATCH_BOUNDARIES` holds the limits):
 row for V <= row_max_v, one program a row holding dy and y; from stream_min_b rows on, reread
 for float32 rows to reread_max_v, one program a row holding y * dy and reading dy and y again
-for the write, and stream for rows to stream_max_v (float32; stream_max_v_16bit for 16-bit
+for the write, stream for rows to stream_max_v (float32; stream_max_v_16bit for 16-bit
 storage), one or two programs per SM walking the rows, each read three times with the re-reads
-served by L2; split otherwise, P = cdiv(V, CHUNK) programs a row meeting through a workspace
+served by L2, and held_split past them: split's programs, each holding its chunks of y and dy
+in shared memory (a Gluon kernel, cp.async; dy and dx in step with y within 16 bytes, as
+contiguous tensors are); split otherwise (shorter batches, rows out of step, GPUs before
+sm_80), P = cdiv(V, CHUNK) programs a row meeting through a workspace
 (kernels/triton_loss_kernels.py).
 Every path gives a row the same bits (the sum is order-free), so the batch threshold changes
 speed, never results. dy and y may have any row stride and different layouts (each is copied
@@ -24,14 +27,21 @@ import triton
 from .checks import check_backward_inputs, on_device, prepare_dx
 from .spec import spec_of
 from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
-from .triton_dispatch import INTERPRET, fixed_point_bits, gpu_major, held_split_chunk, refuse_unrunnable
+from .triton_dispatch import (
+    INTERPRET,
+    fixed_point_bits,
+    gpu_major,
+    held_split_chunk,
+    refuse_unrunnable,
+    runnable_path,
+)
 from .triton_dispatch import launch_params as softmax_launch_params
 from .triton_launch import launch_entry, training_cut
 
 KERNEL_NAME = "triton"
 PATHS = spec_of("softmax_backward", KERNEL_NAME).path_names  # the registry's entry names them
-# held_split (run_path only, not dispatched) is a Gluon kernel with cp.async: where it cannot run
-# (the interpreter, GPUs before sm_80) a call naming it is refused, naming split, the same bits.
+# held_split is a Gluon kernel with cp.async: where it cannot run (the interpreter, GPUs before
+# sm_80) its rows take split, the same bits, and a call naming it is refused, naming split.
 SUBSTITUTE = {"held_split": "split"}
 # row_max_v: two inputs in registers, a quarter of the forward's row path (the cross-entropy's
 # bound too). The stream path's bounds, measured on an H200 against the split (graph clock,
@@ -43,18 +53,24 @@ SUBSTITUTE = {"held_split": "split"}
 # products a program holds at 32 warps, 1.19-1.32x the stream in device time at (4096,
 # 12288-16384) with no spill, and 1.12-1.15x at (4096, 32000-32768), 1.04x at (512, 32000) and
 # 1.0x at (64, 32000), where 32 products a thread spill 32-40 bytes (launch_params); 16-bit rows
-# gain 0.87-1.08x from B = 512 on, so they stream.
+# gain 0.87-1.08x from B = 512 on, so they stream. held_split past stream's rows, on an H100
+# (graph clock, of the two-read-one-write floor, B = 4096, runs/h100-2026-12-06d): bf16 0.87 at
+# 50257 against stream's 0.50, 0.95 at 65536 against 0.70, 0.89 / 0.86 at 128256 / 262144
+# against split's 0.60 / 0.57 (torch.compile 0.51-0.63); float32 1.00 / 0.97 / 0.91 at 65536 /
+# 128256 / 262144 against split's 0.88 / 0.84 / 0.77. 16-bit rows of 40961-49152 were not
+# timed against it: they keep streaming.
 DISPATCH_BOUNDARIES = {
     "row_max_v": 8192,
     "reread_max_v": 32768,
     "stream_max_v": 40960,
-    "stream_max_v_16bit": 98304,
+    "stream_max_v_16bit": 49152,
     "stream_min_b": 64,
 }
 
 
 def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) -> str:
-    """The path softmax_backward() takes for (B, V) rows of `dtype`: row, reread, stream or split."""
+    """The path softmax_backward() takes for (B, V) rows of `dtype`: row, reread, stream,
+    held_split or split (held_split's rows with dy or dx out of step with y take split)."""
     b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
     if V <= b["row_max_v"]:
         return "row"
@@ -62,7 +78,7 @@ def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) ->
         return "split"
     if dtype == torch.float32 and V <= b["reread_max_v"]:
         return "reread"
-    return "stream" if V <= b["stream_max_v" if dtype == torch.float32 else "stream_max_v_16bit"] else "split"
+    return "stream" if V <= b["stream_max_v" if dtype == torch.float32 else "stream_max_v_16bit"] else "held_split"
 
 
 def launch_params(
@@ -150,18 +166,27 @@ def launch_params(
         return {"num_warps": 8} if V <= 32768 else {"num_warps": 16, "maxnreg": 64}
     if path == "held_split" and op == "cross_entropy":
         # The softmax's held split chunks (kernels.triton_dispatch: at most 64 KB, shared evenly
-        # over the row's programs) at 8 warps uncapped: 58 registers at bf16 V = 262144, no
-        # spill, three programs an SM. Of the floor on an H100 (probes/ce_held_row.py), bf16:
-        # 0.865 / 0.938 / 0.947 at (4096, 65537 / 128256 / 262144) against 0.804 / 0.924 /
-        # 0.914 under a cap of 80 registers (which ptxas fills) and 0.805 / 0.809 / 0.806
-        # under 128.
-        return {"CHUNK": softmax_launch_params("held_split", V, dtype)["CHUNK"], "num_warps": 8}
+        # over the row's programs) at 8 warps. Of the floor on an H100 (probes/ce_held_row.py,
+        # runs/h100-2026-12-06d) at (4096, 65537 / 128256 / 262144): 16-bit uncapped (58
+        # registers at bf16 262144, no spill, three programs an SM) 0.86 / 0.93 / 0.94, under a
+        # cap of 80 (which ptxas fills) 0.80 / 0.92 / 0.91, under 128 0.80 / 0.80 / 0.80;
+        # float32 under 128 (76 registers, no spill) 0.85 / 0.92 / 0.91, under 80 0.85 / 0.90 /
+        # 0.89, uncapped (128 registers, 40 bytes spilled) 0.71 / 0.77 / 0.78.
+        chunk = softmax_launch_params("held_split", V, dtype)["CHUNK"]
+        return {"CHUNK": chunk, "num_warps": 8, **({"maxnreg": 128} if dtype == torch.float32 else {})}
     if path == "held_split":
-        # The backward holds a chunk of y and one of dy, at most 32 KB each, shared evenly as the
-        # softmax's held split shares a row; 16 warps under 64 registers, two programs an SM (its
-        # sm_90 build spills nothing there, 64-160 bytes a thread at 8 warps under 80). Not
-        # dispatched yet.
-        return {"CHUNK": held_split_chunk(V, dtype.itemsize, 32768, 16), "num_warps": 16, "maxnreg": 64}
+        # A program holds a chunk of y and one of dy, at most 32 KB each, shared evenly as the
+        # softmax's held split shares a row: three programs an SM. Of the floor on an H100
+        # (probes/bwd_held_split.py, runs/h100-2026-12-06d) at (4096, 50257 / 65536 / 128256 /
+        # 262144): bf16 at 4 warps under 128 registers 0.87 / 0.95 / 0.74 / 0.73, at 8 under 80
+        # 0.77 / 0.85 / 0.89 / 0.86; float32 0.998 / 0.97 / 0.91 at 65536 / 128256 / 262144
+        # under 128 (123 registers, no spill), 0.99 / 0.96 / 0.90 at 8 x 80; 16 x 64 0.70-0.79.
+        # 16-bit chunks of 16384 elements (rows past 98304) spill 320 bytes a thread at 4 x 128
+        # (sm_90), 64 at 8 x 80: those take 8 x 80.
+        chunk = held_split_chunk(V, dtype.itemsize, 32768, 4)
+        if dtype == torch.float32 or chunk < 16384:
+            return {"CHUNK": chunk, "num_warps": 4, "maxnreg": 128}
+        return {"CHUNK": held_split_chunk(V, dtype.itemsize, 32768, 8), "num_warps": 8, "maxnreg": 80}
     if path in ("prep", "reduce"):
         return {"BLOCK": 1024, "num_warps": 4}
     if path == "scale":
@@ -180,14 +205,18 @@ def _launch(dy, y, dx, path: str, params: dict) -> None:
     y = y if y.stride(1) == 1 else y.contiguous()
     values = {"DY": dy, "Y": y, "DX": dx, "B": B, "V": V, "stride_dy": dy.stride(0), "stride_y": y.stride(0)}
     values.update(stride_dx=dx.stride(0), K=fixed_point_bits(V))
-    path = path or plan(B, V, y.dtype)
     cut = {}
+    if path is None:  # the plan's path; held_split's rows take split out of step or where Gluon cannot run
+        path = runnable_path(plan(B, V, y.dtype), gpu_major(y), SUBSTITUTE)
+        if path == "held_split":
+            cut = training_cut(V, y, dy, dx)
+            path = "split" if cut["rows"] == "elements" else path
     if path == "split":  # chunks cut on y's rows (kernels.triton_launch.training_cut)
-        cut = training_cut(V, y, dy, dx)
+        cut = cut or training_cut(V, y, dy, dx)
         for (view, off), name in zip(cut["views"], ("Y", "DY", "DX"), strict=True):
             values[name], values[f"{name.lower()}_off"] = view, off
     elif path == "held_split":  # 16-byte-aligned base views (training_cut's), dy and dx in step with y
-        in_step = training_cut(V, y, dy, dx)
+        in_step = cut or training_cut(V, y, dy, dx)
         if in_step["rows"] == "elements":
             raise ValueError(
                 f"{KERNEL_NAME} softmax backward: the held_split path needs dy and dx in step with y "
@@ -209,9 +238,8 @@ def _launch(dy, y, dx, path: str, params: dict) -> None:
 def run_path(dy: torch.Tensor, y: torch.Tensor, path: str | None, *, out=None, **params) -> torch.Tensor:
     """softmax_backward(dy, y) through one named path; `params` override its launch parameters
     (row: BLOCK, num_warps; reread: TILE, num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK;
-    stream: BLOCK, num_warps, programs_per_sm; held_split, not dispatched: split's rows with each
-    program's chunks of y and dy in shared memory, on a GPU of sm_80 on, dy and dx in step with y:
-    CHUNK, num_warps, maxnreg, max_spins; path None: plan's).
+    stream: BLOCK, num_warps, programs_per_sm; held_split, on a GPU of sm_80 on, dy and dx in
+    step with y (ValueError otherwise): CHUNK, num_warps, maxnreg, max_spins; path None: plan's).
     Tests use it to reach the split path at small V (CHUNK=16)."""
     check_backward_inputs(dy, y, kernel=KERNEL_NAME, device_type=_DEVICE_TYPE)
     if path is not None:

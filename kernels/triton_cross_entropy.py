@@ -13,9 +13,10 @@ its combination with label smoothing.
 
 Launches, in order on the stream (kernels/triton_loss_kernels.py): prep, one program over the
 targets and class weights; row, held, held_split or split (`plan`: the softmax backward's row
-and split, plain rows held whole further, 16-bit plain rows of held_min_v < V <= held_max_v in
-shared memory, longer ones split with each program's chunk in shared memory); for "mean" /
-"sum", reduce, one program summing the rows' losses in fixed point.
+and split for rows with class weights or label smoothing; plain rows held whole further, 16-bit
+plain rows of held_min_v < V <= held_max_v in shared memory, and longer plain rows split with
+each program's chunk in shared memory); for "mean" / "sum", reduce, one program summing the
+rows' losses in fixed point.
 
 A target out of range. With `validate=True` (the default) the wrapper reads the prep kernel's
 three integers back and raises a ValueError naming the bad values: one synchronisation per
@@ -60,17 +61,19 @@ PATHS = spec_of("cross_entropy", KERNEL_NAME).path_names  # the registry's entry
 # an SM to 57344); on an H100 at V = 50257, bf16, held (16 warps under 64 registers) over the
 # split it replaces: 1.82x at N = 4096 (0.775 of the floor against 0.427), 1.69x at 1024, 1.87x
 # at 16384, 1.08x at 64; at N = 4096 1.93x at 40961 and 1.29x at 57344 (0.776 of the floor), the
-# same bits (runs/h100-2026-12-06, -06b). Longer 16-bit plain rows take held_split: split's
-# programs, each holding its chunk in shared memory, 8 warps uncapped (58 registers), three an
-# SM; on an H100 (bf16, graph clock, of the floor) at N = 4096 0.85 at 57345 (split 0.43), 0.87
-# at 65537 (0.43), 0.94 at 128256 (0.59), 0.95 at 262144 (0.57); 0.91 at (1024, 262144) (0.57),
-# 0.96 at (16384, 128256) (0.60), fp16 (4096, 128256) 0.94 (0.61), the same bits
-# (runs/h100-2026-12-06d).
+# same bits (runs/h100-2026-12-06, -06b). Longer plain rows take held_split: split's programs,
+# each holding its chunk in shared memory (launch_params). On an H100 (graph clock, of the
+# floor, runs/h100-2026-12-06d), bf16 at N = 4096: 0.82 / 0.83 / 0.87 at 40961 / 50257 / 57344
+# against held's 0.80 / 0.77 / 0.78, 0.86 / 0.93 / 0.94 at 65537 / 128256 / 262144 against
+# split's 0.43 / 0.58 / 0.57; 0.90 at (1024, 262144), 0.95 at (16384, 128256), 0.54 at (64,
+# 262144) against 0.43, held's 0.71 / 0.86 at 50257 and N = 1024 / 16384 against 0.69 / 0.80;
+# fp16 (4096, 128256) 0.94 against 0.60; float32 past row's rows, 0.85 / 0.92 / 0.91 at 65537 /
+# 128256 / 262144 against split's 0.60 / 0.77 / 0.75. The same bits throughout.
 DISPATCH_BOUNDARIES = {
     "row_max_v": _BACKWARD_BOUNDARIES["row_max_v"],
     "plain_row_max_v": 32768,
     "held_min_v": 16384,
-    "held_max_v": 57344,
+    "held_max_v": 40960,
 }
 # Where the held kernel cannot run (Triton's interpreter, a GPU before sm_80) its rows take split,
 # which holds rows of any length (row's plain rows end at plain_row_max_v, short of held_max_v),
@@ -85,9 +88,13 @@ def plan(N: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None, *,
     depends on V, the dtype and the options, never on N, and every path gives a row the same
     bits."""
     b = DISPATCH_BOUNDARIES if boundaries is None else boundaries
-    if plain and dtype != torch.float32 and V > b["held_min_v"]:
+    if V <= b["row_max_v"]:
+        return "row"
+    if not plain:
+        return "split"
+    if dtype != torch.float32 and V > b["held_min_v"]:
         return "held" if V <= b["held_max_v"] else "held_split"
-    return "row" if V <= b["row_max_v"] or (plain and V <= b["plain_row_max_v"]) else "split"
+    return "row" if V <= b["plain_row_max_v"] else "held_split"
 
 
 class CrossEntropyResult(NamedTuple):

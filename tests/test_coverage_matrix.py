@@ -253,14 +253,14 @@ def test_gpu_shapes_take_their_paths():
             continue
         for dtype in k.dtypes:
             for path in k.paths_for(dtype):
-                B, V = k.path(path).gpu
-                assert k.plan(B, V, dtype) == path, (
-                    f"{k.spec.op} {k.name}: ({B}, {V}) {dtype} takes {k.plan(B, V, dtype)}"
+                (B, V), options = k.path(path).gpu, k.path(path).options
+                assert k.plan(B, V, dtype, **options) == path, (
+                    f"{k.spec.op} {k.name}: ({B}, {V}) {dtype} {options} takes {k.plan(B, V, dtype, **options)}"
                 )
                 checked += 1
             for path in k.paths:  # and no shape of another dtype's path goes there
-                B, V = k.path(path).gpu
-                assert k.plan(B, V, dtype) in k.paths_for(dtype), f"{k.name}: ({B}, {V}) {dtype}"
+                (B, V), options = k.path(path).gpu, k.path(path).options
+                assert k.plan(B, V, dtype, **options) in k.paths_for(dtype), f"{k.name}: ({B}, {V}) {dtype}"
         dispatched = {path for dtype in k.dtypes for path in k.paths_for(dtype)}
         assert dispatched == set(k.paths), f"{k.name}: paths no dtype dispatches to: {set(k.paths) - dispatched}"
     assert checked >= sum(len(registry) for registry in REGISTRY.values())

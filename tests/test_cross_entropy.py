@@ -162,7 +162,8 @@ def test_registry_describes_every_cross_entropy_kernel():
     for V, plain_path, other_path in ((b, "row", "row"), (b + 1, "row", "split"), (plain, "row", "split")):
         assert {tce.plan(N, V) for N in (1, 65536)} == {plain_path}, V
         assert {tce.plan(N, V, plain=False) for N in (1, 65536)} == {other_path}, V
-    assert {tce.plan(N, plain + 1) for N in (1, 65536)} == {"split"}
+    assert {tce.plan(N, plain + 1) for N in (1, 65536)} == {"held_split"}
+    assert {tce.plan(N, plain + 1, plain=False) for N in (1, 65536)} == {"split"}
     # 16-bit plain rows of held_min_v < V <= held_max_v are held in shared memory, longer ones
     # split with each chunk held, at any N; weighted or smoothed rows split.
     lo, hi = tce.DISPATCH_BOUNDARIES["held_min_v"], tce.DISPATCH_BOUNDARIES["held_max_v"]

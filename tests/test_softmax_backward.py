@@ -52,9 +52,9 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # 37 spans three chunks meeting through the workspace), stream tiles of 16 walked by 2 programs.
 SCALED = {path.name: dict(path.cpu) for path in SOFTMAX_BACKWARD_KERNELS["triton"].spec.paths}
 SPLIT = SCALED["split"]
-# run_path's paths the dispatch does not take (yet), checked on the GPU beside the dispatched ones:
-# held_split needs dy and dx in step with y within 16 bytes, and refuses other layouts.
-UNDISPATCHED = ("held_split",)
+# The paths the CPU cases force (the interpreter cannot run held_split's Gluon kernel: its sm_90
+# build is checked by kernels.triton_build's spill test, its bits by the cuda cases below).
+INTERPRETED_PATHS = SOFTMAX_BACKWARD_KERNELS["triton"].interpreted_paths
 
 
 def in_step(*tensors) -> bool:
@@ -128,7 +128,9 @@ def test_plan_at_its_boundaries():
             assert {tb.plan(B, V, dtype) for B in (1, min_b - 1)} == {"split"}, V
             want = "reread" if V <= held else "stream"
             assert {tb.plan(B, V, dtype) for B in (min_b, 65536)} == {want}, (V, dtype)
-        assert {tb.plan(B, hi + 1, dtype) for B in (1, min_b, 65536)} == {"split"}
+        for V in (hi + 1, 2**20):  # past stream's rows: held_split, split in short batches
+            assert {tb.plan(B, V, dtype) for B in (1, min_b - 1)} == {"split"}, V
+            assert {tb.plan(B, V, dtype) for B in (min_b, 65536)} == {"held_split"}, (V, dtype)
 
 
 # -- on the CPU, interpreted -----------------------------------------------------------------------------
@@ -137,7 +139,7 @@ def test_plan_at_its_boundaries():
 @pytest.mark.cpu
 @interpreted
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("path", tb.PATHS)
+@pytest.mark.parametrize("path", INTERPRETED_PATHS)
 def test_each_path_and_dtype_matches_the_reference(path, dtype):
     dy, y = pair(3, 37, seed=37, dtype=dtype)
     dx = run_backward_poisoned(backward_path_runner(path, **SCALED[path]), dy, y)
@@ -155,7 +157,7 @@ def test_held_split_is_refused_where_it_cannot_run():
 
 @pytest.mark.cpu
 @interpreted
-@pytest.mark.parametrize("path", tb.PATHS)
+@pytest.mark.parametrize("path", INTERPRETED_PATHS)
 def test_every_layout_of_dy_and_y_gives_the_contiguous_bits(path):
     # dy and y each in its own layout, the other contiguous: a kernel that reads one with the
     # other's stride or offset fails here.
@@ -234,8 +236,8 @@ def test_a_rows_bits_depend_on_neither_batch_position_nor_path():
     # the order-free sum's passes the accuracy bound at 37 terms, not this comparison).
     y[4, 1] = y[4, 0] = 0.03
     dy[4, 0], dy[4, 1] = 1e6, -1e6
-    full = {path: run_backward_poisoned(backward_path_runner(path, **SCALED[path]), dy, y) for path in tb.PATHS}
-    for path in tb.PATHS:
+    full = {path: run_backward_poisoned(backward_path_runner(path, **SCALED[path]), dy, y) for path in INTERPRETED_PATHS}
+    for path in INTERPRETED_PATHS:
         assert torch.equal(bits(full["row"]), bits(full[path])), f"row and {path} paths give different bits"
     perm = torch.tensor([3, 0, 4, 2, 1])
     shuffled = run_backward_poisoned(backward_path_runner("row"), dy[perm].clone(), y[perm].clone())
@@ -246,7 +248,7 @@ def test_a_rows_bits_depend_on_neither_batch_position_nor_path():
 
 @pytest.mark.cpu
 @interpreted
-@pytest.mark.parametrize("path", tb.PATHS)
+@pytest.mark.parametrize("path", INTERPRETED_PATHS)
 def test_edges(path):
     V = 21
     dy, y = pair(5, V, seed=3)
@@ -280,7 +282,7 @@ def test_empty_batch_launches_nothing(monkeypatch):
         raise AssertionError("a kernel was launched for B = 0")
 
     monkeypatch.setattr(BoundLaunch, "__call__", no_launch)  # every Triton launch of a table entry
-    for path in tb.PATHS:
+    for path in INTERPRETED_PATHS:
         assert tb.run_path(torch.empty(0, 9), torch.empty(0, 9), path).shape == (0, 9)
 
 
@@ -385,7 +387,7 @@ def test_cuda_matches_the_reference(kernel, dtype, V):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("path", (*tb.PATHS, *UNDISPATCHED))
+@pytest.mark.parametrize("path", tb.PATHS)
 @pytest.mark.parametrize("V", (37, 4097, 32000, 50257))
 def test_cuda_every_path_and_layout_gives_the_same_bits(path, V, dtype):
     if path == "row" and V > tb.DISPATCH_BOUNDARIES["row_max_v"]:
@@ -402,7 +404,8 @@ def test_cuda_every_path_and_layout_gives_the_same_bits(path, V, dtype):
         for which in ("dy", "y"):
             dy, y = pair(6, V, seed=V + 1, dtype=dtype, device="cuda", **{f"{which}_layout": layout})
             launched = [t if t.stride(1) == 1 else t.contiguous() for t in (y, dy)]  # as run_path takes them
-            if path in UNDISPATCHED and not in_step(*launched, torch.empty(y.shape, dtype=dtype, device="cuda")):
+            # held_split needs dy and dx in step with y within 16 bytes, and refuses other layouts
+            if path == "held_split" and not in_step(*launched, torch.empty(y.shape, dtype=dtype, device="cuda")):
                 with pytest.raises(ValueError, match="in step"):
                     tb.run_path(dy, y, path, **params)
                 continue
@@ -413,6 +416,27 @@ def test_cuda_every_path_and_layout_gives_the_same_bits(path, V, dtype):
             backward_path_runner(path, **params), dy0[row : row + 1].clone(), y0[row : row + 1].clone()
         )
         assert torch.equal(bits(alone), bits(want[row : row + 1])), f"{path}: row {row} alone differs"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_cuda_held_split_rows_out_of_step_take_split(dtype):
+    """The dispatch sends held_split's rows (a batch past stream_min_b, V past stream's rows) with
+    dy out of step with y to split: the same bits as split's and the contiguous call's, never
+    the refusal that naming held_split gives."""
+    B, V = SOFTMAX_BACKWARD_KERNELS["triton"].path("held_split").gpu
+    assert tb.plan(B, V, dtype) == "held_split"
+    dy0, y0 = pair(B, V, seed=5, dtype=dtype, device="cuda")
+    want = bits(run_backward_poisoned(SOFTMAX_BACKWARD_KERNELS["triton"], dy0, y0))
+    assert torch.equal(want, bits(tb.run_path(dy0, y0, "split")))
+    out_of_step = 0
+    for layout in layouts(dtype):
+        dy, y = pair(B, V, seed=5, dtype=dtype, device="cuda", dy_layout=layout)
+        launched = [t if t.stride(1) == 1 else t.contiguous() for t in (y, dy)]
+        out_of_step += not in_step(*launched)
+        got = run_backward_poisoned(SOFTMAX_BACKWARD_KERNELS["triton"], dy, y)
+        assert torch.equal(bits(got), want), f"dy {layout}: bits differ"
+    assert out_of_step, "no layout of dy out of step with y: the fallback went untested"
 
 
 @pytest.mark.cuda
