@@ -236,7 +236,9 @@ def test_a_rows_bits_depend_on_neither_batch_position_nor_path():
     # the order-free sum's passes the accuracy bound at 37 terms, not this comparison).
     y[4, 1] = y[4, 0] = 0.03
     dy[4, 0], dy[4, 1] = 1e6, -1e6
-    full = {path: run_backward_poisoned(backward_path_runner(path, **SCALED[path]), dy, y) for path in INTERPRETED_PATHS}
+    full = {
+        path: run_backward_poisoned(backward_path_runner(path, **SCALED[path]), dy, y) for path in INTERPRETED_PATHS
+    }
     for path in INTERPRETED_PATHS:
         assert torch.equal(bits(full["row"]), bits(full[path])), f"row and {path} paths give different bits"
     perm = torch.tensor([3, 0, 4, 2, 1])
