@@ -59,8 +59,10 @@ interpreted = pytest.mark.skipif(
     not tce.INTERPRET, reason="needs the interpreted kernels; test_interpreted_in_a_subprocess runs them"
 )
 V_CPU = 37
-SPLIT = {"CHUNK": 16, "num_warps": 2}  # a row of 37: three chunks, the last partial
-SCALED = {"row": {}, "split": SPLIT, "held": {}}
+# Each path's launch parameters scaled to a row of V_CPU, from the registry's entry: split's row
+# of 37 is three chunks, the last partial.
+SCALED = {path.name: dict(path.cpu) for path in CROSS_ENTROPY_KERNELS["triton"].spec.paths}
+SPLIT = SCALED["split"]
 # The paths the CPU cases force (the interpreter cannot run held's Gluon kernel: its sm_90 build
 # is checked by kernels.triton_build's spill test, its bits by the cuda cases below).
 INTERPRETED_PATHS = CROSS_ENTROPY_KERNELS["triton"].interpreted_paths
