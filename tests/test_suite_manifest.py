@@ -296,6 +296,34 @@ def test_a_run_on_another_gpu_model_drops_the_old_timings():
     assert after["provenance"]["sweep"]["device"] == "NVIDIA A100-SXM4-80GB"
 
 
+def test_a_run_on_another_gpu_model_timing_only_training_ops_keeps_nothing_of_the_old_gpu():
+    """The old GPU's sweep, copy speed and cuda results do not stay under the new GPU's name,
+    and the new training timings take no fraction of the old copy speed; what the CPU measured
+    stays."""
+    before = gpu_manifest(synthetic.lab_records() + synthetic.loss_records())
+    before = manifest.build_manifest(
+        before, benchmarks=[], recorded={"numpy_model": {"verb_form_accuracy": 1.0}}, environment=CPU_ENV
+    )
+    assert before["sweep"] and before["ceilings"] and before["cross_entropy_timing"]["entries"][0]["frac_of_copy_bw"]
+    other = {**GPU_ENV, "gpu": {"model": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"}}
+    after = manifest.build_manifest(
+        json.loads(json.dumps(before)),
+        benchmarks=synthetic.loss_records()[:3],
+        recorded={},
+        environment=other,
+        today="2026-12-01",
+    )
+    jsonschema.validate(after, manifest_schema())
+    assert after["gpu"]["model"] == "NVIDIA A100-SXM4-80GB"
+    assert "sweep" not in after and "ceilings" not in after and "softmax_backward_timing" not in after
+    assert after["torch_port"]["kernel_swap_changes_top1_token"] is None
+    assert all(point[manifest.LAB_POINT_KEY] is None for point in after["softmax_kernels"].values())
+    entries = after["cross_entropy_timing"]["entries"]
+    assert len(entries) == 3 and not any("frac_of_copy_bw" in e for e in entries)
+    assert {k for k, stamp in after["provenance"].items() if stamp["device"] == "NVIDIA H200"} == set()
+    assert after["numpy_model"]["verb_form_accuracy"] == 1.0
+
+
 def test_call_modes_are_derived_against_f_softmax_measured_the_same_way():
     built = gpu_manifest(synthetic.call_records())
     jsonschema.validate(built, manifest_schema())

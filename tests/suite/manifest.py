@@ -629,17 +629,13 @@ def loss_goal_report(entries: list[dict], op: str) -> dict:
     }
 
 
-def _merge_loss_timings(manifest: dict, benchmarks: list[dict], gpu_model: str | None, touched: dict) -> None:
-    previous_model = (manifest.get("gpu") or {}).get("model")
-    same_gpu = gpu_model is None or previous_model in (None, gpu_model)
+def _merge_loss_timings(manifest: dict, benchmarks: list[dict], touched: dict) -> None:
     copy_TBps = (manifest.get("ceilings") or {}).get("hbm_copy_TBps")
     for op, (section, _, _) in LOSS_OPS.items():
         new = raw_loss_entries(benchmarks, op)
         if not new:
             continue
-        merged = (
-            {_loss_key(e): dict(e) for e in ((manifest.get(section) or {}).get("entries") or [])} if same_gpu else {}
-        )
+        merged = {_loss_key(e): dict(e) for e in ((manifest.get(section) or {}).get("entries") or [])}
         for e in new:
             merged.setdefault(_loss_key(e), {}).update(e)
         manifest[section] = derive_loss_section(list(merged.values()), op, copy_TBps)
@@ -739,6 +735,9 @@ def build_manifest(
         or any(k.startswith("cuda") or k == "kernel_swap_changes_top1_token" for k in recorded.get("torch_port", {}))
     )
 
+    if gpu_measured and gpu.get("model"):
+        drop_other_gpus(manifest, gpu["model"], empty_manifest(today))
+
     if ceilings_measured:
         ceilings = dict(manifest.get("ceilings") or {})
         ceilings.update(ceilings_measured)
@@ -750,8 +749,8 @@ def build_manifest(
         touched["ceilings"] = ("ceilings",)
 
     if benchmarks or ceilings_measured:
-        _merge_timings(manifest, benchmarks, gpu.get("model"), touched)
-        _merge_loss_timings(manifest, benchmarks, gpu.get("model"), touched)
+        _merge_timings(manifest, benchmarks, touched)
+        _merge_loss_timings(manifest, benchmarks, touched)
 
     for (kernel, dtype, prop), value in byte_equivalence.items():
         manifest.setdefault("byte_equivalence", {}).setdefault(kernel, {}).setdefault(dtype, {})[prop] = value
@@ -785,14 +784,40 @@ def build_manifest(
     return manifest
 
 
-def _merge_timings(manifest: dict, benchmarks: list[dict], gpu_model: str | None, touched: dict) -> None:
-    """Merge this run's raw timings with the previous ones, then derive every ratio, the lab's
-    kernel points and the targets once, from the merged set."""
-    previous_model = (manifest.get("gpu") or {}).get("model")
-    same_gpu = gpu_model is None or previous_model in (None, gpu_model)
-    # Timings from another GPU model are not comparable with this run's: they are dropped.
-    previous_sweep = (manifest.get("sweep") or []) if same_gpu else []
-    previous_calls = (manifest.get("call_modes") or {}) if same_gpu else {}
+def drop_other_gpus(manifest: dict, model: str, empty: dict) -> None:
+    """Remove what the manifest holds from a GPU model other than `model` (its provenance names
+    the device): a run on a new GPU model does not carry the old one's timings, ceilings or
+    cuda results under its own name, where fractions would be taken of the old copy speed.
+    Keys the empty manifest has go back to its placeholders; the others leave, with any folder
+    they empty."""
+    provenance = manifest.get("provenance") or {}
+    for key, stamp in list(provenance.items()):
+        if key != "gpu" and (stamp or {}).get("device") not in (None, "cpu", model):
+            del provenance[key]
+            _drop(manifest, key.split("."), empty)
+
+
+def _drop(node: dict, path: list[str], empty) -> None:
+    head, rest = path[0], path[1:]
+    if not isinstance(node, dict) or head not in node:
+        return
+    kept = isinstance(empty, dict) and head in empty  # the empty manifest has this key
+    if rest:
+        _drop(node[head], rest, empty[head] if kept else None)
+        if node[head] == {} and not kept:
+            del node[head]
+    elif kept:
+        node[head] = json.loads(json.dumps(empty[head]))
+    else:
+        del node[head]
+
+
+def _merge_timings(manifest: dict, benchmarks: list[dict], touched: dict) -> None:
+    """Merge this run's raw timings with the previous ones (drop_other_gpus has removed another
+    GPU model's), then derive every ratio, the lab's kernel points and the targets once, from
+    the merged set."""
+    previous_sweep = manifest.get("sweep") or []
+    previous_calls = manifest.get("call_modes") or {}
 
     sweep = {case_key(e): e for e in previous_sweep}
     sweep.update({case_key(e): e for e in map(raw_sweep_entry, _records(benchmarks, "device"))})
