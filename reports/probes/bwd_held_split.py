@@ -1,14 +1,16 @@
 """The softmax backward's held split (split's programs, each holding its chunk of y and of dy in
-shared memory; run_path only) against the split path it would replace and torch.compile.
+shared memory) against the dispatched path, split and torch.compile.
 
-    python reports/probes/bwd_held_split.py --out DIR      # on a GPU
+    python reports/probes/bwd_held_split.py --out DIR [--v 32000 40960]     # on a GPU
 
 The question (reports/profiles.md, "Where the misses wait"): the backward's split holds 168
 registers a thread at bf16 V = 262144, a fifth of an SM's warps, and reached 0.37-0.45 of its
 two-read-one-write floor on an H200, where torch.compile's two passes reached 0.60. The forward's
 held split took its long rows from 0.81 to 0.96 of copy on an H100 by holding each chunk in
 shared memory (no register an element, more programs an SM waiting at their meetings). Does the
-backward follow?
+backward follow? It did past stream's rows (dispatched since). Below them: at (4096, 32000) on an
+H100 the stream path (bf16) reached 0.72 of the floor and reread (float32) 0.85, torch.compile
+0.99 / 0.95; do held_split's chunks beat both at 16385-49152?
 
 Per shape: the dispatch, split, held_split at its launch and at other warps, register caps and
 chunk sizes, and torch.compile of the backward, in the graph clock of probes/triton_rows_sweep.py,
@@ -34,6 +36,8 @@ from triton_rows_sweep import bits, floor_rows, run_shapes  # noqa: E402
 
 SHAPES = [
     *((4096, V, dt) for dt in (torch.bfloat16, torch.float32) for V in (65536, 128256, 262144)),
+    # the rows stream (16-bit) and reread (float32) take, behind torch.compile at 32000 on an H100
+    *((4096, V, dt) for dt in (torch.bfloat16, torch.float32) for V in (16385, 24576, 32000, 40960, 49152)),
     (1024, 262144, torch.bfloat16),
     (4096, 50257, torch.bfloat16),
     (4096, 128256, torch.float16),
@@ -70,7 +74,9 @@ def measure(B: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    run_shapes(ap.parse_args().out, "bwd_held_split", measure, SHAPES)
+    ap.add_argument("--v", type=int, nargs="+", help="the shapes of these V only")
+    args = ap.parse_args()
+    run_shapes(args.out, "bwd_held_split", measure, [s for s in SHAPES if not args.v or s[1] in args.v])
     return 0
 
 
