@@ -233,8 +233,12 @@ def build_training(quick: bool = False) -> list[dict]:
         builds.append((f"bwd-split {dtype} out of step", "softmax_backward", "split", 262144, name, {}))
         builds.append((f"bwd-stream {dtype}", "softmax_backward", "stream", 32000, name, {}))
         builds.append((f"bwd-reread {dtype}", "softmax_backward", "reread", bounds["reread_max_v"], name, {}))
-        # chunks of y and dy held (run_path's held_split, not dispatched)
-        builds.append((f"bwd-held_split {dtype}", "softmax_backward", "held_split", 262144, name, {}))
+        # chunks of y and dy held, past stream's rows: 4 warps under 128, 8 under 80 where 16-bit
+        # chunks reach 16384 elements (launch_params)
+        builds += [
+            (f"bwd-held_split {dtype}", "softmax_backward", "held_split", V, name, {})
+            for V in (bounds["stream_max_v_16bit"] + 1, 262144)
+        ]
         for both in (False, True):
             flags = {"HAS_WEIGHT": both, "HAS_SMOOTHING": both}
             tag = f"{dtype}{' weighted smoothed' if both else ''}"
@@ -249,11 +253,9 @@ def build_training(quick: bool = False) -> list[dict]:
         if name != "float32":  # 16-bit plain rows held in shared memory, at the held path's bounds
             held = (ce_bounds["held_min_v"] + 1, ce_bounds["held_max_v"], HELD_PARTS_V)
             builds += [(f"ce-held {dtype}", "cross_entropy", "held", V, name, {}) for V in held]
-            # and split with each chunk held (run_path's held_split, not dispatched), past held's rows
-            builds += [
-                (f"ce-held_split {dtype}", "cross_entropy", "held_split", V, name, {})
-                for V in (ce_bounds["held_max_v"] + 1, 262144)
-            ]
+        # plain rows split with each chunk held: 16-bit past held's rows, float32 past the row path's
+        first = ce_bounds["held_max_v" if name != "float32" else "plain_row_max_v"] + 1
+        builds += [(f"ce-held_split {dtype}", "cross_entropy", "held_split", V, name, {}) for V in (first, 262144)]
         builds += [
             (f"ce-scale {dtype}", "cross_entropy", "scale", 262144, name, {"IN_PLACE": i}) for i in (True, False)
         ]

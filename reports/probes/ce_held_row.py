@@ -17,7 +17,9 @@ its floor on an H200. Does holding the row in shared memory give the cross-entro
 below which V does the row path stay ahead (the held path's lower bound)? And past the rows held
 whole (V > 57344, the split's), does held_split (each split program's chunk in shared memory,
 not dispatched) do for the cross-entropy what it did for the softmax (0.81 -> 0.96 of copy at
-bf16 (4096, 262144) on an H100)? `--v 57345 65537 128256 262144` times those shapes only.
+bf16 (4096, 262144) on an H100)? `--v 57345 65537 128256 262144` times those shapes only. Since
+held_split took the plain rows past 40960 (bf16 50257: 0.79 of the floor in the benchmark, device
+time), do smaller chunks at fewer warps, more programs an SM, lift it?
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import torch
 
 from kernels import triton_backward as tb
 from kernels import triton_cross_entropy as tce
-from kernels.triton_dispatch import held_longest_row
+from kernels.triton_dispatch import held_longest_row, held_split_chunk
 
 sys.path.insert(0, str(Path(__file__).parent))
 from triton_rows_sweep import bits, edge_logits, floor_rows, run_shapes  # noqa: E402
@@ -58,6 +60,13 @@ HELD_SPLIT_VARIANTS = {  # the launch's chunks (balanced, at most 64 KB) at thes
     "held_split 8 warps cap 128": {"num_warps": 8, "maxnreg": 128},
     "held_split 8 warps uncapped": {"num_warps": 8, "maxnreg": None},
 }
+# Smaller chunks, more programs an SM (registers allow four of 8 warps uncapped, eight of 4):
+# (warps, the most bytes a chunk takes), uncapped.
+HELD_SPLIT_CHUNKS = {
+    "held_split 8 warps uncapped 32K": (8, 32768),
+    "held_split 4 warps uncapped 32K": (4, 32768),
+    "held_split 4 warps uncapped 16K": (4, 16384),
+}
 
 
 def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
@@ -69,6 +78,9 @@ def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
         runs |= {name: ("held", params) for name, params in HELD_VARIANTS.items()}
     if V > 32768:
         runs |= {name: ("held_split", params) for name, params in HELD_SPLIT_VARIANTS.items()}
+        for name, (warps, most) in HELD_SPLIT_CHUNKS.items():
+            chunk = held_split_chunk(V, x.element_size(), most, warps)
+            runs[name] = ("held_split", {"CHUNK": chunk, "num_warps": warps, "maxnreg": None})
     want = tce.run_path(x, t, other, validate=False, reduction="none")
     variants, same = {}, {}
     for name, (path, params) in runs.items():
