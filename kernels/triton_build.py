@@ -250,6 +250,8 @@ def build_training(quick: bool = False) -> list[dict]:
                 for V in (262144, 262145)
             ]
             builds.append((f"ce-split {tag} out of step", "cross_entropy", "split", 262144, name, flags))
+            # run_path's stream (not dispatched), at both of its programs-per-SM bounds
+            builds += [(f"ce-stream {tag}", "cross_entropy", "stream", V, name, flags) for V in (32768, 131072)]
         if name != "float32":  # 16-bit plain rows held in shared memory, at the held path's bounds
             held = (ce_bounds["held_min_v"] + 1, ce_bounds["held_max_v"], HELD_PARTS_V)
             builds += [(f"ce-held {dtype}", "cross_entropy", "held", V, name, {}) for V in held]

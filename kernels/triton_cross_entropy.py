@@ -234,9 +234,10 @@ def cross_entropy(
 def run_path(logits, targets, path: str, *, params: dict | None = None, **options) -> CrossEntropyResult:
     """cross_entropy through one named path with launch parameters `params` (row: BLOCK,
     num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK; held: num_warps, maxnreg; held_split
-    (the split's rows, each program's chunk held): CHUNK, num_warps, maxnreg,
-    max_spins; held and held_split take plain rows only, on a GPU of sm_80 on: ValueError
-    elsewhere); `options` as cross_entropy takes them."""
+    (the split's rows, each program's chunk held): CHUNK, num_warps, maxnreg, max_spins; held
+    and held_split take plain rows only, on a GPU of sm_80 on: ValueError elsewhere; stream (not
+    dispatched: a few programs an SM walking the rows, each read three times, the re-reads from
+    L2): BLOCK, num_warps, programs_per_sm); `options` as cross_entropy takes them."""
     return _cross_entropy(logits, targets, path, params or {}, **options)
 
 

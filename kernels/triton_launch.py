@@ -611,6 +611,10 @@ TABLES = {
             f"{_SPLIT} HAS_WEIGHT HAS_SMOOTHING ALIGN",
             geometry=split_geometry, grid=_split_grid, options=_warps_capped,
         ),
+        "stream": _entry(
+            "cross_entropy_stream", f"{_CE_HEAD} N V {_CE_TAIL}", "BLOCK HAS_WEIGHT HAS_SMOOTHING",
+            grid=_programs_per_sm,
+        ),
         "held": _entry(
             "cross_entropy_held",
             "X:*T T:*i64 G:*T LOSS:*fp32 LSE:*fp32 PREP:*fp32 V stride_x stride_g x_off g_off ignore_index SCALE:fp32",

@@ -779,6 +779,82 @@ def cross_entropy_split_kernel(
         tl.store(_at(G, g_off, row, stride_g, xs, pos, 0, ALIGN), ge.to(G.dtype.element_ty), mask=e_mask)
 
 
+@triton.jit
+def cross_entropy_stream_kernel(
+    X, T, W, G, LOSS, LSE, PREP, N, V, stride_x, stride_g, ignore_index, eps, inv_v, KW, SCALE,
+    BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+):  # fmt: skip
+    # Long rows in a long batch, as the softmax backward's stream kernel walks them: a grid of a
+    # few programs per SM, each taking a row at a time in BLOCK-wide tiles, three times (the max
+    # and, with smoothing, the min; the fixed-point sums; the gradient). The grid bounds the rows
+    # in flight, so the second and third reads find the row in L2: DRAM sees one read and one
+    # write, without the split's meetings. The terms and sums are the row kernel's, so are the
+    # bits. The target's logit is read before the row's first write (inplace=True).
+    cols = tl.arange(0, BLOCK)
+    OUT: tl.constexpr = G.dtype.element_ty
+    w_max = 1.0  # the smoothing sum's bound on |w| (PREP[3])
+    if HAS_SMOOTHING:
+        w_max = tl.load(PREP + 3)
+    row = tl.program_id(0).to(tl.int64)
+    while row < N:
+        ignored, valid, t_safe, w_t, w_all, scale = _ce_target(T, W, PREP, row, V, ignore_index, HAS_WEIGHT)
+        x_row = X + row * stride_x
+        x_t = tl.load(x_row + t_safe).to(tl.float32)
+        # Pass 1: the row's max (NaN-propagating) and, for the smoothing sum's scale, its min.
+        m_lane = tl.full([BLOCK], -INF, tl.float32)
+        mn_lane = tl.full([BLOCK], INF, tl.float32)
+        start = 0
+        while start < V:
+            idx = tl.multiple_of(start, BLOCK) + cols
+            x = tl.load(x_row + idx, mask=idx < V, other=-INF).to(tl.float32)
+            m_lane = tl.maximum(m_lane, x, propagate_nan=tl.PropagateNan.ALL)
+            if HAS_SMOOTHING:
+                mn_lane = tl.minimum(mn_lane, tl.where(idx < V, x, INF))
+            start += BLOCK
+        m = tl.reduce(m_lane, 0, _nan_max)
+        up = 1.0
+        down = 1.0
+        if HAS_SMOOTHING:
+            up, down = _fixed_point_scale(w_max * (m - tl.min(mn_lane, axis=0)), KW)
+        # Pass 2: the exponentials' fixed-point sum and, with smoothing, q's (from L2).
+        s_lane = tl.zeros([BLOCK], tl.int64)
+        q_lane = tl.zeros([BLOCK], tl.int64)
+        f_lane = tl.zeros([BLOCK], tl.float32)
+        start = 0
+        while start < V:
+            idx = tl.multiple_of(start, BLOCK) + cols
+            mask = idx < V
+            x = tl.load(x_row + idx, mask=mask, other=-INF).to(tl.float32)
+            s_lane += _fixed(_exp(x, m, OUT), SCALE)
+            if HAS_SMOOTHING:
+                wd = tl.where(mask, _ce_weights(W, idx, mask, HAS_WEIGHT) * (x - m), 0.0)
+                q_lane += _fixed_finite(wd, up)
+                f_lane += _non_finite(wd)
+            start += BLOCK
+        S_fix = tl.sum(s_lane, axis=0)
+        q = 0.0
+        if HAS_SMOOTHING:
+            q = tl.sum(q_lane, axis=0).to(tl.float32) * down + tl.sum(f_lane, axis=0)
+        E_t = _fixed(_exp(x_t, m, OUT), SCALE)
+        lse, loss, fin = _ce_row_outputs(m, S_fix, SCALE, x_t, w_t, w_all, q, eps, inv_v, ignored, valid,
+                                         HAS_SMOOTHING)  # fmt: skip
+        tl.store(LSE + row, lse)
+        tl.store(LOSS + row, loss)
+        # Pass 3: the gradient, tile by tile (from L2; each tile read before it is written over).
+        g_row = G + row * stride_g
+        start = 0
+        while start < V:
+            idx = tl.multiple_of(start, BLOCK) + cols
+            mask = idx < V
+            x = tl.load(x_row + idx, mask=mask, other=-INF, eviction_policy="evict_first").to(tl.float32)
+            w_j = _ce_weights(W, idx, mask, HAS_WEIGHT)
+            g = _ce_gradient(_exp(x, m, OUT), S_fix, E_t, SCALE, fin, idx, t_safe, w_t, w_all, w_j, eps, inv_v,
+                             scale, ignored, valid, OUT, HAS_SMOOTHING)  # fmt: skip
+            tl.store(g_row + idx, g.to(OUT), mask=mask)
+            start += BLOCK
+        row += tl.num_programs(0)
+
+
 @gluon.jit(do_not_specialize=["V", "stride_x", "stride_g", "x_off", "g_off"])
 def cross_entropy_held_kernel(
     X, T, G, LOSS, LSE, PREP, V, stride_x, stride_g, x_off, g_off, ignore_index, SCALE,
@@ -1054,6 +1130,7 @@ JIT_KERNELS = {
     "softmax_backward_stream": softmax_backward_stream_kernel,
     "cross_entropy_row": cross_entropy_row_kernel,
     "cross_entropy_split": cross_entropy_split_kernel,
+    "cross_entropy_stream": cross_entropy_stream_kernel,
     "cross_entropy_held": cross_entropy_held_kernel,
     "cross_entropy_held_split": cross_entropy_held_split_kernel,
     "softmax_backward_held_split": softmax_backward_held_split_kernel,

@@ -63,6 +63,9 @@ V_CPU = 37
 # of 37 is three chunks, the last partial.
 SCALED = {path.name: dict(path.cpu) for path in CROSS_ENTROPY_KERNELS["triton"].spec.paths}
 SPLIT = SCALED["split"]
+# run_path's stream (not dispatched: timed by reports/probes/ce_stream.py): tiles of 16 take a
+# row of V_CPU in three, and the interpreter's two programs walk the batch's rows.
+STREAM = {"BLOCK": 16, "num_warps": 2}
 # The paths the CPU cases force (the interpreter cannot run held's Gluon kernel: its sm_90 build
 # is checked by kernels.triton_build's spill test, its bits by the cuda cases below).
 INTERPRETED_PATHS = CROSS_ENTROPY_KERNELS["triton"].interpreted_paths
@@ -349,6 +352,31 @@ def test_bits_depend_on_neither_batch_order_nor_batch_size():
 
 @pytest.mark.cpu
 @interpreted
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_the_stream_path_gives_the_row_paths_bits(dtype):
+    x, t = edge_rows(V_CPU, seed=9, dtype=dtype)
+    stream = cross_entropy_path_runner("stream", **STREAM)
+    for case in OPTION_CASES:
+        o = options(*case, V=V_CPU, dtype=dtype)
+        got = run_cross_entropy_poisoned(stream, x, t, **o)
+        check_cross_entropy(got, x, t, what=f"stream {dtype_id(dtype)} {case_id(case)}", **o)
+        row = run_cross_entropy_poisoned(cross_entropy_path_runner("row"), x, t, **o)
+        for name, a, b in zip(("loss", "lse", "grad"), got, row, strict=True):
+            assert torch.equal(bits(a), bits(b)), f"{name}: stream and row paths differ, {case_id(case)}"
+    o = options(*OPTION_CASES[3], V=V_CPU, dtype=dtype)
+    want = run_cross_entropy_poisoned(stream, x, t, **o)
+    for layout in ("row_stride", "col_stride"):
+        got = run_cross_entropy_poisoned(stream, place(x, layout), t, **o)
+        for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
+            assert torch.equal(bits(a), bits(b)), f"stream {layout}: {name} bits differ"
+    alone = run_cross_entropy_poisoned(stream, x[5:6].clone(), t[5:6].clone(), **{**o, "reduction": "none"})
+    batch = run_cross_entropy_poisoned(stream, x, t, **{**o, "reduction": "none"})
+    assert torch.equal(bits(alone.grad), bits(batch.grad[5:6])) and torch.equal(bits(alone.loss), bits(batch.loss[5:6]))
+    assert_inplace_gives_the_same_bits("stream", x, t, STREAM, **o)
+
+
+@pytest.mark.cpu
+@interpreted
 @pytest.mark.parametrize("path", INTERPRETED_PATHS)
 def test_every_path_gives_its_bits_in_every_layout(path):
     # The logits padded between rows or strided within them, the gradient contiguous: a kernel
@@ -397,11 +425,13 @@ def runnable(kernel: str):
 
 
 def every_path(kernel: str) -> list:
-    """(name, fn) for a registry kernel: each Triton path (scaled to V_CPU), or the kernel itself."""
+    """(name, fn) for a registry kernel: each Triton path (scaled to V_CPU) and run_path's stream,
+    or the kernel itself."""
     k = runnable(kernel)
     if k.baseline:
         return [(kernel, k)]
-    return [(f"{kernel} {path}", cross_entropy_path_runner(path, **SCALED[path])) for path in INTERPRETED_PATHS]
+    scaled = {**{path: SCALED[path] for path in INTERPRETED_PATHS}, "stream": STREAM}
+    return [(f"{kernel} {path}", cross_entropy_path_runner(path, **params)) for path, params in scaled.items()]
 
 
 @pytest.mark.cpu
@@ -755,6 +785,27 @@ def test_cuda_edge_rows_every_path_and_layout(path, dtype, V):
     batch = run_cross_entropy_poisoned(cross_entropy_path_runner(path, **params), x, t, reduction="none")
     assert torch.equal(bits(alone.grad), bits(batch.grad[2:3])) and torch.equal(bits(alone.loss), bits(batch.loss[2:3]))
     assert_inplace_gives_the_same_bits(path, x, t, params, **o)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("V", (37, 16385, 50257, 131073))
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_cuda_stream_gives_the_dispatched_bits_in_every_layout(dtype, V):
+    """run_path's stream (not dispatched), compiled: the dispatch's bits, plain and with class
+    weights and smoothing, in every layout, a row alone and in place."""
+    x, t = edge_rows(V, seed=V, dtype=dtype, device="cuda")
+    stream = cross_entropy_path_runner("stream", **(STREAM if V < 1000 else {}))
+    for case in (("mean", 0.0, False), ("none", 0.1, True)):
+        o = options(*case, V=V, dtype=dtype, device="cuda")
+        want = run_cross_entropy_poisoned(CROSS_ENTROPY_KERNELS["triton"], x, t, **o)
+        for layout in layouts(dtype):
+            got = run_cross_entropy_poisoned(stream, place(x, layout, "cuda"), t, **o)
+            for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
+                assert torch.equal(bits(a), bits(b)), f"stream {layout} {case_id(case)}: {name} bits differ"
+        alone = run_cross_entropy_poisoned(stream, x[3:4].clone(), t[3:4].clone(), **{**o, "reduction": "none"})
+        batch = run_cross_entropy_poisoned(stream, x, t, **{**o, "reduction": "none"})
+        assert torch.equal(bits(alone.grad), bits(batch.grad[3:4]))
+        assert_inplace_gives_the_same_bits("stream", x, t, STREAM if V < 1000 else {}, **o)
 
 
 @pytest.mark.cuda

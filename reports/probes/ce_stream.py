@@ -1,0 +1,86 @@
+"""The Triton cross-entropy's stream path (run_path only: a few programs an SM walking the rows,
+each read three times with the re-reads from L2) against the split it would replace for rows
+with class weights and label smoothing.
+
+    python reports/probes/ce_stream.py --out DIR [--v 50257]      # on a GPU
+
+The question. With class weights and label smoothing the cross-entropy keeps to the split past
+the row path's 8192: its programs meet three times (the max and min, then three sums), and the
+benchmark timed it at 0.16-0.26 of its one-read-one-write floor in bf16 and 0.30-0.43 in float32
+at (4096, 50257 / 128256) on an H100, 0.95-1.54x torch.compile. The stream path has no
+meetings; its second and third reads (and the class weights') come from L2 while the grid bounds
+the rows in flight. Does it beat the split, at which tiles, warps and programs an SM, and up to
+which V before its rows crowd L2 (two programs an SM to 128 KB rows by default)?
+
+Per shape, the weighted, smoothed case as the benchmark draws it (weights in [0.5, 1.5),
+smoothing tests.test_loss_benchmarks.LABEL_SMOOTHING): the dispatch (split), the stream path at
+each (BLOCK, warps, programs an SM) and the benchmark's torch.compile step (F.cross_entropy's
+forward and backward), in the graph clock of probes/triton_rows_sweep.py, as a fraction of the one-read-one-write floor
+against this GPU's copy; each variant's loss, lse and gradient bits against the dispatch's, on
+logits with a NaN row and a row of -inf with one finite entry. Plain rows at two shapes too,
+against their held paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from kernels import triton_cross_entropy as tce
+from tests.test_loss_benchmarks import LABEL_SMOOTHING, cross_entropy_step
+
+sys.path.insert(0, str(Path(__file__).parent))
+from triton_rows_sweep import bits, edge_logits, floor_rows, run_shapes  # noqa: E402
+
+WEIGHTED = [
+    *((4096, V, dt) for dt in (torch.bfloat16, torch.float32) for V in (16385, 32000, 50257, 65536, 128256)),
+    (1024, 50257, torch.bfloat16),
+    (16384, 50257, torch.bfloat16),
+    (4096, 262144, torch.bfloat16),
+]
+PLAIN = [(4096, 32000, torch.bfloat16), (4096, 50257, torch.bfloat16)]
+SHAPES = [*WEIGHTED, *PLAIN]
+# (BLOCK, warps, programs an SM), each named in full.
+STREAM = {f"stream {b} x {w} warps, {p}/SM": (b, w, p) for b, w, p in (
+    (2048, 8, 1), (2048, 8, 2), (2048, 8, 3), (4096, 8, 1), (4096, 8, 2), (4096, 16, 1), (1024, 4, 4), (1024, 4, 6),
+)}  # fmt: skip
+
+
+def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
+    x = edge_logits(N, V, dtype)
+    g = torch.Generator(device="cuda").manual_seed(N + V)
+    t = torch.randint(0, V, (N,), device="cuda", generator=g)
+    weighted = (N, V, dtype) in WEIGHTED
+    o = {}
+    if weighted:
+        w = (torch.rand(V, device="cuda", generator=g) + 0.5).to(dtype)
+        o = {"weight": w, "label_smoothing": LABEL_SMOOTHING}
+    want = tce.cross_entropy(x, t, validate=False, reduction="none", **o)
+    plan = tce.plan(N, V, dtype, plain=not weighted)
+    variants = {f"dispatch ({plan})": lambda: tce.cross_entropy(x, t, validate=False, **o)}
+    same = {f"dispatch ({plan})": True}
+    for name, (block, warps, per_sm) in STREAM.items():
+        params = {"BLOCK": block, "num_warps": warps, "programs_per_sm": per_sm}
+        got = tce.run_path(x, t, "stream", params=params, validate=False, reduction="none", **o)
+        same[name] = all(torch.equal(bits(a), bits(b)) for a, b in zip(got, want, strict=True))
+        variants[name] = lambda params=params: tce.run_path(x, t, "stream", params=params, validate=False, **o)
+    step = cross_entropy_step("torch_compile", x.detach().clone().requires_grad_(True), t, **o)
+    step()  # compiled before the clock starts
+    variants["torch.compile"], same["torch.compile"] = step, True  # the benchmark's step
+    return floor_rows(variants, same, N, V, dtype, copy)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--v", type=int, nargs="+", help="the shapes of these V only")
+    args = ap.parse_args()
+    run_shapes(args.out, "ce_stream", measure, [s for s in SHAPES if not args.v or s[1] in args.v])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
