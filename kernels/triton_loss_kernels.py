@@ -608,21 +608,25 @@ def _ce_meet_extremes(ws, P, chunk, tag, m_c, neg_mn_c, x_row, V, P_BLOCK: tl.co
             neg_mn, stale = _meet_floats(ws + P, P, chunk, my_mn, tag, False, P_BLOCK, MAX_SPINS)
             mn = -neg_mn
     if stale > 0:
-        fcols = tl.arange(0, FALLBACK_BLOCK)
-        m_run = tl.full([FALLBACK_BLOCK], -INF, tl.float32)
-        mn_run = tl.full([FALLBACK_BLOCK], INF, tl.float32)
-        start = 0
-        while start < V:
-            idx = start + fcols
-            xx = tl.load(x_row + idx, mask=idx < V, other=-INF).to(tl.float32)
-            m_run = tl.maximum(m_run, xx, propagate_nan=tl.PropagateNan.ALL)
-            if HAS_SMOOTHING:
-                mn_run = tl.minimum(mn_run, tl.where(idx < V, xx, INF))
-            start += FALLBACK_BLOCK
-        m = tl.reduce(m_run, 0, _nan_max)
-        if HAS_SMOOTHING:
-            mn = tl.min(mn_run, axis=0)
+        m, mn = _ce_streamed_extremes(x_row, V, FALLBACK_BLOCK, HAS_SMOOTHING)
     return m, mn
+
+
+@triton.jit
+def _ce_streamed_extremes(x_row, V, BLOCK: tl.constexpr, HAS_SMOOTHING: tl.constexpr):
+    # A row's max (NaN-propagating) and, with smoothing, its min (inf without), read in tiles.
+    cols = tl.arange(0, BLOCK)
+    m_lane = tl.full([BLOCK], -INF, tl.float32)
+    mn_lane = tl.full([BLOCK], INF, tl.float32)
+    start = 0
+    while start < V:
+        idx = tl.multiple_of(start, BLOCK) + cols
+        x = tl.load(x_row + idx, mask=idx < V, other=-INF).to(tl.float32)
+        m_lane = tl.maximum(m_lane, x, propagate_nan=tl.PropagateNan.ALL)
+        if HAS_SMOOTHING:
+            mn_lane = tl.minimum(mn_lane, tl.where(idx < V, x, INF))
+        start += BLOCK
+    return tl.reduce(m_lane, 0, _nan_max), tl.min(mn_lane, axis=0)
 
 
 @triton.jit
@@ -650,29 +654,31 @@ def _ce_meet_sums(ws, P, chunk, tag, s_c, q_c, f_c, x_row, W, m, up, V, SCALE, O
         if stale == 0:
             F, stale = _meet_floats(ws + 6 * P, P, chunk, my_f, tag, True, P_BLOCK, MAX_SPINS)
     if stale > 0:
-        fcols = tl.arange(0, FALLBACK_BLOCK)
-        s_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
-        q_run = tl.zeros([FALLBACK_BLOCK], tl.int64)
-        f_run = tl.zeros([FALLBACK_BLOCK], tl.float32)
-        start = 0
-        while start < V:
-            idx = start + fcols
-            xx = tl.load(x_row + idx, mask=idx < V, other=-INF).to(tl.float32)
-            s_run += _fixed(_exp(xx, m, OUT), SCALE)
-            if HAS_SMOOTHING:
-                if HAS_WEIGHT:
-                    ww = tl.load(W + idx, mask=idx < V, other=0.0).to(tl.float32)
-                else:
-                    ww = tl.where(idx < V, 1.0, 0.0)
-                wdd = tl.where(idx < V, ww * (xx - m), 0.0)
-                q_run += _fixed_finite(wdd, up)
-                f_run += _non_finite(wdd)
-            start += FALLBACK_BLOCK
-        S_fix = tl.sum(s_run, axis=0)
-        if HAS_SMOOTHING:
-            Q_fix = tl.sum(q_run, axis=0)
-            F = tl.sum(f_run, axis=0)
+        S_fix, Q_fix, F = _ce_streamed_sums(x_row, W, V, m, up, SCALE, OUT, FALLBACK_BLOCK, HAS_WEIGHT, HAS_SMOOTHING)
     return S_fix, Q_fix, F
+
+
+@triton.jit
+def _ce_streamed_sums(x_row, W, V, m, up, SCALE, OUT: tl.constexpr, BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                      HAS_SMOOTHING: tl.constexpr):  # fmt: skip
+    # A row's fixed-point sum of exp(x - m) and, with smoothing, of finite w (x - m) at scale
+    # `up` and of the non-finite ones (0 without), read in tiles: (S_fix, Q_fix, F).
+    cols = tl.arange(0, BLOCK)
+    s_lane = tl.zeros([BLOCK], tl.int64)
+    q_lane = tl.zeros([BLOCK], tl.int64)
+    f_lane = tl.zeros([BLOCK], tl.float32)
+    start = 0
+    while start < V:
+        idx = tl.multiple_of(start, BLOCK) + cols
+        mask = idx < V
+        x = tl.load(x_row + idx, mask=mask, other=-INF).to(tl.float32)
+        s_lane += _fixed(_exp(x, m, OUT), SCALE)
+        if HAS_SMOOTHING:
+            wd = tl.where(mask, _ce_weights(W, idx, mask, HAS_WEIGHT) * (x - m), 0.0)
+            q_lane += _fixed_finite(wd, up)
+            f_lane += _non_finite(wd)
+        start += BLOCK
+    return tl.sum(s_lane, axis=0), tl.sum(q_lane, axis=0), tl.sum(f_lane, axis=0)
 
 
 @triton.jit
@@ -800,41 +806,17 @@ def cross_entropy_stream_kernel(
         ignored, valid, t_safe, w_t, w_all, scale = _ce_target(T, W, PREP, row, V, ignore_index, HAS_WEIGHT)
         x_row = X + row * stride_x
         x_t = tl.load(x_row + t_safe).to(tl.float32)
-        # Pass 1: the row's max (NaN-propagating) and, for the smoothing sum's scale, its min.
-        m_lane = tl.full([BLOCK], -INF, tl.float32)
-        mn_lane = tl.full([BLOCK], INF, tl.float32)
-        start = 0
-        while start < V:
-            idx = tl.multiple_of(start, BLOCK) + cols
-            x = tl.load(x_row + idx, mask=idx < V, other=-INF).to(tl.float32)
-            m_lane = tl.maximum(m_lane, x, propagate_nan=tl.PropagateNan.ALL)
-            if HAS_SMOOTHING:
-                mn_lane = tl.minimum(mn_lane, tl.where(idx < V, x, INF))
-            start += BLOCK
-        m = tl.reduce(m_lane, 0, _nan_max)
+        # Pass 1: the row's max and, for the smoothing sum's scale, its min.
+        m, mn = _ce_streamed_extremes(x_row, V, BLOCK, HAS_SMOOTHING)
         up = 1.0
         down = 1.0
         if HAS_SMOOTHING:
-            up, down = _fixed_point_scale(w_max * (m - tl.min(mn_lane, axis=0)), KW)
-        # Pass 2: the exponentials' fixed-point sum and, with smoothing, q's (from L2).
-        s_lane = tl.zeros([BLOCK], tl.int64)
-        q_lane = tl.zeros([BLOCK], tl.int64)
-        f_lane = tl.zeros([BLOCK], tl.float32)
-        start = 0
-        while start < V:
-            idx = tl.multiple_of(start, BLOCK) + cols
-            mask = idx < V
-            x = tl.load(x_row + idx, mask=mask, other=-INF).to(tl.float32)
-            s_lane += _fixed(_exp(x, m, OUT), SCALE)
-            if HAS_SMOOTHING:
-                wd = tl.where(mask, _ce_weights(W, idx, mask, HAS_WEIGHT) * (x - m), 0.0)
-                q_lane += _fixed_finite(wd, up)
-                f_lane += _non_finite(wd)
-            start += BLOCK
-        S_fix = tl.sum(s_lane, axis=0)
+            up, down = _fixed_point_scale(w_max * (m - mn), KW)
+        # Pass 2 (from L2): the exponentials' fixed-point sum and, with smoothing, q's.
+        S_fix, Q_fix, F = _ce_streamed_sums(x_row, W, V, m, up, SCALE, OUT, BLOCK, HAS_WEIGHT, HAS_SMOOTHING)
         q = 0.0
         if HAS_SMOOTHING:
-            q = tl.sum(q_lane, axis=0).to(tl.float32) * down + tl.sum(f_lane, axis=0)
+            q = Q_fix.to(tl.float32) * down + F
         E_t = _fixed(_exp(x_t, m, OUT), SCALE)
         lse, loss, fin = _ce_row_outputs(m, S_fix, SCALE, x_t, w_t, w_all, q, eps, inv_v, ignored, valid,
                                          HAS_SMOOTHING)  # fmt: skip

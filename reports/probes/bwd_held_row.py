@@ -20,7 +20,6 @@ variant's bits against the dispatch's, on inputs with a row of NaN and a row of 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -36,7 +35,7 @@ from kernels.triton_kernels import _async_load, _barrier
 from kernels.triton_loss_kernels import _finite_abs, _fixed_finite, _fixed_point_scale, _non_finite
 
 sys.path.insert(0, str(Path(__file__).parent))
-from triton_rows_sweep import bits, floor_rows, run_shapes  # noqa: E402
+from triton_rows_sweep import bits, floor_rows, shapes_main  # noqa: E402
 
 SHAPES = [
     *((B, V, torch.bfloat16) for B, V in ((4096, 32000), (4096, 32768), (4096, 24576), (4096, 16384))),
@@ -124,12 +123,5 @@ def measure(B: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
     return floor_rows(variants, same, B, V, dtype, copy, passes=3)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
-    run_shapes(ap.parse_args().out, "bwd_held_row", measure, SHAPES)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(shapes_main("bwd_held_row", measure, SHAPES, __doc__))

@@ -20,7 +20,6 @@ as a fraction of the floor against this GPU's copy; each variant's bits against 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from kernels.triton_dispatch import held_split_chunk
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bwd_held_row import backward_case  # noqa: E402
-from triton_rows_sweep import bits, floor_rows, run_shapes  # noqa: E402
+from triton_rows_sweep import bits, floor_rows, shapes_main  # noqa: E402
 
 SHAPES = [
     *((4096, V, dt) for dt in (torch.bfloat16, torch.float32) for V in (65536, 128256, 262144)),
@@ -71,14 +70,5 @@ def measure(B: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
     return floor_rows(variants, same, B, V, dtype, copy, passes=3)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--v", type=int, nargs="+", help="the shapes of these V only")
-    args = ap.parse_args()
-    run_shapes(args.out, "bwd_held_split", measure, [s for s in SHAPES if not args.v or s[1] in args.v])
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(shapes_main("bwd_held_split", measure, SHAPES, __doc__))

@@ -24,7 +24,6 @@ time), do smaller chunks at fewer warps, more programs an SM, lift it?
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from kernels import triton_cross_entropy as tce
 from kernels.triton_dispatch import held_longest_row, held_split_chunk
 
 sys.path.insert(0, str(Path(__file__).parent))
-from triton_rows_sweep import bits, edge_logits, floor_rows, run_shapes  # noqa: E402
+from triton_rows_sweep import bits, edge_logits, floor_rows, shapes_main  # noqa: E402
 
 SHAPES = [
     *((4096, V, torch.bfloat16) for V in (16385, 20001, 24577, 28000, 32000, 32768, 40961, 50257, 57344)),
@@ -96,14 +95,5 @@ def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
     return floor_rows(variants, same, N, V, dtype, copy)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--v", type=int, nargs="+", help="the shapes of these V only")
-    args = ap.parse_args()
-    run_shapes(args.out, "ce_held_row", measure, [s for s in SHAPES if not args.v or s[1] in args.v])
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(shapes_main("ce_held_row", measure, SHAPES, __doc__))

@@ -23,7 +23,6 @@ against their held paths.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from kernels import triton_cross_entropy as tce
 from tests.test_loss_benchmarks import LABEL_SMOOTHING, cross_entropy_step
 
 sys.path.insert(0, str(Path(__file__).parent))
-from triton_rows_sweep import bits, edge_logits, floor_rows, run_shapes  # noqa: E402
+from triton_rows_sweep import bits, edge_logits, floor_rows, shapes_main  # noqa: E402
 
 WEIGHTED = [
     *((4096, V, dt) for dt in (torch.bfloat16, torch.float32) for V in (16385, 32000, 50257, 65536, 128256)),
@@ -73,14 +72,5 @@ def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
     return floor_rows(variants, same, N, V, dtype, copy)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--v", type=int, nargs="+", help="the shapes of these V only")
-    args = ap.parse_args()
-    run_shapes(args.out, "ce_stream", measure, [s for s in SHAPES if not args.v or s[1] in args.v])
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(shapes_main("ce_stream", measure, SHAPES, __doc__))

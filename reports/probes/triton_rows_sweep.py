@@ -146,6 +146,17 @@ def run_shapes(out: Path, name: str, measure, shapes) -> None:
     (out / f"{name}.json").write_text(json.dumps({"copy_TBps": copy, "rows": rows}, indent=1))
 
 
+def shapes_main(name: str, measure, shapes, doc: str) -> int:
+    """The command line of a probe over `shapes`: --out DIR, and --v to time the shapes of
+    those V only; run_shapes writes DIR/<name>.json."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--v", type=int, nargs="+", help="time the shapes of these V only")
+    args = ap.parse_args()
+    run_shapes(args.out, name, measure, [s for s in shapes if not args.v or s[1] in args.v])
+    return 0
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     """t's elements as integers of its width: equal bits, NaN payloads included."""
     return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
