@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kernels import spec
-from tests.suite import manifest, merge, records, synthetic
+from tests.suite import figures, manifest, merge, records, synthetic
 from tests.suite.synthetic import CEILINGS, CPU_ENV, GPU_ENV
 from tests.suite.testing import manifest_schema
 
@@ -322,6 +322,18 @@ def test_a_run_on_another_gpu_model_timing_only_training_ops_keeps_nothing_of_th
     assert len(entries) == 3 and not any("frac_of_copy_bw" in e for e in entries)
     assert {k for k, stamp in after["provenance"].items() if stamp["device"] == "NVIDIA H200"} == set()
     assert after["numpy_model"]["verb_form_accuracy"] == 1.0
+
+
+def test_a_run_on_another_gpu_model_removes_the_figures_it_cannot_draw(tmp_path):
+    old = gpu_manifest(synthetic.lab_records() + synthetic.loss_records())
+    (tmp_path / "manifest.json").write_bytes(manifest.serialise(old))
+    for name in figures.FIGURES:
+        (tmp_path / name).write_bytes(b"the old GPU's figure")
+    other = {**GPU_ENV, "gpu": {"model": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"}}
+    written = manifest.write_reports(tmp_path, benchmarks=synthetic.loss_records()[:3], recorded={}, environment=other)
+    assert set(written) == {tmp_path / "manifest.json", *(tmp_path / name for name in figures.FIGURES)}
+    assert not any((tmp_path / name).exists() for name in figures.FIGURES)  # no copy speed: no fraction drawn
+    assert json.loads((tmp_path / "manifest.json").read_text())["gpu"]["model"] == "NVIDIA A100-SXM4-80GB"
 
 
 def test_call_modes_are_derived_against_f_softmax_measured_the_same_way():

@@ -899,8 +899,8 @@ def write_reports(
     without a manifest gets the one at `start_from` updated with this run (the run passes the
     committed one, so that what it did not measure is carried into a fresh --reports-dir rather
     than lost when that folder's copy replaces reports/). Returns the paths whose contents
-    changed. Nothing is written when the run measured nothing or measured exactly what the files
-    already hold. With `out_dir` None nothing is written, but
+    changed (or were removed: a figure the manifest has no data for). Nothing is written when the
+    run measured nothing or measured exactly what the files already hold. With `out_dir` None nothing is written, but
     the manifest this run would give reports/ is still built and validated, so that a value a
     test recorded against the schema fails every run, not only the runs that write."""
     if not benchmarks and not recorded:
@@ -916,7 +916,14 @@ def write_reports(
     out_dir = Path(out_dir)
     written = [manifest_path] if write_if_changed(manifest_path, serialise(manifest)) else []
     if benchmarks:
-        for name, png in figures.render_all(manifest).items():
+        rendered = figures.render_all(manifest)
+        for name, png in rendered.items():
             if write_if_changed(out_dir / name, png):
+                written.append(out_dir / name)
+        # A figure the manifest no longer has the data for (another GPU model's, dropped) is
+        # removed, not left beside a manifest it does not show.
+        for name in figures.FIGURES.keys() - rendered.keys():
+            if (out_dir / name).exists():
+                (out_dir / name).unlink()
                 written.append(out_dir / name)
     return written
