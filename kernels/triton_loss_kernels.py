@@ -54,6 +54,7 @@ from .triton_kernels import (
     _meet_sum_on,
     _nan_max,
     _normalise,
+    _row_max,
     _row_scale,
     _split_chunk,
     _split_edges,
@@ -608,25 +609,26 @@ def _ce_meet_extremes(ws, P, chunk, tag, m_c, neg_mn_c, x_row, V, P_BLOCK: tl.co
             neg_mn, stale = _meet_floats(ws + P, P, chunk, my_mn, tag, False, P_BLOCK, MAX_SPINS)
             mn = -neg_mn
     if stale > 0:
-        m, mn = _ce_streamed_extremes(x_row, V, FALLBACK_BLOCK, HAS_SMOOTHING)
+        m, mn = _ce_streamed_extremes(x_row, V, tl.arange(0, FALLBACK_BLOCK), HAS_SMOOTHING)
     return m, mn
 
 
 @triton.jit
-def _ce_streamed_extremes(x_row, V, BLOCK: tl.constexpr, HAS_SMOOTHING: tl.constexpr):
-    # A row's max (NaN-propagating) and, with smoothing, its min (inf without), read in tiles.
-    cols = tl.arange(0, BLOCK)
-    m_lane = tl.full([BLOCK], -INF, tl.float32)
-    mn_lane = tl.full([BLOCK], INF, tl.float32)
+def _ce_streamed_extremes(x_row, V, cols, HAS_SMOOTHING: tl.constexpr):
+    # A row's max (NaN-propagating) and, with smoothing, its min (inf without), read in tiles
+    # over the lanes `cols` (0 .. BLOCK - 1; a Gluon kernel makes them in its layout).
+    BLOCK: tl.constexpr = cols.shape[0]
+    m_lane = (cols * 0).to(tl.float32) - INF
+    mn_lane = (cols * 0).to(tl.float32) + INF
     start = 0
     while start < V:
         idx = tl.multiple_of(start, BLOCK) + cols
         x = tl.load(x_row + idx, mask=idx < V, other=-INF).to(tl.float32)
-        m_lane = tl.maximum(m_lane, x, propagate_nan=tl.PropagateNan.ALL)
+        m_lane = _nan_max(m_lane, x)
         if HAS_SMOOTHING:
             mn_lane = tl.minimum(mn_lane, tl.where(idx < V, x, INF))
         start += BLOCK
-    return tl.reduce(m_lane, 0, _nan_max), tl.min(mn_lane, axis=0)
+    return _row_max(m_lane, 0), tl.min(mn_lane, axis=0)
 
 
 @triton.jit
@@ -654,19 +656,21 @@ def _ce_meet_sums(ws, P, chunk, tag, s_c, q_c, f_c, x_row, W, m, up, V, SCALE, O
         if stale == 0:
             F, stale = _meet_floats(ws + 6 * P, P, chunk, my_f, tag, True, P_BLOCK, MAX_SPINS)
     if stale > 0:
-        S_fix, Q_fix, F = _ce_streamed_sums(x_row, W, V, m, up, SCALE, OUT, FALLBACK_BLOCK, HAS_WEIGHT, HAS_SMOOTHING)
+        fcols = tl.arange(0, FALLBACK_BLOCK)
+        S_fix, Q_fix, F = _ce_streamed_sums(x_row, W, V, m, up, SCALE, OUT, fcols, HAS_WEIGHT, HAS_SMOOTHING)
     return S_fix, Q_fix, F
 
 
 @triton.jit
-def _ce_streamed_sums(x_row, W, V, m, up, SCALE, OUT: tl.constexpr, BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+def _ce_streamed_sums(x_row, W, V, m, up, SCALE, OUT: tl.constexpr, cols, HAS_WEIGHT: tl.constexpr,
                       HAS_SMOOTHING: tl.constexpr):  # fmt: skip
     # A row's fixed-point sum of exp(x - m) and, with smoothing, of finite w (x - m) at scale
-    # `up` and of the non-finite ones (0 without), read in tiles: (S_fix, Q_fix, F).
-    cols = tl.arange(0, BLOCK)
-    s_lane = tl.zeros([BLOCK], tl.int64)
-    q_lane = tl.zeros([BLOCK], tl.int64)
-    f_lane = tl.zeros([BLOCK], tl.float32)
+    # `up` and of the non-finite ones (0 without), read in tiles over the lanes `cols` as
+    # _ce_streamed_extremes reads them: (S_fix, Q_fix, F).
+    BLOCK: tl.constexpr = cols.shape[0]
+    s_lane = (cols * 0).to(tl.int64)
+    q_lane = (cols * 0).to(tl.int64)
+    f_lane = (cols * 0).to(tl.float32)
     start = 0
     while start < V:
         idx = tl.multiple_of(start, BLOCK) + cols
@@ -807,13 +811,13 @@ def cross_entropy_stream_kernel(
         x_row = X + row * stride_x
         x_t = tl.load(x_row + t_safe).to(tl.float32)
         # Pass 1: the row's max and, for the smoothing sum's scale, its min.
-        m, mn = _ce_streamed_extremes(x_row, V, BLOCK, HAS_SMOOTHING)
+        m, mn = _ce_streamed_extremes(x_row, V, cols, HAS_SMOOTHING)
         up = 1.0
         down = 1.0
         if HAS_SMOOTHING:
             up, down = _fixed_point_scale(w_max * (m - mn), KW)
         # Pass 2 (from L2): the exponentials' fixed-point sum and, with smoothing, q's.
-        S_fix, Q_fix, F = _ce_streamed_sums(x_row, W, V, m, up, SCALE, OUT, BLOCK, HAS_WEIGHT, HAS_SMOOTHING)
+        S_fix, Q_fix, F = _ce_streamed_sums(x_row, W, V, m, up, SCALE, OUT, cols, HAS_WEIGHT, HAS_SMOOTHING)
         q = 0.0
         if HAS_SMOOTHING:
             q = Q_fix.to(tl.float32) * down + F
