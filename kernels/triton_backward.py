@@ -150,7 +150,7 @@ def launch_params(
             }[rows, dtype == torch.float32]
         return {"CHUNK": chunk, "num_warps": warps, **({"maxnreg": cap} if cap else {})}
     if path == "stream" and op == "cross_entropy":
-        # Not dispatched (probes/ce_stream.py times it against the split for rows with class
+        # Not dispatched (probes/ce_weighted.py times it against the split for rows with class
         # weights or label smoothing): tiles of 2048 at 8 warps, 8 elements a thread; two
         # programs an SM for rows of at most 128 KB (264 rows in flight: 34 MB of L2), one beyond.
         per_sm = 2 if V * dtype.itemsize <= 128 * 1024 else 1
@@ -178,6 +178,12 @@ def launch_params(
         # cap of 80 (which ptxas fills) 0.80 / 0.92 / 0.91, under 128 0.80 / 0.80 / 0.80;
         # float32 under 128 (76 registers, no spill) 0.85 / 0.92 / 0.91, under 80 0.85 / 0.90 /
         # 0.89, uncapped (128 registers, 40 bytes spilled) 0.71 / 0.77 / 0.78.
+        # With class weights or smoothing (not dispatched: probes/ce_weighted.py times it), chunks
+        # of at most 16 KB at 8 warps under 80: 72-80 registers and no spill in the sm_90 builds,
+        # three programs an SM; the passes' unrolled tiles (each reading its columns' weights)
+        # take 128 registers and spill at 32-64 KB chunks, 206-255 uncapped (one program an SM).
+        if not plain:
+            return {"CHUNK": held_split_chunk(V, dtype.itemsize, 16384, 8), "num_warps": 8, "maxnreg": 80}
         chunk = softmax_launch_params("held_split", V, dtype)["CHUNK"]
         return {"CHUNK": chunk, "num_warps": 8, **({"maxnreg": 128} if dtype == torch.float32 else {})}
     if path == "held_split":

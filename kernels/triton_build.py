@@ -205,7 +205,8 @@ QUICK = {"bwd-row fp32", "bwd-split fp32", "bwd-split fp32 odd V", "bwd-stream f
          "ce-split fp32 odd V",
          "ce-split fp32 weighted smoothed", "ce-split fp32 weighted smoothed odd V", "ce-split fp16 weighted smoothed",
          "ce-split fp32 weighted smoothed out of step", "ce-split fp16 weighted smoothed out of step",
-         "ce-held bf16", "ce-held_split bf16", "ce-scale fp32", "ce-prep", "ce-reduce"}  # fmt: skip
+         "ce-held bf16", "ce-held_split bf16", "ce-held_split bf16 weighted smoothed",
+         "ce-stream fp32 weighted smoothed", "ce-scale fp32", "ce-prep", "ce-reduce"}  # fmt: skip
 
 
 def build_training(quick: bool = False) -> list[dict]:
@@ -252,6 +253,10 @@ def build_training(quick: bool = False) -> list[dict]:
             builds.append((f"ce-split {tag} out of step", "cross_entropy", "split", 262144, name, flags))
             # run_path's stream (not dispatched), at both of its programs-per-SM bounds
             builds += [(f"ce-stream {tag}", "cross_entropy", "stream", V, name, flags) for V in (32768, 131072)]
+            if both:  # and its held split with weights and smoothing (not dispatched)
+                builds += [
+                    (f"ce-held_split {tag}", "cross_entropy", "held_split", V, name, flags) for V in (65536, 262144)
+                ]
         if name != "float32":  # 16-bit plain rows held in shared memory, at the held path's bounds
             held = (ce_bounds["held_min_v"] + 1, ce_bounds["held_max_v"], HELD_PARTS_V)
             builds += [(f"ce-held {dtype}", "cross_entropy", "held", V, name, {}) for V in held]

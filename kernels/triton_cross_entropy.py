@@ -196,7 +196,7 @@ def _cross_entropy(logits, targets, path, params, *, weight=None, ignore_index=-
     plain = weight is None and not float(label_smoothing) > 0.0  # no class weights, no smoothing
     if path is None:
         path = runnable_path(plan(*logits.shape, logits.dtype, plain=plain), gpu_major(logits), SUBSTITUTE)
-    elif path in ("held", "held_split") and not plain:
+    elif path == "held" and not plain:
         raise ValueError(
             f"{KERNEL_NAME} cross-entropy: the {path} path takes neither class weights nor label smoothing"
         )
@@ -234,8 +234,9 @@ def cross_entropy(
 def run_path(logits, targets, path: str, *, params: dict | None = None, **options) -> CrossEntropyResult:
     """cross_entropy through one named path with launch parameters `params` (row: BLOCK,
     num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK; held: num_warps, maxnreg; held_split
-    (the split's rows, each program's chunk held): CHUNK, num_warps, maxnreg, max_spins; held
-    and held_split take plain rows only, on a GPU of sm_80 on: ValueError elsewhere; stream (not
+    (the split's rows, each program's chunk held; with class weights or smoothing not
+    dispatched): CHUNK, num_warps, maxnreg, max_spins; held takes plain rows only; held and
+    held_split run on a GPU of sm_80 on: ValueError elsewhere; stream (not
     dispatched: a few programs an SM walking the rows, each read three times, the re-reads from
     L2): BLOCK, num_warps, programs_per_sm); `options` as cross_entropy takes them."""
     return _cross_entropy(logits, targets, path, params or {}, **options)

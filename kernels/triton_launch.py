@@ -557,10 +557,12 @@ def _training_held_split_geometry(p, V, *layout) -> dict:
 
 
 def _ce_held_split_constexprs(p, g, V) -> dict:
-    """_split_constexprs with the gradient's alignment named G_ALIGN, in the kernel's order."""
+    """_split_constexprs with the options' flags and the gradient's alignment named G_ALIGN, in
+    the kernel's order."""
     c = _split_constexprs(p, g, V)
-    return {**{n: c[n] for n in ("CHUNK", "P_BLOCK", "FALLBACK_BLOCK", "MAX_SPINS", "ALIGN")},
-            "G_ALIGN": c["Y_ALIGN"], "ASYNC": c["ASYNC"]}  # fmt: skip
+    return {**{n: c[n] for n in ("CHUNK", "P_BLOCK", "FALLBACK_BLOCK", "MAX_SPINS")},
+            **{n: bool(p.get(n, False)) for n in ("HAS_WEIGHT", "HAS_SMOOTHING")},
+            "ALIGN": c["ALIGN"], "G_ALIGN": c["Y_ALIGN"], "ASYNC": c["ASYNC"]}  # fmt: skip
 
 
 def _one_program(p, g, sms):
@@ -626,9 +628,8 @@ TABLES = {
         ),
         "held_split": _entry(
             "cross_entropy_held_split",
-            "X:*T T:*i64 G:*T LOSS:*fp32 LSE:*fp32 PREP:*fp32 WS:*i64 V P stride_x stride_g x_off g_off ignore_index "
-            "SCALE:fp32",
-            "CHUNK P_BLOCK FALLBACK_BLOCK MAX_SPINS ALIGN G_ALIGN ASYNC",
+            f"{_CE_HEAD} WS:*i64 V P {_CE_TAIL.replace('stride_g', 'stride_g x_off g_off')}",
+            f"{_SPLIT} HAS_WEIGHT HAS_SMOOTHING ALIGN G_ALIGN ASYNC",
             geometry=_training_held_split_geometry,
             specialise=_ce_held_split_constexprs,
             options=_warps_capped,

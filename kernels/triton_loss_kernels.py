@@ -912,27 +912,95 @@ def _ce_target_gradient(G, shift, xs, t_safe, x_t, m, S_fix, E_t, SCALE, fin, w_
     gl.store(G + shift + xs + t_safe, g_t.to(OUT))
 
 
-@gluon.jit(do_not_specialize=["V", "P", "stride_x", "stride_g", "x_off", "g_off"])
-def cross_entropy_held_split_kernel(
-    X, T, G, LOSS, LSE, PREP, WS, V, P, stride_x, stride_g, x_off, g_off, ignore_index, SCALE,
-    CHUNK: gl.constexpr, P_BLOCK: gl.constexpr, FALLBACK_BLOCK: gl.constexpr, MAX_SPINS: gl.constexpr,
-    ALIGN: gl.constexpr, G_ALIGN: gl.constexpr, ASYNC: gl.constexpr,
-):  # fmt: skip
-    # A plain row (no class weights, no smoothing) too long to hold whole, cut as the softmax's
-    # held split cuts it (kernels/triton_kernels.py): P programs, each holding its chunk in shared
-    # memory, meeting through the split kernel's seven words a chunk (every word written by
-    # every launch, the smoothing's with zeros, so the tags stay in step with the split's), then
-    # the held kernel's outputs: lse and loss by one chunk, the chunk's gradient in one fma an
-    # element, and the target's entry written again, after a barrier, by the program that wrote
-    # it over. The target's logit is read before the first meeting (inplace=True: no sibling
-    # writes before every program has arrived).
+@gluon.jit
+def _ce_held_min(bufs, xe, e_mask, base, grp, g_lo, g_hi, BLOCK: gl.constexpr, ALIGN: gl.constexpr):
+    # The min of a held buffer's row elements (from the group-aligned offset `base`) and of the
+    # edges xe: the smoothing sum's bound, as the split takes it.
+    TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
+    lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
+    mn_lane = gl.full([TILE], INF, gl.float32, lanes)
+    for t in gl.static_range(BLOCK // TILE):
+        mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
+        x = _held_tile(bufs, t, TILE, BLOCK).load(lanes).to(gl.float32)
+        mn_lane = gl.minimum(mn_lane, gl.where(mask, x, INF))
+    return gl.minimum(gl.min(mn_lane, axis=0), gl.min(gl.where(e_mask, xe, INF), axis=0))
+
+
+@gluon.jit
+def _ce_held_q(bufs, xe, e_mask, pos, W, xs, base, grp, cols, g_lo, g_hi, m, up, BLOCK: gl.constexpr,
+               ALIGN: gl.constexpr, HAS_WEIGHT: gl.constexpr):  # fmt: skip
+    # The smoothing sum's parts over a held buffer and the edges, as the split's: the fixed-point
+    # sum of the finite w (x - m) at scale `up` and the float sum of the non-finite ones, each
+    # element's class weight read from W at its column (element offset - xs).
+    TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
+    lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
+    q_lane = gl.zeros([TILE], gl.int64, lanes)
+    f_lane = gl.zeros([TILE], gl.float32, lanes)
+    for t in gl.static_range(BLOCK // TILE):
+        mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
+        x = _held_tile(bufs, t, TILE, BLOCK).load(lanes).to(gl.float32)
+        c = base + t * TILE + cols - xs
+        wd = gl.where(mask, _ce_weights(W, c, mask, HAS_WEIGHT) * (x - m), 0.0)
+        q_lane += _fixed_finite(wd, up)
+        f_lane += _non_finite(wd)
+    wde = gl.where(e_mask, _ce_weights(W, pos - xs, e_mask, HAS_WEIGHT) * (xe - m), 0.0)
+    q = gl.sum(q_lane, axis=0) + gl.sum(_fixed_finite(wde, up), axis=0)
+    return q, gl.sum(f_lane, axis=0) + gl.sum(_non_finite(wde), axis=0)
+
+
+@gluon.jit
+def _ce_held_gradient_weighted(G, W, bufs, shift, xs, base, grp, cols, g_lo, g_hi, pos, e_mask, ee, t_safe, S_fix,
+                               E_t, SCALE, fin, m, w_t, w_all, eps, inv_v, scale, ignored, valid, BLOCK: gl.constexpr,
+                               ALIGN: gl.constexpr, HAS_WEIGHT: gl.constexpr, HAS_SMOOTHING: gl.constexpr):  # fmt: skip
+    # The gradient of a held buffer and of the edges with class weights or smoothing: the split's
+    # _ce_gradient an element (the target's entry among them), each column's weight from W.
     TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
     OUT: gl.constexpr = G.dtype.element_ty
+    lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
+    c_e = pos - xs
+    w_e = _ce_weights(W, c_e, e_mask, HAS_WEIGHT)
+    ge = _ce_gradient(ee, S_fix, E_t, SCALE, fin, c_e, t_safe, w_t, w_all, w_e, eps, inv_v, scale, ignored, valid,
+                      OUT, HAS_SMOOTHING)  # fmt: skip
+    gl.store(G + shift + pos, ge.to(OUT), mask=e_mask)
+    for t in gl.static_range(BLOCK // TILE):
+        mask = _group_mask(grp, base + t * TILE, g_lo, g_hi, ALIGN)
+        x = _held_tile(bufs, t, TILE, BLOCK).load(lanes).to(gl.float32)
+        c = base + t * TILE + cols - xs
+        w_j = _ce_weights(W, c, mask, HAS_WEIGHT)
+        g = _ce_gradient(_exp(x, m, OUT), S_fix, E_t, SCALE, fin, c, t_safe, w_t, w_all, w_j, eps, inv_v, scale,
+                         ignored, valid, OUT, HAS_SMOOTHING)  # fmt: skip
+        gl.store(G + shift + base + t * TILE + cols, g.to(OUT), mask=mask)
+
+
+@gluon.jit(do_not_specialize=["V", "P", "stride_x", "stride_g", "x_off", "g_off"])
+def cross_entropy_held_split_kernel(
+    X, T, W, G, LOSS, LSE, PREP, WS, V, P, stride_x, stride_g, x_off, g_off, ignore_index, eps, inv_v, KW, SCALE,
+    CHUNK: gl.constexpr, P_BLOCK: gl.constexpr, FALLBACK_BLOCK: gl.constexpr, MAX_SPINS: gl.constexpr,
+    HAS_WEIGHT: gl.constexpr, HAS_SMOOTHING: gl.constexpr, ALIGN: gl.constexpr, G_ALIGN: gl.constexpr,
+    ASYNC: gl.constexpr,
+):  # fmt: skip
+    # A row too long to hold whole, cut as the softmax's held split cuts it
+    # (kernels/triton_kernels.py): P programs, each holding its chunk in shared memory, meeting
+    # through the split kernel's seven words a chunk (every word written by every launch, the
+    # smoothing's with zeros without smoothing, so the tags stay in step with the split's), then
+    # the split's arithmetic: lse and loss by one chunk, and the chunk's gradient. A plain row
+    # (no class weights, no smoothing) takes the held kernel's gradient, one fma an element, the
+    # target's entry written again, after a barrier, by the program that wrote it over; with
+    # weights or smoothing, each element's weight is read from W (L2) where the smoothing sum
+    # and the gradient need it, and the row's min meets beside its max. The target's logit is
+    # read before the first meeting (inplace=True: no sibling writes before every program has
+    # arrived).
+    TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
+    OUT: gl.constexpr = G.dtype.element_ty
+    PLAIN: gl.constexpr = not (HAS_WEIGHT or HAS_SMOOTHING)
     flat: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     pid = gl.program_id(0).to(gl.int64)
     row = pid // P
     chunk = pid - row * P
-    ignored, valid, t_safe, w_t, w_all, scale = _ce_target(T, T, PREP, row, V, ignore_index, False)
+    ignored, valid, t_safe, w_t, w_all, scale = _ce_target(T, W, PREP, row, V, ignore_index, HAS_WEIGHT)
+    w_max = 1.0  # the smoothing sum's bound on |w| (PREP[3]), read before the meetings
+    if HAS_SMOOTHING:
+        w_max = gl.load(PREP + 3)
     xs = x_off + row * stride_x  # row start, elements from X
     g_lo, g_hi, base, grp, cols = _held_groups(xs, V, TILE, ALIGN)
     c_base = base + chunk * CHUNK  # the chunk's first element, from X (group-aligned)
@@ -947,32 +1015,66 @@ def cross_entropy_held_split_kernel(
     pos, e_mask, xe = _held_edges(X, xs, V, g_lo, g_hi, ALIGN, ASYNC, chunk == 0)
     fcols = gl.arange(0, FALLBACK_BLOCK, layout=flat)
 
-    # The softmax held split's two meetings on the max's and the sum's words; the smoothing's
-    # words (min, its sum, the non-finite sum) written with zeros, unused without smoothing.
+    # The softmax held split's two meetings on the max's and the sum's words, and with
+    # smoothing the split's three more: the min (after the max), q and the non-finite sum
+    # (published before the sum's meeting); without, those words written with zeros.
     zero = gl.cast(0.0, gl.float32)
-    q_hi, q_lo = _tagged_halves(tag_hi, zero.to(gl.int64))
-    gl.atomic_xchg(ws + P + chunk, _tagged(tag_hi, zero), sem="relaxed")
-    gl.atomic_xchg(ws + 4 * P + 2 * chunk, q_hi, sem="relaxed")
-    gl.atomic_xchg(ws + 4 * P + 2 * chunk + 1, q_lo, sem="relaxed")
-    gl.atomic_xchg(ws + 6 * P + chunk, _tagged(tag_hi, zero), sem="relaxed")
+    if not HAS_SMOOTHING:
+        q_hi, q_lo = _tagged_halves(tag_hi, zero.to(gl.int64))
+        gl.atomic_xchg(ws + P + chunk, _tagged(tag_hi, zero), sem="relaxed")
+        gl.atomic_xchg(ws + 4 * P + 2 * chunk, q_hi, sem="relaxed")
+        gl.atomic_xchg(ws + 4 * P + 2 * chunk + 1, q_lo, sem="relaxed")
+        gl.atomic_xchg(ws + 6 * P + chunk, _tagged(tag_hi, zero), sem="relaxed")
     m = _held_split_max(bufs, xe, c_base, grp, g_lo, g_hi, ws, P, chunk, tag, slots, x_row, V, fcols, MAX_SPINS,
                         CHUNK, ALIGN)  # fmt: skip
+    q = 0.0
+    if HAS_SMOOTHING:
+        _barrier()
+        my_mn = _tagged(tag_hi, -_ce_held_min(bufs, xe, e_mask, c_base, grp, g_lo, g_hi, CHUNK, ALIGN))
+        gl.atomic_xchg(ws + P + chunk, my_mn, sem="relaxed")
+        neg_mn, stale = _meet_floats_on(ws + P, P, chunk, my_mn, tag, False, slots, MAX_SPINS)
+        mn = -neg_mn
+        if stale > 0:
+            _, mn = _ce_streamed_extremes(x_row, V, fcols, True)
+        up, down = _fixed_point_scale(w_max * (m - mn), KW)
+        q_c, f_c = _ce_held_q(bufs, xe, e_mask, pos, W, xs, c_base, grp, cols, g_lo, g_hi, m, up, CHUNK, ALIGN,
+                              HAS_WEIGHT)  # fmt: skip
+        q_hi, q_lo = _tagged_halves(tag_hi, q_c)
+        my_f = _tagged(tag_hi, f_c)
+        gl.atomic_xchg(ws + 4 * P + 2 * chunk, q_hi, sem="relaxed")
+        gl.atomic_xchg(ws + 4 * P + 2 * chunk + 1, q_lo, sem="relaxed")
+        gl.atomic_xchg(ws + 6 * P + chunk, my_f, sem="relaxed")
     S_fix, ee = _held_split_sum(bufs, xe, m, SCALE, OUT, ws + 2 * P, P, chunk, tag, slots, x_row, V, fcols,
                                 MAX_SPINS, CHUNK, ALIGN)  # fmt: skip
+    if HAS_SMOOTHING:
+        Q_fix, stale = _meet_sum_on(ws + 4 * P, P, chunk, q_hi, q_lo, tag, slots, MAX_SPINS)
+        F = zero
+        if stale == 0:
+            F, stale = _meet_floats_on(ws + 6 * P, P, chunk, my_f, tag, True, slots, MAX_SPINS)
+        if stale > 0:
+            _, Q_fix, F = _ce_streamed_sums(x_row, W, V, m, up, SCALE, OUT, fcols, HAS_WEIGHT, True)
+        q = Q_fix.to(gl.float32) * down + F
 
-    # The row's results: the held kernel's arithmetic.
+    # The row's results: the split's arithmetic.
     E_t = _fixed(_exp(x_t, m, OUT), SCALE)
-    lse, loss, fin = _ce_row_outputs(m, S_fix, SCALE, x_t, w_t, w_all, 0.0, 0.0, 0.0, ignored, valid, False)
+    lse, loss, fin = _ce_row_outputs(m, S_fix, SCALE, x_t, w_t, w_all, q, eps, inv_v, ignored, valid, HAS_SMOOTHING)
     if chunk == row % P:  # one chunk a row, a different one from row to row (as the split's)
         gl.store(LSE + row, lse)
         gl.store(LOSS + row, loss)
     shift = gl.multiple_of(g_off + row * stride_g - xs, G_ALIGN)
-    _ce_held_gradient(G, bufs, shift, xs, c_base, grp, cols, g_lo, g_hi, pos, e_mask, ee, t_safe, S_fix, E_t, SCALE,
-                      fin, m, w_t, w_all, scale, ignored, valid, CHUNK, ALIGN)  # fmt: skip
-    # The target's entry, by the program whose chunk holds its group (chunk 0 for the edges).
-    t_grp = (xs + t_safe) // ALIGN
-    if chunk == gl.where((t_grp >= g_lo) & (t_grp < g_hi), (t_grp * ALIGN - base) // CHUNK, 0):
-        _ce_target_gradient(G, shift, xs, t_safe, x_t, m, S_fix, E_t, SCALE, fin, w_t, w_all, scale, ignored, valid)
+    if PLAIN:
+        _ce_held_gradient(G, bufs, shift, xs, c_base, grp, cols, g_lo, g_hi, pos, e_mask, ee, t_safe, S_fix, E_t,
+                          SCALE, fin, m, w_t, w_all, scale, ignored, valid, CHUNK, ALIGN)  # fmt: skip
+        # The target's entry, by the program whose chunk holds its group (chunk 0 for the edges).
+        t_grp = (xs + t_safe) // ALIGN
+        if chunk == gl.where((t_grp >= g_lo) & (t_grp < g_hi), (t_grp * ALIGN - base) // CHUNK, 0):
+            _ce_target_gradient(G, shift, xs, t_safe, x_t, m, S_fix, E_t, SCALE, fin, w_t, w_all, scale, ignored,
+                                valid)  # fmt: skip
+    else:
+        _barrier()  # the sum's pass ended; this one reads the buffer afresh
+        _ce_held_gradient_weighted(G, W, bufs, shift, xs, c_base, grp, cols, g_lo, g_hi, pos, e_mask, ee, t_safe,
+                                   S_fix, E_t, SCALE, fin, m, w_t, w_all, eps, inv_v, scale, ignored, valid, CHUNK,
+                                   ALIGN, HAS_WEIGHT, HAS_SMOOTHING)  # fmt: skip
 
 
 @triton.jit

@@ -63,13 +63,13 @@ V_CPU = 37
 # of 37 is three chunks, the last partial.
 SCALED = {path.name: dict(path.cpu) for path in CROSS_ENTROPY_KERNELS["triton"].spec.paths}
 SPLIT = SCALED["split"]
-# run_path's stream (not dispatched: timed by reports/probes/ce_stream.py): tiles of 16 take a
+# run_path's stream (not dispatched: timed by reports/probes/ce_weighted.py): tiles of 16 take a
 # row of V_CPU in three, and the interpreter's two programs walk the batch's rows.
 STREAM = {"BLOCK": 16, "num_warps": 2}
 # The paths the CPU cases force (the interpreter cannot run held's Gluon kernel: its sm_90 build
 # is checked by kernels.triton_build's spill test, its bits by the cuda cases below).
 INTERPRETED_PATHS = CROSS_ENTROPY_KERNELS["triton"].interpreted_paths
-PLAIN_ONLY = {"held", "held_split"}  # paths that take neither class weights nor label smoothing
+PLAIN_ONLY = {"held"}  # the path that takes neither class weights nor label smoothing
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # (reduction, label_smoothing, weighted): every pair of values of any two of the three options.

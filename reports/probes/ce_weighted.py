@@ -1,21 +1,23 @@
-"""The Triton cross-entropy's stream path (run_path only: a few programs an SM walking the rows,
-each read three times with the re-reads from L2) against the split it would replace for rows
-with class weights and label smoothing.
+"""The Triton cross-entropy with class weights and label smoothing: the split it takes against
+the two paths prepared for it (run_path only), stream and held_split.
 
-    python reports/probes/ce_stream.py --out DIR [--v 50257]      # on a GPU
+    python reports/probes/ce_weighted.py --out DIR [--v 50257]      # on a GPU
 
 The question. With class weights and label smoothing the cross-entropy keeps to the split past
-the row path's 8192: its programs meet three times (the max and min, then three sums), and the
-benchmark timed it at 0.16-0.26 of its one-read-one-write floor in bf16 and 0.30-0.43 in float32
-at (4096, 50257 / 128256) on an H100, 0.95-1.54x torch.compile. The stream path has no
-meetings; its second and third reads (and the class weights') come from L2 while the grid bounds
-the rows in flight. Does it beat the split, at which tiles, warps and programs an SM, and up to
-which V before its rows crowd L2 (two programs an SM to 128 KB rows by default)?
+the row path's 8192: its programs meet three times (the max and min, then three sums) holding
+their chunks in registers, and the benchmark timed it at 0.16-0.26 of its one-read-one-write
+floor in bf16 and 0.30-0.43 in float32 at (4096, 50257 / 128256) on an H100, 0.95-1.54x
+torch.compile. Two candidates: stream (a few programs an SM walking the rows, each read three
+times with the re-reads and the class weights from L2, no meetings), whose rows crowd L2 past
+some V; and held_split (the plain rows' path: split's programs with their chunks in shared
+memory), which with weights takes chunks of 16 KB to stay under 80 registers. Which leads, at
+which launch, and where does each stop leading?
 
 Per shape, the weighted, smoothed case as the benchmark draws it (weights in [0.5, 1.5),
-smoothing tests.test_loss_benchmarks.LABEL_SMOOTHING): the dispatch (split), the stream path at
-each (BLOCK, warps, programs an SM) and the benchmark's torch.compile step (F.cross_entropy's
-forward and backward), in the graph clock of probes/triton_rows_sweep.py, as a fraction of the one-read-one-write floor
+smoothing tests.test_loss_benchmarks.LABEL_SMOOTHING): the dispatch (split), stream at each
+(BLOCK, warps, programs an SM), held_split at each (warps, register cap, most bytes a chunk
+takes), and the benchmark's torch.compile step (F.cross_entropy's forward and backward), in the
+graph clock of probes/triton_rows_sweep.py, as a fraction of the one-read-one-write floor
 against this GPU's copy; each variant's loss, lse and gradient bits against the dispatch's, on
 logits with a NaN row and a row of -inf with one finite entry. Plain rows at two shapes too,
 against their held paths.
@@ -29,6 +31,7 @@ from pathlib import Path
 import torch
 
 from kernels import triton_cross_entropy as tce
+from kernels.triton_dispatch import held_split_chunk
 from tests.test_loss_benchmarks import LABEL_SMOOTHING, cross_entropy_step
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -48,6 +51,12 @@ STREAM = {f"stream {b} x {w} warps, {p}/SM": (b, w, p) for b, w, p in (
 )}  # fmt: skip
 
 
+# (warps, register cap, most bytes a chunk takes), each named in full.
+HELD_SPLIT = {f"held_split {w} x {c}, {k // 1024}K": (w, c, k) for w, c, k in (
+    (8, 80, 16384), (8, 96, 16384), (8, 80, 8192), (16, 80, 32768), (8, 128, 32768),
+)}  # fmt: skip
+
+
 def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
     x = edge_logits(N, V, dtype)
     g = torch.Generator(device="cuda").manual_seed(N + V)
@@ -61,11 +70,14 @@ def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
     plan = tce.plan(N, V, dtype, plain=not weighted)
     variants = {f"dispatch ({plan})": lambda: tce.cross_entropy(x, t, validate=False, **o)}
     same = {f"dispatch ({plan})": True}
-    for name, (block, warps, per_sm) in STREAM.items():
-        params = {"BLOCK": block, "num_warps": warps, "programs_per_sm": per_sm}
-        got = tce.run_path(x, t, "stream", params=params, validate=False, reduction="none", **o)
+    runs = {name: ("stream", {"BLOCK": b, "num_warps": w, "programs_per_sm": p}) for name, (b, w, p) in STREAM.items()}
+    for name, (warps, cap, most) in HELD_SPLIT.items():
+        chunk = held_split_chunk(V, x.element_size(), most, warps)
+        runs[name] = ("held_split", {"CHUNK": chunk, "num_warps": warps, "maxnreg": cap})
+    for name, (path, params) in runs.items():
+        got = tce.run_path(x, t, path, params=params, validate=False, reduction="none", **o)
         same[name] = all(torch.equal(bits(a), bits(b)) for a, b in zip(got, want, strict=True))
-        variants[name] = lambda params=params: tce.run_path(x, t, "stream", params=params, validate=False, **o)
+        variants[name] = lambda path=path, params=params: tce.run_path(x, t, path, params=params, validate=False, **o)
     step = cross_entropy_step("torch_compile", x.detach().clone().requires_grad_(True), t, **o)
     step()  # compiled before the clock starts
     variants["torch.compile"], same["torch.compile"] = step, True  # the benchmark's step
@@ -73,4 +85,4 @@ def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
 
 
 if __name__ == "__main__":
-    sys.exit(shapes_main("ce_stream", measure, SHAPES, __doc__))
+    sys.exit(shapes_main("ce_weighted", measure, SHAPES, __doc__))
