@@ -900,9 +900,10 @@ def write_reports(
     committed one, so that what it did not measure is carried into a fresh --reports-dir rather
     than lost when that folder's copy replaces reports/). Returns the paths whose contents
     changed (or were removed: a figure the manifest has no data for). Nothing is written when the
-    run measured nothing or measured exactly what the files already hold. With `out_dir` None nothing is written, but
-    the manifest this run would give reports/ is still built and validated, so that a value a
-    test recorded against the schema fails every run, not only the runs that write."""
+    run measured nothing or measured exactly what the files already hold. With `out_dir` None
+    nothing is written, but the manifest this run would give reports/ is still built and
+    validated, so that a value a test recorded against the schema fails every run, not only the
+    runs that write."""
     if not benchmarks and not recorded:
         return []
     from tests.suite import figures
