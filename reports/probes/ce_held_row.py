@@ -68,6 +68,17 @@ HELD_SPLIT_CHUNKS = {
 }
 
 
+def path_variants(x, t, runs: dict, want, **options) -> tuple[dict, dict]:
+    """({name: call}, {name: whether its loss, lse and gradient bits are `want`'s}) for each
+    named (path, launch parameters) of `runs`, the cross-entropy called with `options`."""
+    variants, same = {}, {}
+    for name, (path, params) in runs.items():
+        got = tce.run_path(x, t, path, params=params, validate=False, reduction="none", **options)
+        same[name] = all(torch.equal(bits(a), bits(b)) for a, b in zip(got, want, strict=True))
+        variants[name] = lambda p=path, q=params: tce.run_path(x, t, p, params=q, validate=False, **options)
+    return variants, same
+
+
 def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
     x = edge_logits(N, V, dtype)
     t = torch.randint(0, V, (N,), device="cuda")
@@ -81,11 +92,7 @@ def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
             chunk = held_split_chunk(V, x.element_size(), most, warps)
             runs[name] = ("held_split", {"CHUNK": chunk, "num_warps": warps, "maxnreg": None})
     want = tce.run_path(x, t, other, validate=False, reduction="none")
-    variants, same = {}, {}
-    for name, (path, params) in runs.items():
-        got = tce.run_path(x, t, path, params=params, validate=False, reduction="none")
-        same[name] = all(torch.equal(bits(a), bits(b)) for a, b in zip(got, want, strict=True))
-        variants[name] = lambda path=path, params=params: tce.run_path(x, t, path, params=params, validate=False)
+    variants, same = path_variants(x, t, runs, want)
     plan = tce.plan(N, V, dtype)
     variants[f"dispatch ({plan})"] = lambda: tce.cross_entropy(x, t, validate=False)
     same[f"dispatch ({plan})"] = all(

@@ -35,7 +35,8 @@ from kernels.triton_dispatch import held_split_chunk
 from tests.test_loss_benchmarks import LABEL_SMOOTHING, cross_entropy_step
 
 sys.path.insert(0, str(Path(__file__).parent))
-from triton_rows_sweep import bits, edge_logits, floor_rows, shapes_main  # noqa: E402
+from ce_held_row import path_variants  # noqa: E402
+from triton_rows_sweep import edge_logits, floor_rows, shapes_main  # noqa: E402
 
 WEIGHTED = [
     *((4096, V, dt) for dt in (torch.bfloat16, torch.float32) for V in (16385, 32000, 50257, 65536, 128256)),
@@ -49,8 +50,6 @@ SHAPES = [*WEIGHTED, *PLAIN]
 STREAM = {f"stream {b} x {w} warps, {p}/SM": (b, w, p) for b, w, p in (
     (2048, 8, 1), (2048, 8, 2), (2048, 8, 3), (4096, 8, 1), (4096, 8, 2), (4096, 16, 1), (1024, 4, 4), (1024, 4, 6),
 )}  # fmt: skip
-
-
 # (warps, register cap, most bytes a chunk takes), each named in full.
 HELD_SPLIT = {f"held_split {w} x {c}, {k // 1024}K": (w, c, k) for w, c, k in (
     (8, 80, 16384), (8, 96, 16384), (8, 80, 8192), (16, 80, 32768), (8, 128, 32768),
@@ -68,16 +67,15 @@ def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
         o = {"weight": w, "label_smoothing": LABEL_SMOOTHING}
     want = tce.cross_entropy(x, t, validate=False, reduction="none", **o)
     plan = tce.plan(N, V, dtype, plain=not weighted)
-    variants = {f"dispatch ({plan})": lambda: tce.cross_entropy(x, t, validate=False, **o)}
-    same = {f"dispatch ({plan})": True}
     runs = {name: ("stream", {"BLOCK": b, "num_warps": w, "programs_per_sm": p}) for name, (b, w, p) in STREAM.items()}
     for name, (warps, cap, most) in HELD_SPLIT.items():
         chunk = held_split_chunk(V, x.element_size(), most, warps)
         runs[name] = ("held_split", {"CHUNK": chunk, "num_warps": warps, "maxnreg": cap})
-    for name, (path, params) in runs.items():
-        got = tce.run_path(x, t, path, params=params, validate=False, reduction="none", **o)
-        same[name] = all(torch.equal(bits(a), bits(b)) for a, b in zip(got, want, strict=True))
-        variants[name] = lambda path=path, params=params: tce.run_path(x, t, path, params=params, validate=False, **o)
+    variants = {f"dispatch ({plan})": lambda: tce.cross_entropy(x, t, validate=False, **o)}
+    same = {f"dispatch ({plan})": True}
+    more_variants, more_same = path_variants(x, t, runs, want, **o)
+    variants |= more_variants
+    same |= more_same
     step = cross_entropy_step("torch_compile", x.detach().clone().requires_grad_(True), t, **o)
     step()  # compiled before the clock starts
     variants["torch.compile"], same["torch.compile"] = step, True  # the benchmark's step
