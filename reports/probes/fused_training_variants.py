@@ -1,0 +1,139 @@
+"""The CUDA C training kernels at size classes beside their dispatch: the loop class (rows past
+every on-chip class) at other block sizes and loads in flight, and the cross-entropy's 16-bit
+rows held as the forward holds them.
+
+    python reports/probes/fused_training_variants.py --out DIR [--v 262144]      # on a GPU
+
+Two questions from the counters (reports/profiles.md). First, the loop class (clusters of 8 CTAs
+of 1024 threads, two 16-byte vectors a thread in flight per step of each pass) waited on long
+scoreboard 5.8 cycles an instruction at fp32 (4096, 262144), DRAM 44 %; on an H100 the fused
+cross-entropy ran there at 0.42 (bf16) and 0.65 (fp32) of its one-read-one-write floor. Its sm_90
+builds (nvcc 13) hold four vectors a thread in 64 registers without spilling, at 1024 and at 512
+threads (eight spill). Do more loads in flight, or smaller CTAs, move the rows faster? The
+backward's loop class has the same shape and is timed beside it.
+
+Second, the cross-entropy's on-chip 16-bit classes hold 32 packed elements a thread (512-thread
+CTAs), half the forward's 64, on the belief that its row state would not fit beside 64; the
+builds say it does (64 registers, no spill, at 128 and 256 threads). At bf16 V = 32000-128256 the
+cross-entropy reached 0.44-0.54 of its floor where the forward's classes reach 0.75-0.9 of copy,
+issue-bound (profiles.md): twice the elements a thread halves each thread's per-row work an
+element. Does it pay?
+
+Per shape: the op as dispatched, then each variant, in the graph clock of
+probes/triton_rows_sweep.py, as a fraction of the op's floor (cross-entropy one read and one
+write, the backward two reads and one write) against this GPU's copy; every variant's bits
+against the dispatch's (the sums are order-free: any class gives the same bits).
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import torch
+
+from kernels import cuda_training as ct
+from kernels import cuda_training_plans as plans
+from kernels import softmax_cuda
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bwd_held_row import backward_case  # noqa: E402
+from triton_rows_sweep import bits, edge_logits, floor_rows, shapes_main  # noqa: E402
+
+LOOP_SHAPES = [
+    *((4096, V, dt) for dt in (torch.bfloat16, torch.float32) for V in (151936, 262144)),
+    (1024, 262144, torch.bfloat16),
+]
+LOOP_VARIANTS = ((1024, 4), (512, 4), (512, 2))  # (threads, vectors a step); the dispatch is (1024, 2)
+# The cross-entropy's 16-bit rows as the forward holds them: (threads, elements, cluster) per V.
+HELD64 = {
+    32000: ((256, 64, 2), (128, 64, 4)),
+    50257: ((256, 64, 4), (128, 64, 7)),
+    128256: ((256, 64, 8),),
+}
+SHAPES = [*LOOP_SHAPES, *((4096, V, torch.bfloat16) for V in HELD64), (16384, 32000, torch.bfloat16)]
+
+
+@contextmanager
+def loop_launch(threads: int, vectors: int):
+    """The loop class built and launched at `threads` x `vectors` inside the block."""
+    kept = plans.LOOP_THREADS, plans.LOOP_VECTORS
+    plans.LOOP_THREADS, plans.LOOP_VECTORS = threads, vectors
+    softmax_cuda._launchers.clear()  # keyed by kernel name, which does not say the vectors
+    ct._dispatch.clear()
+    try:
+        yield
+    finally:
+        plans.LOOP_THREADS, plans.LOOP_VECTORS = kept
+        softmax_cuda._launchers.clear()
+        ct._dispatch.clear()
+
+
+@contextmanager
+def first_16bit_class(threads: int, elems: int, cluster: int):
+    """The 16-bit cross-entropy and backward dispatching a packed class of `threads` x `elems` x
+    `cluster` for every V it holds, inside the block."""
+    kept = plans._TABLES
+    warpvec, rows = kept[2]
+    plans._TABLES = {**kept, 2: (warpvec, ((threads * elems * cluster, threads, elems, cluster, True), *rows))}
+    softmax_cuda._launchers.clear()
+    ct._dispatch.clear()
+    try:
+        yield
+    finally:
+        plans._TABLES = kept
+        softmax_cuda._launchers.clear()
+        ct._dispatch.clear()
+
+
+def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
+    x = edge_logits(N, V, dtype)
+    t = torch.randint(0, V, (N,), device="cuda", generator=torch.Generator(device="cuda").manual_seed(V))
+    want = ct.cross_entropy_fused(x, t, reduction="none")
+    dy, y, _, _, _ = backward_case(N, V, dtype)
+    dx_want = ct.softmax_backward_fused(y, dy)
+    # The main kernels' launches alone, on buffers made once (the prologue's params of a plain
+    # "none" reduction: scale 1, V classes of weight 1).
+    params = torch.tensor([1.0, V, 1.0, N], device="cuda")
+    grad, dx = torch.empty_like(x), torch.empty_like(y)
+    loss, lse = torch.empty(N, device="cuda"), torch.empty(N, device="cuda")
+    dev = x.get_device()
+
+    def ce(e):
+        e.launcher(
+            dev, e.grid(N, None), x.data_ptr(), x.stride(0), grad.data_ptr(), grad.stride(0), t.data_ptr(),
+            N, V, -100, 0, params.data_ptr(), 0.0, loss.data_ptr(), lse.data_ptr(),
+        )  # fmt: skip
+
+    def bwd(e):
+        e.launcher(dev, e.grid(N, None), y.data_ptr(), y.stride(0), dy.data_ptr(), dy.stride(0), dx.data_ptr(), N, V)
+
+    if V in HELD64:  # the cross-entropy's 16-bit on-chip classes
+        runs = {"ce dispatch": nullcontext()} | {
+            f"ce {th} x {el} x {cl}": first_16bit_class(th, el, cl) for th, el, cl in HELD64[V]
+        }
+        ops = {"ce": runs}
+    else:  # the loop class of both ops
+        runs = {f"loop {th} x {ve}" + (" (dispatch)" if (th, ve) == (1024, 2) else ""): (th, ve)
+                for th, ve in ((1024, 2), *LOOP_VARIANTS)}  # fmt: skip
+        ops = {op: {f"{op} {name}": loop_launch(*tv) for name, tv in runs.items()} for op in ("ce", "bwd")}
+    rows = []
+    for op, cases in ops.items():
+        variants, same = {}, {}
+        for name, context in cases.items():
+            with context:
+                if op == "ce":
+                    got = ct.cross_entropy_fused(x, t, reduction="none")
+                    same[name] = all(torch.equal(bits(a), bits(b)) for a, b in zip(got, want, strict=True))
+                else:
+                    same[name] = bool(torch.equal(bits(ct.softmax_backward_fused(y, dy)), bits(dx_want)))
+                entry = ct._resolve(op, op, dev, V, dtype, None)  # the call's class, with its build
+                print(f"{name}: {entry.size_class.describe()}", flush=True)
+            variants[name] = (lambda e=entry: ce(e)) if op == "ce" else (lambda e=entry: bwd(e))
+        rows += floor_rows(variants, same, N, V, dtype, copy, passes=2 if op == "ce" else 3)
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(shapes_main("fused_training_variants", measure, SHAPES, __doc__))
