@@ -46,13 +46,17 @@ LOOP_SHAPES = [
     (1024, 262144, torch.bfloat16),
 ]
 LOOP_VARIANTS = ((1024, 4), (512, 4), (512, 2))  # (threads, vectors a step); the dispatch is (1024, 2)
-# The cross-entropy's 16-bit rows as the forward holds them: (threads, elements, cluster) per V.
-HELD64 = {
-    32000: ((256, 64, 2), (128, 64, 4)),
-    50257: ((256, 64, 4), (128, 64, 7)),
-    128256: ((256, 64, 8),),
+# The cross-entropy's on-chip classes as the forward holds its rows: per (dtype, V), (threads,
+# elements, cluster). 16-bit: 64 packed elements a thread (no spill); float32: 32 (40-44 bytes
+# spilled under the 64-register bound, against 16 and none dispatched).
+ON_CHIP = {
+    (torch.bfloat16, 32000): ((256, 64, 2), (128, 64, 4)),
+    (torch.bfloat16, 50257): ((256, 64, 4), (128, 64, 7)),
+    (torch.bfloat16, 128256): ((256, 64, 8),),
+    (torch.float32, 32000): ((256, 32, 4),),
+    (torch.float32, 128256): ((512, 32, 8),),
 }
-SHAPES = [*LOOP_SHAPES, *((4096, V, torch.bfloat16) for V in HELD64), (16384, 32000, torch.bfloat16)]
+SHAPES = [*LOOP_SHAPES, *((4096, V, dt) for dt, V in ON_CHIP), (16384, 32000, torch.bfloat16)]
 
 
 @contextmanager
@@ -71,12 +75,13 @@ def loop_launch(threads: int, vectors: int):
 
 
 @contextmanager
-def first_16bit_class(threads: int, elems: int, cluster: int):
-    """The 16-bit cross-entropy and backward dispatching a packed class of `threads` x `elems` x
-    `cluster` for every V it holds, inside the block."""
+def first_class(width: int, threads: int, elems: int, cluster: int):
+    """The training ops dispatching a class of `threads` x `elems` x `cluster` (packed for 16-bit
+    storage) for every V it holds of storage `width` bytes, inside the block."""
     kept = plans._TABLES
-    warpvec, rows = kept[2]
-    plans._TABLES = {**kept, 2: (warpvec, ((threads * elems * cluster, threads, elems, cluster, True), *rows))}
+    warpvec, rows = kept[width]
+    first = (threads * elems * cluster, threads, elems, cluster, width == 2)
+    plans._TABLES = {**kept, width: (warpvec, (first, *rows))}
     softmax_cuda._launchers.clear()
     ct._dispatch.clear()
     try:
@@ -109,9 +114,10 @@ def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
     def bwd(e):
         e.launcher(dev, e.grid(N, None), y.data_ptr(), y.stride(0), dy.data_ptr(), dy.stride(0), dx.data_ptr(), N, V)
 
-    if V in HELD64:  # the cross-entropy's 16-bit on-chip classes
+    if (dtype, V) in ON_CHIP:  # the cross-entropy's on-chip classes
+        width = x.element_size()
         runs = {"ce dispatch": nullcontext()} | {
-            f"ce {th} x {el} x {cl}": first_16bit_class(th, el, cl) for th, el, cl in HELD64[V]
+            f"ce {th} x {el} x {cl}": first_class(width, th, el, cl) for th, el, cl in ON_CHIP[(dtype, V)]
         }
         ops = {"ce": runs}
     else:  # the loop class of both ops
