@@ -56,7 +56,7 @@ ON_CHIP = {
     (torch.float32, 32000): ((256, 32, 4),),
     (torch.float32, 128256): ((512, 32, 8),),
 }
-SHAPES = [*LOOP_SHAPES, *((4096, V, dt) for dt, V in ON_CHIP), (16384, 32000, torch.bfloat16)]
+SHAPES = [*((4096, V, dt) for dt, V in ON_CHIP), (16384, 32000, torch.bfloat16), *LOOP_SHAPES]
 
 
 @contextmanager
