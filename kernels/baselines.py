@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from .checks import (
     check_backward_inputs,
     check_cross_entropy_inputs,
+    check_out,
     check_softmax_input,
     prepare_dx,
     prepare_output,
@@ -66,7 +67,7 @@ def torch_softmax_backward(dy, y, *, out=None):
     """The baseline: PyTorch's own softmax backward kernel, torch._softmax_backward_data."""
     check_backward_inputs(dy, y, kernel=BACKWARD_BASELINE, device_type=None)
     dx = torch._softmax_backward_data(dy, y, -1, y.dtype)
-    return dx if out is None else prepare_dx(y, out, kernel=BACKWARD_BASELINE).copy_(dx)
+    return dx if out is None else prepare_dx(dy, y, out, kernel=BACKWARD_BASELINE).copy_(dx)
 
 
 @functools.cache
@@ -78,7 +79,7 @@ def compiled_softmax_backward(dy, y, *, out=None):
     """The second baseline: Inductor's kernel for torch._softmax_backward_data."""
     check_backward_inputs(dy, y, kernel="torch_compile", device_type="cuda")
     dx = _compiled_softmax_backward()(dy, y)
-    return dx if out is None else prepare_dx(y, out, kernel="torch_compile").copy_(dx)
+    return dx if out is None else prepare_dx(dy, y, out, kernel="torch_compile").copy_(dx)
 
 
 def _cross_entropy_baseline(name: str, loss_fn, kernel: str, device_type):
@@ -92,6 +93,8 @@ def _cross_entropy_baseline(name: str, loss_fn, kernel: str, device_type):
         check_cross_entropy_inputs(
             logits, targets, **options, reduction=reduction, kernel=kernel, device_type=device_type
         )
+        if out is not None:
+            check_out(out, logits, f"{kernel} cross-entropy", name="the logits", targets=targets)
         x = logits.detach().requires_grad_(True)
         with torch.enable_grad():
             loss = loss_fn()(x, targets, weight, ignore_index, label_smoothing, reduction)

@@ -44,8 +44,27 @@ def check_softmax_input(x, *, kernel: str, dtypes=FLOAT_DTYPES, device_type: str
     return x
 
 
-def check_out(out, like: torch.Tensor, what: str) -> None:
-    """`out` must be a tensor of `like`'s shape, dtype and device: TypeError / ValueError naming `what`."""
+def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a and b reach a common byte: one storage, and the spans from each one's first to
+    its last element overlap (interleaved views that touch no common element count too)."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        last = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
+def check_out(out, like: torch.Tensor, what: str, *, name: str = "the input", **inputs: torch.Tensor) -> None:
+    """`out` must be a tensor of `like`'s shape, dtype and device, sharing no memory with `like`
+    (called `name`) or any of `inputs` (by keyword): TypeError / ValueError naming `what`. The kernels whose
+    programs share a row re-read it whole where a meeting runs out of time, after siblings may
+    have written their part of out: over an input, a silent wrong answer."""
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"{what}: out must be a torch.Tensor, got {type(out).__name__}")
     if out.shape != like.shape or out.dtype != like.dtype or out.device != like.device:
@@ -53,13 +72,19 @@ def check_out(out, like: torch.Tensor, what: str) -> None:
             f"{what}: out is {tuple(out.shape)} {out.dtype} on {out.device}, "
             f"expected {tuple(like.shape)} {like.dtype} on {like.device}"
         )
+    for which, t in {name: like, **inputs}.items():
+        if shares_memory(out, t):
+            raise ValueError(f"{what}: out shares memory with {which}; give out memory of its own")
 
 
-def prepare_output(x: torch.Tensor, out, *, kernel: str, op: str = "softmax") -> torch.Tensor:
-    """Return `out` checked against `x` (same shape, dtype, device, contiguous), or a new tensor."""
+def prepare_output(
+    x: torch.Tensor, out, *, kernel: str, op: str = "softmax", name: str = "the input", **inputs
+) -> torch.Tensor:
+    """Return `out` checked against `x` (same shape, dtype, device, contiguous, no memory shared
+    with x or `inputs`: check_out), or a new tensor."""
     if out is None:
         return torch.empty_like(x, memory_format=torch.contiguous_format)
-    check_out(out, x, f"{kernel} {op}")
+    check_out(out, x, f"{kernel} {op}", name=name, **inputs)
     if not out.is_contiguous():
         raise ValueError(f"{kernel} {op}: out must be contiguous")
     return out
@@ -98,9 +123,9 @@ def check_backward_inputs(dy, y, *, kernel: str, device_type: str | None = "cuda
         raise ValueError(f"{kernel} softmax backward: expected {device_type} tensors, got them on {dy.device}")
 
 
-def prepare_dx(y: torch.Tensor, out, *, kernel: str) -> torch.Tensor:
-    """prepare_output for a softmax backward's dx."""
-    return prepare_output(y, out, kernel=kernel, op="softmax backward")
+def prepare_dx(dy: torch.Tensor, y: torch.Tensor, out, *, kernel: str) -> torch.Tensor:
+    """prepare_output for a softmax backward's dx (sharing memory with neither y nor dy)."""
+    return prepare_output(y, out, kernel=kernel, op="softmax backward", name="y", dy=dy)
 
 
 def check_cross_entropy_inputs(

@@ -122,7 +122,7 @@ def softmax_backward_fused(
     # Everything but the device first (kernels.checks), so a problem reads the same on any machine.
     check_backward_inputs(dy, y, kernel="fused", device_type=None)
     check_columns(y, _BWD)
-    dx = prepare_dx(y, out, kernel="fused")
+    dx = prepare_dx(dy, y, out, kernel="fused")
     _check_cuda(y, "y", _BWD)
     y, dy = _unit_rows(y), _unit_rows(dy)
     B, V = y.shape
@@ -156,7 +156,7 @@ def _check_cross_entropy(logits, target, weight, ignore_index, label_smoothing, 
         if logits.requires_grad:
             raise ValueError(f"{_CE}: inplace=True would overwrite logits that require grad")
     elif out is not None:
-        check_out(out, logits, _CE)
+        check_out(out, logits, _CE, name="the logits", targets=target)
         if out.shape[1] > 1 and out.stride(1) != 1:
             raise ValueError(f"{_CE}: out must have unit stride within its rows")
     _check_cuda(logits, "logits", _CE)

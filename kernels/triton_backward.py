@@ -256,7 +256,7 @@ def run_path(dy: torch.Tensor, y: torch.Tensor, path: str | None, *, out=None, *
     check_backward_inputs(dy, y, kernel=KERNEL_NAME, device_type=_DEVICE_TYPE)
     if path is not None:
         refuse_unrunnable(path, gpu_major(y), "softmax backward", "softmax_backward()", SUBSTITUTE)
-    dx = prepare_dx(y, out, kernel=KERNEL_NAME)
+    dx = prepare_dx(dy, y, out, kernel=KERNEL_NAME)
     on_device(lambda: _launch(dy, y, dx, path, params), y)
     return dx
 

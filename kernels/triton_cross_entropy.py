@@ -79,6 +79,9 @@ DISPATCH_BOUNDARIES = {
 # which holds rows of any length (row's plain rows end at plain_row_max_v, short of held_max_v),
 # with the same bits (kernels.triton_dispatch.runnable_path).
 SUBSTITUTE = {"held": "split", "held_split": "split"}
+# Paths whose programs share a row and meet; one whose meeting runs out of time reads the whole
+# row again, so over the logits (inplace=True) the dispatch takes stream instead.
+MEETING_PATHS = ("split", "held_split")
 
 
 def plan(N: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None, *, plain: bool = True) -> str:
@@ -104,14 +107,6 @@ class CrossEntropyResult(NamedTuple):
 
 
 def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction, validate, path, params, plain):
-    if INTERPRET and path == "split" and grad is logits:
-        # The interpreter runs a row's programs one after another, and one whose siblings have
-        # not arrived streams the whole row itself, over chunks they have already written: in
-        # place, the gradient goes to a scratch first. (On a GPU the siblings meet; each reads
-        # only its chunk and the target's logit before the first meeting, before any writes.)
-        result = _run(logits, targets, torch.empty(logits.shape, dtype=logits.dtype), weight, ignore_index,
-                      label_smoothing, reduction, validate, path, params, plain)  # fmt: skip
-        return result._replace(grad=logits.copy_(result.grad))
     N, V = logits.shape
     device = logits.device
     lse = torch.empty(N, dtype=torch.float32, device=device)
@@ -189,13 +184,21 @@ def _cross_entropy(logits, targets, path, params, *, weight=None, ignore_index=-
     elif out is None:
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
     else:
-        check_out(out, logits, f"{KERNEL_NAME} cross-entropy")
+        check_out(out, logits, f"{KERNEL_NAME} cross-entropy", name="the logits", targets=targets)
         if out.stride(1) != 1:
             raise ValueError(f"{KERNEL_NAME} cross-entropy: out must have rows of unit column stride")
         grad = out
     plain = weight is None and not float(label_smoothing) > 0.0  # no class weights, no smoothing
     if path is None:
         path = runnable_path(plan(*logits.shape, logits.dtype, plain=plain), gpu_major(logits), SUBSTITUTE)
+        if inplace and path in MEETING_PATHS:
+            path = "stream"  # the same bits, no meetings (MEETING_PATHS)
+    elif inplace and path in MEETING_PATHS:
+        raise ValueError(
+            f"{KERNEL_NAME} cross-entropy: the {path} path cannot write over the logits (inplace=True): a "
+            "program whose meeting runs out of time re-reads the whole row, which siblings may have "
+            "overwritten; cross_entropy() takes stream in place"
+        )
     elif path == "held" and not plain:
         raise ValueError(
             f"{KERNEL_NAME} cross-entropy: the {path} path takes neither class weights nor label smoothing"
@@ -223,7 +226,9 @@ def cross_entropy(
     """Loss, per-row log-sum-exp and gradient of `F.cross_entropy(logits, targets, ...)`.
 
     out: where to write the gradient (same shape and dtype, rows of unit column stride).
-    inplace: write the gradient over the logits (peak memory: the logits alone).
+    inplace: write the gradient over the logits (peak memory: the logits alone). Rows that
+        would split take the stream path then (the same bits, no meetings); `out` may share no
+        memory with the logits.
     validate: raise a ValueError for a target outside [0, V) that is not ignore_index (one
         synchronisation per call; see the module's docstring).
     """

@@ -48,10 +48,12 @@ from tests.helpers import (  # noqa: E402
     linear_weight_grad_expected,
     logits,
     mid_group_cases,
+    on_each_device,
     outside_view,
     place,
     run_cross_entropy_poisoned,
     run_interpreted_in_subprocess,
+    skip_unless_runs_on,
     targets,
 )
 
@@ -581,13 +583,19 @@ def test_a_target_out_of_range_is_a_value_error_not_a_crash():
 
 def assert_inplace_gives_the_same_bits(path, x, t, params, **o):
     """inplace=True through `path` (None: the dispatch) writes the gradient over the logits with
-    the bits of a call into a separate gradient; a split's programs must not read a logit a
-    sibling has already overwritten."""
+    the bits of a call into a separate gradient. A path whose programs meet refuses (one whose
+    meeting runs out of time re-reads the row, which siblings may have overwritten), before it
+    writes anything."""
     run = (lambda x, **kw: tce.cross_entropy(x, t, **kw)) if path is None else (
         lambda x, **kw: tce.run_path(x, t, path, params=params, **kw)
     )  # fmt: skip
     want = run(x, **o)
     buf = x.clone()
+    if path in tce.MEETING_PATHS:
+        with pytest.raises(ValueError, match=f"the {path} path cannot write over the logits"):
+            run(buf, inplace=True, **o)
+        assert torch.equal(bits(buf), bits(x)), f"{path} refused in place but wrote the logits"
+        return
     got = run(buf, inplace=True, **o)
     assert got.grad.data_ptr() == buf.data_ptr()
     for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
@@ -601,6 +609,36 @@ def test_inplace_writes_the_gradient_over_the_logits(path):
     x, t = edge_rows(V_CPU, seed=6)
     for case in (("mean", 0.1, True), ("none", 0.0, False)):
         assert_inplace_gives_the_same_bits(path, x, t, SCALED.get(path, {}), **options(*case))
+
+
+@on_each_device
+@pytest.mark.parametrize("kernel", list(CROSS_ENTROPY_KERNELS))
+def test_an_out_sharing_memory_with_the_logits_is_refused(kernel, device):
+    """A gradient written into memory the logits share, other than by inplace=True (whose split
+    rows take stream), is refused before anything is written; rows beside them are fine."""
+    k = CROSS_ENTROPY_KERNELS[kernel]
+    skip_unless_runs_on(k, device)
+    buf = torch.randn(9, 40, device=device)
+    x, t = buf[:4], torch.tensor([0, 5, 39, 7], device=device)
+    check_cross_entropy(k(x, t, out=buf[4:8]), x, t, what=f"{kernel} out beside the logits")
+    before = buf.clone()
+    for out in (x, buf[1:5]):
+        with pytest.raises(ValueError, match="out shares memory with the logits"):
+            k(x, t, out=out)
+        assert torch.equal(buf, before), f"{kernel} wrote before refusing"
+
+
+@pytest.mark.cpu
+@interpreted
+def test_rows_that_split_take_stream_in_place():
+    """In place, the dispatch's split rows (here with class weights and smoothing, past the row
+    path's 8192) take stream, whose programs meet no sibling: the out-of-place call's bits (the
+    split's), the gradient over the logits."""
+    x, t = edge_rows(8193, seed=11)
+    x, t = x[2:5].clone(), t[2:5].clone()  # confident, -inf entries, huge logits
+    o = options("none", 0.1, True, V=8193)
+    assert tce.plan(3, 8193, plain=False) == "split"
+    assert_inplace_gives_the_same_bits(None, x, t, {}, **o)
 
 
 @pytest.mark.cpu

@@ -37,11 +37,13 @@ from tests.helpers import (  # noqa: E402
     layouts,
     logits,
     mid_group_cases,
+    on_each_device,
     outside_view,
     place,
     run_backward_poisoned,
     run_interpreted_in_subprocess,
     skip_unless_runnable,
+    skip_unless_runs_on,
 )
 
 interpreted = pytest.mark.skipif(
@@ -286,6 +288,24 @@ def test_empty_batch_launches_nothing(monkeypatch):
     monkeypatch.setattr(BoundLaunch, "__call__", no_launch)  # every Triton launch of a table entry
     for path in INTERPRETED_PATHS:
         assert tb.run_path(torch.empty(0, 9), torch.empty(0, 9), path).shape == (0, 9)
+
+
+@on_each_device
+@pytest.mark.parametrize("kernel", list(SOFTMAX_BACKWARD_KERNELS))
+def test_an_out_sharing_memory_with_y_or_dy_is_refused(kernel, device):
+    """dx over y or dy would be read back by a split row's streamed fallback (see the forward's
+    case): refused before anything is written; rows beside them in one storage are fine."""
+    k = SOFTMAX_BACKWARD_KERNELS[kernel]
+    skip_unless_runs_on(k, device)
+    buf = torch.randn(13, 40, device=device)
+    buf[:4] = torch.softmax(buf[:4], -1)
+    y, dy = buf[:4], buf[4:8]
+    assert_backward_close(k(dy, y, out=buf[8:12]), dy, y, what=f"{kernel} out beside y and dy")
+    before = buf.clone()
+    for out, name in ((y, "y"), (dy, "dy"), (buf[2:6], "y")):  # the last over part of both
+        with pytest.raises(ValueError, match=f"out shares memory with {name}"):
+            k(dy, y, out=out)
+        assert torch.equal(buf, before), f"{kernel} wrote before refusing"
 
 
 @pytest.mark.cpu

@@ -33,10 +33,12 @@ from tests.helpers import (
     cpu_path_runner,
     dtype_id,
     logits,
+    on_each_device,
     row_sum_tolerance,
     run_poisoned,
     skip_if_unavailable,
     skip_unless_runnable,
+    skip_unless_runs_on,
 )
 
 KERNELS = list(SOFTMAX_KERNELS)
@@ -175,6 +177,25 @@ def test_a_spec_that_cannot_be_verified_is_refused(bad, message):
     fields = {"name": "k", "fn": "m:f", "paths": (Path("a", gpu=(1, 1)),), **bad}
     with pytest.raises(ValueError, match=message):
         KernelSpec(**fields)
+
+
+@on_each_device
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_an_out_sharing_memory_with_the_input_is_refused(kernel, device):
+    """Where a row's programs meet, one whose meeting runs out of time re-reads the row whole,
+    after siblings may have written their part of out: over the input, a silent wrong answer.
+    So out gets memory of its own, refused before anything is written; the next rows of the
+    same storage are fine."""
+    k = SOFTMAX_KERNELS[kernel]
+    skip_unless_runs_on(k, device)
+    buf = torch.randn(9, 40, device=device)
+    x = buf[:4]
+    check_softmax(k(x, out=buf[4:8]), x, what=f"{kernel} out beside x")
+    before = buf.clone()
+    for out in (x, buf[1:5]):  # the input itself; rows over three of its four
+        with pytest.raises(ValueError, match="out shares memory with the input"):
+            k(x, out=out)
+        assert torch.equal(buf, before), f"{kernel} wrote before refusing"
 
 
 @pytest.mark.cpu

@@ -62,9 +62,11 @@ from tests.helpers.machines import (
     TRITON_MISSING,
     needs_cupy,
     needs_triton,
+    on_each_device,
     run_interpreted_in_subprocess,
     skip_if_unavailable,
     skip_unless_runnable,
+    skip_unless_runs_on,
     triton_module,
 )
 from tests.helpers.running import (
@@ -195,6 +197,8 @@ __all__ = [
     "run_poisoned",
     "skip_if_unavailable",
     "skip_unless_runnable",
+    "on_each_device",
+    "skip_unless_runs_on",
     "slice_geometry",
     "softmax_and_grad",
     "softmax_errors",

@@ -39,6 +39,24 @@ def skip_if_unavailable(kernel) -> None:
         pytest.skip(reason)
 
 
+# A test run on CPU tensors in the cpu tier and on a GPU's in the cuda tier (skip_unless_runs_on).
+on_each_device = pytest.mark.parametrize(
+    "device", [pytest.param("cpu", marks=pytest.mark.cpu), pytest.param("cuda", marks=pytest.mark.cuda)]
+)
+
+
+def skip_unless_runs_on(kernel, device: str) -> None:
+    """Skip a test whose kernel cannot take `device` tensors here: "cpu", the kernels PyTorch
+    runs and, under Triton's interpreter, the interpreted ones; "cuda", skip_unless_runnable's."""
+    if device != "cpu":
+        skip_unless_runnable(kernel)
+        return
+    skip_if_unavailable(kernel)
+    if not kernel.interpretable or not (kernel.baseline or INTERPRETED):
+        pytest.skip(f"{kernel.name} takes CPU tensors only under Triton's interpreter" if kernel.interpretable
+                    else f"{kernel.name} takes CUDA tensors only")  # fmt: skip
+
+
 def skip_unless_runnable(kernel) -> None:
     """Skip (with the reason) a test whose kernel cannot run on this machine: its backend's
     package is missing, or it is launched through CuPy and CuPy cannot be used."""
