@@ -17,7 +17,7 @@ CTAs), half the forward's 64, on the belief that its row state would not fit bes
 builds say it does (64 registers, no spill, at 128 and 256 threads). At bf16 V = 32000-128256 the
 cross-entropy reached 0.44-0.54 of its floor where the forward's classes reach 0.75-0.9 of copy,
 issue-bound (profiles.md): twice the elements a thread halves each thread's per-row work an
-element. Does it pay?
+element. Does it pay? (float32 too, at 32 elements a thread: 40-44 bytes spilled.)
 
 Per shape: the op as dispatched, then each variant, in the graph clock of
 probes/triton_rows_sweep.py, as a fraction of the op's floor (cross-entropy one read and one
