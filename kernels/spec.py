@@ -340,10 +340,10 @@ SPECS: tuple[KernelSpec, ...] = (
             grids=(),
             op=op,
         )
-        # split_v: the shortest row past the op's row and held paths (the cross-entropy holds
-        # plain rows of up to 32768 in one program's registers and 16-bit ones of up to 40960 in
-        # its shared memory; the backward holds 8192); split_options: the cross-entropy's plain
-        # rows past those take held_split, its weighted or smoothed rows split
+        # split_v: the shortest row the split takes (the backward's past its row path's 8192;
+        # the cross-entropy's weighted or smoothed rows past stream's 65536, its plain rows
+        # never: they are held, in one program's registers to 32768, 16-bit ones in its shared
+        # memory to 40960, and held_split beyond); split_options: the cross-entropy's weighted case
         for op, module, split_v, split_options, extra in (
             (
                 "softmax_backward",
@@ -362,13 +362,21 @@ SPECS: tuple[KernelSpec, ...] = (
             (
                 "cross_entropy",
                 "triton_cross_entropy",
-                40961,
+                65537,
                 {"plain": False},
                 # 16-bit plain rows of 16385-40960 (past DISPATCH_BOUNDARIES["held_min_v"]) held in
-                # shared memory; longer plain rows split, each program's chunk in shared memory
+                # shared memory; longer plain rows split, each program's chunk in shared memory;
+                # weighted or smoothed rows stream to DISPATCH_BOUNDARIES["stream_max_v"], tiles
+                # of 16 with one program
                 (
                     Path("held", gpu=(5, 16385), dtypes=("bfloat16", "float16"), interpreted=False),
                     Path("held_split", gpu=(5, 40961), interpreted=False),
+                    Path(
+                        "stream",
+                        gpu=(5, 8193),
+                        cpu={"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1},
+                        options={"plain": False},
+                    ),
                 ),
             ),
         )

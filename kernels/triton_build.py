@@ -251,7 +251,7 @@ def build_training(quick: bool = False) -> list[dict]:
                 for V in (262144, 262145)
             ]
             builds.append((f"ce-split {tag} out of step", "cross_entropy", "split", 262144, name, flags))
-            # run_path's stream (not dispatched), at both of its programs-per-SM bounds
+            # stream (weighted or smoothed rows to stream_max_v; in place, rows that would split)
             builds += [(f"ce-stream {tag}", "cross_entropy", "stream", V, name, flags) for V in (32768, 131072)]
             if both:  # and its held split with weights and smoothing (not dispatched)
                 builds += [

@@ -69,11 +69,19 @@ PATHS = spec_of("cross_entropy", KERNEL_NAME).path_names  # the registry's entry
 # 262144) against 0.43, held's 0.71 / 0.86 at 50257 and N = 1024 / 16384 against 0.69 / 0.80;
 # fp16 (4096, 128256) 0.94 against 0.60; float32 past row's rows, 0.85 / 0.92 / 0.91 at 65537 /
 # 128256 / 262144 against split's 0.60 / 0.77 / 0.75. The same bits throughout.
+# Rows with class weights or label smoothing past the row path's take stream to stream_max_v
+# (a few programs an SM walking the rows, three reads with the re-reads from L2, no meetings),
+# split beyond. On an H200 at V = 50257 (graph clock, runs/h200-2026-12-06b/ce_weighted.log),
+# stream at three programs an SM over the split: bf16 1.74x at N = 4096 (974 against 1697 us),
+# 1.48x at 1024, 1.80x at 16384; float32 1.19x at 4096; 1.46x / 1.16x torch.compile's step;
+# the same bits. Not timed past 50257: the bound stops short of 128256, where the rows in
+# flight would be twice the L2.
 DISPATCH_BOUNDARIES = {
     "row_max_v": _BACKWARD_BOUNDARIES["row_max_v"],
     "plain_row_max_v": 32768,
     "held_min_v": 16384,
     "held_max_v": 40960,
+    "stream_max_v": 65536,
 }
 # Where the held kernel cannot run (Triton's interpreter, a GPU before sm_80) its rows take split,
 # which holds rows of any length (row's plain rows end at plain_row_max_v, short of held_max_v),
@@ -86,7 +94,7 @@ MEETING_PATHS = ("split", "held_split")
 
 def plan(N: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None, *, plain: bool = True) -> str:
     """The path cross_entropy() takes on a GPU for (N, V) logits of `dtype`, row, held,
-    held_split or split;
+    held_split, stream or split;
     `plain`: no class weights and no label smoothing (the registry asks for that case). It
     depends on V, the dtype and the options, never on N, and every path gives a row the same
     bits."""
@@ -94,7 +102,7 @@ def plan(N: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None, *,
     if V <= b["row_max_v"]:
         return "row"
     if not plain:
-        return "split"
+        return "stream" if V <= b["stream_max_v"] else "split"
     if dtype != torch.float32 and V > b["held_min_v"]:
         return "held" if V <= b["held_max_v"] else "held_split"
     return "row" if V <= b["plain_row_max_v"] else "held_split"

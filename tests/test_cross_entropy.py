@@ -65,9 +65,9 @@ V_CPU = 37
 # of 37 is three chunks, the last partial.
 SCALED = {path.name: dict(path.cpu) for path in CROSS_ENTROPY_KERNELS["triton"].spec.paths}
 SPLIT = SCALED["split"]
-# run_path's stream (not dispatched: timed by reports/probes/ce_weighted.py): tiles of 16 take a
-# row of V_CPU in three, and the interpreter's two programs walk the batch's rows.
-STREAM = {"BLOCK": 16, "num_warps": 2}
+# stream's, from the registry: tiles of 16 take a row of V_CPU in three, and the interpreter's
+# two programs walk the batch's rows.
+STREAM = SCALED["stream"]
 # The paths the CPU cases force (the interpreter cannot run held's Gluon kernel: its sm_90 build
 # is checked by kernels.triton_build's spill test, its bits by the cuda cases below).
 INTERPRETED_PATHS = CROSS_ENTROPY_KERNELS["triton"].interpreted_paths
@@ -166,18 +166,21 @@ def test_registry_describes_every_cross_entropy_kernel():
     # The path depends on V and the options, never on N: a row's bits cannot depend on the batch
     # through the dispatch. Plain rows (no weights, no smoothing) stay whole further.
     plain = tce.DISPATCH_BOUNDARIES["plain_row_max_v"]
-    for V, plain_path, other_path in ((b, "row", "row"), (b + 1, "row", "split"), (plain, "row", "split")):
+    stream = tce.DISPATCH_BOUNDARIES["stream_max_v"]
+    for V, plain_path, other_path in (
+        (b, "row", "row"), (b + 1, "row", "stream"), (plain, "row", "stream"), (stream, "held_split", "stream")
+    ):  # fmt: skip
         assert {tce.plan(N, V) for N in (1, 65536)} == {plain_path}, V
         assert {tce.plan(N, V, plain=False) for N in (1, 65536)} == {other_path}, V
     assert {tce.plan(N, plain + 1) for N in (1, 65536)} == {"held_split"}
-    assert {tce.plan(N, plain + 1, plain=False) for N in (1, 65536)} == {"split"}
+    assert {tce.plan(N, stream + 1, plain=False) for N in (1, 65536)} == {"split"}
     # 16-bit plain rows of held_min_v < V <= held_max_v are held in shared memory, longer ones
-    # split with each chunk held, at any N; weighted or smoothed rows split.
+    # split with each chunk held, at any N; weighted or smoothed rows stream, then split.
     lo, hi = tce.DISPATCH_BOUNDARIES["held_min_v"], tce.DISPATCH_BOUNDARIES["held_max_v"]
     for dtype in (torch.bfloat16, torch.float16):
         for V, path in ((lo, "row"), (lo + 1, "held"), (hi, "held"), (hi + 1, "held_split"), (2**20, "held_split")):
             assert {tce.plan(N, V, dtype) for N in (1, 65536)} == {path}, (dtype, V)
-        assert tce.plan(1, hi, dtype, plain=False) == tce.plan(1, hi + 1, dtype, plain=False) == "split"
+        assert tce.plan(1, hi, dtype, plain=False) == tce.plan(1, hi + 1, dtype, plain=False) == "stream"
     assert tce.plan(1, lo + 1, torch.float32) == "row"
 
 
@@ -240,12 +243,12 @@ def test_long_row_paths_give_the_row_paths_bits(path, case):
 @interpreted
 def test_plain_rows_past_row_max_v_are_held_whole_with_the_splits_bits():
     # One past row_max_v: a plain row (no weights, no smoothing) takes the row path at BLOCK
-    # 16384, a smoothed one splits, and both paths give each option the same bits, on the edge
+    # 16384, a smoothed one streams, and every path gives each option the same bits, on the edge
     # rows (ignored, confident, -inf, huge and equal logits).
     V = DISPATCH_BOUNDARIES["row_max_v"] + 1
     x, t = edge_rows(V, seed=9)
     N = x.shape[0]
-    for case, path in ((("mean", 0.0, False), "row"), (("mean", 0.1, False), "split")):
+    for case, path in ((("mean", 0.0, False), "row"), (("mean", 0.1, False), "stream")):
         o = options(*case, V=V)
         assert tce.plan(N, V, plain=case[1] == 0.0) == path, case
         dispatched = run_cross_entropy_poisoned(CROSS_ENTROPY_KERNELS["triton"], x, t, **o)
@@ -427,12 +430,12 @@ def runnable(kernel: str):
 
 
 def every_path(kernel: str) -> list:
-    """(name, fn) for a registry kernel: each Triton path (scaled to V_CPU) and run_path's stream,
+    """(name, fn) for a registry kernel: each Triton path the interpreter runs (scaled to V_CPU),
     or the kernel itself."""
     k = runnable(kernel)
     if k.baseline:
         return [(kernel, k)]
-    scaled = {**{path: SCALED[path] for path in INTERPRETED_PATHS}, "stream": STREAM}
+    scaled = {path: SCALED[path] for path in INTERPRETED_PATHS}
     return [(f"{kernel} {path}", cross_entropy_path_runner(path, **params)) for path, params in scaled.items()]
 
 
@@ -630,14 +633,19 @@ def test_an_out_sharing_memory_with_the_logits_is_refused(kernel, device):
 
 @pytest.mark.cpu
 @interpreted
-def test_rows_that_split_take_stream_in_place():
-    """In place, the dispatch's split rows (here with class weights and smoothing, past the row
-    path's 8192) take stream, whose programs meet no sibling: the out-of-place call's bits (the
-    split's), the gradient over the logits."""
-    x, t = edge_rows(8193, seed=11)
+def test_rows_that_split_take_stream_in_place(monkeypatch):
+    """In place, the dispatch's split rows take stream, whose programs meet no sibling: the
+    out-of-place call's bits (the split's), the gradient over the logits. Here weighted,
+    smoothed rows just past the row path's 8192, with stream's own rows ending there (the
+    interpreter's programs run one after another, so a split in place would read chunks
+    already overwritten)."""
+    row_max_v = tce.DISPATCH_BOUNDARIES["row_max_v"]
+    monkeypatch.setitem(tce.DISPATCH_BOUNDARIES, "stream_max_v", row_max_v)
+    V = row_max_v + 1
+    x, t = edge_rows(V, seed=11)
     x, t = x[2:5].clone(), t[2:5].clone()  # confident, -inf entries, huge logits
-    o = options("none", 0.1, True, V=8193)
-    assert tce.plan(3, 8193, plain=False) == "split"
+    o = options("none", 0.1, True, V=V)
+    assert tce.plan(3, V, plain=False) == "split"
     assert_inplace_gives_the_same_bits(None, x, t, {}, **o)
 
 
@@ -829,8 +837,11 @@ def test_cuda_edge_rows_every_path_and_layout(path, dtype, V):
 @pytest.mark.parametrize("V", (37, 16385, 50257, 131073))
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_cuda_stream_gives_the_dispatched_bits_in_every_layout(dtype, V):
-    """run_path's stream (not dispatched), compiled: the dispatch's bits, plain and with class
-    weights and smoothing, in every layout, a row alone and in place."""
+    """run_path's stream (dispatched for weighted or smoothed rows to stream_max_v, and in
+    place for rows that would split), compiled: the dispatch's bits, plain and with class
+    weights and smoothing, in every layout, a row alone and in place; the dispatch in place
+    (stream where it would split: held_split's plain rows at 50257, split's weighted ones at
+    131073) the same."""
     x, t = edge_rows(V, seed=V, dtype=dtype, device="cuda")
     stream = cross_entropy_path_runner("stream", **(STREAM if V < 1000 else {}))
     for case in (("mean", 0.0, False), ("none", 0.1, True)):
@@ -844,6 +855,7 @@ def test_cuda_stream_gives_the_dispatched_bits_in_every_layout(dtype, V):
         batch = run_cross_entropy_poisoned(stream, x, t, **{**o, "reduction": "none"})
         assert torch.equal(bits(alone.grad), bits(batch.grad[3:4]))
         assert_inplace_gives_the_same_bits("stream", x, t, STREAM if V < 1000 else {}, **o)
+        assert_inplace_gives_the_same_bits(None, x, t, {}, **o)
 
 
 @pytest.mark.cuda
