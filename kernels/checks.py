@@ -62,9 +62,9 @@ def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def check_out(out, like: torch.Tensor, what: str, *, name: str = "the input", **inputs: torch.Tensor) -> None:
     """`out` must be a tensor of `like`'s shape, dtype and device, sharing no memory with `like`
-    (called `name`) or any of `inputs` (by keyword): TypeError / ValueError naming `what`. The kernels whose
-    programs share a row re-read it whole where a meeting runs out of time, after siblings may
-    have written their part of out: over an input, a silent wrong answer."""
+    (called `name`) or any of `inputs` (by keyword): TypeError / ValueError naming `what`. The
+    kernels whose programs share a row re-read it whole where a meeting runs out of time, after
+    siblings may have written their part of out: over an input, a silent wrong answer."""
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"{what}: out must be a torch.Tensor, got {type(out).__name__}")
     if out.shape != like.shape or out.dtype != like.dtype or out.device != like.device:

@@ -74,8 +74,7 @@ PATHS = spec_of("cross_entropy", KERNEL_NAME).path_names  # the registry's entry
 # split beyond. On an H200 at V = 50257 (graph clock, runs/h200-2026-12-06b/ce_weighted.log),
 # stream at three programs an SM over the split: bf16 1.74x at N = 4096 (974 against 1697 us),
 # 1.48x at 1024, 1.80x at 16384; float32 1.19x at 4096; 1.46x / 1.16x torch.compile's step;
-# the same bits. Not timed past 50257: the bound stops short of 128256, where the rows in
-# flight would be twice the L2.
+# the same bits. Not timed at other V: rows past 65536 keep to the split.
 DISPATCH_BOUNDARIES = {
     "row_max_v": _BACKWARD_BOUNDARIES["row_max_v"],
     "plain_row_max_v": 32768,
