@@ -57,36 +57,35 @@ SHAPES = [*((4096, V, dt) for dt, V in ON_CHIP), (16384, 32000, torch.bfloat16),
 
 
 @contextmanager
-def loop_launch(threads: int, vectors: int):
-    """The loop class built and launched at `threads` x `vectors` inside the block."""
-    kept = plans.LOOP_THREADS, plans.LOOP_VECTORS
-    plans.LOOP_THREADS, plans.LOOP_VECTORS = threads, vectors
-    softmax_cuda._launchers.clear()  # keyed by kernel name, which does not say the vectors
-    ct._dispatch.clear()
-    try:
-        yield
-    finally:
-        plans.LOOP_THREADS, plans.LOOP_VECTORS = kept
-        softmax_cuda._launchers.clear()
-        ct._dispatch.clear()
-
-
-@contextmanager
-def first_class(width: int, threads: int, elems: int, cluster: int):
-    """The training ops dispatching a class of `threads` x `elems` x `cluster` (packed for 16-bit
-    storage) for every V it holds of storage `width` bytes, inside the block."""
-    kept = plans._TABLES
-    warpvec, rows = kept[width]
-    first = (threads * elems * cluster, threads, elems, cluster, width == 2)
-    plans._TABLES = {**kept, width: (warpvec, (first, *rows))}
+def plans_set(**values):
+    """kernels.cuda_training_plans with `values` for its globals inside the block, its kernels
+    built and launched afresh (the launchers are keyed by kernel name, which does not say, for
+    one, the loop's vectors a step)."""
+    kept = {name: getattr(plans, name) for name in values}
+    for name, value in values.items():
+        setattr(plans, name, value)
     softmax_cuda._launchers.clear()
     ct._dispatch.clear()
     try:
         yield
     finally:
-        plans._TABLES = kept
+        for name, value in kept.items():
+            setattr(plans, name, value)
         softmax_cuda._launchers.clear()
         ct._dispatch.clear()
+
+
+def loop_launch(threads: int, vectors: int):
+    """The loop class built and launched at `threads` x `vectors` inside the block."""
+    return plans_set(LOOP_THREADS=threads, LOOP_VECTORS=vectors)
+
+
+def first_class(width: int, threads: int, elems: int, cluster: int):
+    """The training ops dispatching a class of `threads` x `elems` x `cluster` (packed for 16-bit
+    storage) for every V it holds of storage `width` bytes, inside the block."""
+    warpvec, rows = plans._TABLES[width]
+    first = (threads * elems * cluster, threads, elems, cluster, width == 2)
+    return plans_set(_TABLES={**plans._TABLES, width: (warpvec, (first, *rows))})
 
 
 def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
