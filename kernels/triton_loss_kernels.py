@@ -98,6 +98,14 @@ def _fixed_finite(t, up):
 
 
 @triton.jit
+def _abs_max(acc, t):
+    # The running max of |t|, NaN-propagating: below inf exactly while every term so far is
+    # finite, and then the largest finite |t| (one instruction an element, where _finite_abs's
+    # max and _non_finite's sum take four).
+    return _nan_max(acc, tl.abs(t))
+
+
+@triton.jit
 def _non_finite(t):
     # The non-finite terms (inf, NaN), the finite ones as 0.
     return tl.where(tl.abs(t) < INF, 0.0, t)
@@ -108,6 +116,37 @@ def _order_free_sum(t, up, down):
     # The sum of a whole block of terms at the scale of _fixed_point_scale: the same bits in any
     # order of the terms.
     return tl.sum(_fixed_finite(t, up), axis=0).to(tl.float32) * down + tl.sum(_non_finite(t), axis=0)
+
+
+@triton.jit
+def _exact_terms(t):
+    # The largest finite |t| of a block and the sum of its non-finite terms, whatever they are.
+    return tl.max(_finite_abs(t), axis=0), tl.sum(_non_finite(t), axis=0)
+
+
+@triton.jit
+def _block_terms(t):
+    # _exact_terms and whether every term is finite: (amax, F, finite). Almost always every term
+    # is: one NaN-propagating max of |t|, an instruction an element, says so, and the selects of
+    # _finite_abs and _non_finite (four instructions an element) are spent only where it says
+    # not. (The split kernel, its registers full, keeps to _exact_terms.)
+    amax = _row_max(tl.abs(t), 0)
+    finite = amax < INF
+    F = tl.cast(0.0, tl.float32)
+    if not finite:
+        amax, F = _exact_terms(t)
+    return amax, F, finite
+
+
+@triton.jit
+def _block_fixed_sum(t, up, finite):
+    # The int64 sum of a block's finite terms at scale `up`; `finite`: every term is, so none
+    # needs its select.
+    if finite:
+        S = tl.sum((t * up).to(tl.int64), axis=0)
+    else:
+        S = tl.sum(_fixed_finite(t, up), axis=0)
+    return S
 
 
 # ------------------------------------------------------------------------------ softmax backward
@@ -123,6 +162,55 @@ def _products(y_row, dy_row, idx, V):
 
 
 @triton.jit
+def _streamed_terms(y_row, dy_row, V, cols):
+    # _block_terms over a row walked in tiles of `cols` (read once more where a term is not
+    # finite).
+    n_run = (cols * 0).to(tl.float32)
+    start = 0
+    while start < V:
+        n_run = _abs_max(n_run, _products(y_row, dy_row, tl.multiple_of(start, cols.shape[0]) + cols, V))
+        start += cols.shape[0]
+    amax = _row_max(n_run, 0)
+    finite = amax < INF
+    F = tl.cast(0.0, tl.float32)
+    if not finite:
+        amax, F = _streamed_exact_terms(y_row, dy_row, V, cols)
+    return amax, F, finite
+
+
+@triton.jit
+def _streamed_exact_terms(y_row, dy_row, V, cols):
+    # The largest finite |y dy| and the sum of the non-finite terms of a row walked in tiles of
+    # `cols`, whatever its terms.
+    a_run = (cols * 0).to(tl.float32)
+    f_run = (cols * 0).to(tl.float32)
+    start = 0
+    while start < V:
+        t = _products(y_row, dy_row, tl.multiple_of(start, cols.shape[0]) + cols, V)
+        a_run = tl.maximum(a_run, _finite_abs(t))
+        f_run += _non_finite(t)
+        start += cols.shape[0]
+    return tl.max(a_run, axis=0), tl.sum(f_run, axis=0)
+
+
+@triton.jit
+def _streamed_fixed_sum(y_row, dy_row, V, up, finite, cols):
+    # _block_fixed_sum over a row walked in tiles of `cols`.
+    s_run = (cols * 0).to(tl.int64)
+    start = 0
+    if finite:
+        while start < V:
+            t = _products(y_row, dy_row, tl.multiple_of(start, cols.shape[0]) + cols, V)
+            s_run += (t * up).to(tl.int64)
+            start += cols.shape[0]
+    else:
+        while start < V:
+            s_run += _fixed_finite(_products(y_row, dy_row, tl.multiple_of(start, cols.shape[0]) + cols, V), up)
+            start += cols.shape[0]
+    return tl.sum(s_run, axis=0)
+
+
+@triton.jit
 def softmax_backward_row_kernel(DY, Y, DX, V, stride_dy, stride_y, stride_dx, K, BLOCK: tl.constexpr):
     # One program holds the whole row in registers (BLOCK = next_pow2(V)): one read of each input.
     row = tl.program_id(0).to(tl.int64)
@@ -131,8 +219,9 @@ def softmax_backward_row_kernel(DY, Y, DX, V, stride_dy, stride_y, stride_dx, K,
     dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
     y = tl.load(Y + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
     t = y * dy
-    up, down = _fixed_point_scale(tl.max(_finite_abs(t), axis=0), K)
-    s = _order_free_sum(t, up, down)
+    amax, F, finite = _block_terms(t)
+    up, down = _fixed_point_scale(amax, K)
+    s = _block_fixed_sum(t, up, finite).to(tl.float32) * down + F
     tl.store(DX + row * stride_dx + cols, (y * (dy - s)).to(DX.dtype.element_ty), mask=mask)
 
 
@@ -149,8 +238,9 @@ def softmax_backward_reread_kernel(
     dy_row = DY + row * stride_dy
     y_row = Y + row * stride_y
     t = _products(y_row, dy_row, cols, V)
-    up, down = _fixed_point_scale(tl.max(_finite_abs(t), axis=0), K)
-    s = _order_free_sum(t, up, down)
+    amax, F, finite = _block_terms(t)
+    up, down = _fixed_point_scale(amax, K)
+    s = _block_fixed_sum(t, up, finite).to(tl.float32) * down + F
     dx_row = DX + row * stride_dx
     start = 0
     while start < V:
@@ -186,17 +276,7 @@ def _backward_meet_scale_on(ws, P, chunk, tag, a_c, f_c, y_row, dy_row, V, K, sl
     if stale == 0:
         F, stale = _meet_floats_on(ws + P, P, chunk, my_f, tag, True, slots, MAX_SPINS)
     if stale > 0:
-        a_run = (fcols * 0).to(tl.float32)  # zeros in the lanes' layout
-        f_run = (fcols * 0).to(tl.float32)
-        start = 0
-        while start < V:
-            idx = start + fcols
-            tt = _products(y_row, dy_row, idx, V)
-            a_run = tl.maximum(a_run, _finite_abs(tt))
-            f_run += _non_finite(tt)
-            start += fcols.shape[0]
-        amax = tl.max(a_run, axis=0)
-        F = tl.sum(f_run, axis=0)
+        amax, F = _streamed_exact_terms(y_row, dy_row, V, fcols)
     up, down = _fixed_point_scale(amax, K)
     return up, down, F
 
@@ -218,13 +298,7 @@ def _backward_meet_sum_on(ws, P, chunk, tag, s_c, up, y_row, dy_row, V, slots, f
     tl.atomic_xchg(ws + 2 * P + 2 * chunk + 1, my_lo, sem="relaxed")
     S, stale = _meet_sum_on(ws + 2 * P, P, chunk, my_hi, my_lo, tag, slots, MAX_SPINS)
     if stale > 0:
-        s_run = (fcols * 0).to(tl.int64)
-        start = 0
-        while start < V:
-            idx = start + fcols
-            s_run += _fixed_finite(_products(y_row, dy_row, idx, V), up)
-            start += fcols.shape[0]
-        S = tl.sum(s_run, axis=0)
+        S = _streamed_fixed_sum(y_row, dy_row, V, up, False, fcols)
     return S
 
 
@@ -240,8 +314,8 @@ def softmax_backward_held_split_kernel(
     # aligned base views, Y's rows cut as the forward's, DY and DX in step with them (the
     # wrapper checks). The slots outside the row's whole groups are zeros (cp.async leaves
     # them so; the copy through registers is made so by _held_fill), whose products add
-    # nothing. Read three times: the products' largest finite |y dy| and non-finite sum, their
-    # fixed-point sum, and dx = y (dy - s).
+    # nothing. Read three times: the products' largest |y dy| (and, where one is not finite,
+    # once more for _exact_terms'), their fixed-point sum, and dx = y (dy - s).
     TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
     lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
     flat: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
@@ -269,14 +343,22 @@ def softmax_backward_held_split_kernel(
         _held_fill(dy_bufs, c_base, grp, g_lo, g_hi, 0.0, CHUNK, ALIGN)
         _barrier()
 
-    a_lane = gl.zeros([TILE], gl.float32, lanes)
-    f_lane = gl.zeros([TILE], gl.float32, lanes)
+    n_lane = gl.zeros([TILE], gl.float32, lanes)
     for t in gl.static_range(CHUNK // TILE):
-        tt = _held_products(y_bufs, dy_bufs, t, TILE, CHUNK, lanes)
-        a_lane = gl.maximum(a_lane, _finite_abs(tt))
-        f_lane += _non_finite(tt)
-    a_c = gl.maximum(gl.max(a_lane, axis=0), gl.max(_finite_abs(te), axis=0))
-    f_c = gl.sum(f_lane, axis=0) + gl.sum(_non_finite(te), axis=0)
+        n_lane = _abs_max(n_lane, _held_products(y_bufs, dy_bufs, t, TILE, CHUNK, lanes))
+    a_c = _nan_max(_row_max(n_lane, 0), _row_max(gl.abs(te), 0))
+    finite = a_c < INF
+    f_c = gl.to_tensor(0.0)  # the sum of no non-finite terms
+    if not finite:  # a non-finite product: the chunk's exact terms, read again
+        a_lane = gl.zeros([TILE], gl.float32, lanes)
+        f_lane = gl.zeros([TILE], gl.float32, lanes)
+        for t in gl.static_range(CHUNK // TILE):
+            tt = _held_products(y_bufs, dy_bufs, t, TILE, CHUNK, lanes)
+            a_lane = gl.maximum(a_lane, _finite_abs(tt))
+            f_lane += _non_finite(tt)
+        a_e, f_e = _exact_terms(te)
+        a_c = gl.maximum(gl.max(a_lane, axis=0), a_e)
+        f_c = gl.sum(f_lane, axis=0) + f_e
     y_row = Y + ys
     dy_row = DY + dy_shift + ys
     fcols = gl.arange(0, FALLBACK_BLOCK, layout=flat)
@@ -284,8 +366,12 @@ def softmax_backward_held_split_kernel(
 
     _barrier()
     s_lane = gl.zeros([TILE], gl.int64, lanes)
-    for t in gl.static_range(CHUNK // TILE):
-        s_lane += _fixed_finite(_held_products(y_bufs, dy_bufs, t, TILE, CHUNK, lanes), up)
+    if finite:
+        for t in gl.static_range(CHUNK // TILE):
+            s_lane += (_held_products(y_bufs, dy_bufs, t, TILE, CHUNK, lanes) * up).to(gl.int64)
+    else:
+        for t in gl.static_range(CHUNK // TILE):
+            s_lane += _fixed_finite(_held_products(y_bufs, dy_bufs, t, TILE, CHUNK, lanes), up)
     s_c = gl.sum(s_lane, axis=0) + gl.sum(_fixed_finite(te, up), axis=0)
     S = _backward_meet_sum_on(ws, P, chunk, tag, s_c, up, y_row, dy_row, V, slots, fcols, MAX_SPINS)
     s = S.to(gl.float32) * down + F
@@ -382,15 +468,15 @@ def softmax_backward_split_kernel(
     ws = WS + row * (4 * P)
     tag = _launch_tag(ws + chunk, P_BLOCK)
     t = y * dy
-    a_c = tl.max(_finite_abs(t), axis=0)
-    f_c = tl.sum(_non_finite(t), axis=0)
+    a_c, f_c = _exact_terms(t)
     if ALIGN > 1:  # the row's edges (chunk 0's): max and sums are order-free
         pos, e_mask = _split_edges(ys, chunk, V, ALIGN)
         ye = tl.load(_at(Y, y_off, row, stride_y, ys, pos, 0, ALIGN), mask=e_mask, other=0.0).to(tl.float32)
         dye = tl.load(_at(DY, dy_off, row, stride_dy, ys, pos, 0, ALIGN), mask=e_mask, other=0.0).to(tl.float32)
         te = ye * dye
-        a_c = tl.maximum(a_c, tl.max(_finite_abs(te), axis=0))
-        f_c += tl.sum(_non_finite(te), axis=0)
+        a_e, f_e = _exact_terms(te)
+        a_c = tl.maximum(a_c, a_e)
+        f_c += f_e
     y_row = _row_at(Y, y_off, row, stride_y, ALIGN)
     dy_row = _row_at(DY, dy_off, row, stride_dy, ALIGN)
     up, down, F = _backward_meet_scale(ws, P, chunk, tag, a_c, f_c, y_row, dy_row, V, K,
@@ -420,24 +506,9 @@ def softmax_backward_stream_kernel(
     while row < B:
         dy_row = DY + row * stride_dy
         y_row = Y + row * stride_y
-        a_lane = tl.zeros([BLOCK], tl.float32)
-        f_lane = tl.zeros([BLOCK], tl.float32)
-        start = 0
-        while start < V:
-            idx = tl.multiple_of(start, BLOCK) + cols
-            t = _products(y_row, dy_row, idx, V)
-            a_lane = tl.maximum(a_lane, _finite_abs(t))
-            f_lane += _non_finite(t)
-            start += BLOCK
-        up, down = _fixed_point_scale(tl.max(a_lane, axis=0), K)
-        s_lane = tl.zeros([BLOCK], tl.int64)
-        start = 0
-        while start < V:
-            idx = tl.multiple_of(start, BLOCK) + cols
-            t = _products(y_row, dy_row, idx, V)
-            s_lane += _fixed_finite(t, up)
-            start += BLOCK
-        s = tl.sum(s_lane, axis=0).to(tl.float32) * down + tl.sum(f_lane, axis=0)
+        amax, F, finite = _streamed_terms(y_row, dy_row, V, cols)
+        up, down = _fixed_point_scale(amax, K)
+        s = _streamed_fixed_sum(y_row, dy_row, V, up, finite, cols).to(tl.float32) * down + F
         dx_row = DX + row * stride_dx
         start = 0
         while start < V:
