@@ -156,20 +156,46 @@ def _block_fixed_sum(t, up, finite):
 
 @triton.jit
 def _products(y_row, dy_row, idx, V):
-    # y * dy at the offsets idx of one row (0 past V), in float32: the terms of s.
-    y = tl.load(y_row + idx, mask=idx < V, other=0.0).to(tl.float32)
-    return y * tl.load(dy_row + idx, mask=idx < V, other=0.0).to(tl.float32)
+    # y * dy at the offsets idx of one row (0 past V; V None: every offset is in the row), in
+    # float32: the terms of s.
+    if V is None:
+        t = tl.load(y_row + idx).to(tl.float32) * tl.load(dy_row + idx).to(tl.float32)
+    else:
+        y = tl.load(y_row + idx, mask=idx < V, other=0.0).to(tl.float32)
+        t = y * tl.load(dy_row + idx, mask=idx < V, other=0.0).to(tl.float32)
+    return t
+
+
+@triton.jit
+def _write_dx(y_row, dy_row, dx_row, idx, s, V):
+    # dx = y (dy - s) at the offsets idx of one row, read again from L2 for the last time (V as
+    # in _products).
+    if V is None:
+        y = tl.load(y_row + idx, eviction_policy="evict_first").to(tl.float32)
+        dy = tl.load(dy_row + idx, eviction_policy="evict_first").to(tl.float32)
+        tl.store(dx_row + idx, (y * (dy - s)).to(dx_row.dtype.element_ty))
+    else:
+        y = tl.load(y_row + idx, mask=idx < V, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        dy = tl.load(dy_row + idx, mask=idx < V, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        tl.store(dx_row + idx, (y * (dy - s)).to(dx_row.dtype.element_ty), mask=idx < V)
+
+
+# Rows walked in tiles of `cols`: the whole tiles unmasked (a masked load zeroes its registers
+# first, two or three instructions a vector), then the part tile past the last whole one.
 
 
 @triton.jit
 def _streamed_terms(y_row, dy_row, V, cols):
     # _block_terms over a row walked in tiles of `cols` (read once more where a term is not
     # finite).
+    BLOCK: tl.constexpr = cols.shape[0]
+    whole = tl.multiple_of(V - V % BLOCK, BLOCK)
     n_run = (cols * 0).to(tl.float32)
     start = 0
-    while start < V:
-        n_run = _abs_max(n_run, _products(y_row, dy_row, tl.multiple_of(start, cols.shape[0]) + cols, V))
-        start += cols.shape[0]
+    while start < whole:
+        n_run = _abs_max(n_run, _products(y_row, dy_row, tl.multiple_of(start, BLOCK) + cols, None))
+        start += BLOCK
+    n_run = _abs_max(n_run, _products(y_row, dy_row, whole + cols, V))
     amax = _row_max(n_run, 0)
     finite = amax < INF
     F = tl.cast(0.0, tl.float32)
@@ -196,18 +222,32 @@ def _streamed_exact_terms(y_row, dy_row, V, cols):
 @triton.jit
 def _streamed_fixed_sum(y_row, dy_row, V, up, finite, cols):
     # _block_fixed_sum over a row walked in tiles of `cols`.
+    BLOCK: tl.constexpr = cols.shape[0]
     s_run = (cols * 0).to(tl.int64)
     start = 0
     if finite:
-        while start < V:
-            t = _products(y_row, dy_row, tl.multiple_of(start, cols.shape[0]) + cols, V)
-            s_run += (t * up).to(tl.int64)
-            start += cols.shape[0]
+        whole = tl.multiple_of(V - V % BLOCK, BLOCK)
+        while start < whole:
+            s_run += (_products(y_row, dy_row, tl.multiple_of(start, BLOCK) + cols, None) * up).to(tl.int64)
+            start += BLOCK
+        s_run += (_products(y_row, dy_row, whole + cols, V) * up).to(tl.int64)
     else:
         while start < V:
-            s_run += _fixed_finite(_products(y_row, dy_row, tl.multiple_of(start, cols.shape[0]) + cols, V), up)
-            start += cols.shape[0]
+            s_run += _fixed_finite(_products(y_row, dy_row, tl.multiple_of(start, BLOCK) + cols, V), up)
+            start += BLOCK
     return tl.sum(s_run, axis=0)
+
+
+@triton.jit
+def _streamed_dx(y_row, dy_row, dx_row, V, s, cols):
+    # The write pass over a row walked in tiles of `cols`.
+    BLOCK: tl.constexpr = cols.shape[0]
+    whole = tl.multiple_of(V - V % BLOCK, BLOCK)
+    start = 0
+    while start < whole:
+        _write_dx(y_row, dy_row, dx_row, tl.multiple_of(start, BLOCK) + cols, s, None)
+        start += BLOCK
+    _write_dx(y_row, dy_row, dx_row, whole + cols, s, V)
 
 
 @triton.jit
@@ -241,14 +281,7 @@ def softmax_backward_reread_kernel(
     amax, F, finite = _block_terms(t)
     up, down = _fixed_point_scale(amax, K)
     s = _block_fixed_sum(t, up, finite).to(tl.float32) * down + F
-    dx_row = DX + row * stride_dx
-    start = 0
-    while start < V:
-        idx = tl.multiple_of(start, TILE) + tl.arange(0, TILE)
-        y = tl.load(y_row + idx, mask=idx < V, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        dy = tl.load(dy_row + idx, mask=idx < V, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        tl.store(dx_row + idx, (y * (dy - s)).to(DX.dtype.element_ty), mask=idx < V)
-        start += TILE
+    _streamed_dx(y_row, dy_row, DX + row * stride_dx, V, s, tl.arange(0, TILE))
 
 
 @triton.jit
@@ -509,14 +542,7 @@ def softmax_backward_stream_kernel(
         amax, F, finite = _streamed_terms(y_row, dy_row, V, cols)
         up, down = _fixed_point_scale(amax, K)
         s = _streamed_fixed_sum(y_row, dy_row, V, up, finite, cols).to(tl.float32) * down + F
-        dx_row = DX + row * stride_dx
-        start = 0
-        while start < V:
-            idx = tl.multiple_of(start, BLOCK) + cols
-            y = tl.load(y_row + idx, mask=idx < V, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            dy = tl.load(dy_row + idx, mask=idx < V, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            tl.store(dx_row + idx, (y * (dy - s)).to(DX.dtype.element_ty), mask=idx < V)
-            start += BLOCK
+        _streamed_dx(y_row, dy_row, DX + row * stride_dx, V, s, cols)
         row += tl.num_programs(0)
 
 
