@@ -248,9 +248,10 @@ def run_path(logits, targets, path: str, *, params: dict | None = None, **option
     num_warps; split: CHUNK, num_warps, max_spins, P_BLOCK; held: num_warps, maxnreg; held_split
     (the split's rows, each program's chunk held; with class weights or smoothing not
     dispatched): CHUNK, num_warps, maxnreg, max_spins; held takes plain rows only; held and
-    held_split run on a GPU of sm_80 on: ValueError elsewhere; stream (not
-    dispatched: a few programs an SM walking the rows, each read three times, the re-reads from
-    L2): BLOCK, num_warps, programs_per_sm); `options` as cross_entropy takes them."""
+    held_split run on a GPU of sm_80 on: ValueError elsewhere; stream (weighted or smoothed
+    rows to stream_max_v, and in place the rows that would split: a few programs an SM walking
+    the rows, each read three times, the re-reads from L2): BLOCK, num_warps, programs_per_sm);
+    `options` as cross_entropy takes them."""
     return _cross_entropy(logits, targets, path, params or {}, **options)
 
 
