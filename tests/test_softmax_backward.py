@@ -252,6 +252,23 @@ def test_a_rows_bits_depend_on_neither_batch_position_nor_path():
 
 @pytest.mark.cpu
 @interpreted
+def test_rows_of_whole_tiles_and_one_past_give_the_row_paths_bits():
+    # The streamed passes walk whole tiles unmasked and mask one part tile after them: rows of
+    # exactly one and two tiles (the part tile empty), one element past, and one short of them.
+    tile = SCALED["stream"]["BLOCK"]
+    assert SCALED["reread"]["TILE"] == tile
+    for V in (tile - 1, tile, tile + 1, 2 * tile, 2 * tile + 1):
+        dy, y = pair(3, V, seed=V)
+        dy[1, 0] = 1e30  # the element just past row 0: read there, it would coarsen row 0's scale
+        dy[2, V - 1] = float("inf")  # a non-finite product in the last element
+        want = run_backward_poisoned(backward_path_runner("row"), dy, y)
+        for path in INTERPRETED_PATHS:
+            got = run_backward_poisoned(backward_path_runner(path, **SCALED[path]), dy, y)
+            assert torch.equal(bits(got), bits(want)), f"V={V}: {path} and row paths give different bits"
+
+
+@pytest.mark.cpu
+@interpreted
 @pytest.mark.parametrize("path", INTERPRETED_PATHS)
 def test_edges(path):
     V = 21
