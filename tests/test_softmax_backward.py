@@ -459,6 +459,28 @@ def test_cuda_every_path_and_layout_gives_the_same_bits(path, V, dtype):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("V", (4097, 50257))
+def test_cuda_edge_rows_give_every_path_the_same_bits(V, dtype):
+    # The paths skip the non-finite products' selects where a row (a chunk) has none: rows that
+    # do have them, in the chunks after the first, must still give the dispatched path's bits.
+    dy, y = pair(6, V, seed=V + 2, dtype=dtype, device="cuda")
+    y[1] = float("nan")  # the softmax of an all -inf row
+    dy[2, :4] = torch.tensor([1e30, -1e30, 3e29, -7e29])  # huge products, none infinite
+    dy[3, V // 2 + 1] = float("inf")
+    dy[4, V - 1] = -float("inf")  # the row's last element
+    dy[5, V - 2] = float("nan")
+    want = run_backward_poisoned(SOFTMAX_BACKWARD_KERNELS["triton"], dy, y)
+    assert torch.isnan(want[1]).all() and torch.isfinite(want[2]).all()
+    assert_backward_close(want, dy, y, what=f"edge rows V={V}")
+    for path in tb.PATHS:
+        if path in ("row", "reread") and V > tb.DISPATCH_BOUNDARIES[f"{path}_max_v"]:
+            continue  # they hold a row in registers
+        got = run_backward_poisoned(backward_path_runner(path), dy, y)
+        assert torch.equal(bits(got), bits(want)), f"{path}: edge rows' bits differ from the dispatched path's"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_cuda_held_split_rows_out_of_step_take_split(dtype):
     """The dispatch sends held_split's rows (a batch past stream_min_b, V past stream's rows) with
     dy out of step with y to split: the same bits as split's and the contiguous call's, never
