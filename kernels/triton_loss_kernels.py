@@ -129,8 +129,7 @@ def _block_terms(t):
     # _exact_terms and whether every term is finite: (amax, F, finite). Almost always every term
     # is: one NaN-propagating max of |t|, an instruction an element, says so, and the selects of
     # _finite_abs and _non_finite (four instructions an element) are spent only where it says
-    # not. (The split kernel, its registers full, keeps to _exact_terms; the held split, a Gluon
-    # kernel whose bits only a GPU can check, keeps the exact form until one has.)
+    # not. (The split kernel, its registers full, keeps to _exact_terms.)
     amax = _row_max(tl.abs(t), 0)
     finite = amax < INF
     F = tl.cast(0.0, tl.float32)
@@ -348,8 +347,8 @@ def softmax_backward_held_split_kernel(
     # aligned base views, Y's rows cut as the forward's, DY and DX in step with them (the
     # wrapper checks). The slots outside the row's whole groups are zeros (cp.async leaves
     # them so; the copy through registers is made so by _held_fill), whose products add
-    # nothing. Read three times: the products' largest finite |y dy| and non-finite sum, their
-    # fixed-point sum, and dx = y (dy - s).
+    # nothing. Read three times: the products' largest |y dy| (and, where one is not finite,
+    # once more for _exact_terms'), their fixed-point sum, and dx = y (dy - s).
     TILE: gl.constexpr = ALIGN * 32 * gl.num_warps()
     lanes: gl.constexpr = gl.BlockedLayout([ALIGN], [32], [gl.num_warps()], [0])
     flat: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
@@ -377,14 +376,22 @@ def softmax_backward_held_split_kernel(
         _held_fill(dy_bufs, c_base, grp, g_lo, g_hi, 0.0, CHUNK, ALIGN)
         _barrier()
 
-    a_lane = gl.zeros([TILE], gl.float32, lanes)
-    f_lane = gl.zeros([TILE], gl.float32, lanes)
+    n_lane = gl.zeros([TILE], gl.float32, lanes)
     for t in gl.static_range(CHUNK // TILE):
-        tt = _held_products(y_bufs, dy_bufs, t, TILE, CHUNK, lanes)
-        a_lane = gl.maximum(a_lane, _finite_abs(tt))
-        f_lane += _non_finite(tt)
-    a_c = gl.maximum(gl.max(a_lane, axis=0), gl.max(_finite_abs(te), axis=0))
-    f_c = gl.sum(f_lane, axis=0) + gl.sum(_non_finite(te), axis=0)
+        n_lane = _abs_max(n_lane, _held_products(y_bufs, dy_bufs, t, TILE, CHUNK, lanes))
+    a_c = _nan_max(_row_max(n_lane, 0), _row_max(gl.abs(te), 0))
+    finite = a_c < INF
+    f_c = gl.to_tensor(0.0)  # the sum of no non-finite terms
+    if not finite:  # a non-finite product: the chunk's exact terms, read again
+        a_lane = gl.zeros([TILE], gl.float32, lanes)
+        f_lane = gl.zeros([TILE], gl.float32, lanes)
+        for t in gl.static_range(CHUNK // TILE):
+            tt = _held_products(y_bufs, dy_bufs, t, TILE, CHUNK, lanes)
+            a_lane = gl.maximum(a_lane, _finite_abs(tt))
+            f_lane += _non_finite(tt)
+        a_e, f_e = _exact_terms(te)
+        a_c = gl.maximum(gl.max(a_lane, axis=0), a_e)
+        f_c = gl.sum(f_lane, axis=0) + f_e
     y_row = Y + ys
     dy_row = DY + dy_shift + ys
     fcols = gl.arange(0, FALLBACK_BLOCK, layout=flat)
@@ -392,8 +399,12 @@ def softmax_backward_held_split_kernel(
 
     _barrier()
     s_lane = gl.zeros([TILE], gl.int64, lanes)
-    for t in gl.static_range(CHUNK // TILE):
-        s_lane += _fixed_finite(_held_products(y_bufs, dy_bufs, t, TILE, CHUNK, lanes), up)
+    if finite:
+        for t in gl.static_range(CHUNK // TILE):
+            s_lane += (_held_products(y_bufs, dy_bufs, t, TILE, CHUNK, lanes) * up).to(gl.int64)
+    else:
+        for t in gl.static_range(CHUNK // TILE):
+            s_lane += _fixed_finite(_held_products(y_bufs, dy_bufs, t, TILE, CHUNK, lanes), up)
     s_c = gl.sum(s_lane, axis=0) + gl.sum(_fixed_finite(te, up), axis=0)
     S = _backward_meet_sum_on(ws, P, chunk, tag, s_c, up, y_row, dy_row, V, slots, fcols, MAX_SPINS)
     s = S.to(gl.float32) * down + F
