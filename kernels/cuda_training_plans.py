@@ -16,7 +16,9 @@ compiled (`module_source` instantiates exactly these), of the dispatch (`select_
 Both ops share one table (below), with half the forward's elements per thread; the vectorised
 warp rows stop at 256 (16 elements a lane need more than the 64 registers a warp row's launch
 bounds allow) and a two-warp block takes rows up to 512. Long rows use clusters of 4 and 8
-CTAs (2, 4 and 8 for 16-bit storage); the forward's seven-CTA class is left out.
+CTAs (2, 4 and 8 for 16-bit storage); the forward's seven-CTA class is left out. The
+cross-entropy's 16-bit rows past 16384 take the forward's packed classes instead, seven CTAs
+included (one tensor held: its row state fits beside 64 packed elements a thread).
 """
 
 from __future__ import annotations
@@ -37,8 +39,14 @@ OPS = ("bwd", "ce")  # kernel name prefixes: softmax backward, cross-entropy
 PATHS = ("warp", "warpvec", "row", "cluster", "loop")
 WARP_ROWS_PER_BLOCK = 4
 WARPVEC_ROWS_PER_BLOCK = 8
-LOOP_THREADS = 1024
-LOOP_VECTORS = 2  # 16-byte vectors of each operand per thread in flight per step of the loop's passes
+# The loop class by storage width: (threads per CTA, 16-byte vectors of each operand a thread has
+# in flight per step of its passes). On an H100 at (4096, 262144) (graph clock, of the op's
+# floor, runs/h100-2026-12-07/fused_training_variants.log) against 1024 x 2 before: bf16 512 x 4
+# 0.696 / 0.741 (cross-entropy / backward) against 0.433 / 0.616, float32 1024 x 4 0.738 / 0.860
+# against 0.652 / 0.778 (512 x 4 there: 0.663 / 0.441). The one-block loop of GPUs without
+# clusters keeps 1024 x 2 (not measured; at 512 x 4 its 16-bit build spills).
+LOOP_SHAPE = {4: (1024, 4), 2: (512, 4)}
+LOOP_SHAPE_ONE_BLOCK = (1024, 2)
 LOOP_CLUSTER = 8  # CTAs sharing a row on the loop path where clusters exist
 
 # (max V, elements per lane): lane-strided warp rows, the same for every op and dtype.
@@ -110,6 +118,19 @@ _KINDS = {  # kind -> (kernel name, description, instantiation macro)
         "LOOP{cl}({name}, {fmt}, {threads}, {loop_elems}{cluster_arg})",
     ),
 }
+# The cross-entropy's 16-bit rows past 16384: the forward's classes (kernels.cuda_plans), 64
+# packed elements a thread. On an H100 at N = 4096 (graph clock, of the one-read-one-write
+# floor, runs/h100-2026-12-07/fused_training_variants.log) against the shared table's: bf16
+# 32000 0.896 against 0.656 (N = 16384: 0.927 against 0.668), 50257 0.746 against 0.503,
+# 128256 0.853 against 0.574; the same bits. Float32 rows held the same way (32 elements a
+# thread) measured 0.911 / 0.878 at 32000 / 128256 against 0.771 / 0.603, but spill 40-44
+# bytes a thread under the 64 registers: not taken.
+_CE_LONG_16BIT = (
+    (32768, 256, 64, 2, True),
+    (57344, 128, 64, 7, True),
+    (65536, 256, 64, 4, True),
+    (131072, 256, 64, 8, True),
+)
 _MACRO_PREFIX = {"bwd": "SOFTMAX_BWD_", "ce": "CROSS_ENTROPY_"}
 
 
@@ -121,6 +142,7 @@ class TrainingClass(RowShape):
     elems: int  # per thread (warp kinds: per lane); 0 for loop (it walks the row)
     cluster: int = 1
     packed: bool = False
+    vectors: int = 0  # loop: 16-byte vectors of each operand a thread has in flight per step
 
     @property
     def capacity(self) -> int | None:
@@ -142,7 +164,7 @@ class TrainingClass(RowShape):
             "p": "_p" if self.packed else "",
             "packed": ", packed 16-bit" if self.packed else "",
             "pk": "true" if self.packed else "false",
-            "loop_elems": LOOP_VECTORS * 16 // torch.tensor([], dtype=dtype).element_size(),
+            "loop_elems": self.vectors * 16 // _width(dtype),
             "cl": "_CLUSTER" if self.cluster > 1 else "",
             "cluster_arg": f", {self.cluster}" if self.cluster > 1 else "",
         }
@@ -161,6 +183,8 @@ def _width(dtype) -> int:
 def _table(op: str, dtype) -> list[tuple[int, TrainingClass]]:
     """(max V, size class) of every on-chip class of `op` for `dtype`, shortest rows first."""
     warpvec, rows = _TABLES[_width(dtype)]
+    if op == "ce" and _width(dtype) == 2:
+        rows = tuple(r for r in rows if r[0] <= 16384) + _CE_LONG_16BIT
     warp_threads = 32 * WARP_ROWS_PER_BLOCK
     table = [(v, TrainingClass(op, "warp", warp_threads, e)) for v, e in _WARP_CLASSES]
     table += [(v, TrainingClass(op, "warpvec", 32 * WARPVEC_ROWS_PER_BLOCK, e)) for v, e in warpvec]
@@ -168,14 +192,15 @@ def _table(op: str, dtype) -> list[tuple[int, TrainingClass]]:
     return table
 
 
-def loop_class(op: str, *, clusters: bool = True) -> TrainingClass:
-    return TrainingClass(op, "loop", LOOP_THREADS, 0, LOOP_CLUSTER if clusters else 1)
+def loop_class(op: str, dtype, *, clusters: bool = True) -> TrainingClass:
+    threads, vectors = LOOP_SHAPE[_width(dtype)] if clusters else LOOP_SHAPE_ONE_BLOCK
+    return TrainingClass(op, "loop", threads, 0, LOOP_CLUSTER if clusters else 1, vectors=vectors)
 
 
 def training_classes(op: str, dtype) -> list[TrainingClass]:
     """Every size class of `op` that can be launched for `dtype`, the two loop classes last (the
     cluster one, then the one-block one)."""
-    return [p for _, p in _table(op, dtype)] + [loop_class(op), loop_class(op, clusters=False)]
+    return [p for _, p in _table(op, dtype)] + [loop_class(op, dtype), loop_class(op, dtype, clusters=False)]
 
 
 def select_training_class(op: str, V: int, dtype=torch.float32, *, clusters: bool = True) -> TrainingClass:
@@ -184,7 +209,7 @@ def select_training_class(op: str, V: int, dtype=torch.float32, *, clusters: boo
     for vmax, size_class in _table(op, dtype):
         if V <= vmax and (clusters or size_class.cluster == 1):
             return size_class
-    return loop_class(op, clusters=clusters)
+    return loop_class(op, dtype, clusters=clusters)
 
 
 def boundaries(op: str, dtype) -> list[int]:

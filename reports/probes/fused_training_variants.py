@@ -42,7 +42,7 @@ from bwd_held_row import backward_case  # noqa: E402
 from triton_rows_sweep import bits, edge_logits, floor_rows, shapes_main  # noqa: E402
 
 LOOP_SHAPES = [(4096, 262144, dt) for dt in (torch.bfloat16, torch.float32)]
-LOOP_VARIANTS = ((1024, 4), (512, 4))  # (threads, vectors a step); the dispatch is (1024, 2)
+LOOP_VARIANTS = ((1024, 2), (1024, 4), (512, 4))  # (threads, vectors a step); the dispatch's is named
 # The cross-entropy's on-chip classes as the forward holds its rows: per (dtype, V), (threads,
 # elements, cluster). 16-bit: 64 packed elements a thread (no spill); float32: 32 (40-44 bytes
 # spilled under the 64-register bound, against 16 and none dispatched).
@@ -77,7 +77,7 @@ def plans_set(**values):
 
 def loop_launch(threads: int, vectors: int):
     """The loop class built and launched at `threads` x `vectors` inside the block."""
-    return plans_set(LOOP_THREADS=threads, LOOP_VECTORS=vectors)
+    return plans_set(LOOP_SHAPE={4: (threads, vectors), 2: (threads, vectors)})
 
 
 def first_class(width: int, threads: int, elems: int, cluster: int):
@@ -117,8 +117,9 @@ def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
         }
         ops = {"ce": runs}
     else:  # the loop class of both ops
-        runs = {f"loop {th} x {ve}" + (" (dispatch)" if (th, ve) == (1024, 2) else ""): (th, ve)
-                for th, ve in ((1024, 2), *LOOP_VARIANTS)}  # fmt: skip
+        shape = plans.LOOP_SHAPE[x.element_size()]
+        runs = {f"loop {th} x {ve}" + (" (dispatch)" if (th, ve) == shape else ""): (th, ve)
+                for th, ve in LOOP_VARIANTS}  # fmt: skip
         ops = {op: {f"{op} {name}": loop_launch(*tv) for name, tv in runs.items()} for op in ("ce", "bwd")}
     rows = []
     for op, cases in ops.items():
