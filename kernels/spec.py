@@ -350,12 +350,17 @@ SPECS: tuple[KernelSpec, ...] = (
                 "triton_backward",
                 8193,
                 {},
-                # from DISPATCH_BOUNDARIES["stream_min_b"] rows on: reread writes in tiles of 16,
-                # stream walks tiles of 16 with 2 programs; float32 rows stream only past
-                # reread_max_v, so stream's shape lies there; held_split past stream's rows
+                # from DISPATCH_BOUNDARIES["stream_min_b"] rows on: reread (float32) writes in
+                # tiles of 16, stream (16-bit) walks tiles of 16 with 2 programs; held_split past
+                # their rows
                 (
                     Path("reread", gpu=(1024, 8193), cpu={"TILE": 16, "num_warps": 2}, dtypes=("float32",)),
-                    Path("stream", gpu=(1024, 32769), cpu={"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1}),
+                    Path(
+                        "stream",
+                        gpu=(1024, 24576),
+                        cpu={"BLOCK": 16, "num_warps": 2, "programs_per_sm": 1},
+                        dtypes=("bfloat16", "float16"),
+                    ),
                     Path("held_split", gpu=(64, 49153), interpreted=False),
                 ),
             ),

@@ -5,13 +5,12 @@ dispatch and launch parameters the Triton cross-entropy shares.
 Paths (`plan(B, V, dtype)` names the one a call takes; `DISPATCH_BOUNDARIES` holds the limits):
 row for V <= row_max_v, one program a row holding dy and y; from stream_min_b rows on, reread
 for float32 rows to reread_max_v, one program a row holding y * dy and reading dy and y again
-for the write, stream for rows to stream_max_v (float32; stream_max_v_16bit for 16-bit
-storage), one or two programs per SM walking the rows, each read three times with the re-reads
-served by L2, and held_split past them: split's programs, each holding its chunks of y and dy
-in shared memory (a Gluon kernel, cp.async; dy and dx in step with y within 16 bytes, as
-contiguous tensors are); split otherwise (shorter batches, rows out of step, GPUs before
-sm_80), P = cdiv(V, CHUNK) programs a row meeting through a workspace
-(kernels/triton_loss_kernels.py).
+for the write, stream for 16-bit rows to stream_max_v, one or two programs per SM walking the
+rows, each read three times with the re-reads served by L2, and held_split past them: split's
+programs, each holding its chunks of y and dy in shared memory (a Gluon kernel, cp.async; dy
+and dx in step with y within 16 bytes, as contiguous tensors are); split otherwise (shorter
+batches, rows out of step, GPUs before sm_80), P = cdiv(V, CHUNK) programs a row meeting
+through a workspace (kernels/triton_loss_kernels.py).
 Every path gives a row the same bits (the sum is order-free), so the batch threshold changes
 speed, never results. dy and y may have any row stride and different layouts (each is copied
 with `.contiguous()` only when its elements are not contiguous within a row); dx is new and
@@ -57,13 +56,15 @@ SUBSTITUTE = {"held_split": "split"}
 # (graph clock, of the two-read-one-write floor, B = 4096, runs/h100-2026-12-06d): bf16 0.87 at
 # 50257 against stream's 0.50, 0.95 at 65536 against 0.70, 0.89 / 0.86 at 128256 / 262144
 # against split's 0.60 / 0.57 (torch.compile 0.51-0.63); float32 1.00 / 0.97 / 0.91 at 65536 /
-# 128256 / 262144 against split's 0.88 / 0.84 / 0.77. 16-bit rows of 40961-49152 were not
-# timed against it: they keep streaming.
+# 128256 / 262144 against split's 0.88 / 0.84 / 0.77. Below them at (4096, 32000), after the
+# stream kernel's whole tiles went unmasked (runs/h100-2026-12-07): bf16 held_split (8 x 80)
+# 0.966 against stream's 0.756 and torch.compile's 1.007; float32 held_split (4 x 128) 0.994
+# against reread's 0.941. So rows past 24576 take held_split in every dtype (the rows between
+# it and 32000 not timed), and float32 rows no longer stream (run_path still takes them there).
 DISPATCH_BOUNDARIES = {
     "row_max_v": 8192,
-    "reread_max_v": 32768,
-    "stream_max_v": 40960,
-    "stream_max_v_16bit": 49152,
+    "reread_max_v": 24576,  # float32
+    "stream_max_v": 24576,  # 16-bit
     "stream_min_b": 64,
 }
 
@@ -76,9 +77,9 @@ def plan(B: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None) ->
         return "row"
     if B < b["stream_min_b"]:
         return "split"
-    if dtype == torch.float32 and V <= b["reread_max_v"]:
-        return "reread"
-    return "stream" if V <= b["stream_max_v" if dtype == torch.float32 else "stream_max_v_16bit"] else "held_split"
+    if V > b["reread_max_v" if dtype == torch.float32 else "stream_max_v"]:
+        return "held_split"
+    return "reread" if dtype == torch.float32 else "stream"
 
 
 def launch_params(

@@ -238,7 +238,7 @@ def build_training(quick: bool = False) -> list[dict]:
         # chunks reach 16384 elements (launch_params)
         builds += [
             (f"bwd-held_split {dtype}", "softmax_backward", "held_split", V, name, {})
-            for V in (bounds["stream_max_v_16bit"] + 1, 262144)
+            for V in (bounds["stream_max_v"] + 1, 262144)
         ]
         for both in (False, True):
             flags = {"HAS_WEIGHT": both, "HAS_SMOOTHING": both}
