@@ -122,15 +122,20 @@ _KINDS = {  # kind -> (kernel name, description, instantiation macro)
 # packed elements a thread. On an H100 at N = 4096 (graph clock, of the one-read-one-write
 # floor, runs/h100-2026-12-07/fused_training_variants.log) against the shared table's: bf16
 # 32000 0.896 against 0.656 (N = 16384: 0.927 against 0.668), 50257 0.746 against 0.503,
-# 128256 0.853 against 0.574; the same bits. Float32 rows held the same way (32 elements a
-# thread) measured 0.911 / 0.878 at 32000 / 128256 against 0.771 / 0.603, but spill 40-44
-# bytes a thread under the 64 registers: not taken.
-_CE_LONG_16BIT = (
-    (32768, 256, 64, 2, True),
-    (57344, 128, 64, 7, True),
-    (65536, 256, 64, 4, True),
-    (131072, 256, 64, 8, True),
-)
+# 128256 0.853 against 0.574; float32 rows (32 elements a thread) 0.911 / 0.878 at 32000 /
+# 128256 against 0.771 / 0.603. The same bits. The float32 builds spill 40-44 bytes a thread
+# under the 64 registers (a few row-state values, stored and loaded once a row, not an
+# element): SPILL_BYTES is what their offline build may spill, every other class none.
+SPILL_BYTES = 48
+_CE_LONG = {  # (max V, threads, elements a thread, CTAs a cluster, packed) by storage width
+    2: ((32768, 256, 64, 2, True), (57344, 128, 64, 7, True), (65536, 256, 64, 4, True), (131072, 256, 64, 8, True)),
+    4: (
+        (32768, 256, 32, 4, False),
+        (57344, 256, 32, 7, False),
+        (65536, 256, 32, 8, False),
+        (131072, 512, 32, 8, False),
+    ),  # noqa: E501
+}
 _MACRO_PREFIX = {"bwd": "SOFTMAX_BWD_", "ce": "CROSS_ENTROPY_"}
 
 
@@ -143,6 +148,7 @@ class TrainingClass(RowShape):
     cluster: int = 1
     packed: bool = False
     vectors: int = 0  # loop: 16-byte vectors of each operand a thread has in flight per step
+    spill: int = 0  # bytes a thread its sm_90 build may spill (SPILL_BYTES or none)
 
     @property
     def capacity(self) -> int | None:
@@ -182,13 +188,17 @@ def _width(dtype) -> int:
 
 def _table(op: str, dtype) -> list[tuple[int, TrainingClass]]:
     """(max V, size class) of every on-chip class of `op` for `dtype`, shortest rows first."""
-    warpvec, rows = _TABLES[_width(dtype)]
-    if op == "ce" and _width(dtype) == 2:
-        rows = tuple(r for r in rows if r[0] <= 16384) + _CE_LONG_16BIT
+    width = _width(dtype)
+    warpvec, rows = _TABLES[width]
+    long = ()
+    if op == "ce":
+        rows, long = tuple(r for r in rows if r[0] <= 16384), _CE_LONG[width]
     warp_threads = 32 * WARP_ROWS_PER_BLOCK
     table = [(v, TrainingClass(op, "warp", warp_threads, e)) for v, e in _WARP_CLASSES]
     table += [(v, TrainingClass(op, "warpvec", 32 * WARPVEC_ROWS_PER_BLOCK, e)) for v, e in warpvec]
     table += [(v, TrainingClass(op, "cluster" if c > 1 else "row", t, e, c, pk)) for v, t, e, c, pk in rows]
+    spill = SPILL_BYTES if width == 4 else 0
+    table += [(v, TrainingClass(op, "cluster", t, e, c, pk, spill=spill)) for v, t, e, c, pk in long]
     return table
 
 
@@ -290,6 +300,12 @@ def kernel_source(path: Path, name: str) -> str:
     if op == "ce" and name in CROSS_ENTROPY_HELPERS:
         return expand_includes(path) + instantiations([])
     return one_class_unit(expand_includes(path), lambda dt: training_classes(op, dt), name, path)
+
+
+def spill_allowances(path: Path) -> dict[str, int]:
+    """{kernel name: bytes a thread its sm_90 build may spill} for the classes that may."""
+    op = _op_of(path)
+    return {p.kernel_name(dt): p.spill for dt in FORMATS for p in training_classes(op, dt) if p.spill}
 
 
 def expected_kernels(path: Path) -> list[str]:

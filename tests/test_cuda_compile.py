@@ -173,19 +173,20 @@ def test_each_kernel_has_a_translation_unit_of_its_own():
 @pytest.mark.slow  # the deeper tier: a build, no kernel runs
 def test_a_kernel_built_alone_is_the_kernel_of_the_whole_build(path):
     """ptxas gives a kernel compiled in its own unit the registers, stack and spills it gets in
-    the whole source's build (which test_compiles_for_sm90_without_spills checks): the run-time
-    units change what is compiled together, not the code. Static shared memory may differ by the
+    the whole source's build (whose spills the build tests judge, reported here, not fatal): the
+    run-time units change what is compiled together, not the code. Static shared memory may differ by the
     padding that places the unit's __shared__ variables (measured: 404 bytes alone, 416 in the
     whole build for fused_loop_f32_t1024), never by a buffer. One kernel of each kind."""
     whole_source = (cuda_training_plans if path in cuda_training_plans.TRAINING_SOURCES else cuda_build).module_source
-    whole = cuda_build.parse_ptxas_report(_log(cuda_build.compile_offline(path, nvcc=NVCC, source=whole_source(path))))
+    built = cuda_build.compile_offline(path, nvcc=NVCC, source=whole_source(path), spills_fatal=False)
+    whole = cuda_build.parse_ptxas_report(_log(built))
     source_of = {name: src for p, src, name in _every_kernel() if p == path}
     kinds = {}
     for name in source_of:
         kinds.setdefault(name.split("_")[1] if name.count("_") > 1 else name, name)
     for name in kinds.values():
         alone = cuda_build.parse_ptxas_report(
-            _log(cuda_build.compile_offline(path, nvcc=NVCC, source=source_of[name](path, name)))
+            _log(cuda_build.compile_offline(path, nvcc=NVCC, source=source_of[name](path, name), spills_fatal=False))
         )
         assert name in alone, f"{name} not built from its own unit"
         what = f"{name}: alone {alone[name]} vs in the whole build {whole[name]}"

@@ -48,9 +48,10 @@ OPS = {tp.BACKWARD_SOURCE.name: "bwd", tp.CROSS_ENTROPY_SOURCE.name: "ce"}
 
 
 def _build(path, arch):
-    res = cb.compile_offline(path, nvcc=NVCC, arch=arch, source=tp.module_source(path))
+    # Spills are reported, not fatal: each kernel's is checked against its class's allowance.
+    res = cb.compile_offline(path, nvcc=NVCC, arch=arch, source=tp.module_source(path), spills_fatal=False)
     log = res.stdout + res.stderr
-    assert res.returncode == 0, f"nvcc failed for {path.name} on {arch} (ptxas -warn-spills is fatal):\n{log[-6000:]}"
+    assert res.returncode == 0, f"nvcc failed for {path.name} on {arch}:\n{log[-6000:]}"
     return cb.parse_ptxas_report(log)
 
 
@@ -61,7 +62,7 @@ def test_builds_for_sm90_without_spills(path):
     report = _build(path, cb.TARGET_ARCH)
     print(f"\n{path.name} ({cb.TARGET_ARCH}):\n{cb.format_ptxas_report(report)}")
     expected = tp.expected_kernels(path)
-    assert_builds_clean(report, expected, path.name)
+    assert_builds_clean(report, expected, path.name, spills=tp.spill_allowances(path))
     assert set(report) == set(expected), f"{path.name}: unexpected entry points {sorted(set(report) - set(expected))}"
 
 
@@ -72,7 +73,9 @@ def test_builds_for_gpus_without_clusters(path):
     # Before sm_90 the cluster entry points (the loop's cluster ones too) are left out, and
     # select_training_class(clusters=False) never picks them: the sm_80 build holds every other size class.
     op = OPS[path.name]
-    built = set(_build(path, "sm_80"))
+    report = _build(path, "sm_80")
+    built = set(report)
+    assert_builds_clean(report, sorted(built), f"{path.name} (sm_80)", spills=tp.spill_allowances(path))
     helpers = set(tp.CROSS_ENTROPY_HELPERS) if op == "ce" else set()
     assert (
         built == {p.kernel_name(dt) for dt in DTYPES for p in tp.training_classes(op, dt) if p.cluster == 1} | helpers
