@@ -644,11 +644,19 @@ def _ce_target(T, W, PREP, row, V, ignore_index, HAS_WEIGHT: tl.constexpr):
 
 @triton.jit
 def _ce_weights(W, cols, mask, HAS_WEIGHT: tl.constexpr):
-    # The class weights of the columns `cols` (0 outside `mask`; 1 inside without weights).
+    # The class weights of the columns `cols` (0 outside `mask`; 1 inside without weights; mask
+    # None: every column is in the row).
     if HAS_WEIGHT:
-        return tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        if mask is None:
+            w = tl.load(W + cols).to(tl.float32)
+        else:
+            w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
     else:
-        return tl.where(mask, 1.0, 0.0)
+        if mask is None:
+            w = 1.0
+        else:
+            w = tl.where(mask, 1.0, 0.0)
+    return w
 
 
 @triton.jit
@@ -713,18 +721,24 @@ def _ce_meet_extremes(ws, P, chunk, tag, m_c, neg_mn_c, x_row, V, P_BLOCK: tl.co
 @triton.jit
 def _ce_streamed_extremes(x_row, V, cols, HAS_SMOOTHING: tl.constexpr):
     # A row's max (NaN-propagating) and, with smoothing, its min (inf without), read in tiles
-    # over the lanes `cols` (0 .. BLOCK - 1; a Gluon kernel makes them in its layout).
+    # over the lanes `cols` (0 .. BLOCK - 1; a Gluon kernel makes them in its layout): the
+    # whole tiles unmasked, then the part tile.
     BLOCK: tl.constexpr = cols.shape[0]
+    whole = tl.multiple_of(V - V % BLOCK, BLOCK)
     m_lane = (cols * 0).to(tl.float32) - INF
     mn_lane = (cols * 0).to(tl.float32) + INF
     start = 0
-    while start < V:
-        idx = tl.multiple_of(start, BLOCK) + cols
-        x = tl.load(x_row + idx, mask=idx < V, other=-INF).to(tl.float32)
+    while start < whole:
+        x = tl.load(x_row + tl.multiple_of(start, BLOCK) + cols).to(tl.float32)
         m_lane = _nan_max(m_lane, x)
         if HAS_SMOOTHING:
-            mn_lane = tl.minimum(mn_lane, tl.where(idx < V, x, INF))
+            mn_lane = tl.minimum(mn_lane, x)
         start += BLOCK
+    idx = whole + cols
+    x = tl.load(x_row + idx, mask=idx < V, other=-INF).to(tl.float32)
+    m_lane = _nan_max(m_lane, x)
+    if HAS_SMOOTHING:
+        mn_lane = tl.minimum(mn_lane, tl.where(idx < V, x, INF))
     return _row_max(m_lane, 0), tl.min(mn_lane, axis=0)
 
 
@@ -760,26 +774,67 @@ def _ce_meet_sums(ws, P, chunk, tag, s_c, q_c, f_c, x_row, W, m, up, V, SCALE, O
 
 @triton.jit
 def _ce_streamed_sums(x_row, W, V, m, up, SCALE, OUT: tl.constexpr, cols, HAS_WEIGHT: tl.constexpr,
-                      HAS_SMOOTHING: tl.constexpr):  # fmt: skip
+                      HAS_SMOOTHING: tl.constexpr, finite=False):  # fmt: skip
     # A row's fixed-point sum of exp(x - m) and, with smoothing, of finite w (x - m) at scale
     # `up` and of the non-finite ones (0 without), read in tiles over the lanes `cols` as
-    # _ce_streamed_extremes reads them: (S_fix, Q_fix, F).
+    # _ce_streamed_extremes reads them: (S_fix, Q_fix, F). `finite`: every w (x - m) is known
+    # finite (_ce_terms_finite), so the whole tiles' terms need no select to set others apart.
     BLOCK: tl.constexpr = cols.shape[0]
+    whole = tl.multiple_of(V - V % BLOCK, BLOCK)
     s_lane = (cols * 0).to(tl.int64)
     q_lane = (cols * 0).to(tl.int64)
     f_lane = (cols * 0).to(tl.float32)
     start = 0
-    while start < V:
-        idx = tl.multiple_of(start, BLOCK) + cols
-        mask = idx < V
-        x = tl.load(x_row + idx, mask=mask, other=-INF).to(tl.float32)
-        s_lane += _fixed(_exp(x, m, OUT), SCALE)
-        if HAS_SMOOTHING:
-            wd = tl.where(mask, _ce_weights(W, idx, mask, HAS_WEIGHT) * (x - m), 0.0)
-            q_lane += _fixed_finite(wd, up)
-            f_lane += _non_finite(wd)
-        start += BLOCK
-    return tl.sum(s_lane, axis=0), tl.sum(q_lane, axis=0), tl.sum(f_lane, axis=0)
+    if finite:
+        while start < whole:
+            s, q, _ = _ce_sum_terms(x_row, W, tl.multiple_of(start, BLOCK) + cols, None, m, up, SCALE, OUT, HAS_WEIGHT,
+                                    HAS_SMOOTHING, True)  # fmt: skip
+            s_lane += s
+            q_lane += q
+            start += BLOCK
+    else:
+        while start < whole:
+            s, q, f = _ce_sum_terms(x_row, W, tl.multiple_of(start, BLOCK) + cols, None, m, up, SCALE, OUT, HAS_WEIGHT,
+                                    HAS_SMOOTHING, False)  # fmt: skip
+            s_lane += s
+            q_lane += q
+            f_lane += f
+            start += BLOCK
+    s, q, f = _ce_sum_terms(x_row, W, whole + cols, V, m, up, SCALE, OUT, HAS_WEIGHT, HAS_SMOOTHING, False)
+    return tl.sum(s_lane + s, axis=0), tl.sum(q_lane + q, axis=0), tl.sum(f_lane + f, axis=0)
+
+
+@triton.jit
+def _ce_sum_terms(x_row, W, idx, V, m, up, SCALE, OUT: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                  HAS_SMOOTHING: tl.constexpr, FINITE: tl.constexpr):  # fmt: skip
+    # The terms of _ce_streamed_sums at the offsets idx of one row (V None: every one is in
+    # it): the exponentials at SCALE and, with smoothing, w (x - m) at `up`, finite and not
+    # (FINITE: every term is known finite, the last 0).
+    if V is None:
+        x = tl.load(x_row + idx).to(tl.float32)
+        wd = _ce_weights(W, idx, None, HAS_WEIGHT) * (x - m)
+    else:
+        x = tl.load(x_row + idx, mask=idx < V, other=-INF).to(tl.float32)
+        wd = tl.where(idx < V, _ce_weights(W, idx, idx < V, HAS_WEIGHT) * (x - m), 0.0)
+    s = _fixed(_exp(x, m, OUT), SCALE)
+    q = (idx * 0).to(tl.int64)
+    f = (idx * 0).to(tl.float32)
+    if HAS_SMOOTHING:
+        if FINITE:
+            q = (wd * up).to(tl.int64)
+        else:
+            q = _fixed_finite(wd, up)
+            f = _non_finite(wd)
+    return s, q, f
+
+
+@triton.jit
+def _ce_terms_finite(w_all, w_max, m, mn):
+    # Whether every smoothing term w_j (x_j - m) of a row is finite, known before its sum: the
+    # weights are all finite when their sum w_all is (a sum that overflows says no, safely), and
+    # then |w_j (x_j - m)| <= w_max (m - mn) in floats (rounding is monotone), finite unless the
+    # row holds an inf or a NaN (m or mn not finite) or the bound overflows.
+    return (tl.abs(w_all) < INF) & (tl.abs(w_max * (m - mn)) < INF)
 
 
 @triton.jit
@@ -914,7 +969,10 @@ def cross_entropy_stream_kernel(
         if HAS_SMOOTHING:
             up, down = _fixed_point_scale(w_max * (m - mn), KW)
         # Pass 2 (from L2): the exponentials' fixed-point sum and, with smoothing, q's.
-        S_fix, Q_fix, F = _ce_streamed_sums(x_row, W, V, m, up, SCALE, OUT, cols, HAS_WEIGHT, HAS_SMOOTHING)
+        finite = False
+        if HAS_SMOOTHING:
+            finite = _ce_terms_finite(w_all, w_max, m, mn)
+        S_fix, Q_fix, F = _ce_streamed_sums(x_row, W, V, m, up, SCALE, OUT, cols, HAS_WEIGHT, HAS_SMOOTHING, finite)
         q = 0.0
         if HAS_SMOOTHING:
             q = Q_fix.to(tl.float32) * down + F
@@ -923,19 +981,38 @@ def cross_entropy_stream_kernel(
                                          HAS_SMOOTHING)  # fmt: skip
         tl.store(LSE + row, lse)
         tl.store(LOSS + row, loss)
-        # Pass 3: the gradient, tile by tile (from L2; each tile read before it is written over).
+        # Pass 3: the gradient, tile by tile (from L2; each tile read before it is written over):
+        # the whole tiles unmasked, then the part tile.
         g_row = G + row * stride_g
+        whole = tl.multiple_of(V - V % BLOCK, BLOCK)
         start = 0
-        while start < V:
+        while start < whole:
             idx = tl.multiple_of(start, BLOCK) + cols
-            mask = idx < V
-            x = tl.load(x_row + idx, mask=mask, other=-INF, eviction_policy="evict_first").to(tl.float32)
-            w_j = _ce_weights(W, idx, mask, HAS_WEIGHT)
-            g = _ce_gradient(_exp(x, m, OUT), S_fix, E_t, SCALE, fin, idx, t_safe, w_t, w_all, w_j, eps, inv_v,
-                             scale, ignored, valid, OUT, HAS_SMOOTHING)  # fmt: skip
-            tl.store(g_row + idx, g.to(OUT), mask=mask)
+            _ce_gradient_tile(x_row, g_row, W, idx, None, m, S_fix, E_t, SCALE, fin, t_safe, w_t, w_all, eps, inv_v,
+                              scale, ignored, valid, HAS_WEIGHT, HAS_SMOOTHING)  # fmt: skip
             start += BLOCK
+        _ce_gradient_tile(x_row, g_row, W, whole + cols, V, m, S_fix, E_t, SCALE, fin, t_safe, w_t, w_all, eps,
+                          inv_v, scale, ignored, valid, HAS_WEIGHT, HAS_SMOOTHING)  # fmt: skip
         row += tl.num_programs(0)
+
+
+@triton.jit
+def _ce_gradient_tile(x_row, g_row, W, idx, V, m, S_fix, E_t, SCALE, fin, t_safe, w_t, w_all, eps, inv_v, scale,
+                      ignored, valid, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr):  # fmt: skip
+    # The stream kernel's gradient at the offsets idx of one row (V None: every one is in it).
+    OUT: tl.constexpr = g_row.dtype.element_ty
+    if V is None:
+        x = tl.load(x_row + idx, eviction_policy="evict_first").to(tl.float32)
+        w_j = _ce_weights(W, idx, None, HAS_WEIGHT)
+    else:
+        x = tl.load(x_row + idx, mask=idx < V, other=-INF, eviction_policy="evict_first").to(tl.float32)
+        w_j = _ce_weights(W, idx, idx < V, HAS_WEIGHT)
+    g = _ce_gradient(_exp(x, m, OUT), S_fix, E_t, SCALE, fin, idx, t_safe, w_t, w_all, w_j, eps, inv_v, scale,
+                     ignored, valid, OUT, HAS_SMOOTHING)  # fmt: skip
+    if V is None:
+        tl.store(g_row + idx, g.to(OUT))
+    else:
+        tl.store(g_row + idx, g.to(OUT), mask=idx < V)
 
 
 @gluon.jit(do_not_specialize=["V", "stride_x", "stride_g", "x_off", "g_off"])

@@ -357,6 +357,32 @@ def test_bits_depend_on_neither_batch_order_nor_batch_size():
 
 @pytest.mark.cpu
 @interpreted
+@pytest.mark.parametrize("inf_weight", [False, True], ids=["finite-weights", "an-inf-weight"])
+def test_non_finite_smoothing_terms_give_every_path_the_row_paths_bits(inf_weight):
+    # The smoothing sum sets its non-finite terms w_j (x_j - m) apart; stream skips that where
+    # every term is known finite before the sum (finite weights, a finite bound). Rows whose
+    # terms are not: a -inf logit away from the target (the loss is inf, as PyTorch's) in a
+    # whole tile and in the part tile, and (inf_weight) a class weight of inf, where the paths
+    # agree with one another (NaN where a weight of inf meets x_j = m, the reference's inf).
+    x, t = edge_rows(V_CPU, seed=13)
+    t[0], t[7] = 1, 2
+    x[0, 3] = -float("inf")  # tiles of 16: the first whole tile
+    x[7, V_CPU - 1] = -float("inf")  # the part tile
+    o = options("none", 0.1, True, V=V_CPU)
+    if inf_weight:
+        o["weight"][5] = float("inf")
+    want = run_cross_entropy_poisoned(cross_entropy_path_runner("row"), x, t, **o)
+    if not inf_weight:
+        check_cross_entropy(want, x, t, what="row, non-finite smoothing terms", **o)
+        assert want.loss[0] == want.loss[7] == float("inf")
+    for path in INTERPRETED_PATHS:
+        got = run_cross_entropy_poisoned(cross_entropy_path_runner(path, **SCALED[path]), x, t, **o)
+        for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
+            assert torch.equal(bits(a), bits(b)), f"{path}: {name} differs from the row path's"
+
+
+@pytest.mark.cpu
+@interpreted
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_the_stream_path_gives_the_row_paths_bits(dtype):
     x, t = edge_rows(V_CPU, seed=9, dtype=dtype)
