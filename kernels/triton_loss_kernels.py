@@ -781,27 +781,33 @@ def _ce_streamed_sums(x_row, W, V, m, up, SCALE, OUT: tl.constexpr, cols, HAS_WE
     # finite (_ce_terms_finite), so the whole tiles' terms need no select to set others apart.
     BLOCK: tl.constexpr = cols.shape[0]
     whole = tl.multiple_of(V - V % BLOCK, BLOCK)
+    if finite:  # a loop of its own, compiled without the selects
+        s_lane, q_lane, f_lane = _ce_whole_tile_sums(x_row, W, whole, m, up, SCALE, OUT, cols, HAS_WEIGHT,
+                                                     HAS_SMOOTHING, True)  # fmt: skip
+    else:
+        s_lane, q_lane, f_lane = _ce_whole_tile_sums(x_row, W, whole, m, up, SCALE, OUT, cols, HAS_WEIGHT,
+                                                     HAS_SMOOTHING, False)  # fmt: skip
+    s, q, f = _ce_sum_terms(x_row, W, whole + cols, V, m, up, SCALE, OUT, HAS_WEIGHT, HAS_SMOOTHING, False)
+    return tl.sum(s_lane + s, axis=0), tl.sum(q_lane + q, axis=0), tl.sum(f_lane + f, axis=0)
+
+
+@triton.jit
+def _ce_whole_tile_sums(x_row, W, whole, m, up, SCALE, OUT: tl.constexpr, cols, HAS_WEIGHT: tl.constexpr,
+                        HAS_SMOOTHING: tl.constexpr, FINITE: tl.constexpr):  # fmt: skip
+    # _ce_sum_terms summed lane by lane over the whole tiles before `whole`.
+    BLOCK: tl.constexpr = cols.shape[0]
     s_lane = (cols * 0).to(tl.int64)
     q_lane = (cols * 0).to(tl.int64)
     f_lane = (cols * 0).to(tl.float32)
     start = 0
-    if finite:
-        while start < whole:
-            s, q, _ = _ce_sum_terms(x_row, W, tl.multiple_of(start, BLOCK) + cols, None, m, up, SCALE, OUT, HAS_WEIGHT,
-                                    HAS_SMOOTHING, True)  # fmt: skip
-            s_lane += s
-            q_lane += q
-            start += BLOCK
-    else:
-        while start < whole:
-            s, q, f = _ce_sum_terms(x_row, W, tl.multiple_of(start, BLOCK) + cols, None, m, up, SCALE, OUT, HAS_WEIGHT,
-                                    HAS_SMOOTHING, False)  # fmt: skip
-            s_lane += s
-            q_lane += q
-            f_lane += f
-            start += BLOCK
-    s, q, f = _ce_sum_terms(x_row, W, whole + cols, V, m, up, SCALE, OUT, HAS_WEIGHT, HAS_SMOOTHING, False)
-    return tl.sum(s_lane + s, axis=0), tl.sum(q_lane + q, axis=0), tl.sum(f_lane + f, axis=0)
+    while start < whole:
+        s, q, f = _ce_sum_terms(x_row, W, tl.multiple_of(start, BLOCK) + cols, None, m, up, SCALE, OUT, HAS_WEIGHT,
+                                HAS_SMOOTHING, FINITE)  # fmt: skip
+        s_lane += s
+        q_lane += q
+        f_lane += f
+        start += BLOCK
+    return s_lane, q_lane, f_lane
 
 
 @triton.jit
