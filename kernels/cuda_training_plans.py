@@ -17,8 +17,8 @@ Both ops share one table (below), with half the forward's elements per thread; t
 warp rows stop at 256 (16 elements a lane need more than the 64 registers a warp row's launch
 bounds allow) and a two-warp block takes rows up to 512. Long rows use clusters of 4 and 8
 CTAs (2, 4 and 8 for 16-bit storage); the forward's seven-CTA class is left out. The
-cross-entropy's 16-bit rows past 16384 take the forward's packed classes instead, seven CTAs
-included (one tensor held: its row state fits beside 64 packed elements a thread).
+cross-entropy's rows past 16384 take the forward's cluster classes instead, seven CTAs included
+(one tensor held: its row state fits beside the forward's elements a thread).
 """
 
 from __future__ import annotations
@@ -118,10 +118,10 @@ _KINDS = {  # kind -> (kernel name, description, instantiation macro)
         "LOOP{cl}({name}, {fmt}, {threads}, {loop_elems}{cluster_arg})",
     ),
 }
-# The cross-entropy's 16-bit rows past 16384: the forward's classes (kernels.cuda_plans), 64
-# packed elements a thread. On an H100 at N = 4096 (graph clock, of the one-read-one-write
-# floor, runs/h100-2026-12-07/fused_training_variants.log) against the shared table's: bf16
-# 32000 0.896 against 0.656 (N = 16384: 0.927 against 0.668), 50257 0.746 against 0.503,
+# The cross-entropy's rows past 16384: the forward's classes (kernels.cuda_plans), 64 packed
+# elements a thread in 16-bit storage, 32 in float32. On an H100 at N = 4096 (graph clock, of
+# the one-read-one-write floor, runs/h100-2026-12-07/fused_training_variants.log) against the
+# shared table's: bf16 32000 0.896 against 0.656 (N = 16384: 0.927 against 0.668), 50257 0.746 against 0.503,
 # 128256 0.853 against 0.574; float32 rows (32 elements a thread) 0.911 / 0.878 at 32000 /
 # 128256 against 0.771 / 0.603. The same bits. The float32 builds spill 40-44 bytes a thread
 # under the 64 registers (a few row-state values, stored and loaded once a row, not an
@@ -134,7 +134,7 @@ _CE_LONG = {  # (max V, threads, elements a thread, CTAs a cluster, packed) by s
         (57344, 256, 32, 7, False),
         (65536, 256, 32, 8, False),
         (131072, 512, 32, 8, False),
-    ),  # noqa: E501
+    ),
 }
 _MACRO_PREFIX = {"bwd": "SOFTMAX_BWD_", "ce": "CROSS_ENTROPY_"}
 
