@@ -121,9 +121,9 @@ _KINDS = {  # kind -> (kernel name, description, instantiation macro)
 # The cross-entropy's rows past 16384: the forward's classes (kernels.cuda_plans), 64 packed
 # elements a thread in 16-bit storage, 32 in float32. On an H100 at N = 4096 (graph clock, of
 # the one-read-one-write floor, runs/h100-2026-12-07/fused_training_variants.log) against the
-# shared table's: bf16 32000 0.896 against 0.656 (N = 16384: 0.927 against 0.668), 50257 0.746 against 0.503,
-# 128256 0.853 against 0.574; float32 rows (32 elements a thread) 0.911 / 0.878 at 32000 /
-# 128256 against 0.771 / 0.603. The same bits. The float32 builds spill 40-44 bytes a thread
+# shared table's: bf16 32000 0.896 against 0.656 (N = 16384: 0.927 against 0.668), 50257
+# 0.746 against 0.503, 128256 0.853 against 0.574; float32 0.911 / 0.878 at 32000 / 128256
+# against 0.771 / 0.603. The same bits. The float32 builds spill 40-44 bytes a thread
 # under the 64 registers (a few row-state values, stored and loaded once a row, not an
 # element): SPILL_BYTES is what their offline build may spill, every other class none.
 SPILL_BYTES = 48
