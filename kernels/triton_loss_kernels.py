@@ -594,22 +594,25 @@ def _ce_row_outputs(m, S_fix, SCALE, x_t, w_t, w_all, q, eps, inv_v, ignored, va
 
 @triton.jit
 def _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, inv_v, scale, ignored, valid,
-                 OUT: tl.constexpr, HAS_SMOOTHING: tl.constexpr):  # fmt: skip
+                 OUT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, VALID_ROW: tl.constexpr = False):  # fmt: skip
     # The gradient of a row's (part of the row's) entries, per the derivation above: p_j - [j == t]
     # with p_t - 1 = -(S - E_t) / S, smoothing, the reduction's scale (PREP[2], read by
     # _ce_target); NaN throughout a row whose max is not finite (its probabilities are), 0 or NaN
-    # on an ignored row.
+    # on an ignored row. VALID_ROW: the caller knows the row valid (so not ignored), and the
+    # selects that stand for the other rows go.
     hi, inv = _row_scale(S_fix, SCALE)
     inv = tl.where(fin, inv, float("nan"))
     pm1 = tl.where(fin, -((S_fix - E_t).to(tl.float32) / S_fix.to(tl.float32)), float("nan"))
     p = _normalise(e, hi, inv, OUT)
-    pq = tl.where(cols == t_safe, pm1, p)
+    pq = tl.where(cols == t_safe.to(tl.int32), pm1, p)  # t_safe < V < 2^31: one 32-bit compare an element
     if HAS_SMOOTHING:
         g = (1.0 - eps) * w_t * pq + (eps * inv_v) * (w_all * p - w_j)
     else:
         g = w_t * pq
     g = g * scale
-    return tl.where(ignored, tl.where(fin, 0.0, float("nan")), tl.where(valid, g, float("nan")))
+    if not VALID_ROW:
+        g = tl.where(ignored, tl.where(fin, 0.0, float("nan")), tl.where(valid, g, float("nan")))
+    return g
 
 
 @triton.jit
@@ -988,23 +991,39 @@ def cross_entropy_stream_kernel(
         tl.store(LSE + row, lse)
         tl.store(LOSS + row, loss)
         # Pass 3: the gradient, tile by tile (from L2; each tile read before it is written over):
-        # the whole tiles unmasked, then the part tile.
+        # the whole tiles unmasked (a loop of its own for the valid rows, without the selects for
+        # the others), then the part tile.
         g_row = G + row * stride_g
         whole = tl.multiple_of(V - V % BLOCK, BLOCK)
-        start = 0
-        while start < whole:
-            idx = tl.multiple_of(start, BLOCK) + cols
-            _ce_gradient_tile(x_row, g_row, W, idx, None, m, S_fix, E_t, SCALE, fin, t_safe, w_t, w_all, eps, inv_v,
-                              scale, ignored, valid, HAS_WEIGHT, HAS_SMOOTHING)  # fmt: skip
-            start += BLOCK
+        if valid:
+            _ce_whole_tile_gradients(x_row, g_row, W, whole, cols, m, S_fix, E_t, SCALE, fin, t_safe, w_t, w_all,
+                                     eps, inv_v, scale, ignored, valid, HAS_WEIGHT, HAS_SMOOTHING, True)  # fmt: skip
+        else:
+            _ce_whole_tile_gradients(x_row, g_row, W, whole, cols, m, S_fix, E_t, SCALE, fin, t_safe, w_t, w_all,
+                                     eps, inv_v, scale, ignored, valid, HAS_WEIGHT, HAS_SMOOTHING, False)  # fmt: skip
         _ce_gradient_tile(x_row, g_row, W, whole + cols, V, m, S_fix, E_t, SCALE, fin, t_safe, w_t, w_all, eps,
-                          inv_v, scale, ignored, valid, HAS_WEIGHT, HAS_SMOOTHING)  # fmt: skip
+                          inv_v, scale, ignored, valid, HAS_WEIGHT, HAS_SMOOTHING, False)  # fmt: skip
         row += tl.num_programs(0)
 
 
 @triton.jit
+def _ce_whole_tile_gradients(x_row, g_row, W, whole, cols, m, S_fix, E_t, SCALE, fin, t_safe, w_t, w_all, eps,
+                             inv_v, scale, ignored, valid, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+                             VALID_ROW: tl.constexpr):  # fmt: skip
+    # The stream kernel's gradient over the whole tiles before `whole`, unmasked.
+    BLOCK: tl.constexpr = cols.shape[0]
+    start = 0
+    while start < whole:
+        _ce_gradient_tile(x_row, g_row, W, tl.multiple_of(start, BLOCK) + cols, None, m, S_fix, E_t, SCALE, fin,
+                          t_safe, w_t, w_all, eps, inv_v, scale, ignored, valid, HAS_WEIGHT, HAS_SMOOTHING,
+                          VALID_ROW)  # fmt: skip
+        start += BLOCK
+
+
+@triton.jit
 def _ce_gradient_tile(x_row, g_row, W, idx, V, m, S_fix, E_t, SCALE, fin, t_safe, w_t, w_all, eps, inv_v, scale,
-                      ignored, valid, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr):  # fmt: skip
+                      ignored, valid, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+                      VALID_ROW: tl.constexpr):  # fmt: skip
     # The stream kernel's gradient at the offsets idx of one row (V None: every one is in it).
     OUT: tl.constexpr = g_row.dtype.element_ty
     if V is None:
@@ -1014,7 +1033,7 @@ def _ce_gradient_tile(x_row, g_row, W, idx, V, m, S_fix, E_t, SCALE, fin, t_safe
         x = tl.load(x_row + idx, mask=idx < V, other=-INF, eviction_policy="evict_first").to(tl.float32)
         w_j = _ce_weights(W, idx, idx < V, HAS_WEIGHT)
     g = _ce_gradient(_exp(x, m, OUT), S_fix, E_t, SCALE, fin, idx, t_safe, w_t, w_all, w_j, eps, inv_v, scale,
-                     ignored, valid, OUT, HAS_SMOOTHING)  # fmt: skip
+                     ignored, valid, OUT, HAS_SMOOTHING, VALID_ROW)  # fmt: skip
     if V is None:
         tl.store(g_row + idx, g.to(OUT))
     else:
