@@ -694,9 +694,18 @@ def cross_entropy_row_kernel(
     lse, loss, fin = _ce_row_outputs(m, S_fix, SCALE, x_t, w_t, w_all, q, eps, inv_v, ignored, valid, HAS_SMOOTHING)
     tl.store(LSE + row, lse)
     tl.store(LOSS + row, loss)
-    g = _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, inv_v, scale,
-                     ignored, valid, G.dtype.element_ty, HAS_SMOOTHING)  # fmt: skip
-    tl.store(G + row * stride_g + cols, g.to(G.dtype.element_ty), mask=mask)
+    OUT: tl.constexpr = G.dtype.element_ty
+    if HAS_WEIGHT or HAS_SMOOTHING:
+        g = _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, inv_v, scale,
+                         ignored, valid, OUT, HAS_SMOOTHING)  # fmt: skip
+    else:  # a plain row as the held kernels write it: one fma an element, the target's entry apart
+        neg_hi, inv = _row_scale(S_fix, SCALE)
+        inv = tl.where(fin, inv, float("nan"))
+        k, c = _ce_plain_factors(scale, fin, ignored, valid)
+        g_t = _ce_gradient(_exp(x_t, m, OUT), S_fix, E_t, SCALE, fin, t_safe, t_safe, w_t, w_all, 1.0, 0.0, 0.0,
+                           scale, ignored, valid, OUT, False)  # fmt: skip
+        g = tl.where(cols == t_safe.to(tl.int32), g_t, tl.fma(_normalise(e, neg_hi, inv, OUT), k, c))
+    tl.store(G + row * stride_g + cols, g.to(OUT), mask=mask)
 
 
 @triton.jit

@@ -357,6 +357,26 @@ def test_bits_depend_on_neither_batch_order_nor_batch_size():
 
 @pytest.mark.cpu
 @interpreted
+@pytest.mark.parametrize("case", [OPTION_CASES[i] for i in (0, 2, 4)], ids=case_id)  # plain, both, weights
+def test_rows_of_inf_and_nan_logits_on_every_path(case):
+    # A row holding +inf or NaN has NaN probabilities, so a NaN loss and gradient throughout,
+    # ignored or not (PyTorch's 0 * NaN), as the reference says: every path, the same bits.
+    x, t = edge_rows(V_CPU, seed=17)
+    x[0, 3] = float("inf")  # the target elsewhere
+    x[2, V_CPU - 1] = float("nan")  # in the part tile
+    x[1, 20] = float("nan")  # row 1 is ignored
+    o = options(*case, V=V_CPU)
+    want = run_cross_entropy_poisoned(cross_entropy_path_runner("row"), x, t, **o)
+    check_cross_entropy(want, x, t, what=f"row, inf and NaN rows, {case_id(case)}", **o)
+    assert torch.isnan(want.grad[[0, 1, 2]]).all()
+    for path in INTERPRETED_PATHS:
+        got = run_cross_entropy_poisoned(cross_entropy_path_runner(path, **SCALED[path]), x, t, **o)
+        for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
+            assert torch.equal(bits(a), bits(b)), f"{path}: {name} differs from the row path's, {case_id(case)}"
+
+
+@pytest.mark.cpu
+@interpreted
 @pytest.mark.parametrize("inf_weight", [False, True], ids=["finite-weights", "an-inf-weight"])
 def test_non_finite_smoothing_terms_give_every_path_the_row_paths_bits(inf_weight):
     # The smoothing sum sets its non-finite terms w_j (x_j - m) apart; stream skips that where
