@@ -355,6 +355,14 @@ def test_bits_depend_on_neither_batch_order_nor_batch_size():
         assert torch.equal(bits(a), bits(b)), f"{reduction}: the loss depends on the order of the rows"
 
 
+def assert_every_path_gives(want, x, t, **o):
+    """Every interpreted path gives (x, t) under options o the bits of `want` (the row path's)."""
+    for path in INTERPRETED_PATHS:
+        got = run_cross_entropy_poisoned(cross_entropy_path_runner(path, **SCALED[path]), x, t, **o)
+        for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
+            assert torch.equal(bits(a), bits(b)), f"{path}: {name} differs from the row path's, {o}"
+
+
 @pytest.mark.cpu
 @interpreted
 @pytest.mark.parametrize("case", [OPTION_CASES[i] for i in (0, 2, 4)], ids=case_id)  # plain, both, weights
@@ -369,10 +377,7 @@ def test_rows_of_inf_and_nan_logits_on_every_path(case):
     want = run_cross_entropy_poisoned(cross_entropy_path_runner("row"), x, t, **o)
     check_cross_entropy(want, x, t, what=f"row, inf and NaN rows, {case_id(case)}", **o)
     assert torch.isnan(want.grad[[0, 1, 2]]).all()
-    for path in INTERPRETED_PATHS:
-        got = run_cross_entropy_poisoned(cross_entropy_path_runner(path, **SCALED[path]), x, t, **o)
-        for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
-            assert torch.equal(bits(a), bits(b)), f"{path}: {name} differs from the row path's, {case_id(case)}"
+    assert_every_path_gives(want, x, t, **o)
 
 
 @pytest.mark.cpu
@@ -395,10 +400,7 @@ def test_non_finite_smoothing_terms_give_every_path_the_row_paths_bits(inf_weigh
     if not inf_weight:
         check_cross_entropy(want, x, t, what="row, non-finite smoothing terms", **o)
         assert want.loss[0] == want.loss[7] == float("inf")
-    for path in INTERPRETED_PATHS:
-        got = run_cross_entropy_poisoned(cross_entropy_path_runner(path, **SCALED[path]), x, t, **o)
-        for name, a, b in zip(("loss", "lse", "grad"), got, want, strict=True):
-            assert torch.equal(bits(a), bits(b)), f"{path}: {name} differs from the row path's"
+    assert_every_path_gives(want, x, t, **o)
 
 
 @pytest.mark.cpu
