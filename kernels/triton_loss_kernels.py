@@ -600,8 +600,7 @@ def _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, 
     # _ce_target); NaN throughout a row whose max is not finite (its probabilities are), 0 or NaN
     # on an ignored row. VALID_ROW: the caller knows the row valid (so not ignored), and the
     # selects that stand for the other rows go.
-    hi, inv = _row_scale(S_fix, SCALE)
-    inv = tl.where(fin, inv, float("nan"))
+    hi, inv = _ce_inverse(S_fix, SCALE, fin)
     pm1 = tl.where(fin, -((S_fix - E_t).to(tl.float32) / S_fix.to(tl.float32)), float("nan"))
     p = _normalise(e, hi, inv, OUT)
     pq = tl.where(cols == t_safe.to(tl.int32), pm1, p)  # t_safe < V < 2^31: one 32-bit compare an element
@@ -613,6 +612,22 @@ def _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, 
     if not VALID_ROW:
         g = tl.where(ignored, tl.where(fin, 0.0, float("nan")), tl.where(valid, g, float("nan")))
     return g
+
+
+@triton.jit
+def _ce_inverse(S_fix, SCALE, fin):
+    # _row_scale's (-hi, 1 / hi) for a row's probabilities, 1 / hi NaN where the row's max is
+    # not finite (so are all its probabilities).
+    neg_hi, inv = _row_scale(S_fix, SCALE)
+    return neg_hi, tl.where(fin, inv, float("nan"))
+
+
+@triton.jit
+def _ce_target_entry(x_t, m, S_fix, E_t, SCALE, fin, t, w_t, w_all, scale, ignored, valid, OUT: tl.constexpr):
+    # A plain row's gradient at its target t (column t of _ce_gradient), which the plain factors
+    # below leave to be written apart.
+    return _ce_gradient(_exp(x_t, m, OUT), S_fix, E_t, SCALE, fin, t, t, w_t, w_all, 1.0, 0.0, 0.0, scale, ignored,
+                        valid, OUT, False)  # fmt: skip
 
 
 @triton.jit
@@ -699,11 +714,9 @@ def cross_entropy_row_kernel(
         g = _ce_gradient(e, S_fix, E_t, SCALE, fin, cols, t_safe, w_t, w_all, w_j, eps, inv_v, scale,
                          ignored, valid, OUT, HAS_SMOOTHING)  # fmt: skip
     else:  # a plain row as the held kernels write it: one fma an element, the target's entry apart
-        neg_hi, inv = _row_scale(S_fix, SCALE)
-        inv = tl.where(fin, inv, float("nan"))
+        neg_hi, inv = _ce_inverse(S_fix, SCALE, fin)
         k, c = _ce_plain_factors(scale, fin, ignored, valid)
-        g_t = _ce_gradient(_exp(x_t, m, OUT), S_fix, E_t, SCALE, fin, t_safe, t_safe, w_t, w_all, 1.0, 0.0, 0.0,
-                           scale, ignored, valid, OUT, False)  # fmt: skip
+        g_t = _ce_target_entry(x_t, m, S_fix, E_t, SCALE, fin, t_safe, w_t, w_all, scale, ignored, valid, OUT)
         g = tl.where(cols == t_safe.to(tl.int32), g_t, tl.fma(_normalise(e, neg_hi, inv, OUT), k, c))
     tl.store(G + row * stride_g + cols, g.to(OUT), mask=mask)
 
@@ -1098,8 +1111,7 @@ def _ce_held_gradient(G, bufs, shift, xs, base, grp, cols, g_lo, g_hi, pos, e_ma
     ge = _ce_gradient(ee, S_fix, E_t, SCALE, fin, (pos - xs).to(gl.int32), t32, w_t, w_all, 1.0, 0.0, 0.0, scale,
                       ignored, valid, OUT, False)  # fmt: skip
     gl.store(G + shift + pos, ge.to(OUT), mask=e_mask)
-    neg_hi, inv = _row_scale(S_fix, SCALE)
-    inv = gl.where(fin, inv, float("nan"))
+    neg_hi, inv = _ce_inverse(S_fix, SCALE, fin)
     k, c = _ce_plain_factors(scale, fin, ignored, valid)
     _barrier()
     for t in gl.static_range(BLOCK // TILE):
@@ -1114,9 +1126,8 @@ def _ce_held_gradient(G, bufs, shift, xs, base, grp, cols, g_lo, g_hi, pos, e_ma
 def _ce_target_gradient(G, shift, xs, t_safe, x_t, m, S_fix, E_t, SCALE, fin, w_t, w_all, scale, ignored, valid):
     # The target's entry of a plain row's gradient, after _ce_held_gradient wrote it over.
     OUT: gl.constexpr = G.dtype.element_ty
-    t32 = t_safe.to(gl.int32)
-    g_t = _ce_gradient(_exp(x_t, m, OUT), S_fix, E_t, SCALE, fin, t32, t32, w_t, w_all, 1.0, 0.0, 0.0, scale,
-                       ignored, valid, OUT, False)  # fmt: skip
+    g_t = _ce_target_entry(x_t, m, S_fix, E_t, SCALE, fin, t_safe.to(gl.int32), w_t, w_all, scale, ignored, valid,
+                           OUT)  # fmt: skip
     gl.store(G + shift + xs + t_safe, g_t.to(OUT))
 
 
