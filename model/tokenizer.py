@@ -79,7 +79,7 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         ids = []
         for word in self.split(text):
-            if word not in self.token_to_id or word in grammar.SPECIALS:
+            if word not in self.token_to_id:  # text names no special: "<bos>" splits into "<", "bos", ">"
                 raise UnknownWordError(f"unknown word {word!r}: not in the vocabulary")
             ids.append(self.token_to_id[word])
         return ids
