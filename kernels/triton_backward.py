@@ -32,10 +32,11 @@ from .triton_dispatch import (
     gpu_major,
     held_split_chunk,
     refuse_unrunnable,
+    resident_cap,
     runnable_path,
 )
 from .triton_dispatch import launch_params as softmax_launch_params
-from .triton_launch import launch_entry, training_cut
+from .triton_launch import divisible_by_16, launch_entry, training_cut
 
 KERNEL_NAME = "triton"
 PATHS = spec_of("softmax_backward", KERNEL_NAME).path_names  # the registry's entry names them
@@ -150,21 +151,33 @@ def launch_params(
                 ("elements", False): (4096, 8, 128),
             }[rows, dtype == torch.float32]
         return {"CHUNK": chunk, "num_warps": warps, **({"maxnreg": cap} if cap else {})}
-    if path == "stream" and op == "cross_entropy":
-        # Tiles of 2048 at 8 warps, 8 elements a thread; three programs an SM for rows of at
-        # most 256 KB, one beyond. On an H200 at V = 50257 with class weights and smoothing
-        # (probes/ce_weighted.py), three led two and one: bf16 974 / 1193 / 1829 us at N = 4096,
-        # float32 1431 / 1869 / 2740 us, though float32's rows in flight (80 MB) outgrow L2.
-        per_sm = 3 if V * dtype.itemsize <= 256 * 1024 else 1
-        return {"BLOCK": 2048, "num_warps": 8, "programs_per_sm": per_sm}
     if path == "stream":
-        # BLOCK 1024-16384 x 4-32 warps x 1-8 programs per SM at V = 16384-128256 (reports/profiles.md):
-        # tiles of 8192 by 16 warps, one program per SM, led in float32 and in 16-bit rows past
-        # 32768; shorter 16-bit rows, tiles of 4096 at two per SM. At V = 32768 either holds 34 MB
-        # of rows in L2 (132 float32 rows of dy and y, 256 KB each; 264 16-bit rows of 128 KB).
-        if dtype != torch.float32 and V <= 32768:
-            return {"BLOCK": 4096, "num_warps": 16, "programs_per_sm": 2}
-        return {"BLOCK": 8192, "num_warps": 16, "programs_per_sm": 1}
+        # The streams' programs walk the rows side by side, the re-reads from L2, so a launch
+        # states the register cap (resident_cap) under which its programs_per_sm fit an SM at
+        # once. Rows not 16-byte aligned (rows != "aligned") load element by element, a register
+        # each: they take half the tile, which keeps them under the cap without a spill (sm_90
+        # builds; whole tiles under it spilled 136-176 bytes a thread, none inside the tile loops).
+        # Uncapped, the cross-entropy's weighted, smoothed rows took 180-206 registers at V =
+        # 50257, one program an SM: 1.31-1.34x slower than at 80 registers (runs/h100-2026-12-07b).
+        half = 1 if rows == "aligned" else 2
+        if op == "cross_entropy":
+            # Tiles of 2048 at 8 warps, 8 elements a thread; three programs an SM for rows of at
+            # most 256 KB, one beyond. On an H200 at V = 50257 with class weights and smoothing
+            # (probes/ce_weighted.py, 80 registers), three led two and one: bf16 974 / 1193 / 1829
+            # us at N = 4096, float32 1431 / 1869 / 2740 us, though float32's rows in flight (80 MB)
+            # outgrow L2.
+            p = {"BLOCK": 2048 // half, "num_warps": 8, "programs_per_sm": 3 if V * dtype.itemsize <= 256 * 1024 else 1}
+        elif dtype != torch.float32 and V <= 32768:
+            # BLOCK 1024-16384 x 4-32 warps x 1-8 programs per SM at V = 16384-128256
+            # (reports/profiles.md): tiles of 8192 by 16 warps, one program per SM, led in float32
+            # and in 16-bit rows past 32768; shorter 16-bit rows, tiles of 4096 at two per SM. At V =
+            # 32768 either holds 34 MB of rows in L2 (132 float32 rows of dy and y, 256 KB each; 264
+            # 16-bit rows of 128 KB).
+            p = {"BLOCK": 4096 // half, "num_warps": 16, "programs_per_sm": 2}
+        else:
+            p = {"BLOCK": 8192 // half, "num_warps": 16, "programs_per_sm": 1}
+        cap = resident_cap(p["num_warps"], p["programs_per_sm"])
+        return {**p, **({"maxnreg": cap} if cap else {})}
     if path == "held" and op == "cross_entropy":
         # 8 warps uncapped (then 104 registers, no spill: two programs an SM) ran 1.05-1.07x the
         # softmax's held launch, 16 warps under 64 registers, at bf16 V = 16385-32768 and N =
@@ -241,6 +254,8 @@ def _launch(dy, y, dx, path: str, params: dict) -> None:
         layout = (y.stride(0), dx.stride(0), y.element_size(), None, values["y_off"], values["dx_off"])
         aligned = all(values[n].data_ptr() % 16 == 0 for n in ("Y", "DY"))  # cp.async reads y and dy
         cut = {"layout": layout, "x_aligned": aligned}
+    elif path == "stream":  # rows loaded element by element take half the tile (launch_params)
+        cut = {"rows": "aligned" if divisible_by_16(y, dy, dx, *(t.stride(0) for t in (y, dy, dx))) else "elements"}
     p = {
         **launch_params(path, V, y.dtype, rows=cut.get("rows", "aligned")),
         **{k: cut[k] for k in ("ALIGN", "head", "layout", "x_aligned") if k in cut},

@@ -110,6 +110,15 @@ def tag_read_first(ptx: str) -> bool | None:
     return barrier < 0 or read < barrier
 
 
+def resident_programs(record: dict) -> int:
+    """How many programs of a build an sm_90 SM runs at once, as its registers and warps allow
+    (kernels.triton_dispatch.SM_REGISTERS, SM_WARPS)."""
+    from .triton_dispatch import SM_REGISTERS, SM_WARPS
+
+    per_warp = -(-record["regs"] // 8) * 8 * 32
+    return min(SM_REGISTERS // (per_warp * record["num_warps"]), SM_WARPS // record["num_warps"])
+
+
 def spill_budget(record: dict) -> int:
     """Bytes of local memory a thread of a build may spill into: CAPPED_SPILL_BYTES under a
     register cap chosen by the benchmark, none without one."""
@@ -206,7 +215,9 @@ QUICK = {"bwd-row fp32", "bwd-split fp32", "bwd-split fp32 odd V", "bwd-stream f
          "ce-split fp32 weighted smoothed", "ce-split fp32 weighted smoothed odd V", "ce-split fp16 weighted smoothed",
          "ce-split fp32 weighted smoothed out of step", "ce-split fp16 weighted smoothed out of step",
          "ce-held bf16", "ce-held_split bf16", "ce-held_split bf16 weighted smoothed",
-         "ce-stream fp32 weighted smoothed", "ce-scale fp32", "ce-prep", "ce-reduce"}  # fmt: skip
+         "ce-stream fp32 weighted smoothed", "ce-stream fp32 weighted smoothed odd V",
+         "ce-stream bf16 weighted smoothed odd V", "bwd-stream bf16 odd V", "ce-scale fp32", "ce-prep",
+         "ce-reduce"}  # fmt: skip
 
 
 def build_training(quick: bool = False) -> list[dict]:
@@ -233,6 +244,10 @@ def build_training(quick: bool = False) -> list[dict]:
         builds.append((f"bwd-split {dtype} odd V", "softmax_backward", "split", 262145, name, {}))
         builds.append((f"bwd-split {dtype} out of step", "softmax_backward", "split", 262144, name, {}))
         builds.append((f"bwd-stream {dtype}", "softmax_backward", "stream", 32000, name, {}))
+        # ... and at the longest 16-bit rows it takes, one element short: rows not 16-byte aligned,
+        # whose loads are scalar and take more registers a thread
+        bwd_odd = bounds["stream_max_v"] - 1
+        builds.append((f"bwd-stream {dtype} odd V", "softmax_backward", "stream", bwd_odd, name, {}))
         builds.append((f"bwd-reread {dtype}", "softmax_backward", "reread", bounds["reread_max_v"], name, {}))
         # chunks of y and dy held, past stream's rows: 4 warps under 128, 8 under 80 where 16-bit
         # chunks reach 16384 elements (launch_params)
@@ -253,6 +268,8 @@ def build_training(quick: bool = False) -> list[dict]:
             builds.append((f"ce-split {tag} out of step", "cross_entropy", "split", 262144, name, flags))
             # stream (weighted or smoothed rows to stream_max_v; in place, rows that would split)
             builds += [(f"ce-stream {tag}", "cross_entropy", "stream", V, name, flags) for V in (32768, 131072)]
+            # ... and at GPT-2's vocabulary, whose rows are not 16-byte aligned
+            builds.append((f"ce-stream {tag} odd V", "cross_entropy", "stream", 50257, name, flags))
             if both:  # and its held split with weights and smoothing (not dispatched)
                 builds += [
                     (f"ce-held_split {tag}", "cross_entropy", "held_split", V, name, flags) for V in (65536, 262144)

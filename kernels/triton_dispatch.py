@@ -106,6 +106,17 @@ SPLIT_PARAMS = {"CHUNK": 8192, "num_warps": 4, "maxnreg": 96}
 # the sm_90 build tests). The largest such spill is the 16-bit plain cross-entropy split's, 72
 # bytes. A build without a cap may spill nothing.
 CAPPED_SPILL_BYTES = 96
+# An sm_90 SM's registers, allocated to a warp 256 at a time (8 a thread), and its most warps.
+SM_REGISTERS, SM_WARPS = 65536, 64
+
+
+def resident_cap(num_warps: int, programs: int) -> int | None:
+    """The register cap under which `programs` programs of `num_warps` warps fit an SM at once
+    (a multiple of 8), None where ptxas's own limit of 255 allows them already."""
+    cap = SM_REGISTERS // (programs * num_warps * 32) // 8 * 8
+    return None if cap >= 255 else cap
+
+
 # A short batch: chunks halve until the launch has SPLIT_FILL programs per SM, down to
 # SPLIT_MIN_CHUNK (below it a row's meetings, over hundreds of siblings, cost more than the
 # idle SMs would give: 1024-element chunks were 15-100 % slower than 2048 at V = 262144).

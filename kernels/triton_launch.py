@@ -601,6 +601,7 @@ TABLES = {
         "stream": _entry(
             "softmax_backward_stream", "DY:*T Y:*T DX:*T B V stride_dy stride_y stride_dx K", "BLOCK",
             grid=_programs_per_sm,
+            options=_warps_capped,
         ),
     },
     "cross_entropy": {
@@ -616,6 +617,7 @@ TABLES = {
         "stream": _entry(
             "cross_entropy_stream", f"{_CE_HEAD} N V {_CE_TAIL}", "BLOCK HAS_WEIGHT HAS_SMOOTHING",
             grid=_programs_per_sm,
+            options=_warps_capped,
         ),
         "held": _entry(
             "cross_entropy_held",

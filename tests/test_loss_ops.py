@@ -209,7 +209,7 @@ def test_loss_kernels_build_for_sm90_within_spill_budget():
     (kernels.triton_build --training --quick, in a child process: the compiled kernels are needed, so
     TRITON_INTERPRET must be unset there): no spills past the build's budget (none without a
     register cap), within sm_90's limits; the splits read their launch tag before any barrier
-    and fit two programs an SM.
+    and fit two programs an SM, the streams as many as they launch.
     `python -m kernels.triton_build --training` builds every configuration the wrappers launch."""
     import json
     import os
@@ -217,7 +217,7 @@ def test_loss_kernels_build_for_sm90_within_spill_budget():
     import sys
     from pathlib import Path
 
-    from kernels.triton_build import spill_budget, spilled_bytes
+    from kernels.triton_build import resident_programs, spill_budget, spilled_bytes
 
     repo = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -240,17 +240,23 @@ def test_loss_kernels_build_for_sm90_within_spill_budget():
         budget = spill_budget(b)
         assert spilled_bytes(b) <= budget, f"spills past {budget} bytes a thread: {b}"
         assert b["regs"] <= 255 and b["shared"] <= 232448, b
-        if b["name"].split()[0] in row_kernels:
+        kernel = b["name"].split()[0]
+        if kernel in row_kernels and not (kernel == "bwd-stream" and b["name"].endswith("odd V")):
             # Built as launched on contiguous rows from aligned allocations: the row kernels move
             # their rows in 16-byte vectors, as on the GPU; at an odd V the splits too, cut on
-            # 16-byte groups (kernels.triton_launch.training_cut).
+            # 16-byte groups (kernels.triton_launch.training_cut). The stream reads rows where
+            # they lie: at an odd V element by element.
             assert b["vector_loads"] and b["vector_stores"], b
         if b["name"].split()[0] in ("bwd-split", "ce-split", "ce-held_split"):
             assert b["tag_read_first"], f"the launch tag is read behind a barrier: {b}"
             # A split program waits at its meetings; with one program an SM nothing fills the
             # wait (fp32 weighted, smoothed at 160 registers x 8 warps ran 1.9x slower, run (d)).
-            per_program = -(-b["regs"] // 8) * 8 * 32 * b["num_warps"]  # allocated 8 registers at a time
-            assert 2 * per_program <= 65536, f"one program an SM: {b}"
+            assert resident_programs(b) >= 2, f"one program an SM: {b}"
+        if b["name"].split()[0] in ("bwd-stream", "ce-stream"):
+            # A stream launch's programs walk the rows side by side, re-reading them from L2: a
+            # build whose registers leave room for fewer runs the rest as a second wave (the
+            # weighted stream at 180 registers, (4096, 50257): 1.31-1.34x slower on an H100).
+            assert resident_programs(b) >= b["programs_per_sm"], f"fewer programs an SM than launched: {b}"
 
 
 def test_outputs_are_allocated_contiguous_whatever_the_input_layout():

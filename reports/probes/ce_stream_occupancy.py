@@ -1,0 +1,94 @@
+"""The stream kernels (cross-entropy, softmax backward) at the occupancy their launches ask for.
+
+    python reports/probes/ce_stream_occupancy.py --out DIR [--v 50257]      # on a GPU
+
+The question. The stream launch puts three programs of 8 warps on each SM (rows to 256 KB), which
+fit only under 85 registers a thread. With class weights and smoothing, the sm_90 builds of
+Triton 3.6 take 111 (bf16) and 128 (float32) registers at V = 65536, and 180 / 206 where rows are
+not 16-byte aligned (V = 50257): one or two programs an SM run and the rest wait a wave. The H100
+benchmark of 2026-12-07 timed the weighted stream at (4096, 50257) 1.34x / 1.31x slower than the
+tree before its whole-tile loops (80 registers then). Does a cap (80: three programs an SM) win
+the time back, with tiles of 2048 (136 bytes of spill at 50257, outside the tile loops) or of
+1024 (no spill)? Likewise the backward's 16-bit stream (rows of 8193-24576 from 64 rows on):
+two programs of 16 warps an SM, under 64 registers, where rows not 16-byte aligned take 128.
+
+Per shape, weighted and smoothed as the benchmark draws it: the dispatch, stream at (BLOCK, warps,
+programs an SM, register cap), and the benchmark's torch.compile step, in the graph clock of
+probes/triton_rows_sweep.py, as a fraction of the one-read-one-write floor against this GPU's
+copy; each variant's bits against the dispatch's, on logits with a NaN row and a row of -inf.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from kernels import triton_backward as tb
+from kernels import triton_cross_entropy as tce
+from kernels.baselines import compiled_softmax_backward
+from tests.test_loss_benchmarks import LABEL_SMOOTHING, cross_entropy_step
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bwd_held_row import backward_case  # noqa: E402
+from ce_held_row import path_variants  # noqa: E402
+from triton_rows_sweep import bits, edge_logits, floor_rows, shapes_main  # noqa: E402
+
+SHAPES = [(4096, V, dt) for V in (50257, 65536) for dt in (torch.bfloat16, torch.float32)]
+SHAPES += [(1024, 50257, torch.bfloat16), (16384, 50257, torch.bfloat16)]
+BACKWARD_SHAPES = [(4096, 24575, torch.bfloat16), (4096, 24576, torch.bfloat16)]
+# (BLOCK, warps, programs an SM, register cap or None), each named in full.
+STREAM = {f"stream {b} x {w} warps, {p}/SM, cap {c}": (b, w, p, c) for b, w, p, c in (
+    (2048, 8, 3, None), (2048, 8, 3, 80), (2048, 8, 2, None), (2048, 8, 2, 128), (1024, 8, 3, 80),
+    (1024, 8, 4, 64), (1024, 8, 2, None),
+)}  # fmt: skip
+
+
+def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
+    x = edge_logits(N, V, dtype)
+    g = torch.Generator(device="cuda").manual_seed(N + V)
+    t = torch.randint(0, V, (N,), device="cuda", generator=g)
+    w = (torch.rand(V, device="cuda", generator=g) + 0.5).to(dtype)
+    o = {"weight": w, "label_smoothing": LABEL_SMOOTHING}
+    want = tce.cross_entropy(x, t, validate=False, reduction="none", **o)
+    plan = tce.plan(N, V, dtype, plain=False)
+    runs = {
+        name: ("stream", {"BLOCK": b, "num_warps": wp, "programs_per_sm": p, **({"maxnreg": c} if c else {})})
+        for name, (b, wp, p, c) in STREAM.items()
+    }
+    variants = {f"dispatch ({plan})": lambda: tce.cross_entropy(x, t, validate=False, **o)}
+    same = {f"dispatch ({plan})": True}
+    more_variants, more_same = path_variants(x, t, runs, want, **o)
+    variants |= more_variants
+    same |= more_same
+    step = cross_entropy_step("torch_compile", x.detach().clone().requires_grad_(True), t, **o)
+    step()  # compiled before the clock starts
+    variants["torch.compile"], same["torch.compile"] = step, True  # the benchmark's step
+    return floor_rows(variants, same, N, V, dtype, copy)
+
+
+# (BLOCK, warps, programs an SM, register cap or None) of the backward's stream.
+BACKWARD_STREAM = {f"stream {b} x {w} warps, {p}/SM, cap {c}": (b, w, p, c) for b, w, p, c in (
+    (4096, 16, 2, None), (4096, 16, 2, 64), (2048, 16, 2, 64), (2048, 8, 4, 64), (2048, 8, 2, 128),
+)}  # fmt: skip
+
+
+def measure_backward(B: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
+    dy, y, want, variants, same = backward_case(B, V, dtype)
+    for name, (b, w, p, c) in BACKWARD_STREAM.items():
+        params = {"BLOCK": b, "num_warps": w, "programs_per_sm": p, **({"maxnreg": c} if c else {})}
+        same[name] = bool(torch.equal(bits(tb.run_path(dy, y, "stream", **params)), bits(want)))
+        variants[name] = lambda params=params: tb.run_path(dy, y, "stream", **params)
+    compiled_softmax_backward(dy, y)  # compiled before the clock starts
+    variants["torch.compile"], same["torch.compile"] = (lambda: compiled_softmax_backward(dy, y)), True
+    return floor_rows(variants, same, B, V, dtype, copy, passes=3)
+
+
+def measure_any(B: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
+    backward = (B, V, dtype) in BACKWARD_SHAPES
+    return (measure_backward if backward else measure)(B, V, dtype, copy)
+
+
+if __name__ == "__main__":
+    sys.exit(shapes_main("ce_stream_occupancy", measure_any, SHAPES + BACKWARD_SHAPES, __doc__))
