@@ -26,13 +26,12 @@ from pathlib import Path
 import torch
 
 from kernels import triton_backward as tb
-from kernels import triton_cross_entropy as tce
 from kernels.baselines import compiled_softmax_backward
-from tests.test_loss_benchmarks import LABEL_SMOOTHING, cross_entropy_step
+from tests.test_loss_benchmarks import LABEL_SMOOTHING
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bwd_held_row import backward_case  # noqa: E402
-from ce_held_row import path_variants  # noqa: E402
+from ce_weighted import time_against_dispatch  # noqa: E402
 from triton_rows_sweep import bits, edge_logits, floor_rows, shapes_main  # noqa: E402
 
 SHAPES = [(4096, V, dt) for V in (50257, 65536) for dt in (torch.bfloat16, torch.float32)]
@@ -51,21 +50,11 @@ def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
     t = torch.randint(0, V, (N,), device="cuda", generator=g)
     w = (torch.rand(V, device="cuda", generator=g) + 0.5).to(dtype)
     o = {"weight": w, "label_smoothing": LABEL_SMOOTHING}
-    want = tce.cross_entropy(x, t, validate=False, reduction="none", **o)
-    plan = tce.plan(N, V, dtype, plain=False)
     runs = {
         name: ("stream", {"BLOCK": b, "num_warps": wp, "programs_per_sm": p, **({"maxnreg": c} if c else {})})
         for name, (b, wp, p, c) in STREAM.items()
     }
-    variants = {f"dispatch ({plan})": lambda: tce.cross_entropy(x, t, validate=False, **o)}
-    same = {f"dispatch ({plan})": True}
-    more_variants, more_same = path_variants(x, t, runs, want, **o)
-    variants |= more_variants
-    same |= more_same
-    step = cross_entropy_step("torch_compile", x.detach().clone().requires_grad_(True), t, **o)
-    step()  # compiled before the clock starts
-    variants["torch.compile"], same["torch.compile"] = step, True  # the benchmark's step
-    return floor_rows(variants, same, N, V, dtype, copy)
+    return time_against_dispatch(x, t, runs, copy, **o)
 
 
 # (BLOCK, warps, programs an SM, register cap or None) of the backward's stream.

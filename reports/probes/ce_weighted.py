@@ -66,18 +66,26 @@ def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
     if weighted:
         w = (torch.rand(V, device="cuda", generator=g) + 0.5).to(dtype)
         o = {"weight": w, "label_smoothing": LABEL_SMOOTHING}
-    want = tce.cross_entropy(x, t, validate=False, reduction="none", **o)
-    plan = tce.plan(N, V, dtype, plain=not weighted)
     runs = {name: ("stream", {"BLOCK": b, "num_warps": w, "programs_per_sm": p}) for name, (b, w, p) in STREAM.items()}
     for name, (warps, cap, most) in HELD_SPLIT.items():
         chunk = held_split_chunk(V, x.element_size(), most, warps)
         runs[name] = ("held_split", {"CHUNK": chunk, "num_warps": warps, "maxnreg": cap})
-    variants = {f"dispatch ({plan})": lambda: tce.cross_entropy(x, t, validate=False, **o)}
+    return time_against_dispatch(x, t, runs, copy, **o)
+
+
+def time_against_dispatch(x, t, runs: dict, copy: float, **options) -> list[dict]:
+    """floor_rows of the cross-entropy of logits x and targets t, called with `options`, through
+    each of `runs` ({name: (path, launch parameters)}), the dispatch and the benchmark's
+    torch.compile step, each variant's bits against the dispatch's."""
+    (N, V), dtype = x.shape, x.dtype
+    want = tce.cross_entropy(x, t, validate=False, reduction="none", **options)
+    plan = tce.plan(N, V, dtype, plain=not options)
+    variants = {f"dispatch ({plan})": lambda: tce.cross_entropy(x, t, validate=False, **options)}
     same = {f"dispatch ({plan})": True}
-    more_variants, more_same = path_variants(x, t, runs, want, **o)
+    more_variants, more_same = path_variants(x, t, runs, want, **options)
     variants |= more_variants
     same |= more_same
-    step = cross_entropy_step("torch_compile", x.detach().clone().requires_grad_(True), t, **o)
+    step = cross_entropy_step("torch_compile", x.detach().clone().requires_grad_(True), t, **options)
     step()  # compiled before the clock starts
     variants["torch.compile"], same["torch.compile"] = step, True  # the benchmark's step
     return floor_rows(variants, same, N, V, dtype, copy)
