@@ -98,7 +98,7 @@ def launch_params(
     weights or label smoothing, whose split kernel holds fewer values a thread; `rows`: how the
     split cuts them (kernels.triton_launch.training_cut): "aligned" (pointers, strides and V
     divisible by 16), "groups" (on 16-byte groups, the row's partial groups apart) or
-    "elements" (element by element)."""
+    "elements" (element by element); for stream, any but "aligned" is read element by element."""
     if path == "row":
         block = triton.next_power_of_2(V)
         # Up to 8 elements per thread and tensor: no spills on sm_90 (kernels.triton_build --training).
