@@ -156,7 +156,7 @@ def launch_params(
         # states the register cap (resident_cap) under which its programs_per_sm fit an SM at
         # once. Rows not 16-byte aligned (rows != "aligned") load element by element, a register
         # each: they take half the tile, which keeps them under the cap without a spill (sm_90
-        # builds; whole tiles under it spilled 136-176 bytes a thread, none inside the tile loops).
+        # builds; whole tiles under it spilled 72-136 bytes a thread, none inside the tile loops).
         # Uncapped, the cross-entropy's weighted, smoothed rows took 180-206 registers at V =
         # 50257, one program an SM: 1.31-1.34x slower than at 80 registers (runs/h100-2026-12-07b).
         half = 1 if rows == "aligned" else 2

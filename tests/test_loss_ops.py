@@ -247,12 +247,12 @@ def test_loss_kernels_build_for_sm90_within_spill_budget():
             # 16-byte groups (kernels.triton_launch.training_cut). The stream reads rows where
             # they lie: at an odd V element by element.
             assert b["vector_loads"] and b["vector_stores"], b
-        if b["name"].split()[0] in ("bwd-split", "ce-split", "ce-held_split"):
+        if kernel in ("bwd-split", "ce-split", "ce-held_split"):
             assert b["tag_read_first"], f"the launch tag is read behind a barrier: {b}"
             # A split program waits at its meetings; with one program an SM nothing fills the
             # wait (fp32 weighted, smoothed at 160 registers x 8 warps ran 1.9x slower, run (d)).
             assert resident_programs(b) >= 2, f"one program an SM: {b}"
-        if b["name"].split()[0] in ("bwd-stream", "ce-stream"):
+        if kernel in ("bwd-stream", "ce-stream"):
             # A stream launch's programs walk the rows side by side, re-reading them from L2: a
             # build whose registers leave room for fewer runs the rest as a second wave (the
             # weighted stream at 180 registers, (4096, 50257): 1.31-1.34x slower on an H100).
