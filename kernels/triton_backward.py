@@ -36,7 +36,7 @@ from .triton_dispatch import (
     runnable_path,
 )
 from .triton_dispatch import launch_params as softmax_launch_params
-from .triton_launch import divisible_by_16, launch_entry, training_cut
+from .triton_launch import launch_entry, stream_rows, training_cut
 
 KERNEL_NAME = "triton"
 PATHS = spec_of("softmax_backward", KERNEL_NAME).path_names  # the registry's entry names them
@@ -255,7 +255,7 @@ def _launch(dy, y, dx, path: str, params: dict) -> None:
         aligned = all(values[n].data_ptr() % 16 == 0 for n in ("Y", "DY"))  # cp.async reads y and dy
         cut = {"layout": layout, "x_aligned": aligned}
     elif path == "stream":  # rows loaded element by element take half the tile (launch_params)
-        cut = {"rows": "aligned" if divisible_by_16(y, dy, dx, *(t.stride(0) for t in (y, dy, dx))) else "elements"}
+        cut = {"rows": stream_rows(y, dy, dx)}
     p = {
         **launch_params(path, V, y.dtype, rows=cut.get("rows", "aligned")),
         **{k: cut[k] for k in ("ALIGN", "head", "layout", "x_aligned") if k in cut},

@@ -109,6 +109,13 @@ def divisible_by_16(*values) -> bool:
     return all((v.data_ptr() if isinstance(v, torch.Tensor) else v) % 16 == 0 for v in values)
 
 
+def stream_rows(*tensors: torch.Tensor) -> str:
+    """How the stream kernels read the rows of `tensors` (kernels.triton_backward.launch_params):
+    "aligned" where every address and row stride is divisible by 16, whole tiles in vectors;
+    "elements" otherwise, element by element."""
+    return "aligned" if divisible_by_16(*tensors, *(t.stride(0) for t in tensors)) else "elements"
+
+
 def training_cut(V: int, ref: torch.Tensor, *others: torch.Tensor) -> dict:
     """How the training split kernels cut rows of V of `ref` and of the tensors read or written
     beside it (kernels/triton_loss_kernels.py, _chunk_cut): {"views": (base view, offset) per
