@@ -98,7 +98,8 @@ def launch_params(
     weights or label smoothing, whose split kernel holds fewer values a thread; `rows`: how the
     split cuts them (kernels.triton_launch.training_cut): "aligned" (pointers, strides and V
     divisible by 16), "groups" (on 16-byte groups, the row's partial groups apart) or
-    "elements" (element by element); for stream, any but "aligned" is read element by element."""
+    "elements" (element by element); the backward's stream reads rows "aligned" or "elements"
+    (kernels.triton_launch.stream_rows), the cross-entropy's as the split cuts them."""
     if path == "row":
         block = triton.next_power_of_2(V)
         # Up to 8 elements per thread and tensor: no spills on sm_90 (kernels.triton_build --training).
@@ -154,9 +155,10 @@ def launch_params(
     if path == "stream":
         # The streams' programs walk the rows side by side, the re-reads from L2, so a launch
         # states the register cap (resident_cap) under which its programs_per_sm fit an SM at
-        # once. Rows not 16-byte aligned (rows != "aligned") load element by element, a register
-        # each: they take half the tile, which keeps them under the cap without a spill (sm_90
-        # builds; whole tiles under it spilled 72-136 bytes a thread, none inside the tile loops).
+        # once. Rows not 16-byte aligned take half the tile, which keeps them under the cap
+        # without a spill (sm_90 builds; whole tiles under it spilled 72-176 bytes a thread, none
+        # inside the tile loops): read element by element, a register a load; cut on groups (the
+        # cross-entropy's), the first tile's mask and the row's shift held across the passes.
         # Uncapped, the cross-entropy's weighted, smoothed rows took 180-206 registers at V =
         # 50257, one program an SM: 1.31-1.34x slower than at 80 registers (runs/h100-2026-12-07b).
         half = 1 if rows == "aligned" else 2

@@ -9,7 +9,8 @@ not 16-byte aligned (V = 50257): one or two programs an SM run and the rest wait
 benchmark of 2026-12-07 timed the weighted stream at (4096, 50257) 1.34x / 1.31x slower than the
 tree before its whole-tile loops (80 registers then). Does a cap (80: three programs an SM) win
 the time back, with tiles of 2048 (136 bytes of spill at 50257, outside the tile loops) or of
-1024 (no spill)? Likewise the backward's 16-bit stream (rows of 8193-24576 from 64 rows on):
+1024 (no spill)? And rows cut on 16-byte groups (whole tiles in vectors at any V) against rows
+read element by element? Likewise the backward's 16-bit stream (rows of 8193-24576 from 64 rows on):
 two programs of 16 warps an SM, under 64 registers, where rows not 16-byte aligned take 128.
 
 Per shape, weighted and smoothed as the benchmark draws it: the dispatch, stream at (BLOCK, warps,
@@ -37,23 +38,27 @@ from triton_rows_sweep import bits, edge_logits, floor_rows, shapes_main  # noqa
 SHAPES = [(4096, V, dt) for V in (50257, 65536) for dt in (torch.bfloat16, torch.float32)]
 SHAPES += [(1024, 50257, torch.bfloat16), (16384, 50257, torch.bfloat16)]
 BACKWARD_SHAPES = [(4096, 24575, torch.bfloat16), (4096, 24576, torch.bfloat16)]
-# (BLOCK, warps, programs an SM, register cap or None), each named in full.
-STREAM = {f"stream {b} x {w} warps, {p}/SM, cap {c}": (b, w, p, c) for b, w, p, c in (
-    (2048, 8, 3, None), (2048, 8, 3, 80), (2048, 8, 2, None), (2048, 8, 2, 128), (1024, 8, 3, 80),
-    (1024, 8, 4, 64), (1024, 8, 2, None),
+# (BLOCK, warps, programs an SM, register cap or None, how rows are read), each named in full:
+# "cut" as the wrapper cuts them (on 16-byte groups where a row starts anywhere in its group),
+# "elements" element by element (ALIGN 1, the launch before rows were cut on groups).
+STREAM = {f"stream {b} x {w} warps, {p}/SM, cap {c}, {r}": (b, w, p, c, r) for b, w, p, c, r in (
+    (2048, 8, 3, 80, "cut"), (2048, 8, 3, None, "cut"), (1024, 8, 3, 80, "cut"), (2048, 8, 2, None, "cut"),
+    (1024, 8, 3, 80, "elements"), (2048, 8, 3, 80, "elements"), (2048, 8, 3, None, "elements"),
 )}  # fmt: skip
 
 
 def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
     x = edge_logits(N, V, dtype)
+    assert x.is_contiguous() and x.data_ptr() % 16 == 0, "ALIGN 1 below reads rows from x's own pointer"
     g = torch.Generator(device="cuda").manual_seed(N + V)
     t = torch.randint(0, V, (N,), device="cuda", generator=g)
     w = (torch.rand(V, device="cuda", generator=g) + 0.5).to(dtype)
     o = {"weight": w, "label_smoothing": LABEL_SMOOTHING}
     runs = {
-        name: ("stream", {"BLOCK": b, "num_warps": wp, "programs_per_sm": p, **({"maxnreg": c} if c else {})})
-        for name, (b, wp, p, c) in STREAM.items()
-    }
+        name: ("stream", {"BLOCK": b, "num_warps": wp, "programs_per_sm": p, **({"maxnreg": c} if c else {}),
+                          **({"ALIGN": 1} if r == "elements" else {})})
+        for name, (b, wp, p, c, r) in STREAM.items()
+    }  # fmt: skip
     return time_against_dispatch(x, t, runs, copy, **o)
 
 
