@@ -54,8 +54,6 @@ from pathlib import Path
 
 import pytest
 
-from kernels.checks import torch_dtype
-from kernels.registry import REGISTRY
 from kernels.spec import BASELINE, names
 from tests.suite.devicetime import MODE_NAMES
 from tests.suite.devicetime import MODES as CLOCKS
@@ -186,6 +184,9 @@ def meets(key: tuple) -> bool:
     """Whether the path a training case's kernel takes at its (N, V, dtype) meets (its spec's
     Path.meets). The weighted op's rows carry class weights and label smoothing: its plan is
     asked with plain=False where the kernel's paths name that option (kernels/spec.py)."""
+    from kernels.checks import torch_dtype  # torch and the kernels: only where a run is judged
+    from kernels.registry import REGISTRY
+
     impl, _, op = key[0].partition(":")
     kernel = REGISTRY[registry_op(op)][impl]
     options = {}
