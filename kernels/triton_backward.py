@@ -98,8 +98,8 @@ def launch_params(
     weights or label smoothing, whose split kernel holds fewer values a thread; `rows`: how the
     split cuts them (kernels.triton_launch.training_cut): "aligned" (pointers, strides and V
     divisible by 16), "groups" (on 16-byte groups, the row's partial groups apart) or
-    "elements" (element by element); the backward's stream reads rows "aligned" or "elements"
-    (kernels.triton_launch.stream_rows), the cross-entropy's as the split cuts them."""
+    "elements" (element by element); the streams read any but "aligned" element by element,
+    the backward's in half tiles."""
     if path == "row":
         block = triton.next_power_of_2(V)
         # Up to 8 elements per thread and tensor: no spills on sm_90 (kernels.triton_build --training).
@@ -155,20 +155,24 @@ def launch_params(
     if path == "stream":
         # The streams' programs walk the rows side by side, the re-reads from L2, so a launch
         # states the register cap (resident_cap) under which its programs_per_sm fit an SM at
-        # once. Rows not 16-byte aligned take half the tile, which keeps them under the cap
-        # without a spill (sm_90 builds; whole tiles under it spilled 72-176 bytes a thread, none
-        # inside the tile loops): read element by element, a register a load; cut on groups (the
-        # cross-entropy's), the first tile's mask and the row's shift held across the passes.
-        # Uncapped, the cross-entropy's weighted, smoothed rows took 180-206 registers at V =
-        # 50257, one program an SM: 1.31-1.34x slower than at 80 registers (runs/h100-2026-12-07b).
+        # once. Uncapped, the cross-entropy's weighted, smoothed rows took 180-206 registers at V
+        # = 50257, one program an SM: 1.31-1.34x slower than at 80 registers
+        # (runs/h100-2026-12-07b). The backward's rows not 16-byte aligned (rows != "aligned"),
+        # loaded element by element, a register each, take half the tile, which keeps them under
+        # the cap without a spill: on an H200 (probes/ce_stream_occupancy.py,
+        # runs/h200-2026-12-07c) bf16 (4096, 24575) in tiles of 2048 at 16 warps under 64 took
+        # 318 us against 367 in tiles of 4096.
         half = 1 if rows == "aligned" else 2
         if op == "cross_entropy":
-            # Tiles of 2048 at 8 warps, 8 elements a thread; three programs an SM for rows of at
-            # most 256 KB, one beyond. On an H200 at V = 50257 with class weights and smoothing
-            # (probes/ce_weighted.py, 80 registers), three led two and one: bf16 974 / 1193 / 1829
-            # us at N = 4096, float32 1431 / 1869 / 2740 us, though float32's rows in flight (80 MB)
-            # outgrow L2.
-            p = {"BLOCK": 2048 // half, "num_warps": 8, "programs_per_sm": 3 if V * dtype.itemsize <= 256 * 1024 else 1}
+            # Tiles of 2048 at 8 warps, 8 elements a thread, at any alignment; three programs an
+            # SM for rows of at most 256 KB, one beyond. On an H200 at V = 50257 with class weights
+            # and smoothing (runs/h200-2026-12-06b, -07c), three led two and one (bf16 974 / 1193 /
+            # 1829 us at N = 4096, float32 1431 / 1869 / 2740 us, though float32's rows in flight,
+            # 80 MB, outgrow L2); under the cap of 80, whole tiles of 2048 read element by element
+            # (a spill of 72-136 bytes a thread, outside the tile loops) led half tiles (bf16
+            # 697 against 843 us, float32 1016 against 1416 us) and tiles cut on 16-byte groups
+            # (the split's cut: 740 and 1267 us, their weights read element by element).
+            p = {"BLOCK": 2048, "num_warps": 8, "programs_per_sm": 3 if V * dtype.itemsize <= 256 * 1024 else 1}
         elif dtype != torch.float32 and V <= 32768:
             # BLOCK 1024-16384 x 4-32 warps x 1-8 programs per SM at V = 16384-128256
             # (reports/profiles.md): tiles of 8192 by 16 warps, one program per SM, led in float32

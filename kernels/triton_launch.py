@@ -549,12 +549,6 @@ def split_geometry(p, V, *layout) -> dict:
     }
 
 
-def _stream_geometry(p, V, *layout) -> dict:
-    """The cross-entropy stream's: rows cut as p's ALIGN says (training_cut; none given: ALIGN 1,
-    each row from its own start)."""
-    return {"ALIGN": p.get("ALIGN", 1)}
-
-
 def _ce_held_geometry(p, V, *layout) -> dict:
     """The cross-entropy held kernel's: the softmax held kernel's geometry (_held_geometry) for
     the logits and the gradient, whose layout (stride_x, stride_g, element size, align, heads)
@@ -628,9 +622,7 @@ TABLES = {
             geometry=split_geometry, grid=_split_grid, options=_warps_capped,
         ),
         "stream": _entry(
-            "cross_entropy_stream", f"{_CE_HEAD} N V {_CE_TAIL.replace('stride_g', 'stride_g x_off g_off')}",
-            "BLOCK HAS_WEIGHT HAS_SMOOTHING ALIGN",
-            geometry=_stream_geometry,
+            "cross_entropy_stream", f"{_CE_HEAD} N V {_CE_TAIL}", "BLOCK HAS_WEIGHT HAS_SMOOTHING",
             grid=_programs_per_sm,
             options=_warps_capped,
         ),

@@ -744,49 +744,27 @@ def _ce_meet_extremes(ws, P, chunk, tag, m_c, neg_mn_c, x_row, V, P_BLOCK: tl.co
 
 
 @triton.jit
-def _ce_streamed_extremes(x_row, V, cols, HAS_SMOOTHING: tl.constexpr, lo=None):
+def _ce_streamed_extremes(x_row, V, cols, HAS_SMOOTHING: tl.constexpr):
     # A row's max (NaN-propagating) and, with smoothing, its min (inf without), read in tiles
     # over the lanes `cols` (0 .. BLOCK - 1; a Gluon kernel makes them in its layout): the
-    # whole tiles unmasked, then the part tile. `lo` (None: 0): the row's V elements lie at
-    # lo .. lo + V - 1 from x_row (_ce_stream_row), and the first tile is masked apart.
+    # whole tiles unmasked, then the part tile.
     BLOCK: tl.constexpr = cols.shape[0]
+    whole = tl.multiple_of(V - V % BLOCK, BLOCK)
     m_lane = (cols * 0).to(tl.float32) - INF
     mn_lane = (cols * 0).to(tl.float32) + INF
-    start, whole, hi = _ce_stream_span(V, cols, lo)
-    if lo is not None:
-        head = (cols >= lo) & (cols < hi)
-        x = tl.load(x_row + cols, mask=head, other=-INF).to(tl.float32)
-        m_lane = _nan_max(m_lane, x)
-        if HAS_SMOOTHING:
-            mn_lane = tl.minimum(mn_lane, tl.where(head, x, INF))
+    start = 0
     while start < whole:
         x = tl.load(x_row + tl.multiple_of(start, BLOCK) + cols).to(tl.float32)
         m_lane = _nan_max(m_lane, x)
         if HAS_SMOOTHING:
             mn_lane = tl.minimum(mn_lane, x)
         start += BLOCK
-    idx = start + cols
-    x = tl.load(x_row + idx, mask=idx < hi, other=-INF).to(tl.float32)
+    idx = whole + cols
+    x = tl.load(x_row + idx, mask=idx < V, other=-INF).to(tl.float32)
     m_lane = _nan_max(m_lane, x)
     if HAS_SMOOTHING:
-        mn_lane = tl.minimum(mn_lane, tl.where(idx < hi, x, INF))
+        mn_lane = tl.minimum(mn_lane, tl.where(idx < V, x, INF))
     return _row_max(m_lane, 0), tl.min(mn_lane, axis=0)
-
-
-@triton.jit
-def _ce_stream_span(V, cols, lo=None):
-    # The tiles of a streamed row of V elements at lo .. lo + V - 1 from its pointer (lo None:
-    # 0): the first whole tile's start, one past the last's and one past the row's end. With lo
-    # the first tile, (cols >= lo) & (cols < hi), is read apart. A loop over the whole tiles
-    # from `start` by BLOCK ends where the part tile (masked by hi) starts.
-    BLOCK: tl.constexpr = cols.shape[0]
-    start = 0
-    hi = V
-    if lo is not None:
-        start = BLOCK
-        hi = lo + V
-    whole = tl.multiple_of(hi - hi % BLOCK, BLOCK)
-    return start, whole, hi
 
 
 @triton.jit
@@ -821,39 +799,32 @@ def _ce_meet_sums(ws, P, chunk, tag, s_c, q_c, f_c, x_row, W, m, up, V, SCALE, O
 
 @triton.jit
 def _ce_streamed_sums(x_row, W, V, m, up, SCALE, OUT: tl.constexpr, cols, HAS_WEIGHT: tl.constexpr,
-                      HAS_SMOOTHING: tl.constexpr, finite=False, lo=None):  # fmt: skip
+                      HAS_SMOOTHING: tl.constexpr, finite=False):  # fmt: skip
     # A row's fixed-point sum of exp(x - m) and, with smoothing, of finite w (x - m) at scale
     # `up` and of the non-finite ones (0 without), read in tiles over the lanes `cols` as
-    # _ce_streamed_extremes reads them (W: the weights of the columns from x_row): (S_fix,
-    # Q_fix, F). `finite`: every w (x - m) is known finite (_ce_terms_finite), so the whole
-    # tiles' terms need no select to set others apart.
-    start, whole, hi = _ce_stream_span(V, cols, lo)
+    # _ce_streamed_extremes reads them: (S_fix, Q_fix, F). `finite`: every w (x - m) is known
+    # finite (_ce_terms_finite), so the whole tiles' terms need no select to set others apart.
+    BLOCK: tl.constexpr = cols.shape[0]
+    whole = tl.multiple_of(V - V % BLOCK, BLOCK)
     if finite:  # a loop of its own, compiled without the selects
-        s_lane, q_lane, f_lane, start = _ce_whole_tile_sums(x_row, W, start, whole, m, up, SCALE, OUT, cols,
-                                                            HAS_WEIGHT, HAS_SMOOTHING, True)  # fmt: skip
+        s_lane, q_lane, f_lane = _ce_whole_tile_sums(x_row, W, whole, m, up, SCALE, OUT, cols, HAS_WEIGHT,
+                                                     HAS_SMOOTHING, True)  # fmt: skip
     else:
-        s_lane, q_lane, f_lane, start = _ce_whole_tile_sums(x_row, W, start, whole, m, up, SCALE, OUT, cols,
-                                                            HAS_WEIGHT, HAS_SMOOTHING, False)  # fmt: skip
-    idx = start + cols
-    s, q, f = _ce_sum_terms(x_row, W, idx, idx < hi, m, up, SCALE, OUT, HAS_WEIGHT, HAS_SMOOTHING, False)
-    if lo is not None:
-        s_h, q_h, f_h = _ce_sum_terms(x_row, W, cols, (cols >= lo) & (cols < hi), m, up, SCALE, OUT, HAS_WEIGHT,
-                                      HAS_SMOOTHING, False)  # fmt: skip
-        s += s_h
-        q += q_h
-        f += f_h
+        s_lane, q_lane, f_lane = _ce_whole_tile_sums(x_row, W, whole, m, up, SCALE, OUT, cols, HAS_WEIGHT,
+                                                     HAS_SMOOTHING, False)  # fmt: skip
+    s, q, f = _ce_sum_terms(x_row, W, whole + cols, V, m, up, SCALE, OUT, HAS_WEIGHT, HAS_SMOOTHING, False)
     return tl.sum(s_lane + s, axis=0), tl.sum(q_lane + q, axis=0), tl.sum(f_lane + f, axis=0)
 
 
 @triton.jit
-def _ce_whole_tile_sums(x_row, W, start, whole, m, up, SCALE, OUT: tl.constexpr, cols, HAS_WEIGHT: tl.constexpr,
+def _ce_whole_tile_sums(x_row, W, whole, m, up, SCALE, OUT: tl.constexpr, cols, HAS_WEIGHT: tl.constexpr,
                         HAS_SMOOTHING: tl.constexpr, FINITE: tl.constexpr):  # fmt: skip
-    # _ce_sum_terms summed lane by lane over the whole tiles from `start` to `whole`, and where
-    # the loop ended.
+    # _ce_sum_terms summed lane by lane over the whole tiles before `whole`.
     BLOCK: tl.constexpr = cols.shape[0]
     s_lane = (cols * 0).to(tl.int64)
     q_lane = (cols * 0).to(tl.int64)
     f_lane = (cols * 0).to(tl.float32)
+    start = 0
     while start < whole:
         s, q, f = _ce_sum_terms(x_row, W, tl.multiple_of(start, BLOCK) + cols, None, m, up, SCALE, OUT, HAS_WEIGHT,
                                 HAS_SMOOTHING, FINITE)  # fmt: skip
@@ -861,21 +832,21 @@ def _ce_whole_tile_sums(x_row, W, start, whole, m, up, SCALE, OUT: tl.constexpr,
         q_lane += q
         f_lane += f
         start += BLOCK
-    return s_lane, q_lane, f_lane, start
+    return s_lane, q_lane, f_lane
 
 
 @triton.jit
-def _ce_sum_terms(x_row, W, idx, mask, m, up, SCALE, OUT: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+def _ce_sum_terms(x_row, W, idx, V, m, up, SCALE, OUT: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                   HAS_SMOOTHING: tl.constexpr, FINITE: tl.constexpr):  # fmt: skip
-    # The terms of _ce_streamed_sums at the offsets idx of one row, those in `mask` (None:
-    # every one is in the row): the exponentials at SCALE and, with smoothing, w (x - m) at
-    # `up`, finite and not (FINITE: every term is known finite, the last 0).
-    if mask is None:
+    # The terms of _ce_streamed_sums at the offsets idx of one row (V None: every one is in
+    # it): the exponentials at SCALE and, with smoothing, w (x - m) at `up`, finite and not
+    # (FINITE: every term is known finite, the last 0).
+    if V is None:
         x = tl.load(x_row + idx).to(tl.float32)
         wd = _ce_weights(W, idx, None, HAS_WEIGHT) * (x - m)
     else:
-        x = tl.load(x_row + idx, mask=mask, other=-INF).to(tl.float32)
-        wd = tl.where(mask, _ce_weights(W, idx, mask, HAS_WEIGHT) * (x - m), 0.0)
+        x = tl.load(x_row + idx, mask=idx < V, other=-INF).to(tl.float32)
+        wd = tl.where(idx < V, _ce_weights(W, idx, idx < V, HAS_WEIGHT) * (x - m), 0.0)
     s = _fixed(_exp(x, m, OUT), SCALE)
     q = (idx * 0).to(tl.int64)
     f = (idx * 0).to(tl.float32)
@@ -1003,20 +974,15 @@ def cross_entropy_split_kernel(
 
 @triton.jit
 def cross_entropy_stream_kernel(
-    X, T, W, G, LOSS, LSE, PREP, N, V, stride_x, stride_g, x_off, g_off, ignore_index, eps, inv_v, KW, SCALE,
-    BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr, ALIGN: tl.constexpr,
+    X, T, W, G, LOSS, LSE, PREP, N, V, stride_x, stride_g, ignore_index, eps, inv_v, KW, SCALE,
+    BLOCK: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
 ):  # fmt: skip
     # Long rows in a long batch, as the softmax backward's stream kernel walks them: a grid of a
     # few programs per SM, each taking a row at a time in BLOCK-wide tiles, three times (the max
     # and, with smoothing, the min; the fixed-point sums; the gradient). The grid bounds the rows
     # in flight, so the second and third reads find the row in L2: DRAM sees one read and one
     # write, without the split's meetings. The terms and sums are the row kernel's, so are the
-    # bits. The target's logit is read before the row's first write (inplace=True). ALIGN > 1:
-    # rows cut on 16-byte groups (kernels.triton_launch.stream_cut), X and G 16-byte-aligned
-    # base views with heads x_off and g_off, in step; each row is read from the start of the
-    # group its first element lies in, lo elements before it, so that the whole tiles move in
-    # vectors (the first tile, masked, apart), and its weights and target are taken lo columns
-    # on with it.
+    # bits. The target's logit is read before the row's first write (inplace=True).
     cols = tl.arange(0, BLOCK)
     OUT: tl.constexpr = G.dtype.element_ty
     w_max = 1.0  # the smoothing sum's bound on |w| (PREP[3])
@@ -1025,22 +991,10 @@ def cross_entropy_stream_kernel(
     row = tl.program_id(0).to(tl.int64)
     while row < N:
         ignored, valid, t_safe, w_t, w_all, scale = _ce_target(T, W, PREP, row, V, ignore_index, HAS_WEIGHT)
-        if ALIGN > 1:
-            xs = x_off + row * stride_x
-            lo = xs % ALIGN
-            x_row = X + tl.multiple_of(xs - lo, ALIGN)
-            g_row = G + tl.multiple_of(g_off + row * stride_g - lo, ALIGN)
-            w_row = W - lo
-            t_col = t_safe + lo
-        else:
-            lo = None
-            x_row = X + row * stride_x
-            g_row = G + row * stride_g
-            w_row = W
-            t_col = t_safe
-        x_t = tl.load(x_row + t_col).to(tl.float32)
+        x_row = X + row * stride_x
+        x_t = tl.load(x_row + t_safe).to(tl.float32)
         # Pass 1: the row's max and, for the smoothing sum's scale, its min.
-        m, mn = _ce_streamed_extremes(x_row, V, cols, HAS_SMOOTHING, lo)
+        m, mn = _ce_streamed_extremes(x_row, V, cols, HAS_SMOOTHING)
         up = 1.0
         down = 1.0
         if HAS_SMOOTHING:
@@ -1049,8 +1003,7 @@ def cross_entropy_stream_kernel(
         finite = False
         if HAS_SMOOTHING:
             finite = _ce_terms_finite(w_all, w_max, m, mn)
-        S_fix, Q_fix, F = _ce_streamed_sums(x_row, w_row, V, m, up, SCALE, OUT, cols, HAS_WEIGHT, HAS_SMOOTHING,
-                                            finite, lo)  # fmt: skip
+        S_fix, Q_fix, F = _ce_streamed_sums(x_row, W, V, m, up, SCALE, OUT, cols, HAS_WEIGHT, HAS_SMOOTHING, finite)
         q = 0.0
         if HAS_SMOOTHING:
             q = Q_fix.to(tl.float32) * down + F
@@ -1062,58 +1015,51 @@ def cross_entropy_stream_kernel(
         # Pass 3: the gradient, tile by tile (from L2; each tile read before it is written over):
         # the whole tiles unmasked (a loop of its own for the valid rows, without the selects for
         # the others), then the part tile.
-        start, whole, hi = _ce_stream_span(V, cols, lo)
-        if lo is not None:
-            _ce_gradient_tile(x_row, g_row, w_row, cols, (cols >= lo) & (cols < hi), m, S_fix, E_t, SCALE, fin,
-                              t_col, w_t, w_all, eps, inv_v, scale, ignored, valid, HAS_WEIGHT, HAS_SMOOTHING,
-                              False)  # fmt: skip
+        g_row = G + row * stride_g
+        whole = tl.multiple_of(V - V % BLOCK, BLOCK)
         if valid:
-            part = _ce_whole_tile_gradients(x_row, g_row, w_row, start, whole, cols, m, S_fix, E_t, SCALE, fin, t_col,
-                                            w_t, w_all, eps, inv_v, scale, ignored, valid, HAS_WEIGHT, HAS_SMOOTHING,
-                                            True)  # fmt: skip
+            _ce_whole_tile_gradients(x_row, g_row, W, whole, cols, m, S_fix, E_t, SCALE, fin, t_safe, w_t, w_all,
+                                     eps, inv_v, scale, ignored, valid, HAS_WEIGHT, HAS_SMOOTHING, True)  # fmt: skip
         else:
-            part = _ce_whole_tile_gradients(x_row, g_row, w_row, start, whole, cols, m, S_fix, E_t, SCALE, fin, t_col,
-                                            w_t, w_all, eps, inv_v, scale, ignored, valid, HAS_WEIGHT, HAS_SMOOTHING,
-                                            False)  # fmt: skip
-        _ce_gradient_tile(x_row, g_row, w_row, part + cols, part + cols < hi, m, S_fix, E_t, SCALE, fin, t_col, w_t,
-                          w_all, eps, inv_v, scale, ignored, valid, HAS_WEIGHT, HAS_SMOOTHING, False)  # fmt: skip
+            _ce_whole_tile_gradients(x_row, g_row, W, whole, cols, m, S_fix, E_t, SCALE, fin, t_safe, w_t, w_all,
+                                     eps, inv_v, scale, ignored, valid, HAS_WEIGHT, HAS_SMOOTHING, False)  # fmt: skip
+        _ce_gradient_tile(x_row, g_row, W, whole + cols, V, m, S_fix, E_t, SCALE, fin, t_safe, w_t, w_all, eps,
+                          inv_v, scale, ignored, valid, HAS_WEIGHT, HAS_SMOOTHING, False)  # fmt: skip
         row += tl.num_programs(0)
 
 
 @triton.jit
-def _ce_whole_tile_gradients(x_row, g_row, W, start, whole, cols, m, S_fix, E_t, SCALE, fin, t_safe, w_t, w_all,
-                             eps, inv_v, scale, ignored, valid, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
+def _ce_whole_tile_gradients(x_row, g_row, W, whole, cols, m, S_fix, E_t, SCALE, fin, t_safe, w_t, w_all, eps,
+                             inv_v, scale, ignored, valid, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
                              VALID_ROW: tl.constexpr):  # fmt: skip
-    # The stream kernel's gradient over the whole tiles from `start` to `whole`, unmasked, and
-    # where the loop ended.
+    # The stream kernel's gradient over the whole tiles before `whole`, unmasked.
     BLOCK: tl.constexpr = cols.shape[0]
+    start = 0
     while start < whole:
         _ce_gradient_tile(x_row, g_row, W, tl.multiple_of(start, BLOCK) + cols, None, m, S_fix, E_t, SCALE, fin,
                           t_safe, w_t, w_all, eps, inv_v, scale, ignored, valid, HAS_WEIGHT, HAS_SMOOTHING,
                           VALID_ROW)  # fmt: skip
         start += BLOCK
-    return start
 
 
 @triton.jit
-def _ce_gradient_tile(x_row, g_row, W, idx, mask, m, S_fix, E_t, SCALE, fin, t_safe, w_t, w_all, eps, inv_v, scale,
+def _ce_gradient_tile(x_row, g_row, W, idx, V, m, S_fix, E_t, SCALE, fin, t_safe, w_t, w_all, eps, inv_v, scale,
                       ignored, valid, HAS_WEIGHT: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
                       VALID_ROW: tl.constexpr):  # fmt: skip
-    # The stream kernel's gradient at the offsets idx of one row, those in `mask` (None: every
-    # one is in the row).
+    # The stream kernel's gradient at the offsets idx of one row (V None: every one is in it).
     OUT: tl.constexpr = g_row.dtype.element_ty
-    if mask is None:
+    if V is None:
         x = tl.load(x_row + idx, eviction_policy="evict_first").to(tl.float32)
         w_j = _ce_weights(W, idx, None, HAS_WEIGHT)
     else:
-        x = tl.load(x_row + idx, mask=mask, other=-INF, eviction_policy="evict_first").to(tl.float32)
-        w_j = _ce_weights(W, idx, mask, HAS_WEIGHT)
+        x = tl.load(x_row + idx, mask=idx < V, other=-INF, eviction_policy="evict_first").to(tl.float32)
+        w_j = _ce_weights(W, idx, idx < V, HAS_WEIGHT)
     g = _ce_gradient(_exp(x, m, OUT), S_fix, E_t, SCALE, fin, idx, t_safe, w_t, w_all, w_j, eps, inv_v, scale,
                      ignored, valid, OUT, HAS_SMOOTHING, VALID_ROW)  # fmt: skip
-    if mask is None:
+    if V is None:
         tl.store(g_row + idx, g.to(OUT))
     else:
-        tl.store(g_row + idx, g.to(OUT), mask=mask)
+        tl.store(g_row + idx, g.to(OUT), mask=idx < V)
 
 
 @gluon.jit(do_not_specialize=["V", "stride_x", "stride_g", "x_off", "g_off"])

@@ -339,9 +339,17 @@ def test_compiled_training_kernels_spill_within_budget():
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     rows = [tuple(r) for r in json.loads(proc.stdout.strip().splitlines()[-1])]
     launched = {r[0] for r in rows}
-    want = {"cross_entropy_split", "softmax_backward_split", "softmax_backward_reread", "softmax_backward_stream"}
+    want = {
+        "cross_entropy_split",
+        "cross_entropy_stream",
+        "softmax_backward_split",
+        "softmax_backward_reread",
+        "softmax_backward_stream",
+    }
     assert want <= launched, f"no compiled kernel found for {sorted(want - launched)}"
-    assert {r[2] for r in rows if r[0] == "cross_entropy_split"} >= {None, 80, 128}, rows  # capped and not
+    # capped and not (the plain split's cap of 80 is not dispatched where held runs: sm_80 on)
+    assert {r[2] for r in rows if r[0] == "cross_entropy_split"} >= {None, 128}, rows
+    assert {r[2] for r in rows if r[0] == "cross_entropy_stream"} == {80}, rows
     over = [r for r in rows if r[4] > r[5]]
     assert not over, f"(kernel, warps, cap, registers, bytes spilled a thread, budget, key) past the budget: {over}"
 

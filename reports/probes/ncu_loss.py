@@ -5,7 +5,9 @@ Compute to profile the third:
         --section LaunchStats -k regex:split --launch-skip 2 --launch-count 1 \\
         env PYTHONPATH=. python reports/probes/ncu_loss.py ce fp32 4096 32000
 
-The first argument is ce (cross-entropy, no target validation) or bwd (softmax backward).
+The first argument is ce (cross-entropy, no target validation), wce (the same with class
+weights and label smoothing, as tests/test_loss_benchmarks.py draws them) or bwd (softmax
+backward).
 """
 
 import sys
@@ -14,15 +16,19 @@ import torch
 
 from kernels import triton_backward as tb
 from kernels import triton_cross_entropy as tce
+from tests.test_loss_benchmarks import LABEL_SMOOTHING
 
 if __name__ == "__main__":
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[sys.argv[2]]
     B, V = int(sys.argv[3]), int(sys.argv[4])
     x = (torch.randn(B, V, device="cuda") * 3).to(dtype)
-    if sys.argv[1] == "ce":
+    if sys.argv[1] in ("ce", "wce"):
         t = torch.randint(0, V, (B,), device="cuda")
+        o = {}
+        if sys.argv[1] == "wce":
+            o = {"weight": (torch.rand(V, device="cuda") + 0.5).to(dtype), "label_smoothing": LABEL_SMOOTHING}
         for _ in range(3):
-            tce.cross_entropy(x, t, validate=False)
+            tce.cross_entropy(x, t, validate=False, **o)
     else:
         y = torch.softmax(x.float(), -1).to(dtype)
         for _ in range(3):

@@ -464,10 +464,11 @@ def edge_rows(V: int, *, seed: int, dtype=torch.float32, device="cpu", ignore_in
 
 
 def compiled_training_kernels(dtypes) -> list[tuple]:
-    """Launch the Triton training kernels as their wrappers do, capped ones included (the plain
-    cross-entropy's split, the backward's split and its reread past V = 16384) and the weighted,
-    smoothed split, for `dtypes` (names) on rows 16-byte aligned (V = 50272) and not (50257),
-    contiguous and one element past a 16-byte boundary (the splits' element-wise cut); then
+    """Launch the Triton training kernels as their wrappers do, capped ones included (the
+    backward's split and its reread past V = 16384, the cross-entropy's streams and held rows)
+    and the weighted, smoothed split (rows 20000 longer: past the stream's), for `dtypes`
+    (names) on rows 16-byte aligned (V = 50272) and not (50257), contiguous and one element past
+    a 16-byte boundary (the splits' element-wise cut); then
     (kernel, warps, register cap, registers, bytes spilled a thread, budget, specialisation if
     past it) for every kernel of theirs this process compiled, as the driver reports it. On a
     GPU; run in a process of its own (tests/test_triton_cuda.py)."""
@@ -481,10 +482,12 @@ def compiled_training_kernels(dtypes) -> list[tuple]:
     for name, V in itertools.product(dtypes, (50257, 50272)):
         dtype = getattr(torch, name)
         for layout in ("contiguous", "offset:1"):
-            x = _place(logits(8, V, seed=2, dtype=dtype), layout, torch.device("cuda"))
-            t = targets(8, V, seed=2, device="cuda")
-            tce.cross_entropy(x, t)
-            tce.cross_entropy(x, t, weight=torch.rand(V, device="cuda", dtype=dtype), label_smoothing=0.1)
+            for W in (V, V + 20000):  # weighted, smoothed rows: stream, then split
+                x = _place(logits(8, W, seed=2, dtype=dtype), layout, torch.device("cuda"))
+                t = targets(8, W, seed=2, device="cuda")
+                if W == V:
+                    tce.cross_entropy(x, t)
+                tce.cross_entropy(x, t, weight=torch.rand(W, device="cuda", dtype=dtype), label_smoothing=0.1)
             for B, W in ((8, V), (64, V - 30257)):  # split; reread (float32) or stream, at 20000 and 20015
                 y, dy = softmax_and_grad(B, W, seed=3, dtype=dtype, device="cuda", layout_y=layout)
                 tb.softmax_backward(dy, y)
