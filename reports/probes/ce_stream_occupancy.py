@@ -9,9 +9,10 @@ not 16-byte aligned (V = 50257): one or two programs an SM run and the rest wait
 benchmark of 2026-12-07 timed the weighted stream at (4096, 50257) 1.34x / 1.31x slower than the
 tree before its whole-tile loops (80 registers then). Does a cap (80: three programs an SM) win
 the time back, with tiles of 2048 (136 bytes of spill at 50257, outside the tile loops) or of
-1024 (no spill)? And rows cut on 16-byte groups (whole tiles in vectors at any V) against rows
-read element by element? Likewise the backward's 16-bit stream (rows of 8193-24576 from 64 rows on):
-two programs of 16 warps an SM, under 64 registers, where rows not 16-byte aligned take 128.
+1024 (no spill)? (On an H200, runs/h200-2026-12-07c: tiles of 2048 under 80, 1.2-1.4x the
+others; rows cut on 16-byte groups ran slower than rows read element by element.) Likewise the
+backward's 16-bit stream (rows of 8193-24576 from 64 rows on): two programs of 16 warps an SM,
+under 64 registers, where rows not 16-byte aligned take 128.
 
 Per shape, weighted and smoothed as the benchmark draws it: the dispatch, stream at (BLOCK, warps,
 programs an SM, register cap), and the benchmark's torch.compile step, in the graph clock of
@@ -38,27 +39,25 @@ from triton_rows_sweep import bits, edge_logits, floor_rows, shapes_main  # noqa
 SHAPES = [(4096, V, dt) for V in (50257, 65536) for dt in (torch.bfloat16, torch.float32)]
 SHAPES += [(1024, 50257, torch.bfloat16), (16384, 50257, torch.bfloat16)]
 BACKWARD_SHAPES = [(4096, 24575, torch.bfloat16), (4096, 24576, torch.bfloat16)]
-# (BLOCK, warps, programs an SM, register cap or None, how rows are read), each named in full:
-# "cut" as the wrapper cuts them (on 16-byte groups where a row starts anywhere in its group),
-# "elements" element by element (ALIGN 1, the launch before rows were cut on groups).
-STREAM = {f"stream {b} x {w} warps, {p}/SM, cap {c}, {r}": (b, w, p, c, r) for b, w, p, c, r in (
-    (2048, 8, 3, 80, "cut"), (2048, 8, 3, None, "cut"), (1024, 8, 3, 80, "cut"), (2048, 8, 2, None, "cut"),
-    (1024, 8, 3, 80, "elements"), (2048, 8, 3, 80, "elements"), (2048, 8, 3, None, "elements"),
+# (BLOCK, warps, programs an SM, register cap or None: uncapped), each named in full. The cap
+# replaces the launch's own (the run of 2026-12-07c kept it: its "cap None" rows ran under 80).
+# That run also timed rows cut on 16-byte groups, since taken out (reports/profiles.md).
+STREAM = {f"stream {b} x {w} warps, {p}/SM, cap {c}": (b, w, p, c) for b, w, p, c in (
+    (2048, 8, 3, 80), (2048, 8, 3, None), (1024, 8, 3, 80), (2048, 8, 2, None), (2048, 8, 2, 128),
+    (1024, 8, 4, 64), (4096, 8, 3, 80),
 )}  # fmt: skip
 
 
 def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
     x = edge_logits(N, V, dtype)
-    assert x.is_contiguous() and x.data_ptr() % 16 == 0, "ALIGN 1 below reads rows from x's own pointer"
     g = torch.Generator(device="cuda").manual_seed(N + V)
     t = torch.randint(0, V, (N,), device="cuda", generator=g)
     w = (torch.rand(V, device="cuda", generator=g) + 0.5).to(dtype)
     o = {"weight": w, "label_smoothing": LABEL_SMOOTHING}
     runs = {
-        name: ("stream", {"BLOCK": b, "num_warps": wp, "programs_per_sm": p, **({"maxnreg": c} if c else {}),
-                          **({"ALIGN": 1} if r == "elements" else {})})
-        for name, (b, wp, p, c, r) in STREAM.items()
-    }  # fmt: skip
+        name: ("stream", {"BLOCK": b, "num_warps": wp, "programs_per_sm": p, "maxnreg": c})
+        for name, (b, wp, p, c) in STREAM.items()
+    }
     return time_against_dispatch(x, t, runs, copy, **o)
 
 
@@ -71,7 +70,7 @@ BACKWARD_STREAM = {f"stream {b} x {w} warps, {p}/SM, cap {c}": (b, w, p, c) for 
 def measure_backward(B: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
     dy, y, want, variants, same = backward_case(B, V, dtype)
     for name, (b, w, p, c) in BACKWARD_STREAM.items():
-        params = {"BLOCK": b, "num_warps": w, "programs_per_sm": p, **({"maxnreg": c} if c else {})}
+        params = {"BLOCK": b, "num_warps": w, "programs_per_sm": p, "maxnreg": c}
         same[name] = bool(torch.equal(bits(tb.run_path(dy, y, "stream", **params)), bits(want)))
         variants[name] = lambda params=params: tb.run_path(dy, y, "stream", **params)
     compiled_softmax_backward(dy, y)  # compiled before the clock starts
