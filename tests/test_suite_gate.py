@@ -447,6 +447,23 @@ def test_training_ops_are_gated_against_their_eager_baseline():
     )
 
 
+def test_a_triton_path_meets_where_its_kernel_takes_a_meeting_workspace():
+    """Path.meets, which sets a training case's noise floor, is the kernels' own fact: a Triton
+    path meets exactly where its launch entry takes the per-row workspace its programs meet in."""
+    from kernels.registry import REGISTRY
+    from kernels.triton_launch import TABLES
+
+    checked = 0
+    for op, kernels in REGISTRY.items():
+        k = kernels.get("triton")
+        if k is None or k.unavailable_reason():
+            continue
+        for path in k.spec.paths:
+            assert path.meets == ("WS" in TABLES[op][path.name].arg_names), (op, path.name)
+            checked += path.meets
+    assert checked == 6  # split and held_split of the softmax, its backward and the cross-entropy
+
+
 def test_a_slowdown_of_3_percent_passes(baseline):
     slower = planted("triton", None, 128256, "float32", 1.03)
     result = gate.evaluate(baseline, synthetic.gated_records(slower, remeasured=slower), MODEL)
