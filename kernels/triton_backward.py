@@ -169,9 +169,9 @@ def launch_params(
             # and smoothing (runs/h200-2026-12-06b, -07c), three led two and one (bf16 974 / 1193 /
             # 1829 us at N = 4096, float32 1431 / 1869 / 2740 us, though float32's rows in flight,
             # 80 MB, outgrow L2); under the cap of 80, whole tiles of 2048 read element by element
-            # (a spill of 72-136 bytes a thread, outside the tile loops) led half tiles (bf16
-            # 697 against 843 us, float32 1016 against 1416 us) and tiles cut on 16-byte groups
-            # (the split's cut: 740 and 1267 us, their weights read element by element).
+            # (136 bytes a thread spilled under Triton 3.6, outside the tile loops) led half tiles
+            # (bf16 697 against 843 us, float32 1016 against 1416 us) and tiles cut on 16-byte
+            # groups (the split's cut: 740 and 1267 us, their weights read element by element).
             p = {"BLOCK": 2048, "num_warps": 8, "programs_per_sm": 3 if V * dtype.itemsize <= 256 * 1024 else 1}
         elif dtype != torch.float32 and V <= 32768:
             # BLOCK 1024-16384 x 4-32 warps x 1-8 programs per SM at V = 16384-128256
