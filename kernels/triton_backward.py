@@ -162,7 +162,6 @@ def launch_params(
         # the cap without a spill: on an H200 (probes/ce_stream_occupancy.py,
         # runs/h200-2026-12-07c) bf16 (4096, 24575) in tiles of 2048 at 16 warps under 64 took
         # 318 us against 367 in tiles of 4096.
-        half = 1 if rows == "aligned" else 2
         if op == "cross_entropy":
             # Tiles of 2048 at 8 warps, 8 elements a thread, at any alignment; three programs an
             # SM for rows of at most 256 KB, one beyond. On an H200 at V = 50257 with class weights
@@ -173,15 +172,17 @@ def launch_params(
             # (bf16 697 against 843 us, float32 1016 against 1416 us) and tiles cut on 16-byte
             # groups (the split's cut: 740 and 1267 us, their weights read element by element).
             p = {"BLOCK": 2048, "num_warps": 8, "programs_per_sm": 3 if V * dtype.itemsize <= 256 * 1024 else 1}
-        elif dtype != torch.float32 and V <= 32768:
-            # BLOCK 1024-16384 x 4-32 warps x 1-8 programs per SM at V = 16384-128256
-            # (reports/profiles.md): tiles of 8192 by 16 warps, one program per SM, led in float32
-            # and in 16-bit rows past 32768; shorter 16-bit rows, tiles of 4096 at two per SM. At V =
-            # 32768 either holds 34 MB of rows in L2 (132 float32 rows of dy and y, 256 KB each; 264
-            # 16-bit rows of 128 KB).
-            p = {"BLOCK": 4096 // half, "num_warps": 16, "programs_per_sm": 2}
         else:
-            p = {"BLOCK": 8192 // half, "num_warps": 16, "programs_per_sm": 1}
+            half = 1 if rows == "aligned" else 2
+            if dtype != torch.float32 and V <= 32768:
+                # BLOCK 1024-16384 x 4-32 warps x 1-8 programs per SM at V = 16384-128256
+                # (reports/profiles.md): tiles of 8192 by 16 warps, one program per SM, led in float32
+                # and in 16-bit rows past 32768; shorter 16-bit rows, tiles of 4096 at two per SM. At V =
+                # 32768 either holds 34 MB of rows in L2 (132 float32 rows of dy and y, 256 KB each; 264
+                # 16-bit rows of 128 KB).
+                p = {"BLOCK": 4096 // half, "num_warps": 16, "programs_per_sm": 2}
+            else:
+                p = {"BLOCK": 8192 // half, "num_warps": 16, "programs_per_sm": 1}
         cap = resident_cap(p["num_warps"], p["programs_per_sm"])
         return {**p, **({"maxnreg": cap} if cap else {})}
     if path == "held" and op == "cross_entropy":

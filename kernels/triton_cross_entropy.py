@@ -45,7 +45,7 @@ from .triton_backward import DISPATCH_BOUNDARIES as _BACKWARD_BOUNDARIES
 from .triton_backward import launch_params
 from .triton_dispatch import DEVICE_TYPE as _DEVICE_TYPE
 from .triton_dispatch import INTERPRET, aligned_base, fixed_point_bits, gpu_major, refuse_unrunnable, runnable_path
-from .triton_launch import launch_entry, stream_rows, training_cut
+from .triton_launch import launch_entry, training_cut
 
 KERNEL_NAME = "triton"
 PATHS = spec_of("cross_entropy", KERNEL_NAME).path_names  # the registry's entry names them
@@ -150,8 +150,6 @@ def _run(logits, targets, grad, weight, ignore_index, label_smoothing, reduction
         (values["X"], values["x_off"]), (values["G"], values["g_off"]) = aligned_base(x, a), aligned_base(grad, a)
         layout = (x.stride(0), grad.stride(0), x.element_size(), None, values["x_off"], values["g_off"])
         cut = {"layout": layout, "x_aligned": values["X"].data_ptr() % 16 == 0}  # as TritonPath.bind
-    elif path == "stream":  # rows loaded element by element take half the tile (launch_params)
-        cut = {"rows": stream_rows(x, grad)}
     p = {
         **launch_params(path, V, logits.dtype, op="cross_entropy", plain=plain, rows=cut.get("rows", "aligned")),
         **{k: cut[k] for k in ("ALIGN", "head", "layout", "x_aligned") if k in cut},
