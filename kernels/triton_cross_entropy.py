@@ -70,7 +70,7 @@ PATHS = spec_of("cross_entropy", KERNEL_NAME).path_names  # the registry's entry
 # fp16 (4096, 128256) 0.94 against 0.60; float32 past row's rows, 0.85 / 0.92 / 0.91 at 65537 /
 # 128256 / 262144 against split's 0.60 / 0.77 / 0.75. The same bits throughout.
 # Rows with class weights or label smoothing past the row path's take stream to stream_max_v
-# (a few programs an SM walking the rows, three reads with the re-reads from L2, no meetings),
+# (a few programs an SM walking the rows, each read three times, no meetings),
 # split beyond. On an H200 at V = 50257 (graph clock, runs/h200-2026-12-06b/ce_weighted.log),
 # stream at three programs an SM over the split: bf16 1.74x at N = 4096 (974 against 1697 us),
 # 1.48x at 1024, 1.80x at 16384; float32 1.19x at 4096; 1.46x / 1.16x torch.compile's step;
@@ -250,7 +250,7 @@ def run_path(logits, targets, path: str, *, params: dict | None = None, **option
     dispatched): CHUNK, num_warps, maxnreg, max_spins; held takes plain rows only; held and
     held_split run on a GPU of sm_80 on: ValueError elsewhere; stream (weighted or smoothed
     rows to stream_max_v, and in place the rows that would split: a few programs an SM walking
-    the rows, each read three times, the re-reads from L2): BLOCK, num_warps, programs_per_sm);
+    the rows, each read three times): BLOCK, num_warps, programs_per_sm, maxnreg);
     `options` as cross_entropy takes them."""
     return _cross_entropy(logits, targets, path, params or {}, **options)
 

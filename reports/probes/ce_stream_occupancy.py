@@ -14,6 +14,13 @@ others; rows cut on 16-byte groups ran slower than rows read element by element.
 backward's 16-bit stream (rows of 8193-24576 from 64 rows on): two programs of 16 warps an SM,
 under 64 registers, where rows not 16-byte aligned take 128.
 
+The second question. Nsight Compute on an H100 (runs/h100-2026-12-07e) found the adopted launch
+(2048 x 8 warps, three an SM: 396 rows in flight, 40 MB in bf16, 80 MB in float32) moving about
+three reads and a write through DRAM, the re-reads missing L2. Do fewer rows in flight at about
+the same warps an SM (4096 x 16 warps two an SM, 8192 x 32 warps one an SM, both under 64
+registers: 192-208 bytes of spill in the Triton 3.6 build) keep the re-reads in L2, and does
+that beat the loads in flight they give up?
+
 Per shape, weighted and smoothed as the benchmark draws it: the dispatch, stream at (BLOCK, warps,
 programs an SM, register cap), and the benchmark's torch.compile step, in the graph clock of
 probes/triton_rows_sweep.py, as a fraction of the one-read-one-write floor against this GPU's
@@ -43,8 +50,8 @@ BACKWARD_SHAPES = [(4096, 24575, torch.bfloat16), (4096, 24576, torch.bfloat16)]
 # replaces the launch's own (the run of 2026-12-07c kept it: its "cap None" rows ran under 80).
 # That run also timed rows cut on 16-byte groups, since taken out (reports/profiles.md).
 STREAM = {f"stream {b} x {w} warps, {p}/SM, cap {c}": (b, w, p, c) for b, w, p, c in (
-    (2048, 8, 3, 80), (2048, 8, 3, None), (1024, 8, 3, 80), (2048, 8, 2, None), (2048, 8, 2, 128),
-    (1024, 8, 4, 64),
+    (2048, 8, 3, 80), (1024, 8, 3, 80), (2048, 8, 2, None), (1024, 8, 4, 64),
+    (4096, 16, 2, 64), (8192, 32, 1, 64), (4096, 16, 1, None),
 )}  # fmt: skip
 
 

@@ -7,7 +7,8 @@ Compute to profile the third:
 
 The first argument is ce (cross-entropy, no target validation), wce (the same with class
 weights and label smoothing, as tests/test_loss_benchmarks.py draws them) or bwd (softmax
-backward).
+backward). A fifth, BLOCK,warps,programs_per_sm,maxnreg (maxnreg 0: uncapped), launches the
+cross-entropy's stream path with those parameters in place of the dispatch.
 """
 
 import sys
@@ -27,8 +28,15 @@ if __name__ == "__main__":
         o = {}
         if sys.argv[1] == "wce":
             o = {"weight": (torch.rand(V, device="cuda") + 0.5).to(dtype), "label_smoothing": LABEL_SMOOTHING}
+        stream = None
+        if len(sys.argv) > 5:
+            b, w, p, c = (int(v) for v in sys.argv[5].split(","))
+            stream = {"BLOCK": b, "num_warps": w, "programs_per_sm": p, "maxnreg": c or None}
         for _ in range(3):
-            tce.cross_entropy(x, t, validate=False, **o)
+            if stream:
+                tce.run_path(x, t, "stream", params=stream, **o)
+            else:
+                tce.cross_entropy(x, t, validate=False, **o)
     else:
         y = torch.softmax(x.float(), -1).to(dtype)
         for _ in range(3):
