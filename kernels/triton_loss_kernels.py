@@ -1376,8 +1376,8 @@ def cross_entropy_prep_kernel(
     tl.store(PREP + 1, w_rows)
     if MEAN:
         tl.store(PREP + 2, 1.0 / w_rows)
-    else:
-        tl.store(PREP + 2, w_rows * 0.0 + 1.0)
+    else:  # 1 whatever the weights (w_rows * 0 + 1 would be NaN where a target's weight is inf)
+        tl.store(PREP + 2, tl.full((), 1.0, tl.float32))
 
 
 @triton.jit

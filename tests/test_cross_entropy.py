@@ -562,6 +562,31 @@ def test_an_ignored_row_whose_probabilities_are_nan_has_a_nan_gradient(kernel):
 
 
 @pytest.mark.cpu
+@pytest.mark.parametrize("kernel", ["triton", kernels.CROSS_ENTROPY_BASELINE])
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's inf arithmetic
+def test_a_class_weight_of_inf_leaves_the_other_rows_as_they_were(kernel):
+    # PyTorch's semantics: a target whose class weight is inf makes its row's loss inf, and the
+    # "sum" with it; "none" and "sum" scale the gradient by 1 whatever the weights sum to, so the
+    # rows whose targets weigh finitely keep their losses and gradients.
+    x = logits(6, V_CPU, seed=5)
+    t = torch.tensor([0, 3, 1, 3, 2, 4])
+    finite = torch.tensor([0, 2, 4, 5])
+    o = options("none", 0.0, True)
+    beside = o["weight"].clone()  # what the finite rows see: no row of theirs reads class 3's weight
+    o["weight"][3] = math.inf
+    for name, fn in every_path(kernel):
+        rows = run_cross_entropy_poisoned(fn, x, t, **o)
+        assert torch.isinf(rows.loss[[1, 3]]).all(), f"{name}: {rows.loss}"
+        part = (rows.loss[finite], rows.lse[finite], rows.grad[finite])
+        check_cross_entropy(
+            part, x[finite], t[finite], what=f"{name}: rows beside a weight of inf", **{**o, "weight": beside}
+        )
+        total = run_cross_entropy_poisoned(fn, x, t, **{**o, "reduction": "sum"})
+        assert total.loss.item() == math.inf, f"{name}: sum {total.loss}"
+        assert torch.equal(bits(total.grad[finite]), bits(rows.grad[finite])), f"{name}: sum's gradient"
+
+
+@pytest.mark.cpu
 @interpreted
 @pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")  # the mean over no rows: 0 / 0
 def test_one_class_all_ignored_and_empty_batches():
