@@ -561,29 +561,33 @@ def test_an_ignored_row_whose_probabilities_are_nan_has_a_nan_gradient(kernel):
             assert torch.isnan(result.grad[1:5]).all() and torch.isfinite(result.grad[[0, 5]]).all(), name
 
 
+def check_a_class_weight_of_inf(name, fn, V, device="cpu"):
+    """PyTorch's semantics: a target whose class weight is inf makes its row's loss inf, and the
+    "sum" with it; "none" and "sum" scale the gradient by 1 whatever the weights sum to, so the
+    rows whose targets weigh finitely keep their losses and gradients."""
+    x = logits(6, V, seed=5, device=device)
+    t = torch.tensor([0, 3, 1, 3, 2, 4], device=device)
+    finite = torch.tensor([0, 2, 4, 5], device=device)
+    o = options("none", 0.0, True, V=V, device=device)
+    beside = o["weight"].clone()  # what the finite rows see: no row of theirs reads class 3's weight
+    o["weight"][3] = math.inf
+    rows = run_cross_entropy_poisoned(fn, x, t, **o)
+    assert torch.isinf(rows.loss[[1, 3]]).all(), f"{name}: {rows.loss}"
+    part = (rows.loss[finite], rows.lse[finite], rows.grad[finite])
+    check_cross_entropy(
+        part, x[finite], t[finite], what=f"{name}: rows beside a weight of inf", **{**o, "weight": beside}
+    )
+    total = run_cross_entropy_poisoned(fn, x, t, **{**o, "reduction": "sum"})
+    assert total.loss.item() == math.inf, f"{name}: sum {total.loss}"
+    assert torch.equal(bits(total.grad[finite]), bits(rows.grad[finite])), f"{name}: sum's gradient"
+
+
 @pytest.mark.cpu
 @pytest.mark.parametrize("kernel", ["triton", kernels.CROSS_ENTROPY_BASELINE])
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's inf arithmetic
 def test_a_class_weight_of_inf_leaves_the_other_rows_as_they_were(kernel):
-    # PyTorch's semantics: a target whose class weight is inf makes its row's loss inf, and the
-    # "sum" with it; "none" and "sum" scale the gradient by 1 whatever the weights sum to, so the
-    # rows whose targets weigh finitely keep their losses and gradients.
-    x = logits(6, V_CPU, seed=5)
-    t = torch.tensor([0, 3, 1, 3, 2, 4])
-    finite = torch.tensor([0, 2, 4, 5])
-    o = options("none", 0.0, True)
-    beside = o["weight"].clone()  # what the finite rows see: no row of theirs reads class 3's weight
-    o["weight"][3] = math.inf
     for name, fn in every_path(kernel):
-        rows = run_cross_entropy_poisoned(fn, x, t, **o)
-        assert torch.isinf(rows.loss[[1, 3]]).all(), f"{name}: {rows.loss}"
-        part = (rows.loss[finite], rows.lse[finite], rows.grad[finite])
-        check_cross_entropy(
-            part, x[finite], t[finite], what=f"{name}: rows beside a weight of inf", **{**o, "weight": beside}
-        )
-        total = run_cross_entropy_poisoned(fn, x, t, **{**o, "reduction": "sum"})
-        assert total.loss.item() == math.inf, f"{name}: sum {total.loss}"
-        assert torch.equal(bits(total.grad[finite]), bits(rows.grad[finite])), f"{name}: sum's gradient"
+        check_a_class_weight_of_inf(name, fn, V_CPU)
 
 
 @pytest.mark.cpu
@@ -872,6 +876,13 @@ def test_cuda_matches_the_reference(case, dtype, V):
     o = options(*case, V=V, dtype=dtype, device="cuda")
     result = run_cross_entropy_poisoned(CROSS_ENTROPY_KERNELS["triton"], x, t, **o)
     check_cross_entropy(result, x, t, what=f"triton V={V} via {tce.plan(N, V, dtype)} {case_id(case)}", **o)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("V", (600, 50257))
+@pytest.mark.parametrize("kernel", [n for n, k in CROSS_ENTROPY_KERNELS.items() if not k.baseline])
+def test_cuda_a_class_weight_of_inf_leaves_the_other_rows_as_they_were(kernel, V):
+    check_a_class_weight_of_inf(f"{kernel} V={V}", CROSS_ENTROPY_KERNELS[kernel], V, device="cuda")
 
 
 def longest_row(path: str, dtype: torch.dtype) -> int | None:
