@@ -38,6 +38,7 @@ import torch
 
 from kernels import triton_backward as tb
 from kernels.baselines import compiled_softmax_backward
+from kernels.triton_dispatch import held_split_chunk
 from tests.test_loss_benchmarks import LABEL_SMOOTHING
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -54,6 +55,14 @@ BACKWARD_SHAPES = [(4096, 24575, torch.bfloat16), (4096, 24576, torch.bfloat16)]
 STREAM = {f"stream {b} x {w} warps, {p}/SM, cap {c}": (b, w, p, c) for b, w, p, c in (
     (2048, 8, 3, 80), (1024, 8, 3, 80), (2048, 8, 2, None), (4096, 16, 1, None), (4096, 16, 2, 64),
 )}  # fmt: skip
+# The third question: rows read once. held_split (warps, register cap or None, most bytes a
+# chunk takes), each named in full: at 128 KB a bf16 row to 65536 is one program's (its
+# meetings with itself alone), a float32 row of 50257 two programs'. Triton 3.6's sm_90 builds
+# at (50257, bf16 / float32): 8 warps uncapped 255 / 244 registers (1516 / 0 bytes spilled),
+# one program an SM; 16 warps under 64 two an SM (3460 / 864 bytes spilled).
+HELD = {f"held_split {w} x {c}, {k // 1024}K": (w, c, k) for w, c, k in (
+    (8, None, 131072), (16, 64, 131072), (8, 128, 65536),
+)}  # fmt: skip
 
 
 def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
@@ -66,6 +75,9 @@ def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
         name: ("stream", {"BLOCK": b, "num_warps": wp, "programs_per_sm": p, "maxnreg": c})
         for name, (b, wp, p, c) in STREAM.items()
     }
+    for name, (wp, c, most) in HELD.items():
+        chunk = held_split_chunk(V, x.element_size(), most, wp)
+        runs[name] = ("held_split", {"CHUNK": chunk, "num_warps": wp, "maxnreg": c})
     return time_against_dispatch(x, t, runs, copy, **o)
 
 
