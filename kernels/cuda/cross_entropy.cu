@@ -62,7 +62,9 @@ __device__ __forceinline__ CeRow ce_row(long long t, long long ignore_index, int
     const float wt = r.ok ? (weight != nullptr ? __ldg(weight + t) : 1.0f) : 0.0f;
     const float other = r.valid ? SOFTMAX_NAN : 0.0f;
     const float g = CE_G(params), eps_v = eps / static_cast<float>(n_cols);
-    r.ga = r.ok ? g * fmaf(1.0f - eps, wt, eps_v * CE_W_ALL(params)) : other;
+    // Without smoothing the sum of all class weights takes no part: where it is inf (a class
+    // weighted inf), 0 * inf would make every row's coefficient NaN.
+    r.ga = r.ok ? g * fmaf(1.0f - eps, wt, eps > 0.0f ? eps_v * CE_W_ALL(params) : 0.0f) : other;
     r.gc = r.ok ? g * eps_v : other;
     return r;
 }
@@ -114,7 +116,7 @@ __device__ __forceinline__ float ce_target(long long t, float xt, const CeRow& r
     float l = alpha * ((z.m - xt) + z.L);
     if (eps > 0.0f) l = fmaf(eps_v, fmaf(w_all, z.L, -z.q), l);
     *loss = l;
-    return fmaf(g * alpha, pm1, fmaf(g * eps_v * w_all, pt, -(r.gc * w_t)));
+    return fmaf(g * alpha, pm1, eps > 0.0f ? fmaf(g * eps_v * w_all, pt, -(r.gc * w_t)) : 0.0f);  // as ce_row's
 }
 
 // The row's log-sum-exp, and the loss of a row without an owner (ignored: 0; bad target: NaN).
