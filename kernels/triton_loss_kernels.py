@@ -982,9 +982,10 @@ def cross_entropy_stream_kernel(
     # and, with smoothing, the min; the fixed-point sums; the gradient), without the split's
     # meetings. The grid bounds the rows in flight so that the second and third reads can find
     # the row in L2; at (4096, 50257) on an H100 its 396 rows (40 MB in bf16) did not stay there:
-    # DRAM moved about three reads and a write (reports/profiles.md). The terms and sums are the
-    # row kernel's, so are the bits. The target's logit is read before the row's first write
-    # (inplace=True).
+    # DRAM moved about three reads and a write. One program an SM kept them there (one read),
+    # and in bf16 ran no faster: latency, not DRAM, bounds it (reports/profiles.md). The terms
+    # and sums are the row kernel's, so are the bits. The target's logit is read before the
+    # row's first write (inplace=True).
     cols = tl.arange(0, BLOCK)
     OUT: tl.constexpr = G.dtype.element_ty
     w_max = 1.0  # the smoothing sum's bound on |w| (PREP[3])
