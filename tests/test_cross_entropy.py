@@ -564,7 +564,8 @@ def test_an_ignored_row_whose_probabilities_are_nan_has_a_nan_gradient(kernel):
 def check_a_class_weight_of_inf(name, fn, V, device="cpu"):
     """PyTorch's semantics: a target whose class weight is inf makes its row's loss inf, and the
     "sum" with it; "none" and "sum" scale the gradient by 1 whatever the weights sum to, so the
-    rows whose targets weigh finitely keep their losses and gradients."""
+    rows whose targets weigh finitely keep their losses and gradients; "mean" divides by that
+    inf, a NaN loss and zero gradients on those rows."""
     x = logits(6, V, seed=5, device=device)
     t = torch.tensor([0, 3, 1, 3, 2, 4], device=device)
     finite = torch.tensor([0, 2, 4, 5], device=device)
@@ -580,6 +581,9 @@ def check_a_class_weight_of_inf(name, fn, V, device="cpu"):
     total = run_cross_entropy_poisoned(fn, x, t, **{**o, "reduction": "sum"})
     assert total.loss.item() == math.inf, f"{name}: sum {total.loss}"
     assert torch.equal(bits(total.grad[finite]), bits(rows.grad[finite])), f"{name}: sum's gradient"
+    mean = run_cross_entropy_poisoned(fn, x, t, **{**o, "reduction": "mean"})  # over a weight sum of inf
+    assert math.isnan(mean.loss.item()), f"{name}: mean {mean.loss}"
+    assert torch.equal(mean.grad[finite], torch.zeros_like(mean.grad[finite])), f"{name}: mean's gradient"
 
 
 @pytest.mark.cpu
