@@ -13,6 +13,8 @@ reduction="mean", out=None) -> (loss, lse, grad)`:
   one_minus_p_in_float32      1 - p_t formed as 1 minus a float32 probability near 1
   loss_from_lse_minus_target  the loss as logsumexp - x_t in float32: a confident row's rounds away
   ignored_rows_in_the_mean    the mean divides by N, not by the non-ignored rows' weights
+  smoothing_terms_at_eps_0    the smoothing's gradient terms formed and scaled by eps even at
+                              eps = 0: 0 x inf, a NaN in every row, where a class weighs inf
 Softmax backward, `fn(dy, y, *, out=None) -> dx`:
   sum_without_y               s = sum(dy) instead of sum(y * dy)
   sequential_float32_sum      s summed one element at a time in float32 (drifts on long rows)
@@ -175,6 +177,17 @@ def ignored_rows_in_the_mean(logits, target, *, weight=None, ignore_index=-100, 
     return _finish(x, loss, grad, w_t, ignored, reduction, out, denominator=torch.tensor(float(N)))
 
 
+def smoothing_terms_at_eps_0(logits, target, *, weight=None, ignore_index=-100, label_smoothing=0.0,
+                             reduction="mean", out=None):  # fmt: skip
+    x, N, V, w, ignored, ts = _prepare(logits, target, weight, ignore_index)
+    loss, grad, w_t = _standard(x, V, w, ignored, ts, label_smoothing)
+    if label_smoothing == 0:
+        # The bug: eps / V (sum(w) p - w) added though eps is 0, which adds nothing unless sum(w)
+        # or a w is inf.
+        grad = grad + label_smoothing / V * (w.sum() * torch.softmax(x, dim=-1) - w[None, :])
+    return _finish(x, loss, grad, w_t, ignored, reduction, out)
+
+
 BROKEN_CROSS_ENTROPY = {
     f.__name__: f
     for f in (
@@ -184,6 +197,7 @@ BROKEN_CROSS_ENTROPY = {
         one_minus_p_in_float32,
         loss_from_lse_minus_target,
         ignored_rows_in_the_mean,
+        smoothing_terms_at_eps_0,
     )
 }
 

@@ -833,7 +833,8 @@ def test_bounds_allow_a_few_roundings_per_chain_not_more():
 def test_checks_reject_every_broken_cross_entropy(name):
     """On the edge rows, each broken kernel must fail check_cross_entropy in one of two option
     sets: label smoothing, weights and the mean (where the reductions' and smoothing's bugs
-    show), or per-row losses (where a confident row's own loss shows, below a mean's rounding)."""
+    show), or per-row losses (where a confident row's own loss shows, below a mean's rounding);
+    or fail the case of a class weighted inf."""
     x, t = edge_rows(V_CPU, seed=7)
     rejected = []
     for case in (("mean", 0.1, True), ("none", 0.0, False)):
@@ -843,7 +844,11 @@ def test_checks_reject_every_broken_cross_entropy(name):
             check_cross_entropy(result, x, t, what=name, **o)
         except AssertionError:
             rejected.append(case)
-    assert rejected, f"{name} passes check_cross_entropy in both option sets"
+    try:
+        check_a_class_weight_of_inf(name, BROKEN_CROSS_ENTROPY[name], V_CPU)
+    except AssertionError:
+        rejected.append("a class weighted inf")
+    assert rejected, f"{name} passes check_cross_entropy in both option sets and the case of an inf weight"
 
 
 @pytest.mark.cpu
@@ -855,6 +860,13 @@ def test_checks_accept_the_broken_kernels_without_their_bugs(case):
     x, t = edge_rows(V_CPU, seed=7)
     o = options(*case)
     check_cross_entropy(run_cross_entropy_poisoned(broken_loss_kernels.standard, x, t, **o), x, t, **o)
+
+
+@pytest.mark.cpu
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_checks_accept_the_broken_kernels_without_their_bugs_beside_an_inf_weight():
+    """The same control for the case of a class weighted inf."""
+    check_a_class_weight_of_inf("standard", broken_loss_kernels.standard, V_CPU)
 
 
 @pytest.mark.cpu
