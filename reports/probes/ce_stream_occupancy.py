@@ -22,6 +22,8 @@ the re-reads in L2, and does that beat the loads in flight they give up? On that
 spill), 1596 against the dispatch's 1792 us in float32, 1048 against 992 in bf16; two 2048 x 8
 programs an SM, the same warps and loads in flight over twice the rows, 1433 / 2175 us; under
 64 registers (4096 x 16 two an SM, 8192 x 32 one an SM) the spill reached DRAM and both lost.
+This probe's run on that H100 (runs/h100-2026-12-07g, graph clock): no launch led at every
+shape, and rows held whole (HELD below) ran 2.5-3.3x the dispatch's time (reports/profiles.md).
 
 Per shape, weighted and smoothed as the benchmark draws it: the dispatch, stream at (BLOCK, warps,
 programs an SM, register cap), and the benchmark's torch.compile step, in the graph clock of
