@@ -561,15 +561,15 @@ def test_an_ignored_row_whose_probabilities_are_nan_has_a_nan_gradient(kernel):
             assert torch.isnan(result.grad[1:5]).all() and torch.isfinite(result.grad[[0, 5]]).all(), name
 
 
-def check_a_class_weight_of_inf(name, fn, V, device="cpu"):
+def check_a_class_weight_of_inf(name, fn, V, device="cpu", dtype=torch.float32):
     """PyTorch's semantics: a target whose class weight is inf makes its row's loss inf, and the
     "sum" with it; "none" and "sum" scale the gradient by 1 whatever the weights sum to, so the
     rows whose targets weigh finitely keep their losses and gradients; "mean" divides by that
     inf, a NaN loss and zero gradients on those rows."""
-    x = logits(6, V, seed=5, device=device)
+    x = logits(6, V, seed=5, device=device, dtype=dtype)
     t = torch.tensor([0, 3, 1, 3, 2, 4], device=device)
     finite = torch.tensor([0, 2, 4, 5], device=device)
-    o = options("none", 0.0, True, V=V, device=device)
+    o = options("none", 0.0, True, V=V, device=device, dtype=dtype)
     beside = o["weight"].clone()  # what the finite rows see: no row of theirs reads class 3's weight
     o["weight"][3] = math.inf
     rows = run_cross_entropy_poisoned(fn, x, t, **o)
@@ -590,8 +590,11 @@ def check_a_class_weight_of_inf(name, fn, V, device="cpu"):
 @pytest.mark.parametrize("kernel", ["triton", kernels.CROSS_ENTROPY_BASELINE])
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's inf arithmetic
 def test_a_class_weight_of_inf_leaves_the_other_rows_as_they_were(kernel):
+    # bf16 for our kernels; F.cross_entropy's bf16 CPU kernel is not held to the reference's bound
+    dtypes = (torch.float32,) if CROSS_ENTROPY_KERNELS[kernel].baseline else (torch.float32, torch.bfloat16)
     for name, fn in every_path(kernel):
-        check_a_class_weight_of_inf(name, fn, V_CPU)
+        for dtype in dtypes:
+            check_a_class_weight_of_inf(f"{name} {dtype_id(dtype)}", fn, V_CPU, dtype=dtype)
 
 
 @pytest.mark.cpu
@@ -895,10 +898,13 @@ def test_cuda_matches_the_reference(case, dtype, V):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=dtype_id)
 @pytest.mark.parametrize("V", (600, 50257))
 @pytest.mark.parametrize("kernel", [n for n, k in CROSS_ENTROPY_KERNELS.items() if not k.baseline])
-def test_cuda_a_class_weight_of_inf_leaves_the_other_rows_as_they_were(kernel, V):
-    check_a_class_weight_of_inf(f"{kernel} V={V}", CROSS_ENTROPY_KERNELS[kernel], V, device="cuda")
+def test_cuda_a_class_weight_of_inf_leaves_the_other_rows_as_they_were(kernel, V, dtype):
+    check_a_class_weight_of_inf(
+        f"{kernel} V={V} {dtype_id(dtype)}", CROSS_ENTROPY_KERNELS[kernel], V, device="cuda", dtype=dtype
+    )
 
 
 def longest_row(path: str, dtype: torch.dtype) -> int | None:
