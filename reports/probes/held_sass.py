@@ -1,6 +1,13 @@
 """The held kernels' instructions per element, pass by pass, from their sm_90 SASS (no GPU).
 
-    python reports/probes/held_sass.py [V]        # default V = 32000, bf16
+    python reports/probes/held_sass.py [V]                  # default V = 32000, bf16
+    python reports/probes/held_sass.py --stream [V ...]     # the weighted stream's tile loops
+
+The second form takes the cross-entropy's stream kernel (class weights and smoothing, the
+dispatch's launch) in bf16 and float32 at each V (default 50257 65536): its passes are loops
+over tiles, so each loop body (a backward branch's span) is what a thread issues for one tile,
+given per element of the tile a thread takes, with its global loads (LDG), stores (STG),
+exponentials (MUFU) and float-to-integer conversions (F2I).
 
 The held kernels (a 16-bit row whole in shared memory: the softmax's and the cross-entropy's)
 are unrolled over the row's tiles, so the SASS between two block-wide barriers is what a thread
@@ -24,7 +31,8 @@ import torch
 import triton
 from triton import knobs
 from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon._runtime import GluonASTSource
+from triton.compiler import ASTSource
+from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 
 from kernels import softmax_triton as st
 from kernels import triton_backward as tb
@@ -41,7 +49,8 @@ def sass(op: str, path: str, p: dict, V: int, dtype: str) -> str:
     spec = entry.aot(p, V, DTYPE_IDS[dtype], ITEMSIZE[dtype])
     options = dict(spec["options"])
     attrs = {(i,): [["tt.divisibility", 16]] for i in spec["aligned"]}
-    src = GluonASTSource(fn=entry.kernel, signature=spec["signature"], constexprs=spec["constexprs"], attrs=attrs)
+    source = GluonASTSource if isinstance(entry.kernel, GluonJITFunction) else ASTSource
+    src = source(fn=entry.kernel, signature=spec["signature"], constexprs=spec["constexprs"], attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
@@ -61,7 +70,64 @@ def passes(text: str, per_thread: int) -> list[tuple[float, list]]:
     return out
 
 
+OPCODE = re.compile(r"\s*(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")  # with its suffixes
+LINE = re.compile(r"^\s+/\*([0-9a-f]{4,5})\*/(.*)$")
+
+
+WIDTH = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}  # bytes; 4 unmarked
+
+
+def access_bytes(op: str) -> int:
+    """Bytes a thread moves with one LDG / STG opcode (LDG.E.EF.U16: 2)."""
+    return next((WIDTH[part] for part in op.split(".")[1:] if part in WIDTH), 4)
+
+
+def loops(text: str, per_thread: int, itemsize: int) -> list[tuple[float, dict]]:
+    """(instructions per element, counts of LDG / STG / MUFU / F2I) of each loop of 20 or more
+    instructions that holds no other loop, a loop being the span of a branch back. An iteration
+    may take several tiles (the compiler unrolls): counted from its bytes, those stored where it
+    stores (the gradient), else those loaded, halved where it also takes exponentials (the
+    logits and their class weights), against a tile's per_thread elements of itemsize bytes."""
+    lines = [(int(m.group(1), 16), m.group(2)) for m in map(LINE.match, text.splitlines()) if m]
+    at = {address: i for i, (address, _) in enumerate(lines)}
+    spans = []
+    for i, (address, body) in enumerate(lines):
+        target = re.search(r"BRA\s+(?:`\()?0x([0-9a-f]+)", body)
+        if target and int(target.group(1), 16) < address and int(target.group(1), 16) in at:
+            spans.append((at[int(target.group(1), 16)], i))
+    inner = [
+        (a, b) for a, b in spans if b - a >= 20 and not any(a <= c < d <= b and (c, d) != (a, b) for c, d in spans)
+    ]
+    out = []
+    for a, b in inner:
+        ops = [m.group(1) for m in (OPCODE.match(body) for _, body in lines[a : b + 1]) if m]
+        counts = {k: sum(o.split(".")[0] == k for o in ops) for k in ("LDG", "STG", "MUFU", "F2I")}
+        loaded = sum(access_bytes(o) for o in ops if o.startswith("LDG"))
+        stored = sum(access_bytes(o) for o in ops if o.startswith("STG"))
+        moved = stored if stored else loaded // 2 if counts["MUFU"] else loaded
+        tiles = max(1, round(moved / (per_thread * itemsize)))
+        out.append((len(ops) / (per_thread * tiles), {**counts, "tiles": tiles}))
+    return out
+
+
+def stream_main(Vs: list[int]) -> int:
+    for dtype in (torch.bfloat16, torch.float32):
+        for V in Vs:
+            p = {**tb.launch_params("stream", V, dtype, op="cross_entropy"), "HAS_WEIGHT": True, "HAS_SMOOTHING": True}
+            per_thread = p["BLOCK"] // (32 * p["num_warps"])
+            name = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
+            print(
+                f"cross-entropy stream, weighted and smoothed, {name} V = {V}, {p['BLOCK']} x {p['num_warps']} warps:"
+            )
+            text = sass("cross_entropy", "stream", p, V, name)
+            for per_element, counts in loops(text, per_thread, dtype.itemsize):
+                print(f"  {per_element:5.2f} an element: " + ", ".join(f"{k} {n}" for k, n in counts.items()))
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--stream"]:
+        return stream_main([int(v) for v in sys.argv[2:]] or [50257, 65536])
     V = int(sys.argv[1]) if len(sys.argv) > 1 else 32000
     dtype = torch.bfloat16
     kernels = {
