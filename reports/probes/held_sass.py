@@ -1,4 +1,5 @@
-"""The held kernels' instructions per element, pass by pass, from their sm_90 SASS (no GPU).
+"""The held kernels' (and the weighted stream's) instructions per element, pass by pass, from
+their sm_90 SASS (no GPU).
 
     python reports/probes/held_sass.py [V]                  # default V = 32000, bf16
     python reports/probes/held_sass.py --stream [V ...]     # the weighted stream's tile loops
@@ -72,8 +73,6 @@ def passes(text: str, per_thread: int) -> list[tuple[float, list]]:
 
 OPCODE = re.compile(r"\s*(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")  # with its suffixes
 LINE = re.compile(r"^\s+/\*([0-9a-f]{4,5})\*/(.*)$")
-
-
 WIDTH = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}  # bytes; 4 unmarked
 
 
