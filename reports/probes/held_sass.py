@@ -37,7 +37,7 @@ from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 
 from kernels import softmax_triton as st
 from kernels import triton_backward as tb
-from kernels.spec import DTYPE_IDS, ITEMSIZE
+from kernels.spec import DTYPE_IDS, ITEMSIZE, dtype_name
 from kernels.triton_dispatch import held_block
 from kernels.triton_launch import TABLES
 
@@ -114,7 +114,7 @@ def stream_main(Vs: list[int]) -> int:
         for V in Vs:
             p = {**tb.launch_params("stream", V, dtype, op="cross_entropy"), "HAS_WEIGHT": True, "HAS_SMOOTHING": True}
             per_thread = p["BLOCK"] // (32 * p["num_warps"])
-            name = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
+            name = dtype_name(dtype)
             print(
                 f"cross-entropy stream, weighted and smoothed, {name} V = {V}, {p['BLOCK']} x {p['num_warps']} warps:"
             )
