@@ -376,8 +376,8 @@ SPECS: tuple[KernelSpec, ...] = (
                 {"plain": False},
                 # 16-bit plain rows of 16385-40960 (past DISPATCH_BOUNDARIES["held_min_v"]) held in
                 # shared memory; longer plain rows split, each program's chunk in shared memory;
-                # weighted or smoothed rows stream to DISPATCH_BOUNDARIES["stream_max_v"], tiles
-                # of 16 with one program
+                # weighted or smoothed rows stream (float32 ones to
+                # DISPATCH_BOUNDARIES["float32_stream_max_v"]), tiles of 16 with one program
                 (
                     Path("held", gpu=(5, 16385), dtypes=("bfloat16", "float16"), interpreted=False),
                     Path("held_split", gpu=(5, 40961), interpreted=False, meets=True),

@@ -163,15 +163,19 @@ def launch_params(
         # runs/h200-2026-12-07c) bf16 (4096, 24575) in tiles of 2048 at 16 warps under 64 took
         # 318 us against 367 in tiles of 4096.
         if op == "cross_entropy":
-            # Tiles of 2048 at 8 warps, 8 elements a thread, at any alignment; three programs an
-            # SM for rows of at most 256 KB, one beyond. On an H200 at V = 50257 with class weights
-            # and smoothing (runs/h200-2026-12-06b, -07c), three led two and one (bf16 974 / 1193 /
-            # 1829 us at N = 4096, float32 1431 / 1869 / 2740 us, though float32's rows in flight,
-            # 80 MB, outgrow L2); under the cap of 80, whole tiles of 2048 read element by element
-            # (136 bytes a thread spilled under Triton 3.6, outside the tile loops) led half tiles
+            # Tiles of 2048 at 8 warps, 8 elements a thread, at any alignment, three programs an
+            # SM at any V. On an H200 at V = 50257 with class weights and smoothing
+            # (runs/h200-2026-12-06b, -07c), three led two and one (bf16 974 / 1193 / 1829 us at
+            # N = 4096, float32 1431 / 1869 / 2740 us, though float32's rows in flight, 80 MB,
+            # outgrow L2); under the cap of 80, whole tiles of 2048 read element by element (136
+            # bytes a thread spilled under Triton 3.6, outside the tile loops) led half tiles
             # (bf16 697 against 843 us, float32 1016 against 1416 us) and tiles cut on 16-byte
             # groups (the split's cut: 740 and 1267 us, their weights read element by element).
-            p = {"BLOCK": 2048, "num_warps": 8, "programs_per_sm": 3 if V * dtype.itemsize <= 256 * 1024 else 1}
+            # Rows past 256 KB, whose rows in flight outgrow L2 at any of these: on an H100 at N =
+            # 4096 (runs/h100-2026-12-07h), of the floor, three programs an SM 0.398 (bf16
+            # 128256), 0.399 (bf16 262144), 0.426 (float32 128256) against one of 4096 x 16 warps
+            # 0.326 / 0.260 / 0.324 and two of 2048 x 8 warps 0.274 / 0.271 / 0.303.
+            p = {"BLOCK": 2048, "num_warps": 8, "programs_per_sm": 3}
         else:
             half = 1 if rows == "aligned" else 2
             if dtype != torch.float32 and V <= 32768:

@@ -266,7 +266,8 @@ def build_training(quick: bool = False) -> list[dict]:
                 for V in (262144, 262145)
             ]
             builds.append((f"ce-split {tag} out of step", "cross_entropy", "split", 262144, name, flags))
-            # stream (weighted or smoothed rows to stream_max_v; in place, rows that would split)
+            # stream (weighted or smoothed rows, float32 ones to float32_stream_max_v; in place, rows
+            # that would split)
             builds += [(f"ce-stream {tag}", "cross_entropy", "stream", V, name, flags) for V in (32768, 131072)]
             # ... and at GPT-2's vocabulary, whose rows are not 16-byte aligned
             builds.append((f"ce-stream {tag} odd V", "cross_entropy", "stream", 50257, name, flags))

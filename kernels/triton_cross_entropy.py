@@ -12,8 +12,8 @@ its combination with label smoothing.
     result.grad      (N, V), the logits' dtype: d loss / d logits (for "none": of loss.sum())
 
 Launches, in order on the stream (kernels/triton_loss_kernels.py): prep, one program over the
-targets and class weights; row, held, held_split or split (`plan`: the softmax backward's row
-and split for rows with class weights or label smoothing; plain rows held whole further, 16-bit
+targets and class weights; row, held, held_split, stream or split (`plan`: row, stream and
+split for rows with class weights or label smoothing; plain rows held whole further, 16-bit
 plain rows of held_min_v < V <= held_max_v in shared memory, and longer plain rows split with
 each program's chunk in shared memory); for "mean" / "sum", reduce, one program summing the
 rows' losses in fixed point.
@@ -69,18 +69,21 @@ PATHS = spec_of("cross_entropy", KERNEL_NAME).path_names  # the registry's entry
 # 262144) against 0.43, held's 0.71 / 0.86 at 50257 and N = 1024 / 16384 against 0.69 / 0.80;
 # fp16 (4096, 128256) 0.94 against 0.60; float32 past row's rows, 0.85 / 0.92 / 0.91 at 65537 /
 # 128256 / 262144 against split's 0.60 / 0.77 / 0.75. The same bits throughout.
-# Rows with class weights or label smoothing past the row path's take stream to stream_max_v
-# (a few programs an SM walking the rows, each read three times, no meetings),
-# split beyond. On an H200 at V = 50257 (graph clock, runs/h200-2026-12-06b/ce_weighted.log),
-# stream at three programs an SM over the split: bf16 1.74x at N = 4096 (974 against 1697 us),
-# 1.48x at 1024, 1.80x at 16384; float32 1.19x at 4096; 1.46x / 1.16x torch.compile's step;
-# the same bits. Not timed at other V: rows past 65536 keep to the split.
+# Rows with class weights or label smoothing past the row path's stream (a few programs an SM
+# walking the rows, each read three times, no meetings): 16-bit rows of any length, float32
+# rows to float32_stream_max_v, split beyond. On an H200 at V = 50257 (graph clock,
+# runs/h200-2026-12-06b/ce_weighted.log), stream at three programs an SM over the split: bf16
+# 1.74x at N = 4096 (974 against 1697 us), 1.48x at 1024, 1.80x at 16384; float32 1.19x at
+# 4096; 1.46x / 1.16x torch.compile's step. On an H100 at N = 4096
+# (runs/h100-2026-12-07h/ce_stream_occupancy.log), of the floor, stream against split: bf16
+# 0.398 / 0.261 at 128256 and 0.399 / 0.256 at 262144 (1.53x, 1.56x), float32 0.426 / 0.433 at
+# 128256, where the split stays. The same bits throughout.
 DISPATCH_BOUNDARIES = {
     "row_max_v": _BACKWARD_BOUNDARIES["row_max_v"],
     "plain_row_max_v": 32768,
     "held_min_v": 16384,
     "held_max_v": 40960,
-    "stream_max_v": 65536,
+    "float32_stream_max_v": 65536,
 }
 # Where the held kernel cannot run (Triton's interpreter, a GPU before sm_80) its rows take split,
 # which holds rows of any length (row's plain rows end at plain_row_max_v, short of held_max_v),
@@ -101,7 +104,7 @@ def plan(N: int, V: int, dtype: torch.dtype = torch.float32, boundaries=None, *,
     if V <= b["row_max_v"]:
         return "row"
     if not plain:
-        return "stream" if V <= b["stream_max_v"] else "split"
+        return "split" if dtype == torch.float32 and V > b["float32_stream_max_v"] else "stream"
     if dtype != torch.float32 and V > b["held_min_v"]:
         return "held" if V <= b["held_max_v"] else "held_split"
     return "row" if V <= b["plain_row_max_v"] else "held_split"
@@ -249,8 +252,9 @@ def run_path(logits, targets, path: str, *, params: dict | None = None, **option
     (the split's rows, each program's chunk held; with class weights or smoothing not
     dispatched): CHUNK, num_warps, maxnreg, max_spins; held takes plain rows only; held and
     held_split run on a GPU of sm_80 on: ValueError elsewhere; stream (weighted or smoothed
-    rows to stream_max_v, and in place the rows that would split: a few programs an SM walking
-    the rows, each read three times): BLOCK, num_warps, programs_per_sm, maxnreg);
+    rows, float32 ones to float32_stream_max_v, and in place the rows that would split: a few
+    programs an SM walking the rows, each read three times): BLOCK, num_warps, programs_per_sm,
+    maxnreg);
     `options` as cross_entropy takes them."""
     return _cross_entropy(logits, targets, path, params or {}, **options)
 

@@ -166,7 +166,7 @@ def test_registry_describes_every_cross_entropy_kernel():
     # The path depends on V and the options, never on N: a row's bits cannot depend on the batch
     # through the dispatch. Plain rows (no weights, no smoothing) stay whole further.
     plain = tce.DISPATCH_BOUNDARIES["plain_row_max_v"]
-    stream = tce.DISPATCH_BOUNDARIES["stream_max_v"]
+    stream = tce.DISPATCH_BOUNDARIES["float32_stream_max_v"]
     for V, plain_path, other_path in (
         (b, "row", "row"), (b + 1, "row", "stream"), (plain, "row", "stream"), (stream, "held_split", "stream")
     ):  # fmt: skip
@@ -175,12 +175,14 @@ def test_registry_describes_every_cross_entropy_kernel():
     assert {tce.plan(N, plain + 1) for N in (1, 65536)} == {"held_split"}
     assert {tce.plan(N, stream + 1, plain=False) for N in (1, 65536)} == {"split"}
     # 16-bit plain rows of held_min_v < V <= held_max_v are held in shared memory, longer ones
-    # split with each chunk held, at any N; weighted or smoothed rows stream, then split.
+    # split with each chunk held, at any N; weighted or smoothed 16-bit rows stream at any V.
     lo, hi = tce.DISPATCH_BOUNDARIES["held_min_v"], tce.DISPATCH_BOUNDARIES["held_max_v"]
     for dtype in (torch.bfloat16, torch.float16):
         for V, path in ((lo, "row"), (lo + 1, "held"), (hi, "held"), (hi + 1, "held_split"), (2**20, "held_split")):
             assert {tce.plan(N, V, dtype) for N in (1, 65536)} == {path}, (dtype, V)
-        assert tce.plan(1, hi, dtype, plain=False) == tce.plan(1, hi + 1, dtype, plain=False) == "stream"
+        for V in (b + 1, hi, hi + 1, stream, stream + 1, 2**20):
+            assert {tce.plan(N, V, dtype, plain=False) for N in (1, 65536)} == {"stream"}, (dtype, V)
+        assert tce.plan(1, b, dtype, plain=False) == "row"
     assert tce.plan(1, lo + 1, torch.float32) == "row"
 
 
@@ -726,7 +728,7 @@ def test_rows_that_split_take_stream_in_place(monkeypatch):
     interpreter's programs run one after another, so a split in place would read chunks
     already overwritten)."""
     row_max_v = tce.DISPATCH_BOUNDARIES["row_max_v"]
-    monkeypatch.setitem(tce.DISPATCH_BOUNDARIES, "stream_max_v", row_max_v)
+    monkeypatch.setitem(tce.DISPATCH_BOUNDARIES, "float32_stream_max_v", row_max_v)
     V = row_max_v + 1
     x, t = edge_rows(V, seed=11)
     x, t = x[2:5].clone(), t[2:5].clone()  # confident, -inf entries, huge logits
@@ -945,11 +947,11 @@ def test_cuda_edge_rows_every_path_and_layout(path, dtype, V):
 @pytest.mark.parametrize("V", (37, 16385, 50257, 131073))
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_cuda_stream_gives_the_dispatched_bits_in_every_layout(dtype, V):
-    """run_path's stream (dispatched for weighted or smoothed rows to stream_max_v, and in
-    place for rows that would split), compiled: the dispatch's bits, plain and with class
-    weights and smoothing, in every layout, a row alone and in place; the dispatch in place
-    (stream where it would split: held_split's plain rows at 50257, split's weighted ones at
-    131073) the same."""
+    """run_path's stream (dispatched for weighted or smoothed rows, float32 ones to
+    float32_stream_max_v, and in place for rows that would split), compiled: the dispatch's
+    bits, plain and with class weights and smoothing, in every layout, a row alone and in
+    place; the dispatch in place (stream where it would split: held_split's plain rows at
+    50257, split's weighted float32 ones at 131073) the same."""
     x, t = edge_rows(V, seed=V, dtype=dtype, device="cuda")
     stream = cross_entropy_path_runner("stream", **(STREAM if V < 1000 else {}))
     for case in (("mean", 0.0, False), ("none", 0.1, True)):
