@@ -331,7 +331,14 @@ SPECS: tuple[KernelSpec, ...] = (
             f"kernels.{module}:{op}",
             (
                 Path("row", gpu=(5, 100)),
-                Path("split", gpu=(5, split_v), cpu={"CHUNK": 16, "num_warps": 2}, options=split_options, meets=True),
+                Path(
+                    "split",
+                    gpu=(5, split_v),
+                    cpu={"CHUNK": 16, "num_warps": 2},
+                    options=split_options,
+                    meets=True,
+                    dtypes=split_dtypes,
+                ),
                 *extra,
             ),
             _ALL,
@@ -346,15 +353,18 @@ SPECS: tuple[KernelSpec, ...] = (
             op=op,
         )
         # split_v: the shortest row the split takes (the backward's past its row path's 8192;
-        # the cross-entropy's weighted or smoothed rows past stream's 65536, its plain rows
-        # never: they are held, in one program's registers to 32768, 16-bit ones in its shared
-        # memory to 40960, and held_split beyond); split_options: the cross-entropy's weighted case
-        for op, module, split_v, split_options, extra in (
+        # the cross-entropy's weighted or smoothed float32 rows past stream's 65536, its 16-bit
+        # ones and its plain rows never: those stream, and these are held, in one program's
+        # registers to 32768, 16-bit ones in its shared memory to 40960, and held_split beyond;
+        # split only where the held kernels cannot run); split_options: the cross-entropy's
+        # weighted case; split_dtypes: the dtypes whose rows the dispatch splits (None: all)
+        for op, module, split_v, split_options, split_dtypes, extra in (
             (
                 "softmax_backward",
                 "triton_backward",
                 8193,
                 {},
+                None,
                 # from DISPATCH_BOUNDARIES["stream_min_b"] rows on: reread (float32) writes in
                 # tiles of 16, stream (16-bit) walks tiles of 16 with 2 programs; held_split past
                 # their rows
@@ -374,6 +384,7 @@ SPECS: tuple[KernelSpec, ...] = (
                 "triton_cross_entropy",
                 65537,
                 {"plain": False},
+                ("float32",),
                 # 16-bit plain rows of 16385-40960 (past DISPATCH_BOUNDARIES["held_min_v"]) held in
                 # shared memory; longer plain rows split, each program's chunk in shared memory;
                 # weighted or smoothed rows stream (float32 ones to

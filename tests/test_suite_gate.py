@@ -419,22 +419,27 @@ def test_training_ops_are_gated_against_their_eager_baseline():
     assert {k[1] for k in training} == {4096}
     assert not gate.evaluate(doc, records, MODEL).failed
     weighted = "triton:weighted_cross_entropy"
-    # the weighted rows stream at 50257 and split at 128256; plain 16-bit rows of 128256 are held
-    # in parts that meet; the fused kernel's clusters wait on no word in memory
+    # the weighted rows stream at 50257, float32 ones split at 128256 where 16-bit ones stream;
+    # plain 16-bit rows of 128256 are held in parts that meet; the fused kernel's clusters wait
+    # on no word in memory
     assert [gate.meets((weighted, 4096, V, "float32")) for V in (50257, 128256)] == [False, True]
+    assert not gate.meets((weighted, 4096, 128256, "bfloat16"))
     assert gate.meets(("triton:cross_entropy", 4096, 128256, "bfloat16"))
     assert not any(gate.meets(k) for k in training if k[0].startswith("fused:"))
 
-    def at(factor, at_v):
+    both = ("float32", "bfloat16")
+
+    def at(factor, at_v, dtypes=both):
         def slower(impl, op, V, dtype):
-            return factor if (impl, op, V) == ("triton", "weighted_cross_entropy", at_v) else 1.0
+            hit = (impl, op, V) == ("triton", "weighted_cross_entropy", at_v) and dtype in dtypes
+            return factor if hit else 1.0
 
         return synthetic.gated_records() + synthetic.gated_training_records(slower, remeasured=slower)
 
-    assert not gate.evaluate(doc, at(1.25, 128256), MODEL).failed
-    for factor, V in ((1.25, 50257), (1.5, 128256)):
-        result = gate.evaluate(doc, at(factor, V), MODEL, source="b.json")
-        assert {f["key"] for f in result.regressions} == {(weighted, 4096, V, d) for d in ("float32", "bfloat16")}
+    assert not gate.evaluate(doc, at(1.25, 128256, ("float32",)), MODEL).failed
+    for factor, V, dtypes in ((1.25, 50257, both), (1.25, 128256, ("bfloat16",)), (1.5, 128256, both)):
+        result = gate.evaluate(doc, at(factor, V, dtypes), MODEL, source="b.json")
+        assert {f["key"] for f in result.regressions} == {(weighted, 4096, V, d) for d in dtypes}
         line = next(line for line in result.lines() if "REGRESSED" in line)
         assert line.startswith(f"  REGRESSED    {weighted} B=4096 V={V}")
         assert f"x F_cross_entropy, {factor - 1:.1%} slower" in line
