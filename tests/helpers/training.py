@@ -466,7 +466,7 @@ def edge_rows(V: int, *, seed: int, dtype=torch.float32, device="cpu", ignore_in
 def compiled_training_kernels(dtypes) -> list[tuple]:
     """Launch the Triton training kernels as their wrappers do, capped ones included (the
     backward's split and its reread past V = 16384, the cross-entropy's streams and held rows)
-    and the weighted, smoothed split (rows 20000 longer: past the stream's), for `dtypes`
+    and the weighted, smoothed rows 20000 longer (float32 past the stream's: split), for `dtypes`
     (names) on rows 16-byte aligned (V = 50272) and not (50257), contiguous and one element past
     a 16-byte boundary (the splits' element-wise cut); then
     (kernel, warps, register cap, registers, bytes spilled a thread, budget, specialisation if
@@ -482,7 +482,7 @@ def compiled_training_kernels(dtypes) -> list[tuple]:
     for name, V in itertools.product(dtypes, (50257, 50272)):
         dtype = getattr(torch, name)
         for layout in ("contiguous", "offset:1"):
-            for W in (V, V + 20000):  # weighted, smoothed rows: stream, then split
+            for W in (V, V + 20000):  # weighted, smoothed rows: stream, then (float32) split
                 x = _place(logits(8, W, seed=2, dtype=dtype), layout, torch.device("cuda"))
                 t = targets(8, W, seed=2, device="cuda")
                 if W == V:
