@@ -1,6 +1,7 @@
 """The Triton cross-entropy with class weights and label smoothing: the split it took against
 the two paths prepared for it, stream (dispatched since to V = 65536, from this probe's H200
-run at 50257) and held_split (run_path only).
+run at 50257, and past it for 16-bit rows: probes/ce_stream_occupancy.py) and held_split
+(run_path only).
 
     python reports/probes/ce_weighted.py --out DIR [--v 50257]      # on a GPU
 
