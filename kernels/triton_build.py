@@ -35,6 +35,39 @@ HELD_PARTS_V = 50257
 CP_ASYNC_SIZE = re.compile(r"cp\.async\.\w+\.shared\.global[^;]*?,\s*(0x[0-9a-f]+|\d+)\s*[,;]")
 
 
+def compile_sm90(kernel, *, sig: dict, constexprs: dict, aligned: tuple, options: dict, ast_source=None):
+    """Triton's compiled kernel of `kernel` for sm_90 (build's arguments; `options` as
+    triton.compile takes them)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
+    src = (ast_source or ASTSource)(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", TARGET_CAPABILITY, 32), options=options)
+
+
+def source_class(kernel):
+    """The source class triton.compile takes for `kernel`: Gluon's for a Gluon kernel, else None
+    (Triton's ASTSource)."""
+    from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
+
+    return GluonASTSource if isinstance(kernel, GluonJITFunction) else None
+
+
+def compile_path(entry, p: dict, V: int, dtype_name: str):
+    """Triton's compiled kernel of one entry of kernels.triton_launch.TABLES, specialised as
+    build_path specialises it (for a probe that reads its SASS)."""
+    spec = entry.aot(p, V, DTYPE_IDS[dtype_name], ITEMSIZE[dtype_name])
+    return compile_sm90(
+        entry.kernel,
+        sig=spec["signature"],
+        constexprs=spec["constexprs"],
+        aligned=spec["aligned"],
+        options=dict(spec["options"]),
+        ast_source=source_class(entry.kernel),
+    )
+
+
 def build(
     name: str,
     kernel,
@@ -54,14 +87,10 @@ def build(
     allocations, strides and sizes that are multiples of 16). `ast_source`: the source class
     for kernels of another front end (Triton's ASTSource by default)."""
     from triton import knobs
-    from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
-    from triton.compiler import ASTSource
 
-    attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
-    src = (ast_source or ASTSource)(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": num_warps, "num_stages": num_stages, **({"maxnreg": maxnreg} if maxnreg else {})}
-    c = triton.compile(src, target=GPUTarget("cuda", TARGET_CAPABILITY, 32), options=options)
+    c = compile_sm90(kernel, sig=sig, constexprs=constexprs, aligned=aligned, options=options, ast_source=ast_source)
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(c.asm["cubin"])
     usage = subprocess.run(
@@ -139,8 +168,6 @@ def build_path(name: str, entry, p: dict, V: int, dtype_name: str) -> dict:
     """Build one entry of kernels.triton_launch.TABLES as its launches specialise it for
     contiguous, 16-byte-aligned rows of length V in `dtype_name` (a suite dtype name), all from
     the table: the record `name`."""
-    from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
-
     dtype = DTYPE_IDS[dtype_name]  # Triton's type names are the suite's ids
     spec = entry.aot(p, V, dtype, ITEMSIZE[dtype_name])
     options = dict(spec["options"])
@@ -154,7 +181,7 @@ def build_path(name: str, entry, p: dict, V: int, dtype_name: str) -> dict:
         sig=spec["signature"],
         maxnreg=options.pop("maxnreg", None),
         aligned=spec["aligned"],
-        ast_source=GluonASTSource if isinstance(entry.kernel, GluonJITFunction) else None,
+        ast_source=source_class(entry.kernel),
     )
     if p.get("programs_per_sm"):  # stream's grid: programs beyond what fits an SM run as a second wave
         record["programs_per_sm"] = p["programs_per_sm"]

@@ -29,15 +29,12 @@ import sys
 import tempfile
 
 import torch
-import triton
 from triton import knobs
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 
 from kernels import softmax_triton as st
 from kernels import triton_backward as tb
-from kernels.spec import DTYPE_IDS, ITEMSIZE, dtype_name
+from kernels.spec import dtype_name
+from kernels.triton_build import compile_path
 from kernels.triton_dispatch import held_block
 from kernels.triton_launch import TABLES
 
@@ -46,13 +43,7 @@ INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,5}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_
 
 def sass(op: str, path: str, p: dict, V: int, dtype: str) -> str:
     """The SASS of TABLES[op][path] built for sm_90 as its launch at V specialises it."""
-    entry = TABLES[op][path]
-    spec = entry.aot(p, V, DTYPE_IDS[dtype], ITEMSIZE[dtype])
-    options = dict(spec["options"])
-    attrs = {(i,): [["tt.divisibility", 16]] for i in spec["aligned"]}
-    source = GluonASTSource if isinstance(entry.kernel, GluonJITFunction) else ASTSource
-    src = source(fn=entry.kernel, signature=spec["signature"], constexprs=spec["constexprs"], attrs=attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    compiled = compile_path(TABLES[op][path], p, V, dtype)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
