@@ -25,12 +25,12 @@ programs an SM, the same warps and loads in flight over twice the rows, 1433 / 2
 This probe's run on that H100 (runs/h100-2026-12-07g, graph clock): no launch led at every
 shape, and rows held whole (HELD below) ran 2.5-3.3x the dispatch's time (reports/profiles.md).
 
-The fourth question. Past 65536 weighted, smoothed rows took the split, which
-the H100 benchmark of 2026-12-07 timed at 0.26 of the floor in bf16 at (4096, 128256) (0.43 in
-float32), against the stream's 0.28-0.42 at 50257-65536. Does the stream, whose rows there
-pass 256 KB (one program an SM: 132 rows, 34 MB of bf16 in L2), or held_split lead the split?
-(On an H100, runs/h100-2026-12-07h: three stream programs an SM led in 16-bit, 1.5x the split,
-which 16-bit rows left; float32 tied and kept it. reports/profiles.md.)
+The fourth question. Past 65536 weighted, smoothed rows took the split, which the H100
+benchmark of 2026-12-07 timed at 0.26 of the floor in bf16 at (4096, 128256) (0.43 in float32),
+against the stream's 0.28-0.42 at 50257-65536. Does the stream, whose rows there pass 256 KB
+(one program an SM: 132 rows, 34 MB of bf16 in L2), or held_split lead the split? (On an H100,
+runs/h100-2026-12-07h: three stream programs an SM led in 16-bit, 1.5x the split, which 16-bit
+rows left; float32 tied and kept it. reports/profiles.md.)
 
 Per shape, weighted and smoothed as the benchmark draws it: the dispatch, stream at (BLOCK, warps,
 programs an SM, register cap), and the benchmark's torch.compile step, in the graph clock of
