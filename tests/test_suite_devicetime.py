@@ -83,6 +83,112 @@ def test_interleaved_rounds_alternate_the_order_and_keep_each_calls_times():
         devicetime.paired_ratios([10.0, 9.0], [5.0])
 
 
+class QueuedGpu:
+    """torch.cuda's timing seams on one stream, on a simulated timeline: the host's clock moves by
+    what a call spends on the host, and the GPU runs what was queued in order, each piece when it
+    is queued and the GPU is free. An event completes when the GPU reaches it."""
+
+    CYCLES_PER_SECOND = 2e9
+
+    def __init__(self):
+        self.host, self.free_at = 0.0, 0.0
+
+    def queue(self, seconds: float) -> float:
+        self.free_at = max(self.free_at, self.host) + seconds
+        return self.free_at
+
+    def _sleep(self, cycles):
+        self.queue(cycles / self.CYCLES_PER_SECOND)
+
+    def synchronize(self):
+        self.host = max(self.host, self.free_at)
+
+    def Event(self, enable_timing=False):  # noqa: N802 (torch.cuda.Event)
+        gpu = self
+
+        class Event:
+            def record(self):
+                self.at = gpu.queue(0.0)
+
+            def query(self):
+                return self.at <= gpu.host
+
+            def elapsed_time(self, end):
+                return (end.at - self.at) * 1e3
+
+        return Event()
+
+    def call(self, host_s: float, kernel_s: float, *, synchronizes: bool = False):
+        """A call that spends `host_s` on the host, then queues a kernel of `kernel_s`."""
+        calls = []
+
+        def fn():
+            calls.append(1)
+            self.host += host_s
+            self.queue(kernel_s)
+            if synchronizes:
+                self.synchronize()
+
+        return fn, calls
+
+
+@pytest.fixture
+def queued_gpu(monkeypatch):
+    import torch
+
+    gpu = QueuedGpu()
+    for name in ("Event", "_sleep", "synchronize"):
+        monkeypatch.setattr(torch.cuda, name, getattr(gpu, name))
+    return gpu
+
+
+@pytest.mark.cpu
+def test_host_time_never_counts_as_device_time(queued_gpu, recwarn):
+    """A kernel of 20 us whose call takes 300 us on the host: 50 rounds take the host 15 ms to
+    queue, past the first busy-wait (10 ms), so the GPU would catch up and time the host's
+    calls. The clock notices, queues them again behind twice the wait, and times the kernel."""
+    rounds, warmup = 50, 3
+    wait_s = devicetime.QUEUE_AHEAD_CYCLES / queued_gpu.CYCLES_PER_SECOND
+    assert rounds * 300e-6 > wait_s and rounds * 300e-6 < 2 * wait_s
+    fn, calls = queued_gpu.call(300e-6, 20e-6)
+    times = devicetime.device_times_us(fn, warmup=warmup, rounds=rounds, flush_l2=False)
+    assert times == pytest.approx([20.0] * rounds)
+    assert len(calls) == warmup + 2 * rounds  # timed twice: the second behind a longer wait
+    quick, calls = queued_gpu.call(5e-6, 20e-6)
+    times = devicetime.device_times_us(quick, warmup=warmup, rounds=rounds, flush_l2=False)
+    assert times == pytest.approx([20.0] * rounds)
+    assert len(calls) == warmup + rounds  # kept ahead at once: timed once
+    assert not recwarn.list
+
+
+@pytest.mark.cpu
+def test_a_call_that_synchronizes_is_said_to_include_host_time(queued_gpu):
+    fn, calls = queued_gpu.call(300e-6, 20e-6, synchronizes=True)
+    with pytest.warns(devicetime.HostBehindWarning, match=r"device time: in [3-6] of 6 timed intervals"):
+        times = devicetime.interleaved_device_times_us(
+            [fn, queued_gpu.call(0.0, 1e-6)[0]], warmup=1, rounds=3, flush_l2=False
+        )
+    assert len(calls) == 1 + devicetime.QUEUE_AHEAD_ATTEMPTS * 3
+    assert max(times[0]) >= 300.0  # what it measured: host time with the kernel
+
+
+@pytest.mark.cpu
+def test_graph_replays_are_timed_behind_a_wait_long_enough(queued_gpu, recwarn):
+    """200 replays of 100 us each on the host, 2 us each on the GPU: 20 ms to queue a round,
+    past the first wait; the round is taken again behind a longer one."""
+
+    class Graph:
+        def __init__(self, host_s, gpu_s):
+            self.replay = queued_gpu.call(host_s, gpu_s)[0]
+
+    slow, fast = Graph(100e-6, 2e-6), Graph(1e-6, 3e-6)
+    slow_us, fast_us = devicetime.interleaved_graph_replay_times_us([slow, fast], replays=200, rounds=2)
+    assert slow_us == pytest.approx([2.0] * 2) and fast_us == pytest.approx([3.0] * 2)
+    assert not recwarn.list
+    with pytest.warns(devicetime.HostBehindWarning, match="graph replay: in 1 of 1"):
+        devicetime.graph_replay_times_us(Graph(10e-3, 2e-6), replays=100, rounds=1)
+
+
 @pytest.mark.cpu
 def test_reported_times_are_pytest_benchmarks_rounds():
     """Times handed to pytest-benchmark become its rounds and statistics. pytest-benchmark is
@@ -128,6 +234,31 @@ def test_interleaved_device_times_keep_each_kernels_own_times():
     graphs = [devicetime.capture_graph(lambda: big @ big)[0], devicetime.capture_graph(lambda: small + 1)[0]]
     long_us, short_us = devicetime.interleaved_graph_replay_times_us(graphs, replays=5, rounds=3)
     assert statistics.median(long_us) > 10 * statistics.median(short_us)
+
+
+@pytest.mark.cuda
+def test_a_call_slow_on_the_host_is_timed_on_the_gpu():
+    """1 ms of host work before a kernel of microseconds: 30 rounds take the host longer than the
+    first busy-wait, so its later rounds would time the host; the clock takes them again behind
+    a longer wait and times the kernel alone."""
+    import time
+    import warnings
+
+    import torch
+
+    sharing = gpus.workers_on_this_gpu()
+    if sharing > 1:
+        pytest.skip(f"{sharing} xdist workers share this GPU, whose device time is then theirs too: -n auto")
+    small = torch.randn(8, 8, device="cuda")
+
+    def slow_host():
+        time.sleep(1e-3)
+        return small + 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", devicetime.HostBehindWarning)
+        times = devicetime.device_times_us(slow_host, rounds=30)
+    assert max(times) < 500.0, times
 
 
 @pytest.mark.cuda
@@ -197,11 +328,12 @@ def test_fresh_contents_leave_a_remembering_kernel_nothing_to_replay():
     # interleaved rounds, so a busy host (the memo's key reads synchronise with it; other
     # workers share the machine) slows them alike; only x_new gets new contents each round.
     x_same, x_new = torch.randn(256, 32768, device="cuda"), torch.randn(256, 32768, device="cuda")
-    times = devicetime.interleaved_device_times_us(
-        [lambda: kernel(x_same), lambda: kernel(x_new), lambda: adversaries.honest(x_same)],
-        rounds=15,
-        refresh=devicetime.fresh_contents(x_new),
-    )
+    with pytest.warns(devicetime.HostBehindWarning):  # the memo's key reads wait for the GPU
+        times = devicetime.interleaved_device_times_us(
+            [lambda: kernel(x_same), lambda: kernel(x_new), lambda: adversaries.honest(x_same)],
+            rounds=15,
+            refresh=devicetime.fresh_contents(x_new),
+        )
     # The least of each: the round least slowed by other work on the GPU and the host (under
     # `-n 16` on one GPU the medians of all three sat at 5.2-5.4 ms, the work's own 0.2).
     stale, fresh, honest = (min(t) for t in times)
