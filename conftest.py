@@ -252,7 +252,10 @@ def pytest_sessionfinish(session, exitstatus):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if config.getoption("record_baseline"):
         config.stash[_baseline_recorded] = gate.record_baseline(
-            Path(config.getoption("record_baseline")), benchmarks, environment
+            Path(config.getoption("record_baseline")),
+            benchmarks,
+            environment,
+            gate_result=config.stash.get(_gate_result, None),
         )
 
 

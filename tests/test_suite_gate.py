@@ -597,11 +597,15 @@ def test_regression_gate_and_record_baseline_end_to_end(tmp_path, fake_smi):
         figure.update(ratio=1.0, ci=[0.99, 1.01], iqr=[0.995, 1.005], runs=[1.0])
     assert gate.write_baseline(folder, other).name == "nvidia-a100-sxm4-80gb.json"
 
-    proc, out = run_gate(fake_smi, tmp_path, 1.25, None, *gated)  # 60% slower, and again
+    # 60% slower, and again; recorded in the same run, the regression is not absorbed.
+    proc, out = run_gate(fake_smi, tmp_path, 1.25, None, *gated, "--record-baseline", str(folder))
     assert proc.returncode == pytest.ExitCode.TESTS_FAILED, out
     assert "1 passed" in out and "1 cases compared: 1 in device time" in out
     assert "1 regressed; 1 flagged and re-measured" in out
     assert "REGRESSED    fused B=512 V=600 float32 device: 2.000 [" in out
+    assert "(1 cases; 1 regressed kept at their recorded figures)" in out
+    kept = json.loads((folder / "nvidia-h200.json").read_text())["cases"][0]["modes"]["device"]
+    assert kept == case["modes"]["device"]
 
     proc, out = run_gate(fake_smi, tmp_path, 1.6, 2.0, *gated)  # slow once, normal when measured again
     assert proc.returncode == pytest.ExitCode.OK, out

@@ -395,11 +395,17 @@ def measurements(records: list[dict]) -> dict[tuple, dict]:
 
 
 def baseline_from_records(
-    records: list[dict], environment: dict, *, previous: dict | None = None, today: str | None = None
+    records: list[dict],
+    environment: dict,
+    *,
+    previous: dict | None = None,
+    today: str | None = None,
+    keep: frozenset = frozenset(),
 ) -> dict | None:
     """This run's paired measurements as a baseline for its GPU model (the re-measured figure
     where a case has one); cases of `previous` (the same model's) this run did not time are
-    kept. None when the run timed no paired case."""
+    kept, and so are its figures of the (key, mode) pairs in `keep` (this run's regressions, which
+    a record run does not absorb). None when the run timed no paired case."""
     gpu = environment.get("gpu") or {}
     found = measurements(records)
     if not found or not gpu.get("model"):
@@ -416,6 +422,8 @@ def baseline_from_records(
             case["F_softmax_device_us"] = cases[key]["F_softmax_device_us"]
         modes = dict((cases.get(key) or {}).get("modes") or {})
         for m, v in entry["modes"].items():
+            if (key, m) in keep and m in modes:
+                continue
             figure = dict(v["remeasured"] or v["first"])
             earlier = ((modes.get(m) or {}).get("runs") or [modes[m]["ratio"]]) if pooled and m in modes else []
             figure["runs"] = [*earlier, figure["ratio"]][-RUNS_KEPT:]
@@ -507,20 +515,26 @@ def write_baseline(directory: Path, doc: dict) -> Path | None:
     return path if write_if_changed(path, serialise_baseline(doc)) else None
 
 
-def record_baseline(directory: Path, records: list[dict], environment: dict, today: str | None = None) -> str:
+def record_baseline(
+    directory: Path, records: list[dict], environment: dict, today: str | None = None, *, gate_result=None
+) -> str:
     """Write this run's paired measurements as its GPU model's baseline in `directory`, keeping
-    the cases of the model's earlier baseline this run did not time. Returns what happened."""
+    the cases of the model's earlier baseline this run did not time, and the earlier figures of
+    the cases `gate_result` (this run's GateResult) found regressed: a slowdown is accepted by
+    recording without --regression-gate. Returns what happened."""
     model = (environment.get("gpu") or {}).get("model")
     if not model:
         return "no baseline recorded: this run measured no GPU"
     path = Path(directory) / f"{model_slug(model)}.json"
     previous = read_baseline(path) if path.exists() else None
-    doc = baseline_from_records(records, environment, previous=previous, today=today)
+    keep = frozenset((f["key"], f["mode"]) for f in gate_result.regressions) if gate_result else frozenset()
+    doc = baseline_from_records(records, environment, previous=previous, today=today, keep=keep)
     if doc is None:
         return f"no baseline recorded for {model}: this run timed no gated case"
     written = write_baseline(directory, doc)
     state = "written" if written else "unchanged"
-    return f"baseline for {model} {state}: {path} ({len(doc['cases'])} cases)"
+    kept = f"; {len(keep)} regressed kept at their recorded figures" if keep else ""
+    return f"baseline for {model} {state}: {path} ({len(doc['cases'])} cases{kept})"
 
 
 # -- the quick gate: only what the gate compares ------------------------------------------------------------
