@@ -665,29 +665,15 @@ def timed_rounds(fns, rounds):
                 t.append((time.perf_counter() - t0) * 1e6)
             out.append(t)
         return out
-    from tests.suite.devicetime import FLUSH_BYTES, QUEUE_AHEAD_CYCLES, round_order
+    from tests.suite.devicetime import interleaved_device_times_us
 
-    for fn, _ in fns:
-        for _ in range(2):
-            fn()
-    torch.cuda.synchronize()
-    flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
-    ev = [
-        [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(rounds)]
-        for _ in fns
-    ]
-    torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
-    for r in range(rounds):
-        for i, (fn, y) in round_order(fns, r):
-            if y is not None:
-                y.fill_(math.nan)
-            flush.zero_()
-            start, end = ev[i][r]
-            start.record()
-            fn()
-            end.record()
-    torch.cuda.synchronize()
-    return [[s.elapsed_time(e) * 1e3 for s, e in per] for per in ev]
+    outputs = [y for _, y in fns if y is not None]
+
+    def poison():
+        for y in outputs:
+            y.fill_(math.nan)
+
+    return interleaved_device_times_us([fn for fn, _ in fns], warmup=2, rounds=rounds, refresh=poison)
 
 
 def copy_ceiling():
