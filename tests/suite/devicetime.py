@@ -11,7 +11,8 @@
   compare with were measured the same way. The launches queue behind a GPU busy-wait; where the
   GPU still reached a start event before the host had queued what it times, the host's time
   would count as the kernel's, so the measurement is taken again behind a longer wait
-  (QUEUE_AHEAD_ATTEMPTS), and HostBehindWarning says where that never sufficed.
+  (QUEUE_AHEAD_ATTEMPTS), and HostBehindWarning says where that never sufficed or where the
+  call itself waits for the GPU.
 - Per-call wall time (`per_call_times_us`): what a Python caller pays. N back-to-back calls,
   one synchronize at the end of the round, `time.perf_counter`, no flush: launch overhead,
   argument checks and output allocation are all in it, and so is the kernel where it is longer
@@ -51,7 +52,9 @@ FLUSH_BYTES = 256 * 1024 * 1024
 QUEUE_AHEAD_CYCLES = 20_000_000
 # Where the GPU still reached a start event before the host had queued that interval's launches
 # (a busy host, a slow call: the wait would be timed as the kernel's), the measurement is taken
-# again behind twice the busy-wait, up to this many times in all; then HostBehindWarning.
+# again behind twice the busy-wait, up to this many times in all; then HostBehindWarning. A call
+# caught up with in every round, the first too, waits for the GPU itself (it synchronizes, as a
+# read-back does): no wait helps, so it is warned of at once.
 QUEUE_AHEAD_ATTEMPTS = 4
 
 
@@ -138,7 +141,7 @@ def interleaved_device_times_us(
         ]
         cycles = QUEUE_AHEAD_CYCLES << attempt
         torch.cuda._sleep(cycles)
-        behind = 0
+        late = [0] * len(fns)
         for r in range(rounds):
             if refresh is not None:
                 refresh()
@@ -148,13 +151,16 @@ def interleaved_device_times_us(
                     flush.zero_()
                 start.record()
                 fn()
-                behind += start.query()  # the GPU is past the start: it may have waited for fn's launches
+                late[i] += start.query()  # the GPU is past the start: it may have waited for fn's launches
                 end.record()
         torch.cuda.synchronize()
-        if not behind:
+        if not any(late):
+            break
+        if rounds in late:  # a call that synchronizes
+            _host_behind("device time", sum(late), rounds * len(fns), cycles)
             break
     else:
-        _host_behind("device time", behind, rounds * len(fns), cycles)
+        _host_behind("device time", sum(late), rounds * len(fns), cycles)
     return [[start.elapsed_time(end) * 1e3 for start, end in per_fn] for per_fn in events]
 
 
