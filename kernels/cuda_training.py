@@ -16,8 +16,8 @@ Cross-entropy runs three kernels: a one-block prologue over the targets (which c
 weighs the rows and finds any target out of range), the fused pass, and for "mean" / "sum" a
 one-block reduction of the per-row losses, order-free as well. A target outside [0, V) that is
 not ignore_index raises ValueError from here, never a device assert: the wrapper reads the
-prologue's finding back (a synchronisation), after the fused pass, or before it when the
-gradient is to be written over the logits. Inside a CUDA graph capture that read is skipped
+prologue's finding back (a synchronisation), once the call's kernels are queued, or before the
+fused pass when the gradient is to be written over the logits. Inside a CUDA graph capture that read is skipped
 and such a row's loss and gradient come out NaN.
 """
 
@@ -251,9 +251,10 @@ def cross_entropy_fused(
         loss = torch.empty((), dtype=torch.float32, device=x.device)
         reduce = _launcher(dev, "ce", "ce_reduce", block=HELPER_THREADS, arg_kinds=_REDUCE_ARGS)
         reduce(dev, 1, loss_rows.data_ptr(), N, params.data_ptr(), mean, loss.data_ptr())
-    if not inplace:
+    loss = loss if loss.dtype == x.dtype else loss.to(x.dtype)
+    if not inplace:  # once every launch is queued: the GPU never waits for the host between them
         _raise_for_targets(stats, t, V, ignore_index)
-    return (loss if loss.dtype == x.dtype else loss.to(x.dtype)), grad, lse
+    return loss, grad, lse
 
 
 # -- the registry's calling conventions ------------------------------------------------------------
