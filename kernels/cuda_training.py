@@ -17,8 +17,8 @@ weighs the rows and finds any target out of range), the fused pass, and for "mea
 one-block reduction of the per-row losses, order-free as well. A target outside [0, V) that is
 not ignore_index raises ValueError from here, never a device assert: the wrapper reads the
 prologue's finding back (a synchronisation), once the call's kernels are queued, or before the
-fused pass when the gradient is to be written over the logits. Inside a CUDA graph capture that read is skipped
-and such a row's loss and gradient come out NaN.
+fused pass when the gradient is to be written over the logits. Inside a CUDA graph capture
+that read is skipped and such a row's loss and gradient come out NaN.
 """
 
 from __future__ import annotations
