@@ -143,7 +143,7 @@ def queued_gpu(monkeypatch):
 
 
 @pytest.mark.cpu
-def test_host_time_never_counts_as_device_time(queued_gpu, recwarn):
+def test_a_slow_host_is_timed_again_behind_a_longer_wait(queued_gpu, recwarn):
     """A kernel of 20 us whose call takes 300 us on the host: 50 rounds take the host 15 ms to
     queue, past the first busy-wait (10 ms), so the GPU would catch up and time the host's
     calls. The clock notices, queues them again behind twice the wait, and times the kernel."""
