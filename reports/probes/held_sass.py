@@ -38,7 +38,8 @@ from kernels.triton_build import compile_path
 from kernels.triton_dispatch import held_block
 from kernels.triton_launch import TABLES
 
-INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,5}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+# One SASS instruction a line: its address, then the opcode with its suffixes after any predicate.
+INSTRUCTION = re.compile(r"^\s+/\*([0-9a-f]{4,5})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)(.*)$", re.M)
 
 
 def sass(op: str, path: str, p: dict, V: int, dtype: str) -> str:
@@ -53,7 +54,7 @@ def sass(op: str, path: str, p: dict, V: int, dtype: str) -> str:
 def passes(text: str, per_thread: int) -> list[tuple[float, list]]:
     """(instructions per element, top opcodes) of each barrier-delimited stretch of 60 or more."""
     out, stretch = [], []
-    for op in INSTRUCTION.findall(text) + ["BAR"]:
+    for op in [m.group(2).split(".")[0] for m in INSTRUCTION.finditer(text)] + ["BAR"]:
         stretch.append(op)
         if op in ("BAR", "BRA"):
             if len(stretch) >= 60:
@@ -62,8 +63,6 @@ def passes(text: str, per_thread: int) -> list[tuple[float, list]]:
     return out
 
 
-OPCODE = re.compile(r"\s*(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")  # with its suffixes
-LINE = re.compile(r"^\s+/\*([0-9a-f]{4,5})\*/(.*)$")
 WIDTH = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}  # bytes; 4 unmarked
 
 
@@ -78,11 +77,11 @@ def loops(text: str, per_thread: int, itemsize: int) -> list[tuple[float, dict]]
     may take several tiles (the compiler unrolls): counted from its bytes, those stored where it
     stores (the gradient), else those loaded, halved where it also takes exponentials (the
     logits and their class weights), against a tile's per_thread elements of itemsize bytes."""
-    lines = [(int(m.group(1), 16), m.group(2)) for m in map(LINE.match, text.splitlines()) if m]
-    at = {address: i for i, (address, _) in enumerate(lines)}
+    lines = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in INSTRUCTION.finditer(text)]
+    at = {address: i for i, (address, _, _) in enumerate(lines)}
     spans = []
-    for i, (address, body) in enumerate(lines):
-        target = re.search(r"BRA\s+(?:`\()?0x([0-9a-f]+)", body)
+    for i, (address, op, operands) in enumerate(lines):
+        target = re.search(r"BRA\s+(?:`\()?0x([0-9a-f]+)", op + operands)
         if target and int(target.group(1), 16) < address and int(target.group(1), 16) in at:
             spans.append((at[int(target.group(1), 16)], i))
     inner = [
@@ -90,7 +89,7 @@ def loops(text: str, per_thread: int, itemsize: int) -> list[tuple[float, dict]]
     ]
     out = []
     for a, b in inner:
-        ops = [m.group(1) for m in (OPCODE.match(body) for _, body in lines[a : b + 1]) if m]
+        ops = [op for _, op, _ in lines[a : b + 1]]
         counts = {k: sum(o.split(".")[0] == k for o in ops) for k in ("LDG", "STG", "MUFU", "F2I")}
         loaded = sum(access_bytes(o) for o in ops if o.startswith("LDG"))
         stored = sum(access_bytes(o) for o in ops if o.startswith("STG"))
