@@ -17,8 +17,8 @@ weighs the rows and finds any target out of range), the fused pass, and for "mea
 one-block reduction of the per-row losses, order-free as well. A target outside [0, V) that is
 not ignore_index raises ValueError from here, never a device assert: the wrapper reads the
 prologue's finding back (a synchronisation), once the call's kernels are queued, or before the
-fused pass when the gradient is to be written over the logits. Inside a CUDA graph capture
-that read is skipped and such a row's loss and gradient come out NaN.
+fused pass when the gradient is to be written over the logits. Inside a CUDA graph capture, or
+with validate=False, that read is skipped and such a row's loss and gradient come out NaN.
 """
 
 from __future__ import annotations
@@ -187,6 +187,7 @@ def cross_entropy_fused(
     out: torch.Tensor | None = None,
     size_class: TrainingClass | None = None,
     grid_cap: int | None = None,
+    validate: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """F.cross_entropy(logits, target, weight=, ignore_index=, label_smoothing=, reduction=) and
     its gradient with respect to the logits, in one pass: returns (loss, grad_logits, lse).
@@ -202,7 +203,8 @@ def cross_entropy_fused(
     lse: float32 (N,), log(sum(exp(logits), -1)) per row, as torch.logsumexp (ignored rows too).
 
     weight: optional per-class weights (V,) of any float dtype (used in float32). A target
-    neither equal to ignore_index nor in [0, V) raises TargetError (a ValueError).
+    neither equal to ignore_index nor in [0, V) raises TargetError (a ValueError); validate=False
+    skips that check and its synchronisation (see the module's docstring).
     """
     _check_cross_entropy(logits, target, weight, ignore_index, label_smoothing, reduction, inplace, out)
     x = logits if inplace else _unit_rows(logits)
@@ -224,7 +226,7 @@ def cross_entropy_fused(
     w_ptr = 0 if w is None else w.data_ptr()
     prologue = _launcher(dev, "ce", "ce_prologue", block=HELPER_THREADS, arg_kinds=_PROLOGUE_ARGS)
     prologue(dev, 1, t.data_ptr(), N, V, ignore_index, w_ptr, mean, params.data_ptr(), stats.data_ptr())
-    if inplace:  # the logits are about to be overwritten: no launch on a bad target
+    if inplace and validate:  # the logits are about to be overwritten: no launch on a bad target
         _raise_for_targets(stats, t, V, ignore_index)
 
     entry = _resolve("ce", _CE, dev, V, x.dtype, size_class)
@@ -252,7 +254,7 @@ def cross_entropy_fused(
         reduce = _launcher(dev, "ce", "ce_reduce", block=HELPER_THREADS, arg_kinds=_REDUCE_ARGS)
         reduce(dev, 1, loss_rows.data_ptr(), N, params.data_ptr(), mean, loss.data_ptr())
     loss = loss if loss.dtype == x.dtype else loss.to(x.dtype)
-    if not inplace:  # once every launch is queued: the GPU never waits for the host between them
+    if validate and not inplace:  # once every launch is queued: the GPU never waits for the host between them
         _raise_for_targets(stats, t, V, ignore_index)
     return loss, grad, lse
 
@@ -279,9 +281,11 @@ def registry_cross_entropy(
     label_smoothing: float = 0.0,
     reduction: str = "mean",
     out: torch.Tensor | None = None,
+    validate: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The registry's calling convention (kernels.CROSS_ENTROPY_KERNELS): (loss, lse, grad); the
-    wrapper applies the suite-wide input checks of kernels.checks."""
+    wrapper applies the suite-wide input checks of kernels.checks. validate: as
+    cross_entropy_fused's."""
     options = dict(weight=weight, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction=reduction)
-    loss, grad, lse = cross_entropy_fused(logits, targets, **options, out=out)
+    loss, grad, lse = cross_entropy_fused(logits, targets, **options, out=out, validate=validate)
     return loss, lse, grad

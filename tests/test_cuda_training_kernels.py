@@ -548,16 +548,20 @@ def test_ce_target_out_of_range_is_a_value_error(bad, inplace):
             ct.cross_entropy_fused(xv, tv, reduction="none")
 
 
-def test_ce_bad_target_in_a_graph_capture_gives_nan_not_a_crash():
-    # Inside a capture the host check is skipped; the kernel must read nothing out of bounds
-    # and mark the row NaN.
+@pytest.mark.parametrize("unchecked", ["graph capture", "validate=False"])
+def test_ce_bad_target_unchecked_gives_nan_not_a_crash(unchecked):
+    # Inside a capture, or with validate=False, the host check is skipped; the kernel must read
+    # nothing out of bounds and mark the row NaN.
     x, t = cross_entropy_inputs(4, 600, seed=16, device="cuda", ignored=0)
     t[1] = 10_000
     ct.cross_entropy_fused(x, t.clone().fill_(0), reduction="none")  # compile and warm up outside
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        loss, grad, lse = ct.cross_entropy_fused(x, t, reduction="none")
-    graph.replay()
+    if unchecked == "graph capture":
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            loss, grad, lse = ct.cross_entropy_fused(x, t, reduction="none")
+        graph.replay()
+    else:
+        loss, grad, lse = ct.cross_entropy_fused(x, t, reduction="none", validate=False)
     torch.cuda.synchronize()
     assert torch.isnan(loss[1]) and torch.isnan(grad[1]).all()
     good = torch.tensor([0, 2, 3], device="cuda")
