@@ -97,6 +97,7 @@ def build(
         [knobs.nvidia.cuobjdump.path, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True
     ).stdout
     fields = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage))
+    cubin = f.name
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(c.asm["ptx"])
     # The ptxas Triton itself picks for sm_90 (3.9 uses its newer "ptxas-blackwell").
@@ -109,6 +110,12 @@ def build(
     if proc.returncode != 0:
         raise RuntimeError(f"ptxas failed for {name}: {proc.stderr}")
     spill = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", proc.stderr)]
+    # Where a spill is touched, read from the SASS of a build that spills (listing the others,
+    # unrolled kernels especially, takes long and finds no local access).
+    loop_local = 0
+    if sum(spill) or int(fields["LOCAL"]):
+        sass = subprocess.run([knobs.nvidia.cuobjdump.path, "-sass", cubin], capture_output=True, text=True, check=True)
+        loop_local = loop_local_accesses(sass.stdout)
     return {
         "name": name,
         "num_warps": num_warps,
@@ -118,6 +125,7 @@ def build(
         "stack": int(fields["STACK"]),
         "local": int(fields["LOCAL"]),
         "spill_bytes": sum(spill),
+        "loop_local": loop_local,
         "shared": int(c.metadata.shared),
         "vector_loads": bool(re.search(r"ld\.global(\.\w+)*\.v[248]", c.asm["ptx"])),
         "vector_stores": bool(re.search(r"st\.global(\.\w+)*\.v[248]", c.asm["ptx"])),
@@ -125,6 +133,37 @@ def build(
         "cp_async_bytes": max((int(n, 0) for n in CP_ASYNC_SIZE.findall(c.asm["ptx"])), default=0),
         "tag_read_first": tag_read_first(c.asm["ptx"]),
     }
+
+
+# One SASS instruction a line (cuobjdump -sass): its address, then the opcode with its suffixes
+# after any predicate, then the operands.
+SASS_INSTRUCTION = re.compile(
+    r"^\s+/\*([0-9a-f]{4,5})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)(.*)$", re.M
+)
+BRANCH_TARGET = re.compile(r"BRA\s+(?:`\()?0x([0-9a-f]+)")
+
+
+def sass_instructions(sass: str) -> list[tuple[int, str, str]]:
+    """(address, opcode, operands) of each instruction of a cuobjdump -sass listing."""
+    return [(int(m.group(1), 16), m.group(2), m.group(3)) for m in SASS_INSTRUCTION.finditer(sass)]
+
+
+def innermost_loops(lines: list[tuple[int, str, str]]) -> list[tuple[int, int]]:
+    """(first, last) indices into sass_instructions' `lines` of each loop that holds no other, a
+    loop being the span of a branch back: a tile loop, where a kernel spends its time."""
+    at = {address: i for i, (address, _, _) in enumerate(lines)}
+    spans = []
+    for i, (address, op, operands) in enumerate(lines):
+        target = BRANCH_TARGET.search(op + operands)
+        if target and int(target.group(1), 16) < address and int(target.group(1), 16) in at:
+            spans.append((at[int(target.group(1), 16)], i))
+    return [(a, b) for a, b in spans if not any(a <= c < d <= b and (c, d) != (a, b) for c, d in spans)]
+
+
+def loop_local_accesses(sass: str) -> int:
+    """Local-memory instructions (LDL, STL: a spill read or written) inside innermost loops."""
+    lines = sass_instructions(sass)
+    return sum(op.startswith(("LDL", "STL")) for a, b in innermost_loops(lines) for _, op, _ in lines[a : b + 1])
 
 
 def tag_read_first(ptx: str) -> bool | None:
@@ -154,6 +193,18 @@ def spill_budget(record: dict) -> int:
     from .triton_dispatch import CAPPED_SPILL_BYTES
 
     return CAPPED_SPILL_BYTES if record.get("maxnreg") else 0
+
+
+def spill_problem(record: dict) -> str | None:
+    """Why a build's spill is not allowed, or None: past spill_budget bytes a thread, or read or
+    written inside an innermost loop (a local access every tile, where one outside the tile
+    loops costs a few a row)."""
+    budget = spill_budget(record)
+    if spilled_bytes(record) > budget:
+        return f"spills past {budget} bytes a thread"
+    if record["loop_local"]:
+        return f"{record['loop_local']} local-memory accesses inside its innermost loops"
+    return None
 
 
 def spilled_bytes(record: dict) -> int:
@@ -243,7 +294,9 @@ QUICK = {"bwd-row fp32", "bwd-split fp32", "bwd-split fp32 odd V", "bwd-stream f
          "ce-split fp32 weighted smoothed out of step", "ce-split fp16 weighted smoothed out of step",
          "ce-held bf16", "ce-held_split bf16", "ce-held_split bf16 weighted smoothed",
          "ce-stream fp32 weighted smoothed", "ce-stream fp32 weighted smoothed odd V",
-         "ce-stream bf16 weighted smoothed odd V", "bwd-stream bf16 odd V", "ce-scale fp32", "ce-prep",
+         "ce-stream bf16 weighted smoothed odd V", "ce-stream fp32 smoothed odd V", "ce-stream bf16 smoothed odd V",
+         "ce-stream fp32 weighted odd V", "ce-split fp32 smoothed odd V", "bwd-stream bf16 odd V", "ce-scale fp32",
+         "ce-prep",
          "ce-reduce"}  # fmt: skip
 
 
@@ -253,7 +306,7 @@ def build_training(quick: bool = False) -> list[dict]:
     backward's reread; 32000 for its stream), the cross-entropy's held bounds (16-bit) and
     262144 (split; 262145 for rows that are not 16-byte aligned, "odd V"; the splits also cut
     element by element, "out of step"), in fp32, bf16 and fp16, with and without weights and
-    smoothing; --quick:
+    smoothing (the stream and split also with either alone); --quick:
     the QUICK records, the row kernels at their largest V only."""
     from . import triton_backward as tb
     from .triton_cross_entropy import DISPATCH_BOUNDARIES as ce_bounds
@@ -298,6 +351,15 @@ def build_training(quick: bool = False) -> list[dict]:
             builds += [(f"ce-stream {tag}", "cross_entropy", "stream", V, name, flags) for V in (32768, 131072)]
             # ... and at GPT-2's vocabulary, whose rows are not 16-byte aligned
             builds.append((f"ce-stream {tag} odd V", "cross_entropy", "stream", 50257, name, flags))
+        # class weights alone, and smoothing alone, are builds of their own (the stream spills most
+        # with smoothing alone: kernels.triton_dispatch.CAPPED_SPILL_BYTES)
+        for tag, weighted in (("weighted", True), ("smoothed", False)):
+            flags = {"HAS_WEIGHT": weighted, "HAS_SMOOTHING": not weighted}
+            builds += [
+                (f"ce-stream {dtype} {tag}{' odd V' * (V % 2)}", "cross_entropy", "stream", V, name, flags)
+                for V in (131072, 50257)
+            ]
+            builds.append((f"ce-split {dtype} {tag} odd V", "cross_entropy", "split", 262145, name, flags))
             if both:  # and its held split with weights and smoothing (not dispatched)
                 builds += [
                     (f"ce-held_split {tag}", "cross_entropy", "held_split", V, name, flags) for V in (65536, 262144)

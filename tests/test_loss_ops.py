@@ -208,8 +208,9 @@ def test_loss_kernels_build_for_sm90_within_spill_budget():
     """The largest configuration of each training kernel, compiled for sm_90 ahead of time
     (kernels.triton_build --training --quick, in a child process: the compiled kernels are needed, so
     TRITON_INTERPRET must be unset there): no spills past the build's budget (none without a
-    register cap), within sm_90's limits; the splits read their launch tag before any barrier
-    and fit two programs an SM, the streams as many as they launch.
+    register cap) nor read or written inside a tile loop, within sm_90's limits; the splits
+    read their launch tag before any barrier and fit two programs an SM, the streams as many as
+    they launch.
     `python -m kernels.triton_build --training` builds every configuration the wrappers launch."""
     import json
     import os
@@ -217,7 +218,7 @@ def test_loss_kernels_build_for_sm90_within_spill_budget():
     import sys
     from pathlib import Path
 
-    from kernels.triton_build import resident_programs, spill_budget, spilled_bytes
+    from kernels.triton_build import resident_programs, spill_problem
 
     repo = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -237,8 +238,7 @@ def test_loss_kernels_build_for_sm90_within_spill_budget():
     row_kernels = {"bwd-row", "bwd-split", "bwd-stream", "bwd-reread", "ce-row", "ce-split"}
     assert built >= row_kernels | {"ce-scale"}
     for b in builds:
-        budget = spill_budget(b)
-        assert spilled_bytes(b) <= budget, f"spills past {budget} bytes a thread: {b}"
+        assert spill_problem(b) is None, f"{spill_problem(b)}: {b}"
         assert b["regs"] <= 255 and b["shared"] <= 232448, b
         kernel = b["name"].split()[0]
         if kernel in row_kernels and not (kernel == "bwd-stream" and b["name"].endswith("odd V")):

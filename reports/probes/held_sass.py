@@ -23,7 +23,6 @@ whatever its memory does (reports/profiles.md, "Held kernels: fewer instructions
 from __future__ import annotations
 
 import collections
-import re
 import subprocess
 import sys
 import tempfile
@@ -34,12 +33,9 @@ from triton import knobs
 from kernels import softmax_triton as st
 from kernels import triton_backward as tb
 from kernels.spec import dtype_name
-from kernels.triton_build import compile_path
+from kernels.triton_build import compile_path, innermost_loops, sass_instructions
 from kernels.triton_dispatch import held_block
 from kernels.triton_launch import TABLES
-
-# One SASS instruction a line: its address, then the opcode with its suffixes after any predicate.
-INSTRUCTION = re.compile(r"^\s+/\*([0-9a-f]{4,5})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)(.*)$", re.M)
 
 
 def sass(op: str, path: str, p: dict, V: int, dtype: str) -> str:
@@ -54,7 +50,7 @@ def sass(op: str, path: str, p: dict, V: int, dtype: str) -> str:
 def passes(text: str, per_thread: int) -> list[tuple[float, list]]:
     """(instructions per element, top opcodes) of each barrier-delimited stretch of 60 or more."""
     out, stretch = [], []
-    for op in [m.group(2).split(".")[0] for m in INSTRUCTION.finditer(text)] + ["BAR"]:
+    for op in [op.split(".")[0] for _, op, _ in sass_instructions(text)] + ["BAR"]:
         stretch.append(op)
         if op in ("BAR", "BRA"):
             if len(stretch) >= 60:
@@ -77,18 +73,9 @@ def loops(text: str, per_thread: int, itemsize: int) -> list[tuple[float, dict]]
     may take several tiles (the compiler unrolls): counted from its bytes, those stored where it
     stores (the gradient), else those loaded, halved where it also takes exponentials (the
     logits and their class weights), against a tile's per_thread elements of itemsize bytes."""
-    lines = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in INSTRUCTION.finditer(text)]
-    at = {address: i for i, (address, _, _) in enumerate(lines)}
-    spans = []
-    for i, (address, op, operands) in enumerate(lines):
-        target = re.search(r"BRA\s+(?:`\()?0x([0-9a-f]+)", op + operands)
-        if target and int(target.group(1), 16) < address and int(target.group(1), 16) in at:
-            spans.append((at[int(target.group(1), 16)], i))
-    inner = [
-        (a, b) for a, b in spans if b - a >= 20 and not any(a <= c < d <= b and (c, d) != (a, b) for c, d in spans)
-    ]
+    lines = sass_instructions(text)
     out = []
-    for a, b in inner:
+    for a, b in [(a, b) for a, b in innermost_loops(lines) if b - a >= 20]:
         ops = [op for _, op, _ in lines[a : b + 1]]
         counts = {k: sum(o.split(".")[0] == k for o in ops) for k in ("LDG", "STG", "MUFU", "F2I")}
         loaded = sum(access_bytes(o) for o in ops if o.startswith("LDG"))
