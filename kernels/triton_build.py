@@ -351,6 +351,10 @@ def build_training(quick: bool = False) -> list[dict]:
             builds += [(f"ce-stream {tag}", "cross_entropy", "stream", V, name, flags) for V in (32768, 131072)]
             # ... and at GPT-2's vocabulary, whose rows are not 16-byte aligned
             builds.append((f"ce-stream {tag} odd V", "cross_entropy", "stream", 50257, name, flags))
+            if both:  # and its held split with weights and smoothing (not dispatched)
+                builds += [
+                    (f"ce-held_split {tag}", "cross_entropy", "held_split", V, name, flags) for V in (65536, 262144)
+                ]
         # class weights alone, and smoothing alone, are builds of their own (the stream spills most
         # with smoothing alone: kernels.triton_dispatch.CAPPED_SPILL_BYTES)
         for tag, weighted in (("weighted", True), ("smoothed", False)):
@@ -360,10 +364,6 @@ def build_training(quick: bool = False) -> list[dict]:
                 for V in (131072, 50257)
             ]
             builds.append((f"ce-split {dtype} {tag} odd V", "cross_entropy", "split", 262145, name, flags))
-            if both:  # and its held split with weights and smoothing (not dispatched)
-                builds += [
-                    (f"ce-held_split {tag}", "cross_entropy", "held_split", V, name, flags) for V in (65536, 262144)
-                ]
         if name != "float32":  # 16-bit plain rows held in shared memory, at the held path's bounds
             held = (ce_bounds["held_min_v"] + 1, ce_bounds["held_max_v"], HELD_PARTS_V)
             builds += [(f"ce-held {dtype}", "cross_entropy", "held", V, name, {}) for V in held]

@@ -218,7 +218,7 @@ def test_loss_kernels_build_for_sm90_within_spill_budget():
     import sys
     from pathlib import Path
 
-    from kernels.triton_build import resident_programs, spill_problem
+    from kernels.triton_build import QUICK, resident_programs, spill_problem
 
     repo = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -237,6 +237,7 @@ def test_loss_kernels_build_for_sm90_within_spill_budget():
     built = {b["name"].split()[0] for b in builds}
     row_kernels = {"bwd-row", "bwd-split", "bwd-stream", "bwd-reread", "ce-row", "ce-split"}
     assert built >= row_kernels | {"ce-scale"}
+    assert {b["name"] for b in builds} == QUICK, "every quick record is built, under its name"
     for b in builds:
         assert spill_problem(b) is None, f"{spill_problem(b)}: {b}"
         assert b["regs"] <= 255 and b["shared"] <= 232448, b
