@@ -112,10 +112,7 @@ def build(
     spill = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", proc.stderr)]
     # Where a spill is touched, read from the SASS of a build that spills (listing the others,
     # unrolled kernels especially, takes long and finds no local access).
-    loop_local = 0
-    if sum(spill) or int(fields["LOCAL"]):
-        sass = subprocess.run([knobs.nvidia.cuobjdump.path, "-sass", cubin], capture_output=True, text=True, check=True)
-        loop_local = loop_local_accesses(sass.stdout)
+    loop_local = loop_local_accesses(sass_listing(cubin)) if sum(spill) or int(fields["LOCAL"]) else 0
     return {
         "name": name,
         "num_warps": num_warps,
@@ -141,6 +138,15 @@ SASS_INSTRUCTION = re.compile(
     r"^\s+/\*([0-9a-f]{4,5})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)(.*)$", re.M
 )
 BRANCH_TARGET = re.compile(r"BRA\s+(?:`\()?0x([0-9a-f]+)")
+
+
+def sass_listing(cubin: str) -> str:
+    """cuobjdump's -sass listing of the cubin file at `cubin`."""
+    from triton import knobs
+
+    return subprocess.run(
+        [knobs.nvidia.cuobjdump.path, "-sass", cubin], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def sass_instructions(sass: str) -> list[tuple[int, str, str]]:

@@ -23,17 +23,15 @@ whatever its memory does (reports/profiles.md, "Held kernels: fewer instructions
 from __future__ import annotations
 
 import collections
-import subprocess
 import sys
 import tempfile
 
 import torch
-from triton import knobs
 
 from kernels import softmax_triton as st
 from kernels import triton_backward as tb
 from kernels.spec import dtype_name
-from kernels.triton_build import compile_path, innermost_loops, sass_instructions
+from kernels.triton_build import compile_path, innermost_loops, sass_instructions, sass_listing
 from kernels.triton_dispatch import held_block
 from kernels.triton_launch import TABLES
 
@@ -44,7 +42,7 @@ def sass(op: str, path: str, p: dict, V: int, dtype: str) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
-        return subprocess.run([knobs.nvidia.cuobjdump.path, "-sass", f.name], capture_output=True, text=True).stdout
+        return sass_listing(f.name)
 
 
 def passes(text: str, per_thread: int) -> list[tuple[float, list]]:
