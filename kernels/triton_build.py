@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import triton
 
@@ -91,28 +92,27 @@ def build(
 
     options = {"num_warps": num_warps, "num_stages": num_stages, **({"maxnreg": maxnreg} if maxnreg else {})}
     c = compile_sm90(kernel, sig=sig, constexprs=constexprs, aligned=aligned, options=options, ast_source=ast_source)
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(c.asm["cubin"])
-    usage = subprocess.run(
-        [knobs.nvidia.cuobjdump.path, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True
-    ).stdout
-    fields = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage))
-    cubin = f.name
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(c.asm["ptx"])
-    # The ptxas Triton itself picks for sm_90 (3.9 uses its newer "ptxas-blackwell").
-    arch = re.search(r"^\.target\s+(\w+)", c.asm["ptx"], re.M).group(1)  # sm_90a
-    proc = subprocess.run(
-        [get_ptxas(TARGET_CAPABILITY).path, "-v", f"--gpu-name={arch}", f.name, "-o", f.name + ".o"],
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"ptxas failed for {name}: {proc.stderr}")
-    spill = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", proc.stderr)]
-    # Where a spill is touched, read from the SASS of a build that spills (listing the others,
-    # unrolled kernels especially, takes long and finds no local access).
-    loop_local = loop_local_accesses(sass_listing(cubin)) if sum(spill) or int(fields["LOCAL"]) else 0
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin, ptx = Path(tmp) / "kernel.cubin", Path(tmp) / "kernel.ptx"
+        cubin.write_bytes(c.asm["cubin"])
+        ptx.write_text(c.asm["ptx"])
+        usage = subprocess.run(
+            [knobs.nvidia.cuobjdump.path, "--dump-resource-usage", cubin], capture_output=True, text=True, check=True
+        ).stdout
+        fields = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage))
+        # The ptxas Triton itself picks for sm_90 (3.9 uses its newer "ptxas-blackwell").
+        arch = re.search(r"^\.target\s+(\w+)", c.asm["ptx"], re.M).group(1)  # sm_90a
+        proc = subprocess.run(
+            [get_ptxas(TARGET_CAPABILITY).path, "-v", f"--gpu-name={arch}", ptx, "-o", Path(tmp) / "kernel.o"],
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"ptxas failed for {name}: {proc.stderr}")
+        spill = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", proc.stderr)]
+        # Where a spill is touched, read from the SASS of a build that spills (listing the others,
+        # unrolled kernels especially, takes long and finds no local access).
+        loop_local = loop_local_accesses(sass_listing(cubin)) if sum(spill) or int(fields["LOCAL"]) else 0
     return {
         "name": name,
         "num_warps": num_warps,
@@ -140,7 +140,7 @@ SASS_INSTRUCTION = re.compile(
 BRANCH_TARGET = re.compile(r"BRA\s+(?:`\()?0x([0-9a-f]+)")
 
 
-def sass_listing(cubin: str) -> str:
+def sass_listing(cubin: str | Path) -> str:
     """cuobjdump's -sass listing of the cubin file at `cubin`."""
     from triton import knobs
 
