@@ -816,11 +816,14 @@ def test_a_spill_is_judged_by_its_bytes_and_where_it_is_touched():
 
 
 @pytest.fixture(scope="session")
-def sm90_builds():
+def sm90_builds(tmp_path_factory):
     # kernels.triton_build in a child process: the kernels must be decorated with TRITON_INTERPRET
     # unset. Triton's own cache (keyed on source, options, target and version) serves a warm rerun.
+    # Its temporary files go to a folder of their own, which the builds must leave empty.
+    tmp = tmp_path_factory.mktemp("sm90_tmp")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env["TMPDIR"] = str(tmp)
     proc = subprocess.run(
         [sys.executable, "-m", "kernels.triton_build"],
         cwd=REPO,
@@ -831,6 +834,8 @@ def sm90_builds():
         check=False,
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    left = sorted(p.name for p in tmp.iterdir())
+    assert not left, f"the sm_90 builds left {len(left)} temporary files behind, e.g. {left[:3]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
