@@ -24,6 +24,7 @@ from tests.helpers import (  # noqa: E402
     linear_weight_grad_expected,
     logits,
     run_interpreted_in_subprocess,
+    sm90_builds,
 )
 
 pytestmark = pytest.mark.cpu
@@ -204,7 +205,7 @@ def test_interpreted_in_a_subprocess(pytestconfig):
 
 
 @pytest.mark.slow  # the deeper tier: a build, no kernel runs
-def test_loss_kernels_build_for_sm90_within_spill_budget():
+def test_loss_kernels_build_for_sm90_within_spill_budget(tmp_path):
     """The largest configuration of each training kernel, compiled for sm_90 ahead of time
     (kernels.triton_build --training --quick, in a child process: the compiled kernels are needed, so
     TRITON_INTERPRET must be unset there): no spills past the build's budget (none without a
@@ -212,28 +213,9 @@ def test_loss_kernels_build_for_sm90_within_spill_budget():
     read their launch tag before any barrier and fit two programs an SM, the streams as many as
     they launch.
     `python -m kernels.triton_build --training` builds every configuration the wrappers launch."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     from kernels.triton_build import QUICK, resident_programs, spill_problem
 
-    repo = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-m", "kernels.triton_build", "--training", "--quick"],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    builds = json.loads(proc.stdout.strip().splitlines()[-1])
+    builds = sm90_builds(tmp_path, "--training", "--quick")
     built = {b["name"].split()[0] for b in builds}
     row_kernels = {"bwd-row", "bwd-split", "bwd-stream", "bwd-reread", "ce-row", "ce-split"}
     assert built >= row_kernels | {"ce-scale"}

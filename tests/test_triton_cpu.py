@@ -48,6 +48,7 @@ from tests.helpers import (  # noqa: E402
     run_poisoned,
     triton_path_runner,
 )
+from tests.helpers import sm90_builds as run_sm90_builds  # noqa: E402
 
 pytestmark = pytest.mark.cpu
 
@@ -817,26 +818,7 @@ def test_a_spill_is_judged_by_its_bytes_and_where_it_is_touched():
 
 @pytest.fixture(scope="session")
 def sm90_builds(tmp_path_factory):
-    # kernels.triton_build in a child process: the kernels must be decorated with TRITON_INTERPRET
-    # unset. Triton's own cache (keyed on source, options, target and version) serves a warm rerun.
-    # Its temporary files go to a folder of their own, which the builds must leave empty.
-    tmp = tmp_path_factory.mktemp("sm90_tmp")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    env["TMPDIR"] = str(tmp)
-    proc = subprocess.run(
-        [sys.executable, "-m", "kernels.triton_build"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    left = sorted(p.name for p in tmp.iterdir())
-    assert not left, f"the sm_90 builds left {len(left)} temporary files behind, e.g. {left[:3]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_sm90_builds(tmp_path_factory.mktemp("sm90_tmp"))
 
 
 def test_sm90_aot_builds_spill_within_budget_and_fit_shared_memory(sm90_builds, request):

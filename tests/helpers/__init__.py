@@ -67,6 +67,7 @@ from tests.helpers.machines import (
     skip_if_unavailable,
     skip_unless_runnable,
     skip_unless_runs_on,
+    sm90_builds,
     triton_module,
 )
 from tests.helpers.running import (
@@ -195,6 +196,7 @@ __all__ = [
     "run_backward_poisoned",
     "run_cross_entropy_poisoned",
     "run_interpreted_in_subprocess",
+    "sm90_builds",
     "run_poisoned",
     "skip_if_unavailable",
     "skip_unless_runnable",

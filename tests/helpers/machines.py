@@ -69,6 +69,36 @@ def skip_unless_runnable(kernel) -> None:
             pytest.skip(reason)
 
 
+def sm90_builds(tmp_dir, *args: str) -> list[dict]:
+    """The records of `python -m kernels.triton_build *args` (sm_90 builds ahead of time), run
+    in a child process: the compiled kernels are needed, so TRITON_INTERPRET must be unset
+    there. Triton's own cache (keyed on source, options, target and version) serves a warm
+    rerun. The child's temporary files go to `tmp_dir`, which the builds must leave empty."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
+    env["TMPDIR"] = str(tmp_dir)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernels.triton_build", *args],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    left = sorted(p.name for p in Path(tmp_dir).iterdir())
+    assert not left, f"the sm_90 builds left {len(left)} temporary files behind, e.g. {left[:3]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def run_interpreted_in_subprocess(test_file, pytestconfig, *, exclude: str = "interpreted_in_a_subprocess") -> None:
     """On a machine whose test process runs the compiled Triton modules (a GPU is visible), run the
     cpu tests of `test_file` again in a child with TRITON_INTERPRET=1 from the start (the variable
