@@ -12,7 +12,8 @@
   GPU still reached a start event before the host had queued what it times, the host's time
   would count as the kernel's, so the measurement is taken again behind a longer wait
   (QUEUE_AHEAD_ATTEMPTS), and HostBehindWarning says where that never sufficed or where the
-  call itself waits for the GPU.
+  call itself waits for the GPU. After any interval the GPU caught up with (a call that reads
+  a result back leaves it idle), a new busy-wait goes ahead of the next one.
 - Per-call wall time (`per_call_times_us`): what a Python caller pays. N back-to-back calls,
   one synchronize at the end of the round, `time.perf_counter`, no flush: launch overhead,
   argument checks and output allocation are all in it, and so is the kernel where it is longer
@@ -63,13 +64,15 @@ class HostBehindWarning(UserWarning):
     before the host had queued the launches it times, however long the busy-wait ahead of them."""
 
 
-def _host_behind(what: str, behind: int, timed: int, cycles: int) -> None:
+def _host_behind(what: str, late: list[int], rounds: int, cycles: int) -> None:
+    """Warn of `late[i]` of call i's `rounds` intervals that the GPU reached before the host."""
     import warnings
 
+    calls = "" if len(late) == 1 else f" (of each call's {rounds}, in the order given: {', '.join(map(str, late))})"
     warnings.warn(
-        f"{what}: in {behind} of {timed} timed intervals the GPU caught up with the host before "
-        f"the call's launches were queued, behind a busy-wait of up to {cycles:,} cycles; these "
-        "times include host time (does the call synchronize, or is the host busy?)",
+        f"{what}: in {sum(late)} of {rounds * len(late)} timed intervals{calls} the GPU caught up with "
+        f"the host before the call's launches were queued, behind a busy-wait of up to {cycles:,} "
+        "cycles; these times may include host time (does the call synchronize, or is the host busy?)",
         HostBehindWarning,
         stacklevel=3,
     )
@@ -151,16 +154,19 @@ def interleaved_device_times_us(
                     flush.zero_()
                 start.record()
                 fn()
-                late[i] += start.query()  # the GPU is past the start: it may have waited for fn's launches
+                caught_up = start.query()  # the GPU is past the start: it may have waited for fn's launches
+                late[i] += caught_up
                 end.record()
+                if caught_up:  # the GPU waits for the host now: queue ahead of the next interval again
+                    torch.cuda._sleep(cycles)
         torch.cuda.synchronize()
         if not any(late):
             break
         if rounds in late:  # a call that synchronizes
-            _host_behind("device time", sum(late), rounds * len(fns), cycles)
+            _host_behind("device time", late, rounds, cycles)
             break
     else:
-        _host_behind("device time", sum(late), rounds * len(fns), cycles)
+        _host_behind("device time", late, rounds, cycles)
     return [[start.elapsed_time(end) * 1e3 for start, end in per_fn] for per_fn in events]
 
 
@@ -272,7 +278,7 @@ def interleaved_graph_replay_times_us(
         graph.replay()
     torch.cuda.synchronize()
     times: list[list[float]] = [[] for _ in graphs]
-    behind = 0
+    behind = [0] * len(graphs)
     for r in range(rounds):
         for i, graph in round_order(graphs, r):
             for attempt in range(QUEUE_AHEAD_ATTEMPTS):  # as interleaved_device_times_us, a round at a time
@@ -287,10 +293,10 @@ def interleaved_graph_replay_times_us(
                 torch.cuda.synchronize()
                 if not late:
                     break
-            behind += late
+            behind[i] += late
             times[i].append(start.elapsed_time(end) * 1e3 / replays)
-    if behind:
-        _host_behind("graph replay", behind, rounds * len(graphs), cycles)
+    if any(behind):
+        _host_behind("graph replay", behind, rounds, cycles)
     return times
 
 
