@@ -15,6 +15,11 @@ Parts:
   fill    rows whose last chunk is nearly empty (V one past a multiple of the chunk): split,
           held_split, and held_split with its chunks balanced (the least tile multiple that
           keeps P: kernels.triton_dispatch.held_block of cdiv(V, P)).
+  fp32    float32 rows of the forward benchmark's long shapes (B >= 1024) and a few beside them:
+          split as launched and at 4096-element chunks under 64 registers, held_split as
+          launched, and fused. The run of 2026-12-06c (H100) found held_split leading split by
+          1-5 % where rows are 16-byte aligned (65536, 128256, 262144) and trailing by 1-2 % at
+          odd V (50257, 65537, 98305); the benchmark has Triton at 0.933-0.946x fused there.
   time    device time (probes/triton_rows_sweep.py's clock: graph replay, L2 flushed, against a
           copy measured in the same run) of held_split at several chunk x warps x register caps,
           split, fused and the dispatch, at long rows: float32 from 50257, 16-bit from 57345,
@@ -97,6 +102,20 @@ def fill_variants(x, reference):
     return path_variants(x, reference, runs)
 
 
+FP32 = [(4096, V, torch.float32) for V in (50257, 65536, 128256, 128257, 151936, 200064, 262144)]
+FP32 += [(32768, 50257, torch.float32), (1024, 128256, torch.float32), (1024, 262144, torch.float32)]
+
+
+def fp32_variants(x, reference):
+    fused = SOFTMAX_KERNELS["fused"]
+    runs = {
+        "split 8192x4 cap 96": ("split", {"CHUNK": 8192, "num_warps": 4, "maxnreg": 96}),
+        "split 4096x4 cap 64": ("split", {"CHUNK": 4096, "num_warps": 4, "maxnreg": 64}),
+        "held_split as launched": ("held_split", {}),
+    }
+    return {"fused": lambda: fused(x), **path_variants(x, reference, runs)}
+
+
 def check_bits() -> bool:
     ok = True
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -133,6 +152,8 @@ def main() -> None:
         sweep_shapes(BOUNDS, args.out / "triton_held_split_bounds.json", bounds_variants)
     if "fill" in args.part:
         sweep_shapes(FILL, args.out / "triton_held_split_fill.json", fill_variants)
+    if "fp32" in args.part:
+        sweep_shapes(FP32, args.out / "triton_held_split_fp32.json", fp32_variants)
     if "time" in args.part:
         shapes = [s for s in SHAPES if not args.v or s[1] in args.v]
         sweep_shapes(shapes, args.out / "triton_held_split.json", variants)
