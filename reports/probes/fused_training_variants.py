@@ -12,12 +12,13 @@ builds (nvcc 13) hold four vectors a thread in 64 registers without spilling, at
 threads (eight spill). Do more loads in flight, or smaller CTAs, move the rows faster? The
 backward's loop class has the same shape and is timed beside it.
 
-Second, the cross-entropy's on-chip 16-bit classes hold 32 packed elements a thread (512-thread
-CTAs), half the forward's 64, on the belief that its row state would not fit beside 64; the
-builds say it does (64 registers, no spill, at 128 and 256 threads). At bf16 V = 32000-128256 the
-cross-entropy reached 0.44-0.54 of its floor where the forward's classes reach 0.75-0.9 of copy,
-issue-bound (profiles.md): twice the elements a thread halves each thread's per-row work an
-element. Does it pay? (float32 too, at 32 elements a thread: 40-44 bytes spilled.)
+Second (answered on an H100, runs/h100-2026-12-07: adopted as kernels.cuda_training_plans's
+_CE_LONG), the cross-entropy's rows past 16384 held as the forward holds them, 64 packed elements
+a thread in 16-bit storage. Third, rows of 262144 held on chip the same way, which take the loop
+class (0.69 / 0.73 of the floor in bf16 / float32 on an H100, runs/h100-2026-12-08): clusters of
+8 CTAs of 512 threads x 64 packed elements (sm_90 build, nvcc 13: 64 registers, no spill) or of
+1024 threads x 32 float32 elements (64 registers, 44 bytes spilled: the float32 long classes'
+allowance). Do they lead the loop?
 
 Per shape: the op as dispatched, then each variant, in the graph clock of
 probes/triton_rows_sweep.py, as a fraction of the op's floor (cross-entropy one read and one
@@ -43,17 +44,13 @@ from triton_rows_sweep import bits, edge_logits, floor_rows, shapes_main  # noqa
 
 LOOP_SHAPES = [(4096, 262144, dt) for dt in (torch.bfloat16, torch.float32)]
 LOOP_VARIANTS = ((1024, 2), (1024, 4), (512, 4))  # (threads, vectors a step); the dispatch's is named
-# The cross-entropy's on-chip classes as the forward holds its rows: per (dtype, V), (threads,
-# elements, cluster). 16-bit: 64 packed elements a thread (no spill); float32: 32 (40-44 bytes
-# spilled under the 64-register bound, against 16 and none dispatched).
+# The cross-entropy's rows held on chip past its longest class: per (dtype, V), (threads,
+# elements, cluster), packed in 16-bit storage.
 ON_CHIP = {
-    (torch.bfloat16, 32000): ((256, 64, 2), (128, 64, 4)),
-    (torch.bfloat16, 50257): ((256, 64, 4), (128, 64, 7)),
-    (torch.bfloat16, 128256): ((256, 64, 8),),
-    (torch.float32, 32000): ((256, 32, 4),),
-    (torch.float32, 128256): ((512, 32, 8),),
+    (torch.bfloat16, 262144): ((512, 64, 8),),
+    (torch.float32, 262144): ((1024, 32, 8),),
 }
-SHAPES = [*((4096, V, dt) for dt, V in ON_CHIP), (16384, 32000, torch.bfloat16), *LOOP_SHAPES]
+SHAPES = [*((1024, V, dt) for dt, V in ON_CHIP), *LOOP_SHAPES]  # LOOP_SHAPES: N = 4096, both questions
 
 
 @contextmanager
@@ -80,12 +77,12 @@ def loop_launch(threads: int, vectors: int):
     return plans_set(LOOP_SHAPE={4: (threads, vectors), 2: (threads, vectors)})
 
 
-def first_class(width: int, threads: int, elems: int, cluster: int):
-    """The training ops dispatching a class of `threads` x `elems` x `cluster` (packed for 16-bit
-    storage) for every V it holds of storage `width` bytes, inside the block."""
-    warpvec, rows = plans._TABLES[width]
+def long_class(width: int, threads: int, elems: int, cluster: int):
+    """The cross-entropy dispatching a class of `threads` x `elems` x `cluster` (packed for
+    16-bit storage) for its rows past 16384 that it holds, of storage `width` bytes, inside the
+    block."""
     first = (threads * elems * cluster, threads, elems, cluster, width == 2)
-    return plans_set(_TABLES={**plans._TABLES, width: (warpvec, (first, *rows))})
+    return plans_set(_CE_LONG={**plans._CE_LONG, width: (first, *plans._CE_LONG[width])})
 
 
 def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
@@ -110,17 +107,18 @@ def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
     def bwd(e):
         e.launcher(dev, e.grid(N, None), y.data_ptr(), y.stride(0), dy.data_ptr(), dy.stride(0), dx.data_ptr(), N, V)
 
-    if (dtype, V) in ON_CHIP:  # the cross-entropy's on-chip classes
+    ops = {}
+    if (dtype, V) in ON_CHIP:  # the cross-entropy's rows held on chip
         width = x.element_size()
-        runs = {"ce dispatch": nullcontext()} | {
-            f"ce {th} x {el} x {cl}": first_class(width, th, el, cl) for th, el, cl in ON_CHIP[(dtype, V)]
+        ops["ce"] = {"ce dispatch": nullcontext()} | {
+            f"ce {th} x {el} x {cl}": long_class(width, th, el, cl) for th, el, cl in ON_CHIP[(dtype, V)]
         }
-        ops = {"ce": runs}
-    else:  # the loop class of both ops
+    if (N, V, dtype) in LOOP_SHAPES:  # the loop class of both ops
         shape = plans.LOOP_SHAPE[x.element_size()]
         runs = {f"loop {th} x {ve}" + (" (dispatch)" if (th, ve) == shape else ""): (th, ve)
                 for th, ve in LOOP_VARIANTS}  # fmt: skip
-        ops = {op: {f"{op} {name}": loop_launch(*tv) for name, tv in runs.items()} for op in ("ce", "bwd")}
+        for op in ("ce", "bwd"):
+            ops.setdefault(op, {}).update({f"{op} {name}": loop_launch(*tv) for name, tv in runs.items()})
     rows = []
     for op, cases in ops.items():
         variants, same = {}, {}
