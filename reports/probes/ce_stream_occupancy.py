@@ -71,9 +71,9 @@ STREAM = {f"stream {b} x {w} warps, {p}/SM, cap {c}": (b, w, p, c) for b, w, p, 
 # meetings with itself alone), a float32 row of 50257 two programs'. Triton 3.6's sm_90 builds
 # at (50257, bf16 / float32): 8 warps uncapped 255 / 244 registers (1516 / 0 bytes spilled),
 # one program an SM; 16 warps under 64 two an SM (3460 / 864 bytes spilled).
-# Chunks of 16 and 32 KB (Triton 3.6, sm_90, at 50257 and 128256): float32 68 registers, no spill
-# / 80 and 104 bytes; bf16 80 and 64 bytes / 608-1056 bytes: their weights' loads are fewer a
-# program, three programs an SM.
+# Chunks of 16 and 32 KB under 80 registers: three programs an SM. Their sm_90 builds (Triton
+# 3.6, at 50257 and 128256, the smoothing sum's columns in 32 bits): float32 64 / 79 registers,
+# no spill; bf16 76 registers, no spill / 80 registers, 260-396 bytes spilled.
 HELD = {f"held_split {w} x {c}, {k // 1024}K": (w, c, k) for w, c, k in (
     (8, None, 131072), (16, 64, 131072), (8, 128, 65536), (8, 80, 16384), (8, 80, 32768),
 )}  # fmt: skip
