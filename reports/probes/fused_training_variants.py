@@ -18,7 +18,9 @@ a thread in 16-bit storage. Third, rows of 262144 held on chip the same way, whi
 class (0.69 / 0.73 of the floor in bf16 / float32 on an H100, runs/h100-2026-12-08): clusters of
 8 CTAs of 512 threads x 64 packed elements (sm_90 build, nvcc 13: 64 registers, no spill) or of
 1024 threads x 32 float32 elements (64 registers, 44 bytes spilled: the float32 long classes'
-allowance). Do they lead the loop?
+allowance). Do they lead the loop? Likewise the softmax backward's 16-bit rows of 262144 (0.75 of
+its floor on that H100): 8 CTAs of 1024 threads x 32 packed elements of y and of dy (62
+registers, no spill).
 
 Per shape: the op as dispatched, then each variant, in the graph clock of
 probes/triton_rows_sweep.py, as a fraction of the op's floor (cross-entropy one read and one
@@ -50,6 +52,9 @@ ON_CHIP = {
     (torch.bfloat16, 262144): ((512, 64, 8),),
     (torch.float32, 262144): ((1024, 32, 8),),
 }
+# The backward's: appended to the table both ops share (the cross-entropy's rows past 16384 come
+# from _CE_LONG instead).
+BWD_ON_CHIP = {(torch.bfloat16, 262144): ((1024, 32, 8),)}
 SHAPES = [*((1024, V, dt) for dt, V in ON_CHIP), *LOOP_SHAPES]  # LOOP_SHAPES: N = 4096, both questions
 
 
@@ -85,6 +90,15 @@ def long_class(width: int, threads: int, elems: int, cluster: int):
     return plans_set(_CE_LONG={**plans._CE_LONG, width: (first, *plans._CE_LONG[width])})
 
 
+def last_class(width: int, threads: int, elems: int, cluster: int):
+    """The softmax backward dispatching a class of `threads` x `elems` x `cluster` (packed for
+    16-bit storage) for the rows of storage `width` bytes past its longest class, inside the
+    block."""
+    warpvec, rows = plans._TABLES[width]
+    last = (threads * elems * cluster, threads, elems, cluster, width == 2)
+    return plans_set(_TABLES={**plans._TABLES, width: (warpvec, (*rows, last))})
+
+
 def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
     x = edge_logits(N, V, dtype)
     t = torch.randint(0, V, (N,), device="cuda", generator=torch.Generator(device="cuda").manual_seed(V))
@@ -112,6 +126,11 @@ def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
         width = x.element_size()
         ops["ce"] = {"ce dispatch": nullcontext()} | {
             f"ce {th} x {el} x {cl}": long_class(width, th, el, cl) for th, el, cl in ON_CHIP[(dtype, V)]
+        }
+    if (dtype, V) in BWD_ON_CHIP:  # the backward's rows held on chip
+        width = x.element_size()
+        ops["bwd"] = {"bwd dispatch": nullcontext()} | {
+            f"bwd {th} x {el} x {cl}": last_class(width, th, el, cl) for th, el, cl in BWD_ON_CHIP[(dtype, V)]
         }
     if (N, V, dtype) in LOOP_SHAPES:  # the loop class of both ops
         shape = plans.LOOP_SHAPE[x.element_size()]
