@@ -20,7 +20,9 @@ class (0.69 / 0.73 of the floor in bf16 / float32 on an H100, runs/h100-2026-12-
 1024 threads x 32 float32 elements (64 registers, 44 bytes spilled: the float32 long classes'
 allowance). Do they lead the loop? Likewise the softmax backward's 16-bit rows of 262144 (0.75 of
 its floor on that H100): 8 CTAs of 1024 threads x 32 packed elements of y and of dy (62
-registers, no spill).
+registers, no spill); and its 16-bit rows of 50257 (0.75 there, on 4 CTAs of 512 threads x 32,
+a class of 65536 it fills to 77 %), on 7 CTAs of 256 x 32 as the forward's and the
+cross-entropy's seven-CTA classes hold them (63 registers, no spill).
 
 Per shape: the op as dispatched, then each variant, in the graph clock of
 probes/triton_rows_sweep.py, as a fraction of the op's floor (cross-entropy one read and one
@@ -54,8 +56,9 @@ ON_CHIP = {
 }
 # The backward's: appended to the table both ops share (the cross-entropy's rows past 16384 come
 # from _CE_LONG instead).
-BWD_ON_CHIP = {(torch.bfloat16, 262144): ((1024, 32, 8),)}
-SHAPES = [*((1024, V, dt) for dt, V in ON_CHIP), *LOOP_SHAPES]  # LOOP_SHAPES: N = 4096, both questions
+BWD_ON_CHIP = {(torch.bfloat16, 262144): ((1024, 32, 8),), (torch.bfloat16, 50257): ((256, 32, 7),)}
+# LOOP_SHAPES: N = 4096, the loop's question and the on-chip ones at once
+SHAPES = [*((1024, V, dt) for dt, V in ON_CHIP), (4096, 50257, torch.bfloat16), *LOOP_SHAPES]
 
 
 @contextmanager
@@ -90,13 +93,14 @@ def long_class(width: int, threads: int, elems: int, cluster: int):
     return plans_set(_CE_LONG={**plans._CE_LONG, width: (first, *plans._CE_LONG[width])})
 
 
-def last_class(width: int, threads: int, elems: int, cluster: int):
+def table_class(width: int, threads: int, elems: int, cluster: int):
     """The softmax backward dispatching a class of `threads` x `elems` x `cluster` (packed for
-    16-bit storage) for the rows of storage `width` bytes past its longest class, inside the
-    block."""
+    16-bit storage) for the rows of storage `width` bytes it holds that no shorter class does,
+    inside the block: the class put in its place in the table both ops share."""
     warpvec, rows = plans._TABLES[width]
-    last = (threads * elems * cluster, threads, elems, cluster, width == 2)
-    return plans_set(_TABLES={**plans._TABLES, width: (warpvec, (*rows, last))})
+    new = (threads * elems * cluster, threads, elems, cluster, width == 2)
+    rows = tuple(sorted((*rows, new), key=lambda r: r[0]))
+    return plans_set(_TABLES={**plans._TABLES, width: (warpvec, rows)})
 
 
 def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
@@ -130,7 +134,7 @@ def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
     if (dtype, V) in BWD_ON_CHIP:  # the backward's rows held on chip
         width = x.element_size()
         ops["bwd"] = {"bwd dispatch": nullcontext()} | {
-            f"bwd {th} x {el} x {cl}": last_class(width, th, el, cl) for th, el, cl in BWD_ON_CHIP[(dtype, V)]
+            f"bwd {th} x {el} x {cl}": table_class(width, th, el, cl) for th, el, cl in BWD_ON_CHIP[(dtype, V)]
         }
     if (N, V, dtype) in LOOP_SHAPES:  # the loop class of both ops
         shape = plans.LOOP_SHAPE[x.element_size()]
