@@ -48,17 +48,14 @@ from triton_rows_sweep import bits, edge_logits, floor_rows, shapes_main  # noqa
 
 LOOP_SHAPES = [(4096, 262144, dt) for dt in (torch.bfloat16, torch.float32)]
 LOOP_VARIANTS = ((1024, 2), (1024, 4), (512, 4))  # (threads, vectors a step); the dispatch's is named
-# The cross-entropy's rows held on chip past its longest class: per (dtype, V), (threads,
-# elements, cluster), packed in 16-bit storage.
+# Rows held on chip past each op's classes: per op, per (dtype, V), (threads, elements, cluster),
+# packed in 16-bit storage (held_class puts each in its op's table).
 ON_CHIP = {
-    (torch.bfloat16, 262144): ((512, 64, 8),),
-    (torch.float32, 262144): ((1024, 32, 8),),
+    "ce": {(torch.bfloat16, 262144): ((512, 64, 8),), (torch.float32, 262144): ((1024, 32, 8),)},
+    "bwd": {(torch.bfloat16, 262144): ((1024, 32, 8),), (torch.bfloat16, 50257): ((256, 32, 7),)},
 }
-# The backward's: appended to the table both ops share (the cross-entropy's rows past 16384 come
-# from _CE_LONG instead).
-BWD_ON_CHIP = {(torch.bfloat16, 262144): ((1024, 32, 8),), (torch.bfloat16, 50257): ((256, 32, 7),)}
 # LOOP_SHAPES: N = 4096, the loop's question and the on-chip ones at once
-SHAPES = [*((1024, V, dt) for dt, V in ON_CHIP), (4096, 50257, torch.bfloat16), *LOOP_SHAPES]
+SHAPES = [*((1024, V, dt) for dt, V in ON_CHIP["ce"]), (4096, 50257, torch.bfloat16), *LOOP_SHAPES]
 
 
 @contextmanager
@@ -85,20 +82,15 @@ def loop_launch(threads: int, vectors: int):
     return plans_set(LOOP_SHAPE={4: (threads, vectors), 2: (threads, vectors)})
 
 
-def long_class(width: int, threads: int, elems: int, cluster: int):
-    """The cross-entropy dispatching a class of `threads` x `elems` x `cluster` (packed for
-    16-bit storage) for its rows past 16384 that it holds, of storage `width` bytes, inside the
-    block."""
-    first = (threads * elems * cluster, threads, elems, cluster, width == 2)
-    return plans_set(_CE_LONG={**plans._CE_LONG, width: (first, *plans._CE_LONG[width])})
-
-
-def table_class(width: int, threads: int, elems: int, cluster: int):
-    """The softmax backward dispatching a class of `threads` x `elems` x `cluster` (packed for
-    16-bit storage) for the rows of storage `width` bytes it holds that no shorter class does,
-    inside the block: the class put in its place in the table both ops share."""
-    warpvec, rows = plans._TABLES[width]
+def held_class(op: str, width: int, threads: int, elems: int, cluster: int):
+    """`op` dispatching a class of `threads` x `elems` x `cluster` (packed for 16-bit storage)
+    for the rows of storage `width` bytes it holds, inside the block. The cross-entropy takes its
+    rows past 16384 from _CE_LONG, where the class goes first; the backward from the table both
+    ops share, where it goes in its place (for the rows no shorter class holds)."""
     new = (threads * elems * cluster, threads, elems, cluster, width == 2)
+    if op == "ce":
+        return plans_set(_CE_LONG={**plans._CE_LONG, width: (new, *plans._CE_LONG[width])})
+    warpvec, rows = plans._TABLES[width]
     rows = tuple(sorted((*rows, new), key=lambda r: r[0]))
     return plans_set(_TABLES={**plans._TABLES, width: (warpvec, rows)})
 
@@ -125,17 +117,12 @@ def measure(N: int, V: int, dtype: torch.dtype, copy: float) -> list[dict]:
     def bwd(e):
         e.launcher(dev, e.grid(N, None), y.data_ptr(), y.stride(0), dy.data_ptr(), dy.stride(0), dx.data_ptr(), N, V)
 
-    ops = {}
-    if (dtype, V) in ON_CHIP:  # the cross-entropy's rows held on chip
-        width = x.element_size()
-        ops["ce"] = {"ce dispatch": nullcontext()} | {
-            f"ce {th} x {el} x {cl}": long_class(width, th, el, cl) for th, el, cl in ON_CHIP[(dtype, V)]
-        }
-    if (dtype, V) in BWD_ON_CHIP:  # the backward's rows held on chip
-        width = x.element_size()
-        ops["bwd"] = {"bwd dispatch": nullcontext()} | {
-            f"bwd {th} x {el} x {cl}": table_class(width, th, el, cl) for th, el, cl in BWD_ON_CHIP[(dtype, V)]
-        }
+    ops = {  # rows held on chip
+        op: {f"{op} dispatch": nullcontext()}
+        | {f"{op} {t} x {e} x {c}": held_class(op, x.element_size(), t, e, c) for t, e, c in classes[(dtype, V)]}
+        for op, classes in ON_CHIP.items()
+        if (dtype, V) in classes
+    }
     if (N, V, dtype) in LOOP_SHAPES:  # the loop class of both ops
         shape = plans.LOOP_SHAPE[x.element_size()]
         runs = {f"loop {th} x {ve}" + (" (dispatch)" if (th, ve) == shape else ""): (th, ve)
